@@ -1,0 +1,87 @@
+"""
+Set-up shared by train.py, sample.py and bench.py: device and precision,
+building either model, and checkpoint files (atomic writes, weights_only loads).
+"""
+
+import contextlib
+import os
+
+import torch
+
+from configurator import ConfigError
+from model import GPT, GPTConfig
+
+MODEL_TYPES = ("gpt", "distributed_gpt")
+
+
+def pick_device(device="auto"):
+    if device != "auto":
+        return device
+    if torch.cuda.is_available():
+        return "cuda"
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def pick_dtype(dtype, device_type):
+    """'auto' -> bf16 on GPUs that have it, else fp16 on GPUs, fp32 elsewhere."""
+    if dtype == "auto":
+        if device_type == "cuda":
+            return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        return "float32"
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ConfigError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {dtype!r}")
+    return dtype
+
+
+def autocast_context(device_type, dtype):
+    """Mixed precision context; a no-op for fp32."""
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    ptdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    return torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+
+
+def setup_runtime(device_type, seed):
+    torch.manual_seed(seed)
+    if device_type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+GPT_ARG_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")
+
+
+def build_model(model_type, model_args, *, pd=None):
+    """GPT or DistributedGPT from a dict of GPTConfig fields (+ tp_size, block_types, tp_mode)."""
+    gpt_args = {k: model_args[k] for k in GPT_ARG_KEYS}
+    if model_type == "gpt":
+        return GPT(GPTConfig(**gpt_args))
+    if model_type == "distributed_gpt":
+        from tensor_parallel_model import DistributedGPT, TPConfig
+
+        return DistributedGPT(TPConfig(**gpt_args, tp_size=model_args["tp_size"],
+                                       block_types=model_args["block_types"]), pd=pd)
+    raise ConfigError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
+
+
+def save_checkpoint(checkpoint, out_dir):
+    """Write ckpt.pt atomically: a crash mid-write leaves the previous checkpoint intact."""
+    path = os.path.join(out_dir, "ckpt.pt")
+    tmp = path + ".tmp"
+    torch.save(checkpoint, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(out_dir, map_location="cpu"):
+    path = os.path.join(out_dir, "ckpt.pt")
+    if not os.path.isfile(path):
+        raise ConfigError(f"no checkpoint at {path} (out_dir={out_dir!r})")
+    return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def clean_state_dict(state_dict):
+    """Drop the prefix torch.compile adds, so checkpoints load into plain models."""
+    prefix = "_orig_mod."
+    return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state_dict.items()}

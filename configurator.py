@@ -1,0 +1,111 @@
+"""
+nanoGPT's configurator, made strict. Usage from a script with defaults in a dict:
+
+    config = configure(defaults, sys.argv[1:])     # raises ConfigError
+    python train.py config/override_file.py --batch_size=32 --block_types="['spd']*12"
+
+Config files are Python files of plain assignments (run with exec, as in nanoGPT;
+they are code you chose to run). Command-line values are parsed with
+ast.literal_eval plus list repetition (`[...]*n`, `[...]+[...]`): never executed.
+Unknown keys, in files too, and type mismatches are errors naming key and types.
+"""
+
+import ast
+import json
+import os
+import sys
+
+
+class ConfigError(ValueError):
+    """A user error in the configuration: printed as one line, exit status 2."""
+
+
+def _literal(text):
+    """ast.literal_eval, plus `list * int` and `list + list` so `['spd']*12` works. No code runs."""
+    def ev(node):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Add)):
+            left, right = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Mult) and isinstance(left, (list, tuple)) and type(right) is int:
+                return left * right
+            if isinstance(node.op, ast.Add) and isinstance(left, (list, tuple)) and type(left) is type(right):
+                return left + right
+            raise ValueError("only list*int and list+list are allowed")
+        if isinstance(node, (ast.List, ast.Tuple)):
+            items = [ev(e) for e in node.elts]
+            return items if isinstance(node, ast.List) else tuple(items)
+        return ast.literal_eval(node)
+    return ev(ast.parse(text, mode="eval").body)
+
+
+def _coerce(key, value, default):
+    """Check `value` against the default's type; int widens to float; None defaults take anything."""
+    if default is None or value is None:
+        return value
+    if isinstance(default, bool) or isinstance(value, bool):
+        if isinstance(default, bool) and isinstance(value, bool):
+            return value
+    elif isinstance(default, float) and isinstance(value, int):
+        return float(value)
+    elif isinstance(value, type(default)):
+        return value
+    raise ConfigError(f"{key}: expected {type(default).__name__} (default {default!r}), "
+                      f"got {type(value).__name__} {value!r}")
+
+
+def parse_value(key, text):
+    try:
+        return _literal(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return text  # a bare string, e.g. --device=cpu or --out_dir=out
+
+
+def configure(defaults, argv):
+    """Return a new dict: defaults updated by config files then --key=value arguments, in order."""
+    config = dict(defaults)
+    for arg in argv:
+        if not arg.startswith("--"):
+            if not os.path.isfile(arg):
+                raise ConfigError(f"config file {arg!r} not found")
+            scope = {}
+            try:
+                with open(arg) as f:
+                    exec(compile(f.read(), arg, "exec"), scope)
+            except Exception as e:  # a broken config file is a user error
+                raise ConfigError(f"config file {arg!r} failed: {type(e).__name__}: {e}") from None
+            for key, value in scope.items():
+                if key.startswith("_") or callable(value) or type(value).__name__ == "module":
+                    continue
+                if key not in config:
+                    raise ConfigError(f"unknown config key {key!r} in {arg}")
+                config[key] = _coerce(key, value, defaults[key])
+        else:
+            if "=" not in arg:
+                raise ConfigError(f"argument {arg!r} must look like --key=value")
+            key, text = arg[2:].split("=", 1)
+            if key not in config:
+                raise ConfigError(f"unknown config key {key!r} (from {arg})")
+            value = parse_value(key, text)
+            if isinstance(defaults[key], str) and not isinstance(value, str):
+                value = text  # --out_dir=123 is still a path
+            config[key] = _coerce(key, value, defaults[key])
+    return config
+
+
+def save_config(config, out_dir, name="config.json"):
+    """Write the resolved config next to the run's outputs (temp file, then rename)."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, name)
+    with open(path + ".tmp", "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+    os.replace(path + ".tmp", path)
+
+
+def exit_on_config_error(fn):
+    """Decorator for script mains: a ConfigError becomes one line on stderr and exit status 2."""
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+    return wrapper

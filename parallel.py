@@ -1,0 +1,92 @@
+"""
+Process layout: world = dp x tp, held in one small object created once and passed
+explicitly (no module-level globals). Without torchrun it is a single process
+(dp=1; tensor parallelism, if any, is simulated inside the process).
+"""
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from configurator import ConfigError
+
+
+@dataclass
+class ParallelDims:
+    dp: int = 1
+    tp: int = 1  # size of the tensor-parallel *process* group (1 unless tp_mode='real')
+    rank: int = 0
+    local_rank: int = 0
+    mesh: Optional[object] = None  # DeviceMesh with dims ("dp", "tp") when distributed
+
+    @property
+    def world_size(self):
+        return self.dp * self.tp
+
+    @property
+    def distributed(self):
+        return self.world_size > 1
+
+    @property
+    def is_master(self):
+        return self.rank == 0
+
+    @property
+    def dp_rank(self):
+        return self.mesh.get_local_rank("dp") if self.mesh is not None else 0
+
+    @property
+    def tp_rank(self):
+        return self.mesh.get_local_rank("tp") if self.mesh is not None else 0
+
+    @property
+    def dp_group(self):
+        return self.mesh["dp"].get_group() if self.mesh is not None else None
+
+    @property
+    def tp_group(self):
+        return self.mesh["tp"].get_group() if self.mesh is not None else None
+
+
+def launched_by_torchrun():
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def check_layout(*, tp_size, tp_mode):
+    """Validate the launch before any work: returns (dp, tp) of the process grid."""
+    world = int(os.environ.get("WORLD_SIZE", "1")) if launched_by_torchrun() else 1
+    if tp_mode not in ("simulated", "real"):
+        raise ConfigError(f"tp_mode must be 'simulated' or 'real', got {tp_mode!r}")
+    if tp_mode == "simulated":
+        return world, 1
+    if not launched_by_torchrun():
+        raise ConfigError(f"tp_mode='real' needs torchrun with WORLD_SIZE a multiple of tp_size ({tp_size}); "
+                          f"use e.g. torchrun --standalone --nproc_per_node={tp_size} ...")
+    if world % tp_size != 0:
+        raise ConfigError(f"tp_mode='real': world size ({world}) must equal dp x tp_size, "
+                          f"but is not divisible by tp_size ({tp_size})")
+    return world // tp_size, tp_size
+
+
+def init_parallel(*, dp, tp, device_type, backend=None):
+    """Start torch.distributed if under torchrun and build the (dp, tp) DeviceMesh."""
+    if dp * tp == 1 and not launched_by_torchrun():
+        return ParallelDims()
+    from torch.distributed.device_mesh import init_device_mesh
+
+    backend = backend or ("nccl" if device_type == "cuda" else "gloo")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    mesh = init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    return ParallelDims(dp=dp, tp=tp, rank=dist.get_rank(), local_rank=local_rank, mesh=mesh)
+
+
+def shutdown(pd):
+    if pd.mesh is not None and dist.is_initialized():
+        dist.destroy_process_group()
