@@ -239,15 +239,16 @@ def device_peak_flops(device):
     return None
 
 
-def estimate_mfu(model, fwdbwd_per_iter, dt, *, device=None):
-    """MFU per the PaLM paper (appendix B), against the actual device's peak. None if the peak is unknown."""
+def estimate_mfu(model, fwdbwd_per_iter, dt, *, device=None, n_devices=1):
+    """MFU per the PaLM paper (appendix B): FLOP/s achieved by `model` (on `n_devices` devices together, e.g.
+    the tp ranks of a replica) over their peak. None if the device's peak is unknown (CPU)."""
     cfg = model.config
-    N = sum(p.numel() for p in model.parameters()) - model.transformer.wpe.weight.numel()
+    N = model.get_num_params()
     L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.block_size
     flops_per_token = 6 * N + 12 * L * H * Q * T
     flops_achieved = flops_per_token * T * fwdbwd_per_iter / dt
     peak = device_peak_flops(device if device is not None else next(model.parameters()).device)
-    return None if peak is None else flops_achieved / peak
+    return None if peak is None else flops_achieved / (peak * n_devices)
 
 
 @torch.no_grad()

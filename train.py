@@ -343,7 +343,7 @@ def train(cfg, pd, data_dir, device, device_type, dtype, model_args, checkpoint)
 
         # forward/backward with gradient accumulation; DDP syncs gradients on the last micro-step only
         if distributed_model:
-            raw_model.comm.reset()
+            raw_model.comm.counter.reset()
         loss_sum = 0.0
         for micro_step in range(grad_accum):
             X, Y = batches.get("train", iter_num, micro_offset + micro_step)
@@ -356,7 +356,7 @@ def train(cfg, pd, data_dir, device, device_type, dtype, model_args, checkpoint)
             scaler.scale(loss).backward()
         if distributed_model:
             raw_model.sync_replicated_grads()
-            comm = raw_model.comm.report(micro_steps=grad_accum, tokens=cfg["batch_size"] * cfg["block_size"])
+            comm = raw_model.comm.counter.report(micro_steps=grad_accum, tokens=cfg["batch_size"] * cfg["block_size"])
         if cfg["grad_clip"] != 0.0:
             scaler.unscale_(optimizer)
             clip = raw_model.clip_grad_norm_ if distributed_model else (

@@ -1,0 +1,138 @@
+"""
+Time training steps (forward, backward, AdamW) on synthetic data: ms/iter, tokens/s, MFU and the measured
+tensor-parallel communication. With model_type='distributed_gpt' it also times GPT of the same sizes in the
+same run, interleaved, and prints the ratio.
+$ python bench.py --n_layer=12 --n_head=8 --n_embd=128 --block_size=64 --batch_size=12 \
+      --model_type=distributed_gpt --tp_size=4 --block_types="['tp']*12"
+$ python bench.py --device=cuda --compile=True            # GPT-2 124M on a GPU, bf16
+$ torchrun --standalone --nproc_per_node=2 bench.py --model_type=distributed_gpt --tp_size=2 --tp_mode=real
+"""
+
+import sys
+import time
+
+import torch
+
+from common import autocast_context, build_model, pick_device, pick_dtype, setup_runtime
+from configurator import ConfigError, configure, exit_on_config_error
+from parallel import check_layout, init_parallel, shutdown
+
+DEFAULTS = dict(
+    model_type="gpt",
+    tp_size=1,
+    block_types=None,
+    tp_mode="simulated",
+    n_layer=12,
+    n_head=12,
+    n_embd=768,
+    block_size=1024,
+    vocab_size=50304,
+    bias=False,
+    batch_size=12,
+    iters=20,  # timed steps per model
+    warmup=5,  # untimed steps per model
+    compare=True,  # distributed_gpt: also time GPT of the same sizes and print the ratio
+    device="auto",
+    dtype="auto",
+    compile=False,
+    backend=None,
+    seed=1337,
+)
+
+
+def timed_steps(model, cfg, device, device_type, dtype, n):
+    """Run n training steps; return seconds per step (CUDA work is waited for through .item())."""
+    optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device_type)
+    ctx = autocast_context(device_type, dtype)
+    g = torch.Generator().manual_seed(cfg["seed"])
+    X = torch.randint(cfg["vocab_size"], (cfg["batch_size"], cfg["block_size"]), generator=g).to(device)
+    Y = torch.randint(cfg["vocab_size"], (cfg["batch_size"], cfg["block_size"]), generator=g).to(device)
+    run = torch.compile(model) if cfg["compile"] else model
+    for _ in range(cfg["warmup"]):
+        step(run, model, optimizer, ctx, X, Y)
+    start = time.perf_counter()
+    for _ in range(n):
+        loss = step(run, model, optimizer, ctx, X, Y)
+    loss.item()
+    return (time.perf_counter() - start) / n
+
+
+def step(run, model, optimizer, ctx, X, Y):
+    with ctx:
+        _, loss = run(X, Y)
+    loss.backward()
+    if hasattr(model, "sync_replicated_grads"):
+        model.sync_replicated_grads()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+@exit_on_config_error
+def main(argv):
+    cfg = configure(DEFAULTS, argv)
+    if cfg["model_type"] == "distributed_gpt":
+        from tensor_parallel_model import validate_tp_args
+
+        validate_tp_args(n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"], tp_size=cfg["tp_size"],
+                         block_types=cfg["block_types"])
+    elif cfg["model_type"] != "gpt":
+        raise ConfigError(f"model_type must be 'gpt' or 'distributed_gpt', got {cfg['model_type']!r}")
+    dp, tp = check_layout(tp_size=cfg["tp_size"], tp_mode=cfg["tp_mode"])
+    if dp != 1:
+        raise ConfigError(f"bench.py times one model replica: launch tp_size ({cfg['tp_size']}) processes, not "
+                          f"{dp * tp}")
+    device = pick_device(cfg["device"])
+    device_type = "cuda" if device.startswith("cuda") else device
+    dtype = pick_dtype(cfg["dtype"], device_type)
+    pd = init_parallel(dp=dp, tp=tp, device_type=device_type, backend=cfg["backend"])
+    try:
+        if pd.distributed and device_type == "cuda":
+            device = f"cuda:{pd.local_rank}"
+        bench(cfg, pd, device, device_type, dtype)
+    finally:
+        shutdown(pd)
+
+
+def bench(cfg, pd, device, device_type, dtype):
+    setup_runtime(device_type, cfg["seed"])
+    args = dict(cfg, dropout=0.0)
+    tokens = cfg["batch_size"] * cfg["block_size"]
+    models = {cfg["model_type"]: build_model(cfg["model_type"], args, pd=pd).to(device)}
+    if cfg["model_type"] == "distributed_gpt" and cfg["compare"] and cfg["tp_mode"] == "simulated":
+        models["gpt"] = build_model("gpt", args).to(device)
+    say = print if pd.is_master else (lambda *a, **k: None)
+    say(f"device {device}, dtype {dtype}, compile {cfg['compile']}, {tokens} tokens/iter, "
+        f"{cfg['n_layer']}x{cfg['n_embd']} ({cfg['n_head']} heads), torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads")
+    # interleave the models in rounds so that machine noise hits both alike
+    times = {name: [] for name in models}
+    rounds = 3
+    for _ in range(rounds):
+        for name, model in models.items():
+            times[name].append(timed_steps(model, cfg, device, device_type, dtype, max(1, cfg["iters"] // rounds)))
+    results = {}
+    for name, model in models.items():
+        dt = min(times[name])  # best round: the least disturbed by other work on the machine
+        mfu = model.estimate_mfu(cfg["batch_size"], dt, device=device)
+        line = (f"{name:16s} {dt * 1000:8.2f} ms/iter  {tokens / dt:10,.0f} tok/s  "
+                f"mfu {'n/a' if mfu is None else f'{mfu * 100:.1f}%'}")
+        if name == "distributed_gpt":
+            X = torch.randint(cfg["vocab_size"], (cfg["batch_size"], cfg["block_size"]), device=device)
+            comm = model.comm_per_forward(X)
+            line += (f"  tp={cfg['tp_size']} {cfg['tp_mode']}  all-reduces fwd {comm['fwd_allreduces']} "
+                     f"bwd {comm['bwd_allreduces']}  {comm['comm_bytes_per_token']:.0f} B/token")
+            if cfg["tp_mode"] == "real":
+                n = max(1, cfg["iters"] // rounds)
+                model.comm.counter.reset()
+                timed_steps(model, dict(cfg, warmup=0), device, device_type, dtype, n)
+                line += f"  collectives {model.comm.counter.seconds / n * 1000:.2f} ms/iter"
+        say(line)
+        results[name] = dt
+    if len(results) == 2:
+        say(f"ratio distributed_gpt / gpt: {results['distributed_gpt'] / results['gpt']:.3f}")
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
