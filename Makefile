@@ -7,4 +7,4 @@ setup:
 	$(PY) -m pip install -q -r requirements.txt
 
 test: setup
-	OMP_NUM_THREADS=2 $(PY) -m pytest -q tests
+	OMP_NUM_THREADS=2 $(PY) -m pytest -q tests test_20k_experiment.py
