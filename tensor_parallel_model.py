@@ -110,7 +110,10 @@ class TPComm:
         return _F.apply(x, self)
 
     def g(self, x):
-        """(L, B, T, C) partial results -> (B, T, C) their sum over all tp shards; backward identity."""
+        """(L, B, T, C) partial results -> (B, T, C) their sum over all tp shards; backward identity. Under autocast
+        the sum runs in the autocast dtype (what the matmuls produce), so collectives move bf16 as Megatron's do."""
+        if torch.is_autocast_enabled(x.device.type):
+            x = x.to(torch.get_autocast_dtype(x.device.type))
         return _G.apply(x, self)
 
     def synced(self, p):
@@ -168,8 +171,18 @@ def synced_layer_norm(ln, x, comm):
     return F.layer_norm(x, ln.weight.shape, comm.synced(ln.weight), bias, 1e-5)
 
 
+def project(y, w, acc, dropout):
+    """acc + dropout(y @ w) batched over shards (acc None: no add). Without dropout or autocast the add is fused
+    into the matmul; under autocast it is not, so a float32 residual stream stays float32."""
+    if acc is None:
+        return dropout(torch.bmm(y, w))
+    if (dropout.p and dropout.training) or torch.is_autocast_enabled(y.device.type):
+        return acc + dropout(torch.bmm(y, w))
+    return torch.baddbmm(acc, y, w)
+
+
 class ShardedAttention(nn.Module):
-    """Attention of L shards at once; returns each shard's c_proj partial without the bias b_A."""
+    """Attention of L shards at once: acc + each shard's c_proj partial, without the bias b_A."""
 
     def __init__(self, config, local):
         super().__init__()
@@ -180,7 +193,7 @@ class ShardedAttention(nn.Module):
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, h):  # h: (L, B, T, C)
+    def forward(self, h, acc=None):  # h, acc: (L, B, T, C)
         L, B, T, C = h.shape
         Cs, nh = self.Cs, self.nh
         w = self.c_attn.weight.view(3, L, Cs, C).transpose(0, 1).reshape(L, 3 * Cs, C)  # shard i: its q, k, v
@@ -196,11 +209,12 @@ class ShardedAttention(nn.Module):
                                            is_causal=True)
         y = y.transpose(1, 2).reshape(L, B * T, Cs)  # each shard's heads side by side
         wp = self.c_proj.weight.view(C, L, Cs).permute(1, 2, 0)  # (L, Cs, C): shard i's input rows
-        return self.resid_dropout(torch.bmm(y, wp).view(L, B, T, C))
+        acc = None if acc is None else acc.reshape(L, B * T, C)
+        return project(y, wp, acc, self.resid_dropout).view(L, B, T, C)
 
 
 class ShardedMLP(nn.Module):
-    """MLP of L shards at once; returns each shard's c_proj partial without the bias b_M."""
+    """MLP of L shards at once: acc + each shard's c_proj partial, without the bias b_M."""
 
     def __init__(self, config, local):
         super().__init__()
@@ -210,7 +224,7 @@ class ShardedMLP(nn.Module):
         self.c_proj = nn.Linear(local * self.Hs, C, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, h):  # h: (L, B, T, C)
+    def forward(self, h, acc=None):  # h, acc: (L, B, T, C)
         L, B, T, C = h.shape
         h2 = h.reshape(L, B * T, C)
         w = self.c_fc.weight.view(L, self.Hs, C).transpose(1, 2)  # (L, C, Hs)
@@ -219,12 +233,14 @@ class ShardedMLP(nn.Module):
         else:
             u = torch.bmm(h2, w)
         wp = self.c_proj.weight.view(C, L, self.Hs).permute(1, 2, 0)  # (L, Hs, C)
-        return self.dropout(torch.bmm(F.gelu(u), wp).view(L, B, T, C))
+        acc = None if acc is None else acc.reshape(L, B * T, C)
+        return project(F.gelu(u), wp, acc, self.dropout).view(L, B, T, C)
 
 
 class TPBlock(nn.Module):
-    """One block of any type. The residual stream enters and leaves as (xbar, d, r): xbar (B, T, C) the last
-    synced value; when desynced, d (L, B, T, C) what each shard added since and r = xbar + d; else None."""
+    """One block of any type. The residual stream enters and leaves as (xbar, r): xbar (B, T, C) the last synced
+    value; r (L, B, T, C) each shard's stream r_i = xbar + d_i when desynced, else None. d_i = r_i - xbar is
+    formed only where a sync needs it."""
 
     def __init__(self, config, kind, comm):
         super().__init__()
@@ -234,36 +250,49 @@ class TPBlock(nn.Module):
         self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = ShardedMLP(config, comm.local)
 
-    def bias(self, linear, *, synced):
+    def add_bias(self, x, linear, *, synced, scale=1.0):
         b = linear.bias
         if b is None:
-            return 0.0
-        return self.comm.synced(b) if synced else b
+            return x
+        return x + (self.comm.synced(b) if synced else b) * scale
 
-    def forward(self, xbar, d, r):
-        comm, tp = self.comm, self.comm.tp
+    def fan_out(self, xbar):
+        """The synced stream on the shards, r_i = xbar, and LN1(r_i). Simulated, LN1 runs once on xbar (every
+        shard's value is the same); in real mode each rank runs it on its copy. Either way the gradient reaches
+        xbar through the one f, so the backward pass all-reduces once."""
+        r = self.comm.f(xbar)
+        if self.comm.real:
+            return r, layer_norm(self.ln_1, r)
+        h = layer_norm(self.ln_1, xbar)
+        return r, h.unsqueeze(0).expand_as(r)
+
+    def forward(self, xbar, r):
+        comm = self.comm
         if self.kind == "tp":
             # x' = xbar + sum_i [d_i + A_i(LN1(r_i))] + b_A;  x'' = x' + sum_i M_i(LN2(x')) + b_M
-            h = comm.f(synced_layer_norm(self.ln_1, xbar, comm)) if d is None else layer_norm(self.ln_1, r)
-            a = self.attn(h)
-            x = xbar + comm.g(a if d is None else d + a) + self.bias(self.attn.c_proj, synced=True)
+            if r is None:
+                a = self.attn(comm.f(synced_layer_norm(self.ln_1, xbar, comm)))
+            else:
+                a = self.attn(layer_norm(self.ln_1, r), acc=r - xbar)
+            x = self.add_bias(xbar + comm.g(a), self.attn.c_proj, synced=True)
             m = self.mlp(comm.f(synced_layer_norm(self.ln_2, x, comm)))
-            return x + comm.g(m) + self.bias(self.mlp.c_proj, synced=True), None, None
-        if d is None:
-            r = comm.f(xbar)  # fan the synced stream out to the shards
-        a = self.attn(layer_norm(self.ln_1, r))
+            return self.add_bias(x + comm.g(m), self.mlp.c_proj, synced=True), None
+        if r is None:
+            r, h = self.fan_out(xbar)
+        else:
+            h = layer_norm(self.ln_1, r)
         if self.kind == "spd":
             # y_i = r_i + A_i(LN1(r_i)) + b_A stays local; x' = xbar + sum_i [d_i + A_i + M_i(LN2(y_i))] + b_A + b_M
-            y = r + a + self.bias(self.attn.c_proj, synced=False)
-            s = a + self.mlp(layer_norm(self.ln_2, y))
-            x = (xbar + comm.g(s if d is None else d + s) + self.bias(self.attn.c_proj, synced=True)
-                 + self.bias(self.mlp.c_proj, synced=True))
-            return x, None, None
+            y = self.add_bias(self.attn(h, acc=r), self.attn.c_proj, synced=False)
+            s = self.mlp(layer_norm(self.ln_2, y), acc=self.add_bias(y - xbar, self.attn.c_proj, synced=False,
+                                                                      scale=-1.0))
+            x = self.add_bias(xbar + comm.g(s), self.attn.c_proj, synced=True)
+            return self.add_bias(x, self.mlp.c_proj, synced=True), None
         # parallel: r_i += A_i(LN1(r_i)) + b_A/tp; r_i += M_i(LN2(r_i)) + b_M/tp; nothing is communicated
-        a = a + self.bias(self.attn.c_proj, synced=False) / tp
-        r, d = r + a, a if d is None else d + a
-        m = self.mlp(layer_norm(self.ln_2, r)) + self.bias(self.mlp.c_proj, synced=False) / tp
-        return xbar, d + m, r + m
+        r = self.add_bias(self.attn(h, acc=r), self.attn.c_proj, synced=False, scale=1 / comm.tp)
+        r = self.add_bias(self.mlp(layer_norm(self.ln_2, r), acc=r), self.mlp.c_proj, synced=False,
+                          scale=1 / comm.tp)
+        return xbar, r
 
 
 # How each sharded parameter's GPT-layout tensor splits into shards: (view of the full tensor, shard dim).
@@ -338,11 +367,11 @@ class DistributedGPT(GPT):
             raise ValueError(f"sequence length {t} exceeds block_size {self.config.block_size}")
         pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
         xbar = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (b, t, C)
-        d = r = None
+        r = None
         for block in self.transformer.h:
-            xbar, d, r = block(xbar, d, r)
-        if d is not None:  # the last block left the stream desynced: one more sync
-            xbar = xbar + self.comm.g(d)
+            xbar, r = block(xbar, r)
+        if r is not None:  # the last block left the stream desynced: one more sync
+            xbar = xbar + self.comm.g(r - xbar)
         return lm_head_and_loss(self.lm_head, self.transformer.ln_f(xbar), targets)
 
     # --- GPT-layout state (checkpoints are always unsharded) ---

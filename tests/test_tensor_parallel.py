@@ -194,3 +194,39 @@ def test_communication_is_measured():
         assert comm["bwd_allreduces"] >= 1
         assert comm["comm_bytes_per_token"] == (comm["fwd_allreduces"] + comm["bwd_allreduces"]) * N_EMBD * 4
     assert DistributedGPT.from_gpt(gpt, 1).comm_per_forward(idx)["fwd_allreduces"] == 0  # one shard: nothing moves
+
+
+@pytest.mark.parametrize("block_types", [["tp"] * 4, ["parallel", "spd", "spd", "parallel"]])
+def test_autocast_all_reduces_bf16_and_stays_close_to_fp32(block_types):
+    """Under autocast the matmuls run in bf16 but the residual stream stays fp32 (as in GPT); the all-reduced
+    partial sums are bf16 (what the matmuls produce). Loose bf16 tolerance against the fp32 per-shard reference."""
+    gpt = make_gpt()
+    idx, tgt = batch()
+    model = DistributedGPT.from_gpt(gpt, 2, block_types)
+    seen = []
+    g = model.comm.g
+    model.comm.g = lambda x: seen.append(g(x).dtype) or g(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, loss = model(idx, tgt)
+    ref_logits, ref_loss = reference_forward(gpt, idx, tgt, 2, block_types)
+    assert set(seen) == {torch.bfloat16}
+    assert abs(loss.item() - ref_loss.item()) < 2e-2
+    torch.testing.assert_close(logits.float(), ref_logits, rtol=0.05, atol=0.05)
+
+
+def test_dropout_path_trains_and_eval_mode_ignores_it():
+    gpt = make_gpt()
+    gpt.config.dropout = 0.0
+    idx, tgt = batch()
+    model = DistributedGPT.from_gpt(gpt, 2, ["spd", "parallel", "tp", "parallel"])
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.3
+        elif hasattr(m, "dropout") and isinstance(m.dropout, float):
+            m.dropout = 0.3
+    model.eval()
+    assert_same(run(model, idx, tgt), run_reference(gpt, idx, tgt, 2, model.config.block_types), **TOL)
+    model.train()
+    _, loss, grads = run(model, idx, tgt)
+    assert torch.isfinite(loss) and all(torch.isfinite(v).all() for v in grads.values())
+    assert abs(loss.item() - run_reference(gpt, idx, tgt, 2, model.config.block_types)[1].item()) > 1e-4
