@@ -35,6 +35,10 @@ def validate_tp_args(*, n_layer, n_head, n_embd, tp_size, block_types):
         raise ConfigError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
     if block_types is None:
         return
+    if isinstance(block_types, str):  # one type for every layer: 'spd' means ['spd'] * n_layer
+        if block_types not in BLOCK_TYPES:
+            raise ConfigError(f"block_types: unknown block type {block_types!r}; use {list(BLOCK_TYPES)}")
+        return
     if not isinstance(block_types, (list, tuple)):
         raise ConfigError(f"block_types must be a list of {BLOCK_TYPES}, got {block_types!r}")
     if len(block_types) != n_layer:
@@ -47,12 +51,13 @@ def validate_tp_args(*, n_layer, n_head, n_embd, tp_size, block_types):
 @dataclass
 class TPConfig(GPTConfig):
     tp_size: int = 1
-    block_types: Optional[list] = None  # one of BLOCK_TYPES per layer; None = all 'tp'
+    block_types: Optional[list] = None  # one of BLOCK_TYPES per layer, or one for all layers; None = all 'tp'
 
     def __post_init__(self):
         validate_tp_args(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd, tp_size=self.tp_size,
                          block_types=self.block_types)
-        self.block_types = list(self.block_types) if self.block_types is not None else ["tp"] * self.n_layer
+        kinds = "tp" if self.block_types is None else self.block_types
+        self.block_types = [kinds] * self.n_layer if isinstance(kinds, str) else list(kinds)
 
 
 class CommCounter:

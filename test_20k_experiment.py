@@ -19,6 +19,7 @@ import train
 from common import build_model
 from configurator import configure
 from model import GPT, GPTConfig
+from tensor_parallel_model import validate_tp_args
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 GPT2_COMM = sorted(glob.glob(os.path.join(ROOT, "config", "train_gpt2_*comm.py")))
@@ -49,8 +50,8 @@ def test_the_sweep_configs_exist():
 @pytest.mark.parametrize("path", ALL, ids=os.path.basename)
 def test_every_config_loads(path):
     cfg = load(path)
-    if cfg["model_type"] == "distributed_gpt":
-        assert cfg["block_types"] is None or len(cfg["block_types"]) == cfg["n_layer"]
+    if cfg["model_type"] == "distributed_gpt":  # raises ConfigError on a bad pattern
+        validate_tp_args(**{k: cfg[k] for k in ("n_layer", "n_head", "n_embd", "tp_size", "block_types")})
 
 
 @pytest.mark.parametrize("group", [GPT2_COMM, CHAR_COMM], ids=["gpt2", "shakespeare_char"])

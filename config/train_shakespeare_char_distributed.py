@@ -17,7 +17,7 @@ block_size = 256
 
 model_type = 'distributed_gpt'
 tp_size = 2
-block_types = ['tp'] * 6
+block_types = 'tp'  # every layer; shorthand for ['tp'] * n_layer
 n_layer = 6
 n_head = 6
 n_embd = 384

@@ -17,7 +17,7 @@ block_size = 256
 
 model_type = 'distributed_gpt'
 tp_size = 2
-block_types = ['parallel'] * 6
+block_types = 'parallel'  # every layer; shorthand for ['parallel'] * n_layer
 n_layer = 6
 n_head = 6
 n_embd = 384

@@ -17,7 +17,7 @@ block_size = 256
 
 model_type = 'distributed_gpt'
 tp_size = 2
-block_types = ['spd'] * 6
+block_types = 'spd'  # every layer; shorthand for ['spd'] * n_layer, so --n_layer overrides keep working
 n_layer = 6
 n_head = 6
 n_embd = 384

@@ -230,3 +230,13 @@ def test_dropout_path_trains_and_eval_mode_ignores_it():
     _, loss, grads = run(model, idx, tgt)
     assert torch.isfinite(loss) and all(torch.isfinite(v).all() for v in grads.values())
     assert abs(loss.item() - run_reference(gpt, idx, tgt, 2, model.config.block_types)[1].item()) > 1e-4
+
+
+def test_one_block_type_for_every_layer():
+    from configurator import ConfigError
+    from tensor_parallel_model import TPConfig
+    assert TPConfig(n_layer=3, n_head=4, n_embd=32, tp_size=2, block_types="spd").block_types == ["spd"] * 3
+    assert TPConfig(n_layer=2, n_head=4, n_embd=32, tp_size=2).block_types == ["tp"] * 2
+    for bad in ("sdp", ["tp"], ["tp", "foo"]):
+        with pytest.raises(ConfigError):
+            TPConfig(n_layer=2, n_head=4, n_embd=32, tp_size=2, block_types=bad)
