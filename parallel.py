@@ -78,6 +78,8 @@ def init_parallel(*, dp, tp, device_type, backend=None):
     from torch.distributed.device_mesh import init_device_mesh
 
     backend = backend or ("nccl" if device_type == "cuda" else "gloo")
+    if backend == "nccl" and device_type != "cuda":  # found here, on every rank alike, not as a hang or a traceback
+        raise ConfigError(f"backend='nccl' needs CUDA devices, but the device is {device_type!r}; use --backend=gloo")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device_type == "cuda":
         torch.cuda.set_device(local_rank)

@@ -126,6 +126,12 @@ class TPComm:
         the tp group after backward; this use's gradient is equal on every rank, so it enters that sum as 1/tp."""
         return _ScaleGrad.apply(p, 1.0 / self.tp) if self.real else p
 
+    def partial(self, xbar):
+        """The synced stream subtracted inside every shard's partial sum (d_i = r_i - xbar goes into g). Simulated,
+        the broadcast over the tp shards sums its gradient tp times; in real mode each rank holds one of those tp
+        equal terms (g's backward gives every rank the same gradient), so it is scaled by tp instead of summed."""
+        return _ScaleGrad.apply(xbar, float(self.tp)) if self.real else xbar
+
 
 class _F(torch.autograd.Function):
     @staticmethod
@@ -278,7 +284,7 @@ class TPBlock(nn.Module):
             if r is None:
                 a = self.attn(comm.f(synced_layer_norm(self.ln_1, xbar, comm)))
             else:
-                a = self.attn(layer_norm(self.ln_1, r), acc=r - xbar)
+                a = self.attn(layer_norm(self.ln_1, r), acc=r - comm.partial(xbar))
             x = self.add_bias(xbar + comm.g(a), self.attn.c_proj, synced=True)
             m = self.mlp(comm.f(synced_layer_norm(self.ln_2, x, comm)))
             return self.add_bias(x + comm.g(m), self.mlp.c_proj, synced=True), None
@@ -289,8 +295,8 @@ class TPBlock(nn.Module):
         if self.kind == "spd":
             # y_i = r_i + A_i(LN1(r_i)) + b_A stays local; x' = xbar + sum_i [d_i + A_i + M_i(LN2(y_i))] + b_A + b_M
             y = self.add_bias(self.attn(h, acc=r), self.attn.c_proj, synced=False)
-            s = self.mlp(layer_norm(self.ln_2, y), acc=self.add_bias(y - xbar, self.attn.c_proj, synced=False,
-                                                                      scale=-1.0))
+            s = self.mlp(layer_norm(self.ln_2, y), acc=self.add_bias(y - comm.partial(xbar), self.attn.c_proj,
+                                                                      synced=False, scale=-1.0))
             x = self.add_bias(xbar + comm.g(s), self.attn.c_proj, synced=True)
             return self.add_bias(x, self.mlp.c_proj, synced=True), None
         # parallel: r_i += A_i(LN1(r_i)) + b_A/tp; r_i += M_i(LN2(r_i)) + b_M/tp; nothing is communicated
@@ -376,7 +382,7 @@ class DistributedGPT(GPT):
         for block in self.transformer.h:
             xbar, r = block(xbar, r)
         if r is not None:  # the last block left the stream desynced: one more sync
-            xbar = xbar + self.comm.g(r - xbar)
+            xbar = xbar + self.comm.g(r - self.comm.partial(xbar))
         return lm_head_and_loss(self.lm_head, self.transformer.ln_f(xbar), targets)
 
     # --- GPT-layout state (checkpoints are always unsharded) ---
@@ -460,10 +466,11 @@ class DistributedGPT(GPT):
         for n, p in self.named_parameters():
             if p.grad is not None:
                 (sharded if _shard_views(n, 1, 1, 1) is not None else replicated).append(p.grad)
-        sq = torch.stack([g.float().pow(2).sum() for g in sharded]).sum().view(1)
+        acc = torch.promote_types(sharded[0].dtype, torch.float32)  # fp32 at least, float64 kept (as torch's)
+        sq = torch.stack([g.to(acc).pow(2).sum() for g in sharded]).sum().view(1)
         sq = self.comm.all_reduce(sq).view(())
         if replicated:
-            sq = sq + torch.stack([g.float().pow(2).sum() for g in replicated]).sum()
+            sq = sq + torch.stack([g.to(acc).pow(2).sum() for g in replicated]).sum()
         total = sq.sqrt()
         coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
         for n, p in self.named_parameters():

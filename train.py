@@ -52,7 +52,7 @@ DEFAULTS = dict(
     dropout=0.0,
     bias=False,
     tp_size=1,  # shards per layer (DistributedGPT)
-    block_types=None,  # list of 'tp' | 'spd' | 'parallel', one per layer; None = all 'tp'
+    block_types=None,  # 'tp' | 'spd' | 'parallel' per layer (a list), or one for every layer; None = all 'tp'
     tp_mode="simulated",  # 'simulated' (one process holds every shard) | 'real' (torchrun, one shard per rank)
     # AdamW
     learning_rate=6e-4,
