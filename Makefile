@@ -1,10 +1,16 @@
 # `make test` is the README's test command; `make setup` installs what it needs.
 PY ?= python
 
-.PHONY: setup test
+.PHONY: setup test experiment
 setup:
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0 || $(PY) -m pip install -q "torch>=2.4"
 	$(PY) -m pip install -q -r requirements.txt
 
 test: setup
 	OMP_NUM_THREADS=2 $(PY) -m pytest -q tests test_20k_experiment.py
+
+# The communication sweep on Shakespeare-char (10 configs, one token budget): ~6 min on 2 CPU cores.
+# Results: experiments/cpu/results.md (.csv, .json) and three PNG plots next to it.
+experiment: setup
+	test -f data/shakespeare_char/train.bin -a -f data/shakespeare_char/val.bin || $(PY) data/shakespeare_char/prepare.py
+	$(PY) experiment.py cpu

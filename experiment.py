@@ -1,0 +1,332 @@
+"""
+The communication sweep, this repo's main experiment: train one config per communication budget, all at one
+token budget, one run after another; then write a results table and plots from the runs' metrics files.
+
+$ python experiment.py cpu                             # Shakespeare-char, 10 budgets, ~8 min on 2 CPU cores
+$ python experiment.py cpu --seeds=1337,1338,1339      # more seeds (finished runs are skipped, not redone)
+$ python experiment.py cpu --max_iters=20 --eval_interval=10 --lr_decay_iters=20   # quick try, own directory
+$ python experiment.py cpu --report-only               # table and plots again from the finished runs
+$ python experiment.py gpt2 --nproc=8                  # GPT-2 124M on OpenWebText, 20k steps per run (GPUs)
+$ python experiment.py cpu-real                        # real TP over 2 processes (gloo): does wall time drop?
+
+Runner options: --seeds=S1,S2  --nproc=N (torchrun when > 1)  --out=DIR  --report-only  --dry-run.
+Every other --key=value goes to train.py (and names the sweep directory, so a quick try never touches the
+real runs). Runs live in experiments/<sweep>[+overrides]/<run>-seed<S>/ with train.py's config.json and
+metrics.jsonl, the run's train.log, and done.json once it finished; a run without done.json (interrupted)
+is started again from scratch. Results: results.md/.csv/.json and three PNGs in the sweep directory.
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import results
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+RUNNER_OPTIONS = ("seeds", "nproc", "out", "report-only", "dry-run")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One point of a sweep: a train.py config file plus its own --key=value overrides."""
+    name: str  # e.g. '24comm'; run directories are <name>-seed<S>
+    config: str  # relative to the repo root
+    overrides: tuple = ()
+    nproc: int = 1  # processes per run (torchrun when > 1)
+
+
+def comm_runs(pattern, budgets, *, overrides=(), nproc=1):
+    return [Run(f"{n}comm", pattern.format(n), tuple(overrides), nproc) for n in budgets]
+
+
+SWEEPS = {
+    # the six SPEC budgets plus lower ones; CPU scale, one token budget, ~45 s per run on 2 cores
+    "cpu": comm_runs("config/train_shakespeare_char_{}comm.py", (24, 18, 16, 12, 8, 6, 4, 3, 2, 1)),
+    # GPT-2 124M on OpenWebText, 20k steps (~9.8B tokens) per run: for a GPU node (--nproc=8)
+    "gpt2": comm_runs("config/train_gpt2_{}comm.py", (24, 18, 16, 12, 8, 6)),
+    # the CPU configs with real tensor parallelism: 2 processes, one shard each, all-reduces through gloo
+    "cpu-real": comm_runs("config/train_shakespeare_char_{}comm.py", (24, 18, 16, 12, 8, 6, 4, 3, 2, 1),
+                          overrides=("--tp_size=2", "--tp_mode=real"), nproc=2),
+}
+
+
+class SweepError(ValueError):
+    """A sweep that must not start (bad overrides, unequal token budgets, missing data): one line, exit 2."""
+
+
+@dataclass
+class Job:
+    run: Run
+    seed: int
+    out_dir: str
+    args: list  # train.py arguments
+    cfg: dict  # train.py's resolved config for these arguments
+    nproc: int
+
+    @property
+    def label(self):
+        return f"{self.run.name}-seed{self.seed}"
+
+
+def sweep_dir_for(sweep, overrides, root="experiments"):
+    """experiments/<sweep>, or experiments/<sweep>+<overrides> so a quick try never touches the real runs."""
+    if not overrides:
+        return os.path.join(root, sweep)
+    slug = re.sub(r"[^A-Za-z0-9._=,+-]+", "_", "+".join(o.lstrip("-") for o in overrides))
+    if len(slug) > 80:
+        slug = slug[:68] + "-" + hashlib.sha1(slug.encode()).hexdigest()[:8]
+    return os.path.join(root, f"{sweep}+{slug}")
+
+
+def _normal(cfg):
+    return json.loads(json.dumps(cfg))  # as config.json/done.json will hold it (tuples become lists)
+
+
+def plan(runs, *, sweep_dir, seeds, overrides=(), nproc=None, check_data=True):
+    """Resolve every run's train.py config and check the sweep before any work: configs load, data exists,
+    processes fit the layout, and every run trains on the same number of tokens."""
+    from configurator import ConfigError, configure
+    from train import DEFAULTS
+
+    jobs = []
+    for run in runs:
+        for seed in seeds:
+            out_dir = os.path.join(sweep_dir, f"{run.name}-seed{seed}")
+            args = [os.path.join(ROOT, run.config), *run.overrides, f"--seed={seed}", f"--out_dir={out_dir}",
+                    f"--wandb_run_name={os.path.basename(sweep_dir)}-{run.name}-seed{seed}", *overrides]
+            try:
+                cfg = configure(DEFAULTS, args)
+            except ConfigError as e:
+                raise SweepError(f"{run.name}: {e}") from None
+            n = nproc or run.nproc
+            if cfg["tp_mode"] == "real" and n == 1:
+                n = cfg["tp_size"]
+            tp = cfg["tp_size"] if cfg["tp_mode"] == "real" else 1
+            if n % tp or cfg["gradient_accumulation_steps"] % (n // tp):
+                raise SweepError(f"{run.name}: nproc ({n}) must be dp x tp with tp = {tp} and "
+                                 f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) divisible by dp")
+            jobs.append(Job(run, seed, out_dir, args, _normal(cfg), n))
+    check_token_budget(jobs)
+    for data_dir in () if not check_data else {j.cfg["data_dir"] or os.path.join(ROOT, "data", j.cfg["dataset"]) for j in jobs}:
+        for split in ("train", "val"):
+            if not os.path.isfile(os.path.join(data_dir, f"{split}.bin")):
+                raise SweepError(f"data file {os.path.join(data_dir, split + '.bin')} not found (run python "
+                                 f"data/{os.path.basename(data_dir)}/prepare.py, or pass --data_dir=...)")
+    return jobs
+
+
+def tokens_of(cfg):
+    return cfg["batch_size"] * cfg["block_size"] * cfg["gradient_accumulation_steps"] * cfg["max_iters"]
+
+
+def check_token_budget(jobs):
+    budgets = {j.run.name: tokens_of(j.cfg) for j in jobs}
+    if len(set(budgets.values())) > 1:
+        detail = ", ".join(f"{name}={t:,}" for name, t in budgets.items())
+        raise SweepError(f"runs of one sweep must train on the same tokens (batch_size*block_size*"
+                         f"gradient_accumulation_steps*max_iters), got {detail}")
+    for j in jobs:
+        if j.cfg["max_iters"] % j.cfg["eval_interval"]:
+            print(f"warning: {j.run.name}: max_iters ({j.cfg['max_iters']}) is not a multiple of eval_interval "
+                  f"({j.cfg['eval_interval']}); the 'final' val loss is the one at the last eval before it")
+            break
+
+
+def is_finished(job):
+    """done.json exists and records this run's config: a changed config value makes the run stale (keys that
+    train.py gained or lost since are ignored)."""
+    path = os.path.join(job.out_dir, "done.json")
+    if not os.path.exists(path):
+        return False
+    with open(path) as f:
+        stored = json.load(f).get("config") or {}
+    return bool(stored) and all(stored[k] == v for k, v in job.cfg.items() if k in stored)
+
+
+def command(job):
+    """train.py by absolute path, run from the current directory (out_dir and --data_dir are relative to it)."""
+    train_py = os.path.join(ROOT, "train.py")
+    if job.nproc > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={job.nproc}",
+                train_py, *job.args]
+    return [sys.executable, train_py, *job.args]
+
+
+def shown(cmd):
+    """A command as a user would type it in the repo root."""
+    return " ".join(["python"] + [os.path.relpath(a, ROOT) if a.startswith(ROOT + os.sep) else a for a in cmd[1:]])
+
+
+STEP_LINE = re.compile(r"^(?:iter|step) (\d+):")
+
+
+def run_job(job, *, bar=None):
+    """Run train.py (from scratch: a leftover directory is removed), tee its output to train.log, and mark
+    success with done.json. Raises RuntimeError with the log's tail when train.py fails."""
+    if os.path.exists(job.out_dir):
+        shutil.rmtree(job.out_dir)
+    os.makedirs(job.out_dir)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if job.nproc > 1 and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // job.nproc))
+    log_path = os.path.join(job.out_dir, "train.log")
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        log.write(shown(command(job)) + "\n")
+        log.flush()
+        proc = subprocess.Popen(command(job), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, bufsize=1)
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                m = STEP_LINE.match(line)
+                if m and bar is not None:
+                    bar.n = min(int(m.group(1)) + 1, bar.total)
+                    bar.refresh()
+            proc.wait()
+        except BaseException:  # Ctrl-C: stop train.py too; no done.json, so the next invocation redoes it
+            proc.terminate()
+            proc.wait()
+            raise
+    if proc.returncode != 0:
+        with open(log_path) as f:
+            tail = "".join(f.readlines()[-15:])
+        raise RuntimeError(f"{job.label} failed (exit {proc.returncode}); log: {log_path}\n{tail}")
+    done = dict(config=job.cfg, config_file=os.path.basename(job.run.config), command=shown(command(job)),
+                nproc=job.nproc, wall_s=time.time() - t0, finished=time.strftime("%Y-%m-%d %H:%M:%S"))
+    with open(os.path.join(job.out_dir, "done.json.tmp"), "w") as f:
+        json.dump(done, f, indent=2)
+    os.replace(os.path.join(job.out_dir, "done.json.tmp"), os.path.join(job.out_dir, "done.json"))
+    return done
+
+
+def run_sweep(jobs, *, desc="sweep"):
+    """Run the unfinished jobs one after another, with progress bars; finished ones are skipped."""
+    from tqdm import tqdm
+
+    with tqdm(total=len(jobs), desc=desc, unit="run", position=0, dynamic_ncols=True) as runs_bar:
+        for job in jobs:
+            if is_finished(job):
+                tqdm.write(f"skip {job.label}: already finished ({os.path.join(job.out_dir, 'done.json')})")
+            else:
+                with tqdm(total=job.cfg["max_iters"] + 1, desc=job.label, unit="it", position=1, leave=False,
+                          dynamic_ncols=True) as bar:
+                    done = run_job(job, bar=bar)
+                summary = results.summarize_run(job.out_dir)
+                tqdm.write(f"done {job.label}: val loss {summary['val_loss']:.4f} at iter {summary['final_iter']}, "
+                           f"fwd all-reduces {summary['fwd_allreduces']}, {done['wall_s']:.0f} s")
+            runs_bar.update(1)
+
+
+def finished_seeds(sweep_dir, runs):
+    """Seeds with a run directory in sweep_dir, so the report covers seeds added by earlier invocations."""
+    names = {r.name for r in runs}
+    seeds = set()
+    if os.path.isdir(sweep_dir):
+        for d in os.listdir(sweep_dir):
+            m = re.fullmatch(r"(.+)-seed(\d+)", d)
+            if m and m.group(1) in names:
+                seeds.add(int(m.group(2)))
+    return seeds
+
+
+def report(jobs, sweep_dir, *, title, note=""):
+    """Tables and plots from the finished jobs; returns (markdown table, plot paths)."""
+    groups = {}
+    for j in jobs:
+        groups.setdefault(j.run.name, [])
+        if is_finished(j):
+            groups[j.run.name].append(j.out_dir)
+    missing = [name for name, dirs in groups.items() if not dirs]
+    if missing:
+        print(f"no finished runs yet for: {', '.join(missing)}")
+    rows = results.summarize([(name, dirs) for name, dirs in groups.items() if dirs])
+    if not rows:
+        raise SweepError(f"no finished runs in {sweep_dir}")
+    results.write_tables(rows, sweep_dir, title=title, note=note)
+    plots = results.write_plots(rows, sweep_dir, title=title, note=note)
+    return results.markdown_table(rows), plots
+
+
+def parse_args(argv):
+    """Split argv into (sweep name, runner options, train.py overrides)."""
+    sweep, opts, overrides = None, {}, []
+    for arg in argv:
+        key = arg[2:].split("=", 1)[0] if arg.startswith("--") else None
+        if key is None:
+            if sweep is not None:
+                raise SweepError(f"one sweep at a time, got {sweep!r} and {arg!r}")
+            sweep = arg
+        elif key in RUNNER_OPTIONS:
+            opts[key] = arg.split("=", 1)[1] if "=" in arg else True
+        elif "=" in arg:
+            overrides.append(arg)
+        else:
+            raise SweepError(f"argument {arg!r}: runner options are {', '.join('--' + o for o in RUNNER_OPTIONS)}; "
+                             f"train.py overrides look like --key=value")
+    if sweep not in SWEEPS:
+        raise SweepError(f"sweep must be one of {sorted(SWEEPS)}, got {sweep!r}")
+    try:
+        opts["seeds"] = [int(s) for s in str(opts.get("seeds", "")).split(",") if s] if "seeds" in opts else None
+        opts["nproc"] = int(opts["nproc"]) if "nproc" in opts else None
+    except ValueError as e:
+        raise SweepError(f"--seeds takes integers separated by commas, --nproc an integer: {e}") from None
+    if "seed" in {o[2:].split("=", 1)[0] for o in overrides}:
+        raise SweepError("use --seeds=S1,S2 (the runner's option) rather than --seed")
+    return sweep, opts, overrides
+
+
+def main(argv):
+    sweep, opts, overrides = parse_args(argv)
+    runs = SWEEPS[sweep]
+    sweep_dir = opts.get("out") or sweep_dir_for(sweep, overrides)
+    default_seed = 1337
+    seeds = opts["seeds"] or [default_seed]
+    title, note = f"{sweep} sweep", ("overrides: " + " ".join(overrides)) if overrides else ""
+    if opts.get("report-only"):
+        found = sorted(finished_seeds(sweep_dir, runs))
+        jobs = plan(runs, sweep_dir=sweep_dir, seeds=opts["seeds"] or found or seeds, overrides=overrides,
+                    nproc=opts["nproc"], check_data=False)
+    else:
+        jobs = plan(runs, sweep_dir=sweep_dir, seeds=seeds, overrides=overrides, nproc=opts["nproc"],
+                    check_data=not opts.get("dry-run"))
+        print(f"sweep {sweep!r}: {len(runs)} configs x {len(seeds)} seed(s) = {len(jobs)} runs, "
+              f"{tokens_of(jobs[0].cfg):,} tokens each, in {sweep_dir}")
+        if opts.get("dry-run"):
+            for j in jobs:
+                print(("skip  " if is_finished(j) else "run   ") + shown(command(j)))
+            return
+        t0 = time.time()
+        try:
+            run_sweep(jobs, desc=f"sweep {sweep}")
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(1)
+        print(f"sweep wall time: {time.time() - t0:.0f} s")
+        extra = sorted(finished_seeds(sweep_dir, runs) - set(seeds))  # seeds of earlier invocations
+        if extra:
+            jobs += plan(runs, sweep_dir=sweep_dir, seeds=extra, overrides=overrides, nproc=opts["nproc"],
+                         check_data=False)
+    table, plots = report(jobs, sweep_dir, title=title, note=note)
+    print()
+    print(table)
+    print()
+    print(f"tables: {os.path.join(sweep_dir, 'results.md')} (.csv, .json)")
+    print("plots:  " + "\n        ".join(plots))
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except SweepError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("\ninterrupted: finished runs are kept; run the same command again to continue", file=sys.stderr)
+        sys.exit(130)

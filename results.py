@@ -1,0 +1,284 @@
+"""
+Results of a communication sweep, read from the files each run leaves in its out_dir (config.json,
+metrics.jsonl, and the runner's done.json); never from wandb, never from a config's name.
+
+    rows = summarize([("24comm", [run_dir_seed1, run_dir_seed2]), ("12comm", [...]), ...])
+    write_tables(rows, out_dir)   # results.md, results.csv, results.json
+    write_plots(rows, out_dir)    # val_loss_vs_allreduces.png, val_loss_curves.png, tokens_per_s_vs_allreduces.png
+
+`python experiment.py <sweep> --report-only` calls these on a sweep's finished runs.
+"""
+
+import csv
+import itertools
+import json
+import os
+import statistics
+import textwrap
+
+SKIP_TRAIN_RECORDS = 2  # the first logged steps include process start-up and warm-up: left out of tokens/s
+PLOTS = ("val_loss_vs_allreduces.png", "val_loss_curves.png", "tokens_per_s_vs_allreduces.png")
+CSV_COLUMNS = ("config", "config_file", "block_pattern", "tp_size", "tp_mode", "fwd_allreduces", "bwd_allreduces",
+               "grad_sync_allreduces", "comm_bytes_per_token", "n_seeds", "seeds", "val_loss_mean", "val_loss_std",
+               "val_loss_min", "val_loss_max", "gap_to_baseline", "final_iter", "tokens", "tokens_per_s",
+               "comm_seconds_per_iter", "wall_s")
+
+
+def compact_list(items):
+    """The shortest obvious Python expression for a list: ['tp']*12, ['parallel','spd','spd']*4,
+    (['parallel']*5+['spd'])*2. It evaluates back to the list (and train.py accepts it as --block_types)."""
+    items, n = list(items), len(items)
+    period = next(p for p in range(1, n + 1) if n % p == 0 and items[:p] * (n // p) == items)
+    unit, reps = items[:period], n // period
+    runs = [(k, len(list(g))) for k, g in itertools.groupby(unit)]
+    if len(runs) > 1 and any(c >= 3 for _, c in runs):
+        expr = "+".join(f"['{k}']*{c}" if c > 1 else f"['{k}']" for k, c in runs)
+        expr = f"({expr})" if reps > 1 else expr
+    else:
+        expr = "[" + ",".join(f"'{k}'" for k in unit) + "]"
+    return expr if reps == 1 else f"{expr}*{reps}"
+
+
+def block_pattern(cfg):
+    if cfg.get("model_type", "gpt") != "distributed_gpt":
+        return "gpt (no tensor parallelism)"
+    types = cfg.get("block_types")
+    types = ["tp"] * cfg["n_layer"] if types is None else [types] * cfg["n_layer"] if isinstance(types, str) else types
+    return compact_list(types)
+
+
+def _read_json(path, default=None):
+    if not os.path.exists(path):
+        return default
+    with open(path) as f:
+        return json.load(f)
+
+
+def read_metrics(run_dir):
+    """(eval records, train records) of a run, sorted by iter; a repeated iter keeps its last record."""
+    evals, train = {}, {}
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                (evals if "val_loss" in r else train)[r["iter"]] = r
+    return [evals[k] for k in sorted(evals)], [train[k] for k in sorted(train)]
+
+
+def _measured(train, key, run_dir):
+    """One value measured on every logged step; a run whose count changed mid-way is an error, not an average."""
+    values = {r[key] for r in train if r.get(key) is not None}
+    if len(values) > 1:
+        raise ValueError(f"{run_dir}: {key} changed during the run: {sorted(values)}")
+    return values.pop() if values else None
+
+
+def summarize_run(run_dir):
+    """Numbers of one finished run (one seed)."""
+    cfg = _read_json(os.path.join(run_dir, "config.json"))
+    if cfg is None:
+        raise FileNotFoundError(f"{run_dir}: no config.json (is this a train.py out_dir?)")
+    evals, train = read_metrics(run_dir)
+    if not evals:
+        raise ValueError(f"{run_dir}: metrics.jsonl has no eval record (val_loss)")
+    steady = train[SKIP_TRAIN_RECORDS:] if len(train) > SKIP_TRAIN_RECORDS + 2 else train
+    done = _read_json(os.path.join(run_dir, "done.json"), {})
+    med = (lambda key: statistics.median(r[key] for r in steady) if steady and key in steady[0] else None)
+    return dict(
+        run_dir=run_dir, seed=cfg["seed"], cfg=cfg, config_file=done.get("config_file", ""),
+        val_loss=evals[-1]["val_loss"], final_iter=evals[-1]["iter"],
+        curve=[(r["iter"], r["val_loss"]) for r in evals],
+        fwd_allreduces=_measured(train, "fwd_allreduces", run_dir),
+        bwd_allreduces=_measured(train, "bwd_allreduces", run_dir),
+        grad_sync_allreduces=_measured(train, "grad_sync_allreduces", run_dir),
+        comm_bytes_per_token=med("comm_bytes_per_token"), comm_seconds=med("comm_seconds"),
+        tokens_per_s=med("tokens_per_s"), wall_s=done.get("wall_s"),
+        tokens=cfg["batch_size"] * cfg["block_size"] * cfg["gradient_accumulation_steps"] * cfg["max_iters"],
+    )
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.fmean(xs) if xs else None
+
+
+def _std(xs):
+    return statistics.stdev(xs) if len(xs) > 1 else 0.0
+
+
+def summarize(groups):
+    """One row per config from [(label, [run_dir per seed, ...]), ...]. The baseline is the row with the
+    most measured forward all-reduces (the all-'tp' model); the gap is mean val loss minus the baseline's."""
+    rows = []
+    for label, run_dirs in groups:
+        runs = [summarize_run(d) for d in run_dirs]
+        if not runs:
+            continue
+        first, losses = runs[0], [r["val_loss"] for r in runs]
+        for key in ("fwd_allreduces", "bwd_allreduces", "final_iter", "tokens"):
+            if len({r[key] for r in runs}) > 1:
+                raise ValueError(f"{label}: seeds disagree on {key}: {[r[key] for r in runs]}")
+        rows.append(dict(
+            config=label, config_file=first["config_file"], block_pattern=block_pattern(first["cfg"]),
+            tp_size=first["cfg"].get("tp_size"), tp_mode=first["cfg"].get("tp_mode"),
+            fwd_allreduces=first["fwd_allreduces"], bwd_allreduces=first["bwd_allreduces"],
+            grad_sync_allreduces=first["grad_sync_allreduces"], comm_bytes_per_token=first["comm_bytes_per_token"],
+            n_seeds=len(runs), seeds=[r["seed"] for r in runs], val_loss_per_seed=losses,
+            val_loss_mean=statistics.fmean(losses), val_loss_std=_std(losses),
+            val_loss_min=min(losses), val_loss_max=max(losses), final_iter=first["final_iter"],
+            tokens=first["tokens"], tokens_per_s=_mean(r["tokens_per_s"] for r in runs),
+            tokens_per_s_std=_std([r["tokens_per_s"] for r in runs if r["tokens_per_s"] is not None]),
+            comm_seconds_per_iter=_mean(r["comm_seconds"] for r in runs), wall_s=_mean(r["wall_s"] for r in runs),
+            curves=[r["curve"] for r in runs], run_dirs=[r["run_dir"] for r in runs],
+        ))
+    measured = [r for r in rows if r["fwd_allreduces"] is not None]
+    base = max(measured, key=lambda r: r["fwd_allreduces"]) if measured else None
+    for r in rows:
+        r["baseline"] = base["config"] if base else None
+        r["gap_to_baseline"] = r["val_loss_mean"] - base["val_loss_mean"] if base else None
+    return rows
+
+
+def _fmt(x, spec):
+    return "n/a" if x is None else format(x, spec)
+
+
+def markdown_table(rows):
+    base = next((r for r in rows if r["config"] == r["baseline"]), None)
+    gap = f"gap to {base['fwd_allreduces']}-sync baseline" if base else "gap to baseline"
+    n_seeds = max((r["n_seeds"] for r in rows), default=0)
+    lines = [f"| config | block pattern | fwd all-reduces | bwd all-reduces | final val loss "
+             f"({'mean ± std' if n_seeds > 1 else 'one seed'}) | min–max | seeds | {gap} | tokens/s | wall time (s) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        loss = _fmt(r["val_loss_mean"], ".4f") + (f" ± {r['val_loss_std']:.4f}" if r["n_seeds"] > 1 else "")
+        spread = f"{r['val_loss_min']:.4f}–{r['val_loss_max']:.4f}" if r["n_seeds"] > 1 else "—"
+        lines.append(f"| {r['config_file'] or r['config']} | `{r['block_pattern']}` | {_fmt(r['fwd_allreduces'], 'd')}"
+                     f" | {_fmt(r['bwd_allreduces'], 'd')} | {loss} | {spread} | {r['n_seeds']} | "
+                     f"{_fmt(r['gap_to_baseline'], '+.4f')} | {_fmt(r['tokens_per_s'], ',.0f')} | "
+                     f"{_fmt(r['wall_s'], '.1f')} |")
+    return "\n".join(lines)
+
+
+def write_tables(rows, out_dir, *, title="Communication sweep", note=""):
+    """results.md, results.csv and results.json in out_dir; returns their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = [os.path.join(out_dir, f"results.{ext}") for ext in ("md", "csv", "json")]
+    tokens = sorted({r["tokens"] for r in rows})
+    with open(paths[0], "w") as f:
+        f.write(f"# {title}\n\n" + (f"{note}\n\n" if note else ""))
+        f.write(f"Tokens per run (batch x block x accumulation x iters): {', '.join(f'{t:,}' for t in tokens)}. "
+                f"All-reduces are measured per forward/backward pass by counting f/g calls. Final val loss is "
+                f"the last eval record (iter {', '.join(str(i) for i in sorted({r['final_iter'] for r in rows}))}); "
+                f"tokens/s is the median over logged steps (the first {SKIP_TRAIN_RECORDS} skipped); wall time "
+                f"is per run, start-up and evals included.\n\n")
+        f.write(markdown_table(rows) + "\n")
+    with open(paths[1], "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow(dict(r, seeds=" ".join(map(str, r["seeds"]))))
+    with open(paths[2], "w") as f:
+        json.dump([{k: v for k, v in r.items() if k != "curves"} for r in rows], f, indent=2)
+    return paths
+
+
+def write_plots(rows, out_dir, *, title="Communication sweep", note=""):
+    """The three PNGs in out_dir; returns their paths. `note` (e.g. the overrides) goes under each title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(out_dir, exist_ok=True)
+    paths = [os.path.join(out_dir, name) for name in PLOTS]
+    rows = [r for r in rows if r["fwd_allreduces"] is not None]
+    rows = sorted(rows, key=lambda r: -r["fwd_allreduces"])
+    base = next((r for r in rows if r["config"] == r["baseline"]), None)
+    n_seeds = max((r["n_seeds"] for r in rows), default=1)
+    seeds_txt = f"{n_seeds} seeds, error bars: std" if n_seeds > 1 else "1 seed"
+    tokens = rows[0]["tokens"] if rows else 0
+    xs = [r["fwd_allreduces"] for r in rows]
+    sim = all(r["tp_mode"] == "simulated" for r in rows)
+    tp_txt = f"tp_size={rows[0]['tp_size']} {'simulated' if sim else 'real'}" if rows else ""
+    note = "\n".join(textwrap.wrap(note, 110))
+    note = f"\n{note}" if note else ""
+
+    # 1. final val loss vs forward all-reduces, baseline marked
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    ax.errorbar(xs, [r["val_loss_mean"] for r in rows], yerr=[r["val_loss_std"] for r in rows], fmt="o-",
+                color="tab:blue", capsize=4, label="final val loss")
+    if base:
+        ax.axhline(base["val_loss_mean"], color="tab:red", ls="--", lw=1,
+                   label=f"baseline {base['block_pattern']}: {base['val_loss_mean']:.3f}")
+        ax.plot([base["fwd_allreduces"]], [base["val_loss_mean"]], "*", color="tab:red", ms=16, zorder=5)
+        for r in rows:
+            if r is base:
+                continue
+            ax.annotate(f"{r['gap_to_baseline']:+.3f}", (r["fwd_allreduces"], r["val_loss_mean"]),
+                        textcoords="offset points", xytext=(0, 9), ha="center", fontsize=8, color="0.3")
+    ax.set_xticks(sorted(set(xs)))
+    ax.margins(y=0.12)
+    ax.set_xlabel("forward all-reduces per forward pass (measured)")
+    ax.set_ylabel("final validation loss (nats/token)")
+    ax.set_title(f"{title}: final val loss vs communication\n{tp_txt}, {tokens:,} tokens per run, {seeds_txt}; "
+                 f"labels: gap to baseline{note}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best")
+    fig.tight_layout()
+    fig.savefig(paths[0], dpi=120)
+    plt.close(fig)
+
+    # 2. val loss curves, one per config (mean over seeds), colored by communication count
+    fig, ax = plt.subplots(figsize=(12, 5.5))
+    cmap = plt.get_cmap("plasma")  # spaced by rank, so neighbouring counts stay distinguishable
+    lows, highs, starts = [], [], []
+    for rank, r in enumerate(rows):
+        iters = sorted({i for c in r["curves"] for i, _ in c})
+        per_iter = {i: [v for c in r["curves"] for j, v in c if j == i] for i in iters}
+        mean = [statistics.fmean(per_iter[i]) for i in iters]
+        is_base = base is not None and r is base
+        ax.plot(iters, mean, "o-" if len(iters) < 30 else "-", ms=3, lw=2.2 if is_base else 1.3,
+                color="black" if is_base else cmap(0.9 * rank / max(1, len(rows) - 1)),
+                label=f"{r['fwd_allreduces']:>2} all-reduces  {r['block_pattern']}")
+        lows.append(min(mean))
+        highs.extend(mean[1:2] or mean)  # zoom past the start: iter 0 is ~ln(vocab) for every run
+        starts.append(iters[:2])
+    if rows:
+        ax.set_ylim(min(lows) - 0.05, max(highs) + 0.1)
+        first = min(starts)
+        if len(first) == 2:
+            ax.set_xlim(left=first[1] - 0.25 * (first[1] - first[0]))
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("validation loss (nats/token)" + (" (mean over seeds)" if n_seeds > 1 else ""))
+    curve_seeds = f"mean over {n_seeds} seeds" if n_seeds > 1 else "1 seed"
+    ax.set_title(f"{title}: validation loss during training\n{tp_txt}, {tokens:,} tokens per run, {curve_seeds}\n"
+                 f"(zoomed past iter 0, where every run is at ~ln(vocab)){note}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(title="forward all-reduces, block pattern", title_fontsize=9, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), prop={"family": "monospace", "size": 8})
+    fig.tight_layout()
+    fig.savefig(paths[1], dpi=120)
+    plt.close(fig)
+
+    # 3. throughput vs forward all-reduces
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    ax.errorbar(xs, [r["tokens_per_s"] for r in rows], yerr=[r["tokens_per_s_std"] for r in rows], fmt="o-",
+                color="tab:green", capsize=4, label="tokens/s (median over steps)")
+    if base and base["tokens_per_s"]:
+        ax.plot([base["fwd_allreduces"]], [base["tokens_per_s"]], "*", color="tab:red", ms=16, zorder=5,
+                label="baseline")
+    ax.set_xticks(sorted(set(xs)))
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("forward all-reduces per forward pass (measured)")
+    ax.set_ylabel("training throughput (tokens/s per model replica)")
+    sim_note = ("simulated TP: one process computes every shard, the all-reduces are in-memory sums,\n"
+            "so this shows compute differences between block types, not communication savings") if sim else \
+        "real TP: all-reduces cross process boundaries"
+    ax.set_title(f"{title}: throughput vs communication ({tp_txt})\n{sim_note}{note}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(paths[2], dpi=120)
+    plt.close(fig)
+    return paths
