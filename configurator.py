@@ -106,6 +106,8 @@ def exit_on_config_error(fn):
         try:
             return fn(*args, **kwargs)
         except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
+            # one write per line: under torchrun the ranks' identical lines do not interleave
+            sys.stderr.write(f"error: {e}\n")
+            sys.stderr.flush()
             sys.exit(2)
     return wrapper

@@ -8,8 +8,9 @@ $ python experiment.py cpu --max_iters=20 --eval_interval=10 --lr_decay_iters=20
 $ python experiment.py cpu --report-only               # table and plots again from the finished runs
 $ python experiment.py gpt2 --nproc=8                  # GPT-2 124M on OpenWebText, 20k steps per run (GPUs)
 $ python experiment.py cpu-real                        # real TP over 2 processes (gloo): does wall time drop?
+$ python experiment.py gpt2 --counts                   # measured all-reduces and bytes/token of each config
 
-Runner options: --seeds=S1,S2  --nproc=N (torchrun when > 1)  --out=DIR  --report-only  --dry-run.
+Runner options: --seeds=S1,S2  --nproc=N (torchrun when > 1)  --out=DIR  --report-only  --dry-run  --counts.
 Every other --key=value goes to train.py (and names the sweep directory, so a quick try never touches the
 real runs). Runs live in experiments/<sweep>[+overrides]/<run>-seed<S>/ with train.py's config.json and
 metrics.jsonl, the run's train.log, and done.json once it finished; a run without done.json (interrupted)
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 import results
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-RUNNER_OPTIONS = ("seeds", "nproc", "out", "report-only", "dry-run")
+RUNNER_OPTIONS = ("seeds", "nproc", "out", "report-only", "dry-run", "counts")
 
 
 @dataclass(frozen=True)
@@ -254,6 +255,31 @@ def report(jobs, sweep_dir, *, title, note=""):
     return results.markdown_table(rows), plots
 
 
+def comm_counts(jobs, *, tokens=64):
+    """Markdown table of each config's collectives, measured by one forward+backward pass on CPU (fp32, and
+    bf16 under autocast) of the config's own model: all-reduces per pass and bytes per token per rank."""
+    import torch
+
+    from common import build_model
+
+    lines = ["| config | block pattern | tp_size | fwd all-reduces | bwd all-reduces | bytes/token fp32 | "
+             "bytes/token bf16 |", "|---|---|---:|---:|---:|---:|---:|"]
+    for j in jobs:
+        torch.manual_seed(0)
+        # the vocabulary never enters the communication (embeddings and lm_head are replicated)
+        model = build_model(j.cfg["model_type"], dict(j.cfg, dropout=0.0, vocab_size=50304))
+        if not hasattr(model, "comm_per_forward"):
+            raise SweepError(f"{j.run.name}: model_type={j.cfg['model_type']!r} has no tensor-parallel communication")
+        idx = torch.randint(50304, (1, min(tokens, j.cfg["block_size"])))
+        fp32 = model.comm_per_forward(idx)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            bf16 = model.comm_per_forward(idx)
+        lines.append(f"| {os.path.basename(j.run.config)} | `{results.block_pattern(j.cfg)}` | {j.cfg['tp_size']} | "
+                     f"{fp32['fwd_allreduces']} | {fp32['bwd_allreduces']} | {fp32['comm_bytes_per_token']:,.0f} | "
+                     f"{bf16['comm_bytes_per_token']:,.0f} |")
+    return "\n".join(lines)
+
+
 def parse_args(argv):
     """Split argv into (sweep name, runner options, train.py overrides)."""
     sweep, opts, overrides = None, {}, []
@@ -289,6 +315,10 @@ def main(argv):
     default_seed = 1337
     seeds = opts["seeds"] or [default_seed]
     title, note = f"{sweep} sweep", ("overrides: " + " ".join(overrides)) if overrides else ""
+    if opts.get("counts"):
+        jobs = plan(runs, sweep_dir=sweep_dir, seeds=seeds[:1], overrides=overrides, check_data=False)
+        print(comm_counts(jobs))
+        return
     if opts.get("report-only"):
         found = sorted(finished_seeds(sweep_dir, runs))
         jobs = plan(runs, sweep_dir=sweep_dir, seeds=opts["seeds"] or found or seeds, overrides=overrides,

@@ -112,25 +112,48 @@ class TPComm:
 
     def f(self, x):
         """(B, T, C) replicated -> (L, B, T, C) on the shards; backward all-reduces the shards' gradients."""
-        return _F.apply(x, self)
+        return _F.apply(self.autocast(x), self)
 
     def g(self, x):
-        """(L, B, T, C) partial results -> (B, T, C) their sum over all tp shards; backward identity. Under autocast
-        the sum runs in the autocast dtype (what the matmuls produce), so collectives move bf16 as Megatron's do."""
+        """(L, B, T, C) partial results -> (B, T, C) their sum over all tp shards; backward identity."""
+        return _G.apply(self.autocast(x), self)
+
+    @staticmethod
+    def autocast(x):
+        """Under autocast, f's output only feeds matmuls and g's input comes from them: both in the autocast
+        dtype, so the collectives move bf16 both ways, as Megatron's do (the forward values do not change)."""
         if torch.is_autocast_enabled(x.device.type):
-            x = x.to(torch.get_autocast_dtype(x.device.type))
-        return _G.apply(x, self)
+            return x.to(torch.get_autocast_dtype(x.device.type))
+        return x
 
     def synced(self, p):
         """A replicated block parameter used on the synced stream. Real mode sums block-parameter gradients over
         the tp group after backward; this use's gradient is equal on every rank, so it enters that sum as 1/tp."""
         return _ScaleGrad.apply(p, 1.0 / self.tp) if self.real else p
 
-    def partial(self, xbar):
-        """The synced stream subtracted inside every shard's partial sum (d_i = r_i - xbar goes into g). Simulated,
-        the broadcast over the tp shards sums its gradient tp times; in real mode each rank holds one of those tp
-        equal terms (g's backward gives every rank the same gradient), so it is scaled by tp instead of summed."""
-        return _ScaleGrad.apply(xbar, float(self.tp)) if self.real else xbar
+    def delta(self, r, xbar):
+        """d_i = r_i - xbar, each shard's part of the stream that a sync adds to xbar: (L, B, T, C), (B, T, C) ->
+        (L, B*T, C), a fresh tensor (not a view) that a shard projection may accumulate into in place. Backward:
+        xbar's gradient is minus the sum of d's over the shards. Simulated, that sum is over the L local shards
+        (L times one of them when the gradient is g's backward broadcast); in real mode each rank holds one of tp
+        equal terms (g's backward gives every rank the same gradient), so it is scaled by tp instead."""
+        return _Delta.apply(r, xbar, float(self.tp) if self.real else 1.0)
+
+
+class _Delta(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, r, xbar, scale):
+        ctx.scale, ctx.shapes = scale, (r.shape, xbar.shape)
+        return r.flatten(1, -2) - xbar.flatten(0, -2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        r_shape, xbar_shape = ctx.shapes
+        if grad.stride(0) == 0:  # g's backward broadcast: every shard's gradient is one tensor
+            total = grad[0] * (grad.shape[0] * ctx.scale)
+        else:
+            total = grad.sum(0) * ctx.scale if ctx.scale != 1.0 else grad.sum(0)
+        return grad.view(r_shape), total.neg_().view(xbar_shape), None
 
 
 class _F(torch.autograd.Function):
@@ -182,14 +205,15 @@ def synced_layer_norm(ln, x, comm):
     return F.layer_norm(x, ln.weight.shape, comm.synced(ln.weight), bias, 1e-5)
 
 
-def project(y, w, acc, dropout):
+def project(y, w, acc, dropout, own_acc=False):
     """acc + dropout(y @ w) batched over shards (acc None: no add). Without dropout or autocast the add is fused
-    into the matmul; under autocast it is not, so a float32 residual stream stays float32."""
+    into the matmul, in place when acc is a temporary nothing else uses (own_acc); under autocast it is not
+    fused, so a float32 residual stream stays float32."""
     if acc is None:
         return dropout(torch.bmm(y, w))
     if (dropout.p and dropout.training) or torch.is_autocast_enabled(y.device.type):
         return acc + dropout(torch.bmm(y, w))
-    return torch.baddbmm(acc, y, w)
+    return acc.baddbmm_(y, w) if own_acc else torch.baddbmm(acc, y, w)
 
 
 class ShardedAttention(nn.Module):
@@ -204,7 +228,7 @@ class ShardedAttention(nn.Module):
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, h, acc=None):  # h, acc: (L, B, T, C)
+    def forward(self, h, acc=None, own_acc=False):  # h, acc: (L, B, T, C)
         L, B, T, C = h.shape
         Cs, nh = self.Cs, self.nh
         w = self.c_attn.weight.view(3, L, Cs, C).transpose(0, 1).reshape(L, 3 * Cs, C)  # shard i: its q, k, v
@@ -220,8 +244,8 @@ class ShardedAttention(nn.Module):
                                            is_causal=True)
         y = y.transpose(1, 2).reshape(L, B * T, Cs)  # each shard's heads side by side
         wp = self.c_proj.weight.view(C, L, Cs).permute(1, 2, 0)  # (L, Cs, C): shard i's input rows
-        acc = None if acc is None else acc.reshape(L, B * T, C)
-        return project(y, wp, acc, self.resid_dropout).view(L, B, T, C)
+        acc = acc if acc is None or acc.dim() == 3 else acc.reshape(L, B * T, C)
+        return project(y, wp, acc, self.resid_dropout, own_acc).view(L, B, T, C)
 
 
 class ShardedMLP(nn.Module):
@@ -235,7 +259,7 @@ class ShardedMLP(nn.Module):
         self.c_proj = nn.Linear(local * self.Hs, C, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, h, acc=None):  # h, acc: (L, B, T, C)
+    def forward(self, h, acc=None, own_acc=False):  # h, acc: (L, B, T, C)
         L, B, T, C = h.shape
         h2 = h.reshape(L, B * T, C)
         w = self.c_fc.weight.view(L, self.Hs, C).transpose(1, 2)  # (L, C, Hs)
@@ -244,8 +268,8 @@ class ShardedMLP(nn.Module):
         else:
             u = torch.bmm(h2, w)
         wp = self.c_proj.weight.view(C, L, self.Hs).permute(1, 2, 0)  # (L, Hs, C)
-        acc = None if acc is None else acc.reshape(L, B * T, C)
-        return project(F.gelu(u), wp, acc, self.dropout).view(L, B, T, C)
+        acc = acc if acc is None or acc.dim() == 3 else acc.reshape(L, B * T, C)
+        return project(F.gelu(u), wp, acc, self.dropout, own_acc).view(L, B, T, C)
 
 
 class TPBlock(nn.Module):
@@ -284,7 +308,7 @@ class TPBlock(nn.Module):
             if r is None:
                 a = self.attn(comm.f(synced_layer_norm(self.ln_1, xbar, comm)))
             else:
-                a = self.attn(layer_norm(self.ln_1, r), acc=r - comm.partial(xbar))
+                a = self.attn(layer_norm(self.ln_1, r), acc=comm.delta(r, xbar), own_acc=True)
             x = self.add_bias(xbar + comm.g(a), self.attn.c_proj, synced=True)
             m = self.mlp(comm.f(synced_layer_norm(self.ln_2, x, comm)))
             return self.add_bias(x + comm.g(m), self.mlp.c_proj, synced=True), None
@@ -295,8 +319,8 @@ class TPBlock(nn.Module):
         if self.kind == "spd":
             # y_i = r_i + A_i(LN1(r_i)) + b_A stays local; x' = xbar + sum_i [d_i + A_i + M_i(LN2(y_i))] + b_A + b_M
             y = self.add_bias(self.attn(h, acc=r), self.attn.c_proj, synced=False)
-            s = self.mlp(layer_norm(self.ln_2, y), acc=self.add_bias(y - comm.partial(xbar), self.attn.c_proj,
-                                                                      synced=False, scale=-1.0))
+            acc = self.add_bias(comm.delta(y, xbar), self.attn.c_proj, synced=False, scale=-1.0)
+            s = self.mlp(layer_norm(self.ln_2, y), acc=acc, own_acc=True)
             x = self.add_bias(xbar + comm.g(s), self.attn.c_proj, synced=True)
             return self.add_bias(x, self.mlp.c_proj, synced=True), None
         # parallel: r_i += A_i(LN1(r_i)) + b_A/tp; r_i += M_i(LN2(r_i)) + b_M/tp; nothing is communicated
@@ -382,7 +406,7 @@ class DistributedGPT(GPT):
         for block in self.transformer.h:
             xbar, r = block(xbar, r)
         if r is not None:  # the last block left the stream desynced: one more sync
-            xbar = xbar + self.comm.g(r - self.comm.partial(xbar))
+            xbar = xbar + self.comm.g(self.comm.delta(r, xbar)).view_as(xbar)
         return lm_head_and_loss(self.lm_head, self.transformer.ln_f(xbar), targets)
 
     # --- GPT-layout state (checkpoints are always unsharded) ---

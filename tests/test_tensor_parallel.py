@@ -213,6 +213,16 @@ def test_autocast_all_reduces_bf16_and_stays_close_to_fp32(block_types):
     assert abs(loss.item() - ref_loss.item()) < 2e-2
     torch.testing.assert_close(logits.float(), ref_logits, rtol=0.05, atol=0.05)
 
+    # backward: f's all-reduce of the shards' gradients is bf16 too, and the gradients stay near fp32's
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        comm = model.comm_per_forward(idx)
+    assert comm["comm_bytes_per_token"] == (comm["fwd_allreduces"] + comm["bwd_allreduces"]) * N_EMBD * 2
+    fp32_grads = run(model, idx, tgt)[2]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16_grads = run(model, idx, tgt)[2]
+    for name, g32 in fp32_grads.items():  # relative error of each gradient as a whole (bf16: ~3 digits)
+        assert (bf16_grads[name].float() - g32).norm() <= 0.05 * g32.norm() + 1e-6, name
+
 
 def test_dropout_path_trains_and_eval_mode_ignores_it():
     gpt = make_gpt()
