@@ -166,3 +166,14 @@ def test_a_count_that_changes_mid_run_is_an_error(tmp_path):
         f.write(json.dumps(dict(iter=40, loss=1.0, tokens_per_s=1.0, fwd_allreduces=7)) + "\n")
     with pytest.raises(ValueError, match="fwd_allreduces changed"):
         results.summarize_run(d)
+
+
+def test_counts_are_measured_per_config():
+    r = run_script("experiment.py", "cpu", "--counts")
+    assert r.returncode == 0, r.stderr
+    rows = [line.split("|")[1:-1] for line in r.stdout.splitlines() if line.startswith("| train_")]
+    assert len(rows) == 10
+    for cells in rows:
+        name, fwd, bwd, fp32, bf16 = cells[0].strip(), *(int(c.strip().replace(",", "")) for c in cells[3:7])
+        assert name == f"train_shakespeare_char_{fwd}comm.py" and bwd == fwd
+        assert fp32 == 2 * fwd * 64 * 4 and bf16 == fp32 // 2  # n_embd 64: fwd + bwd all-reduces of 64 floats
