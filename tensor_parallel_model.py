@@ -5,7 +5,9 @@ Sync-Point Drop ('spd', arXiv 2502.20727, 1 all-reduce) or fully 'parallel' (0),
 Shard i of tp owns attention heads [i*H/tp, (i+1)*H/tp) (its slice of each of q, k, v and the matching
 input columns of attn.c_proj) and MLP hidden units [i*4C/tp, (i+1)*4C/tp). Everything else is replicated.
 Tensors on the shard side carry a leading shard dimension L: L = tp when simulated (one process holds every
-shard), L = 1 in real mode (each rank holds its own shard). Parameters keep GPT's names and, simulated,
+shard), L = 1 in real mode (each rank holds its own shard). Inside the blocks the stream is flat over tokens:
+synced (N, C), per shard (L, N, C), N = B*T, so no view sits between a tensor and its uses (autograd can then
+accumulate a stream's two gradients in place). Parameters keep GPT's names and, simulated,
 GPT's exact shapes (L = tp), so a GPT state dict loads as it is; in real mode each rank holds the L = 1 slice.
 All communication goes through f (fan-out; backward all-reduce) and g (forward all-reduce), Megatron-LM's
 copy_to / reduce_from operators, which also count every collective they run.
@@ -111,11 +113,11 @@ class TPComm:
         return t
 
     def f(self, x):
-        """(B, T, C) replicated -> (L, B, T, C) on the shards; backward all-reduces the shards' gradients."""
+        """(N, C) replicated -> (L, N, C) on the shards; backward all-reduces the shards' gradients."""
         return _F.apply(self.autocast(x), self)
 
     def g(self, x):
-        """(L, B, T, C) partial results -> (B, T, C) their sum over all tp shards; backward identity."""
+        """(L, N, C) partial results -> (N, C) their sum over all tp shards; backward identity."""
         return _G.apply(self.autocast(x), self)
 
     @staticmethod
@@ -132,8 +134,8 @@ class TPComm:
         return _ScaleGrad.apply(p, 1.0 / self.tp) if self.real else p
 
     def delta(self, r, xbar):
-        """d_i = r_i - xbar, each shard's part of the stream that a sync adds to xbar: (L, B, T, C), (B, T, C) ->
-        (L, B*T, C), a fresh tensor (not a view) that a shard projection may accumulate into in place. Backward:
+        """d_i = r_i - xbar, each shard's part of the stream that a sync adds to xbar: (L, N, C), (N, C) ->
+        (L, N, C), a fresh tensor (not a view) that a shard projection may accumulate into in place. Backward:
         xbar's gradient is minus the sum of d's over the shards. Simulated, that sum is over the L local shards
         (L times one of them when the gradient is g's backward broadcast); in real mode each rank holds one of tp
         equal terms (g's backward gives every rank the same gradient), so it is scaled by tp instead."""
@@ -143,17 +145,16 @@ class TPComm:
 class _Delta(torch.autograd.Function):
     @staticmethod
     def forward(ctx, r, xbar, scale):
-        ctx.scale, ctx.shapes = scale, (r.shape, xbar.shape)
-        return r.flatten(1, -2) - xbar.flatten(0, -2)
+        ctx.scale = scale
+        return r - xbar
 
     @staticmethod
     def backward(ctx, grad):
-        r_shape, xbar_shape = ctx.shapes
         if grad.stride(0) == 0:  # g's backward broadcast: every shard's gradient is one tensor
             total = grad[0] * (grad.shape[0] * ctx.scale)
         else:
             total = grad.sum(0) * ctx.scale if ctx.scale != 1.0 else grad.sum(0)
-        return grad.view(r_shape), total.neg_().view(xbar_shape), None
+        return grad, total.neg_(), None
 
 
 class _F(torch.autograd.Function):
@@ -206,9 +207,9 @@ def synced_layer_norm(ln, x, comm):
 
 
 def project(y, w, acc, dropout, own_acc=False):
-    """acc + dropout(y @ w) batched over shards (acc None: no add). Without dropout or autocast the add is fused
-    into the matmul, in place when acc is a temporary nothing else uses (own_acc); under autocast it is not
-    fused, so a float32 residual stream stays float32."""
+    """acc + dropout(y @ w) batched over shards (acc None: no add), all (L, N, .). Without dropout or autocast
+    the add is fused into the matmul, in place when acc is a temporary nothing else uses (own_acc); under
+    autocast it is not fused, so a float32 residual stream stays float32."""
     if acc is None:
         return dropout(torch.bmm(y, w))
     if (dropout.p and dropout.training) or torch.is_autocast_enabled(y.device.type):
@@ -228,24 +229,22 @@ class ShardedAttention(nn.Module):
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, h, acc=None, own_acc=False):  # h, acc: (L, B, T, C)
-        L, B, T, C = h.shape
-        Cs, nh = self.Cs, self.nh
+    def forward(self, h, T, acc=None, own_acc=False):  # h, acc: (L, N, C), N = B*T tokens
+        L, N, C = h.shape
+        B, Cs, nh = N // T, self.Cs, self.nh
         w = self.c_attn.weight.view(3, L, Cs, C).transpose(0, 1).reshape(L, 3 * Cs, C)  # shard i: its q, k, v
-        h2 = h.reshape(L, B * T, C)
         if self.c_attn.bias is not None:
             b = self.c_attn.bias.view(3, L, 1, Cs).transpose(0, 1).reshape(L, 1, 3 * Cs)
-            qkv = torch.baddbmm(b, h2, w.transpose(1, 2))  # (L, BT, 3Cs)
+            qkv = torch.baddbmm(b, h, w.transpose(1, 2))  # (L, N, 3Cs)
         else:
-            qkv = torch.bmm(h2, w.transpose(1, 2))
+            qkv = torch.bmm(h, w.transpose(1, 2))
         # shards x batch as one batch dim, 4-D as GPT does, so SDPA can take its fused kernel
         q, k, v = qkv.view(L * B, T, 3, nh, Cs // nh).permute(2, 0, 3, 1, 4).unbind(0)  # (L*B, nh, T, hs)
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
                                            is_causal=True)
-        y = y.transpose(1, 2).reshape(L, B * T, Cs)  # each shard's heads side by side
+        y = y.transpose(1, 2).reshape(L, N, Cs)  # each shard's heads side by side
         wp = self.c_proj.weight.view(C, L, Cs).permute(1, 2, 0)  # (L, Cs, C): shard i's input rows
-        acc = acc if acc is None or acc.dim() == 3 else acc.reshape(L, B * T, C)
-        return project(y, wp, acc, self.resid_dropout, own_acc).view(L, B, T, C)
+        return project(y, wp, acc, self.resid_dropout, own_acc)
 
 
 class ShardedMLP(nn.Module):
@@ -259,22 +258,20 @@ class ShardedMLP(nn.Module):
         self.c_proj = nn.Linear(local * self.Hs, C, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, h, acc=None, own_acc=False):  # h, acc: (L, B, T, C)
-        L, B, T, C = h.shape
-        h2 = h.reshape(L, B * T, C)
+    def forward(self, h, acc=None, own_acc=False):  # h, acc: (L, N, C)
+        L, N, C = h.shape
         w = self.c_fc.weight.view(L, self.Hs, C).transpose(1, 2)  # (L, C, Hs)
         if self.c_fc.bias is not None:
-            u = torch.baddbmm(self.c_fc.bias.view(L, 1, self.Hs), h2, w)
+            u = torch.baddbmm(self.c_fc.bias.view(L, 1, self.Hs), h, w)
         else:
-            u = torch.bmm(h2, w)
+            u = torch.bmm(h, w)
         wp = self.c_proj.weight.view(C, L, self.Hs).permute(1, 2, 0)  # (L, Hs, C)
-        acc = acc if acc is None or acc.dim() == 3 else acc.reshape(L, B * T, C)
-        return project(F.gelu(u), wp, acc, self.dropout, own_acc).view(L, B, T, C)
+        return project(F.gelu(u), wp, acc, self.dropout, own_acc)
 
 
 class TPBlock(nn.Module):
-    """One block of any type. The residual stream enters and leaves as (xbar, r): xbar (B, T, C) the last synced
-    value; r (L, B, T, C) each shard's stream r_i = xbar + d_i when desynced, else None. d_i = r_i - xbar is
+    """One block of any type. The residual stream enters and leaves as (xbar, r): xbar (N, C) the last synced
+    value; r (L, N, C) each shard's stream r_i = xbar + d_i when desynced, else None. d_i = r_i - xbar is
     formed only where a sync needs it."""
 
     def __init__(self, config, kind, comm):
@@ -301,14 +298,14 @@ class TPBlock(nn.Module):
         h = layer_norm(self.ln_1, xbar)
         return r, h.unsqueeze(0).expand_as(r)
 
-    def forward(self, xbar, r):
+    def forward(self, xbar, r, T):  # T: tokens per sequence (attention is causal within each)
         comm = self.comm
         if self.kind == "tp":
             # x' = xbar + sum_i [d_i + A_i(LN1(r_i))] + b_A;  x'' = x' + sum_i M_i(LN2(x')) + b_M
             if r is None:
-                a = self.attn(comm.f(synced_layer_norm(self.ln_1, xbar, comm)))
+                a = self.attn(comm.f(synced_layer_norm(self.ln_1, xbar, comm)), T)
             else:
-                a = self.attn(layer_norm(self.ln_1, r), acc=comm.delta(r, xbar), own_acc=True)
+                a = self.attn(layer_norm(self.ln_1, r), T, acc=comm.delta(r, xbar), own_acc=True)
             x = self.add_bias(xbar + comm.g(a), self.attn.c_proj, synced=True)
             m = self.mlp(comm.f(synced_layer_norm(self.ln_2, x, comm)))
             return self.add_bias(x + comm.g(m), self.mlp.c_proj, synced=True), None
@@ -318,13 +315,13 @@ class TPBlock(nn.Module):
             h = layer_norm(self.ln_1, r)
         if self.kind == "spd":
             # y_i = r_i + A_i(LN1(r_i)) + b_A stays local; x' = xbar + sum_i [d_i + A_i + M_i(LN2(y_i))] + b_A + b_M
-            y = self.add_bias(self.attn(h, acc=r), self.attn.c_proj, synced=False)
+            y = self.add_bias(self.attn(h, T, acc=r), self.attn.c_proj, synced=False)
             acc = self.add_bias(comm.delta(y, xbar), self.attn.c_proj, synced=False, scale=-1.0)
             s = self.mlp(layer_norm(self.ln_2, y), acc=acc, own_acc=True)
             x = self.add_bias(xbar + comm.g(s), self.attn.c_proj, synced=True)
             return self.add_bias(x, self.mlp.c_proj, synced=True), None
         # parallel: r_i += A_i(LN1(r_i)) + b_A/tp; r_i += M_i(LN2(r_i)) + b_M/tp; nothing is communicated
-        r = self.add_bias(self.attn(h, acc=r), self.attn.c_proj, synced=False, scale=1 / comm.tp)
+        r = self.add_bias(self.attn(h, T, acc=r), self.attn.c_proj, synced=False, scale=1 / comm.tp)
         r = self.add_bias(self.mlp(layer_norm(self.ln_2, r), acc=r), self.mlp.c_proj, synced=False,
                           scale=1 / comm.tp)
         return xbar, r
@@ -401,13 +398,13 @@ class DistributedGPT(GPT):
         if t > self.config.block_size:
             raise ValueError(f"sequence length {t} exceeds block_size {self.config.block_size}")
         pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
-        xbar = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (b, t, C)
-        r = None
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (b, t, C)
+        xbar, r = x.view(b * t, -1), None  # the blocks' stream is flat over tokens
         for block in self.transformer.h:
-            xbar, r = block(xbar, r)
+            xbar, r = block(xbar, r, t)
         if r is not None:  # the last block left the stream desynced: one more sync
-            xbar = xbar + self.comm.g(self.comm.delta(r, xbar)).view_as(xbar)
-        return lm_head_and_loss(self.lm_head, self.transformer.ln_f(xbar), targets)
+            xbar = xbar + self.comm.g(self.comm.delta(r, xbar))
+        return lm_head_and_loss(self.lm_head, self.transformer.ln_f(xbar.view(b, t, -1)), targets)
 
     # --- GPT-layout state (checkpoints are always unsharded) ---
 
