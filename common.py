@@ -71,6 +71,18 @@ def setup_runtime(device_type, seed):
         torch.backends.cudnn.allow_tf32 = True
 
 
+def make_grad_scaler(device_type, dtype, pd=None):
+    """fp16's loss scaler (a no-op for other dtypes). With real tensor parallelism each rank holds different
+    gradient shards, so an inf/nan on one rank must skip the step on all of them: FSDP's ShardedGradScaler
+    all-reduces the found-inf flag over the tp group (DDP already makes it agree across dp)."""
+    enabled = dtype == "float16"
+    if pd is not None and pd.tp > 1:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device_type, enabled=enabled, process_group=pd.tp_group)
+    return torch.amp.GradScaler(device_type, enabled=enabled)
+
+
 GPT_ARG_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")
 
 

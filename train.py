@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import (MODEL_TYPES, autocast_context, build_model, clean_state_dict, load_checkpoint, pick_device,
-                    pick_dtype, save_checkpoint, setup_runtime)
+from common import (MODEL_TYPES, autocast_context, build_model, clean_state_dict, load_checkpoint, make_grad_scaler,
+                    pick_device, pick_dtype, save_checkpoint, setup_runtime)
 from configurator import ConfigError, configure, exit_on_config_error, save_config
 from model import PRETRAINED_SIZES, GPT
 from parallel import check_layout, init_parallel, shutdown
@@ -257,7 +257,7 @@ def train(cfg, pd, data_dir, device, device_type, dtype, model_args, checkpoint)
     if master:
         print(f"model: {cfg['model_type']}, {model.get_num_params() / 1e6:.2f}M parameters")
 
-    scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
+    scaler = make_grad_scaler(device_type, dtype, pd)
     optimizer = model.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"],
                                            (cfg["beta1"], cfg["beta2"]), device_type)
     if cfg["init_from"] == "resume":

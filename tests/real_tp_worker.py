@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from common import make_grad_scaler  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from parallel import init_parallel, shutdown  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
@@ -205,6 +206,34 @@ def check_data_parallel(pd, gpt, results):
             (logits, loss / pd.dp, grads, fwd), (s_logits[mine], s_loss, s_grads, s_fwd), TOL["float64"])
 
 
+def check_grad_scaler(pd, gpt, results):
+    """fp16 loss scaling: an inf in one rank's gradient shard skips the step on every tp rank (train.py's scaler);
+    torch.amp.GradScaler alone would step the other ranks and leave the replica's shards out of step."""
+    for label, scaler_for in (("scaler/inf_on_one_rank_skips_all", lambda: make_grad_scaler("cpu", "float16", pd)),
+                              ("can_fail/plain_scaler", lambda: torch.amp.GradScaler("cpu"))):
+        model = DistributedGPT.from_gpt(gpt, pd.tp, ["tp", "spd", "parallel", "tp"], pd=pd)
+        optimizer = model.configure_optimizers(0.1, LR, (0.9, 0.95), "cpu")
+        scaler = scaler_for()
+        before = [p.detach().clone() for p in model.parameters()]
+        idx, tgt = batch(0)
+        _, loss = model(idx, tgt)
+        scaler.scale(loss).backward()
+        model.sync_replicated_grads()
+        if pd.tp_rank == pd.tp - 1:  # one element of this rank's shard of one MLP weight overflows
+            model.transformer.h[1].mlp.c_fc.weight.grad[0, 0] = float("inf")
+        scaler.step(optimizer)
+        scaler.update()
+        stepped = torch.tensor([float(any(not torch.equal(a, p) for a, p in zip(before, model.parameters())))])
+        every = [torch.zeros(1) for _ in range(pd.tp)]
+        dist.all_gather(every, stepped, group=pd.tp_group)
+        every = [bool(t.item()) for t in every]
+        if label.startswith("scaler/"):  # no rank stepped, and every rank backed off its scale alike
+            ok = not any(every) and scaler.get_scale() == 65536.0 * 0.5
+        else:  # the ranks without the inf stepped: the check above can fail
+            ok = every == [True] * (pd.tp - 1) + [False]
+        results[label] = dict(ok=ok)
+
+
 def worst(per_rank):
     """Merge the ranks' results: the largest ratio wins, every rank must be ok."""
     merged = {}
@@ -229,6 +258,7 @@ def main(argv):
             check_forward_backward(pd, gpt, results)
             check_state(pd, gpt, results)
             check_training(pd, gpt, results, PATTERNS)
+            check_grad_scaler(pd, gpt, results)
         else:
             check_data_parallel(pd, gpt, results)
             check_training(pd, gpt, results, [PATTERNS[-1], PATTERNS[0]])

@@ -72,6 +72,12 @@ def test_comparisons_can_fail(tp_results):
     assert no_sync["logits"]["ratio"] <= 1 and no_sync["grads"]["ratio"] > 10
 
 
+def test_fp16_overflow_on_one_rank_skips_the_step_on_all(tp_results):
+    """train.py's fp16 scaler shares the found-inf flag over the tp group: no rank steps, all back off alike."""
+    assert tp_results["scaler/inf_on_one_rank_skips_all"]["ok"]
+    assert tp_results["can_fail/plain_scaler"]["ok"]  # a per-rank GradScaler would step the other ranks
+
+
 def test_gathered_state_dict_is_gpts(tp_results):
     assert tp_results["state/gpt_state_dict_exact"]["ok"]  # gather and slice move values, exactly
     counts = tp_results["state/num_params"]
