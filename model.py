@@ -1,8 +1,14 @@
 """
 The single-device reference GPT (GPT-2 architecture), after nanoGPT.
 Holds no parallelism: every parallel path in this repo is tested against it.
+
+It also defines the interface the scripts use for either model (GPT here, DistributedGPT in
+tensor_parallel_model.py): GPT-layout state and optimizer state, gradient clipping, replicated-gradient sync,
+communication report, MFU, keyed dropout. GPT's versions are the plain ones (or no-ops), so no script has to
+ask which model it holds.
 """
 
+import hashlib
 import inspect
 import math
 from dataclasses import dataclass
@@ -21,6 +27,77 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True  # True: biases in Linears and LayerNorms, like GPT-2
+    # GELU form: 'none' is the exact erf GELU (nanoGPT's); 'tanh' is the approximation GPT-2 was trained with
+    # (Hugging Face's 'gelu_new'). from_pretrained sets 'tanh'. Same values as torch's F.gelu(approximate=...).
+    gelu_approximate: str = "none"
+
+
+GELU_FORMS = ("none", "tanh")
+# GPTConfig fields that nanoGPT's own GPTConfig has: a checkpoint's model_args holds exactly these, so nanoGPT's
+# scripts read checkpoints written here and the other way round.
+NANOGPT_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")
+
+
+class DropoutRNG:
+    """Where the dropout masks come from. Unkeyed (the default), torch's global RNG, as in nanoGPT. Keyed
+    (train.py calls model.seed_dropout(seed, iteration, micro_batch) before each micro-batch), every mask comes
+    from a generator seeded by that key and a stream number, so a resumed run and a run split over data-parallel
+    ranks draw exactly the masks of one uninterrupted process. Stream 0 is the model replica's (masks on values
+    every tensor-parallel shard shares); DistributedGPT gives each tp shard a stream of its own (Megatron's
+    separate tensor-parallel RNG), so real and simulated tensor parallelism draw the same masks."""
+
+    def __init__(self):
+        self.key = None
+        self._generators = {}
+
+    def set_key(self, key):
+        self.key = None if key is None else tuple(int(k) for k in key)
+        self._generators = {}
+
+    def generator(self, stream, device):
+        """The stream's generator for the current key (None when unkeyed): successive draws continue it."""
+        if self.key is None:
+            return None
+        g = self._generators.get(stream)
+        if g is None:
+            digest = hashlib.blake2b(repr((*self.key, stream)).encode(), digest_size=8).digest()
+            g = torch.Generator(device=device).manual_seed(int.from_bytes(digest, "little") >> 1)
+            self._generators[stream] = g
+        return g
+
+
+def keep_mask(shape, p, generators, device):
+    """A dropout keep-mask scaled by 1/(1-p), drawn in float32 (so masks do not depend on the autocast dtype).
+    One generator: shape as given. Several (one per shard): each draws shape[1:] and the results are stacked."""
+    def draw(shp, g):
+        return torch.empty(shp, device=device, dtype=torch.float32).bernoulli_(1.0 - p, generator=g)
+    if len(generators) == 1:
+        mask = draw(shape, generators[0])
+    else:
+        mask = torch.stack([draw(shape[1:], g) for g in generators])
+    return mask.div_(1.0 - p)
+
+
+def dropout(x, p, *, training, generators=None):
+    """F.dropout, or with keyed generators (see DropoutRNG) the same thing with a mask drawn from them."""
+    if not training or p == 0.0:
+        return x
+    if generators is None:
+        return F.dropout(x, p, training=True)
+    return x * keep_mask(x.shape, p, generators, x.device).to(x.dtype)
+
+
+def causal_attention(q, k, v, *, p, training, generators=None):
+    """Causal SDPA of (B, nh, T, hs) tensors with attention-probability dropout p. With keyed generators the
+    probabilities are computed explicitly (SDPA draws its dropout mask from the global RNG only)."""
+    if not training or p == 0.0 or generators is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p if training else 0.0, is_causal=True)
+    T = q.size(-2)
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    att = F.softmax(att.masked_fill(~causal, float("-inf")), dim=-1)
+    att = att * keep_mask(att.shape, p, generators, att.device).to(att.dtype)
+    return att @ v
 
 
 class LayerNorm(nn.Module):
@@ -36,15 +113,15 @@ class LayerNorm(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, rng):
         super().__init__()
         assert config.n_embd % config.n_head == 0
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.attn_dropout = config.dropout
-        self.resid_dropout = nn.Dropout(config.dropout)
+        self.dropout = config.dropout  # attention probabilities and the residual branch
         self.n_head = config.n_head
         self.n_embd = config.n_embd
+        self.rng = rng
 
     def forward(self, x):
         B, T, C = x.size()
@@ -52,32 +129,38 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.attn_dropout if self.training else 0.0, is_causal=True
-        )
+        gens = replica_generators(self.rng, x.device)
+        y = causal_attention(q, k, v, p=self.dropout, training=self.training, generators=gens)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble head outputs side by side
-        return self.resid_dropout(self.c_proj(y))
+        return dropout(self.c_proj(y), self.dropout, training=self.training, generators=gens)
 
 
 class MLP(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, rng):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU()
+        self.gelu = nn.GELU(approximate=config.gelu_approximate)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = config.dropout
+        self.rng = rng
 
     def forward(self, x):
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        gens = replica_generators(self.rng, x.device)
+        return dropout(self.c_proj(self.gelu(self.c_fc(x))), self.dropout, training=self.training, generators=gens)
+
+
+def replica_generators(rng, device):
+    g = rng.generator(0, device)
+    return None if g is None else [g]
 
 
 class Block(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, rng):
         super().__init__()
         self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = CausalSelfAttention(config)
+        self.attn = CausalSelfAttention(config, rng)
         self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, rng)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -104,11 +187,11 @@ class GPT(nn.Module):
         assert config.vocab_size is not None
         assert config.block_size is not None
         self.config = config
+        self.rng = DropoutRNG()
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             wpe=nn.Embedding(config.block_size, config.n_embd),
-            drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            h=nn.ModuleList([Block(config, self.rng) for _ in range(config.n_layer)]),
             ln_f=LayerNorm(config.n_embd, bias=config.bias),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -130,20 +213,22 @@ class GPT(nn.Module):
         if t > self.config.block_size:
             raise ValueError(f"sequence length {t} exceeds block_size {self.config.block_size}")
         pos = torch.arange(0, t, dtype=torch.long, device=device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (b, t, C)
+        x = self.embed(idx, pos)  # (b, t, C)
         for block in self.transformer.h:
             x = block(x)
         x = self.transformer.ln_f(x)
         return lm_head_and_loss(self.lm_head, x, targets)
+
+    def embed(self, idx, pos):
+        """Token + position embeddings with embedding dropout (the replica's mask: equal on every tp shard)."""
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        return dropout(x, self.config.dropout, training=self.training, generators=replica_generators(self.rng, x.device))
 
     def crop_block_size(self, block_size):
         """Model surgery: shrink the block size (e.g. load GPT-2's 1024 and use a smaller context)."""
         assert block_size <= self.config.block_size
         self.config.block_size = block_size
         self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
-        for block in self.transformer.h:
-            if hasattr(block.attn, "bias"):
-                block.attn.bias = block.attn.bias[:, :, :block_size, :block_size]
 
     @classmethod
     def from_pretrained(cls, model_type, override_args=None):
@@ -156,8 +241,7 @@ class GPT(nn.Module):
         from transformers import GPT2LMHeadModel
 
         print(f"loading weights from pretrained gpt: {model_type}")
-        config = GPTConfig(**PRETRAINED_SIZES[model_type], vocab_size=50257, block_size=1024, bias=True,
-                           **override_args)
+        config = GPTConfig(**PRETRAINED_SIZES[model_type], **GPT2_FIXED, **override_args)
         model = cls(config)
         model.load_state_dict(convert_hf_gpt2_state_dict(GPT2LMHeadModel.from_pretrained(model_type).state_dict()))
         return model
@@ -166,14 +250,65 @@ class GPT(nn.Module):
         return configure_adamw(self, weight_decay, learning_rate, betas, device_type)
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, *, device=None):
-        """Model FLOPs utilization: achieved FLOP/s over the peak of the actual device."""
-        return estimate_mfu(self, fwdbwd_per_iter, dt, device=device)
+        """Model FLOPs utilization: achieved FLOP/s over the peak of the actual device (all the devices one
+        model replica runs on)."""
+        return estimate_mfu(self, fwdbwd_per_iter, dt, device=device, n_devices=self.devices_per_replica)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
         return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k)
 
+    # --- the interface train.py, bench.py, sample.py and experiment.py use for either model ---
+    # DistributedGPT overrides these; for GPT they are the plain operations or no-ops.
 
+    devices_per_replica = 1
+
+    def seed_dropout(self, *key):
+        """Key the dropout masks of the next forward passes, e.g. (seed, iteration, micro_batch); no key: torch's
+        global RNG (see DropoutRNG)."""
+        self.rng.set_key(key or None)
+
+    def gpt_state_dict(self):
+        """The weights in GPT's unsharded layout (what checkpoints hold)."""
+        return self.state_dict()
+
+    def load_gpt_state_dict(self, state_dict):
+        self.load_state_dict(state_dict)
+
+    def gpt_optimizer_state(self, optimizer):
+        """The optimizer's state dict in GPT's layout (same parameter indices, unsharded moments)."""
+        return optimizer.state_dict()
+
+    def load_gpt_optimizer_state(self, optimizer, state_dict):
+        optimizer.load_state_dict(state_dict)
+
+    def sync_replicated_grads(self):
+        """After backward: make the gradients of parameters that several ranks hold whole. Nothing to do here."""
+
+    def clip_grad_norm_(self, max_norm):
+        """Clip by the norm of the whole model's gradient; returns that norm."""
+        return torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm)
+
+    def reset_comm_counts(self):
+        """Start counting collectives afresh (GPT runs none)."""
+
+    def comm_report(self, *, micro_steps, tokens):
+        """Collectives counted since reset_comm_counts, per forward/backward pass of `tokens` tokens: a dict of
+        metrics (empty for GPT, which communicates nothing)."""
+        return {}
+
+    def comm_per_forward(self, idx):
+        """The collectives of one forward+backward pass on idx (see comm_report); gradients are left cleared."""
+        self.reset_comm_counts()
+        _, loss = self(idx, idx)
+        loss.backward()
+        self.zero_grad(set_to_none=True)
+        report = self.comm_report(micro_steps=1, tokens=idx.numel())
+        self.reset_comm_counts()
+        return report
+
+
+GPT2_FIXED = dict(vocab_size=50257, block_size=1024, bias=True, gelu_approximate="tanh")  # every GPT-2 size
 PRETRAINED_SIZES = {
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768),  # 124M params
     "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),  # 350M params
