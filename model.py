@@ -68,14 +68,10 @@ class DropoutRNG:
 
 def keep_mask(shape, p, generators, device):
     """A dropout keep-mask scaled by 1/(1-p), drawn in float32 (so masks do not depend on the autocast dtype).
-    One generator: shape as given. Several (one per shard): each draws shape[1:] and the results are stacked."""
-    def draw(shp, g):
-        return torch.empty(shp, device=device, dtype=torch.float32).bernoulli_(1.0 - p, generator=g)
-    if len(generators) == 1:
-        mask = draw(shape, generators[0])
-    else:
-        mask = torch.stack([draw(shape[1:], g) for g in generators])
-    return mask.div_(1.0 - p)
+    With several generators (one per tp shard) the first dimension is split evenly between them, in order."""
+    part = (shape[0] // len(generators), *shape[1:])
+    masks = [torch.empty(part, device=device, dtype=torch.float32).bernoulli_(1.0 - p, generator=g) for g in generators]
+    return (masks[0] if len(masks) == 1 else torch.cat(masks)).div_(1.0 - p)
 
 
 def dropout(x, p, *, training, generators=None):

@@ -80,16 +80,18 @@ def ratio(a, b, tol):
 
 def gathered_grads(model):
     """Every gradient in GPT's unsharded layout (a collective over the tp group in real mode)."""
-    return {n: model._gather(n, p.grad) for n, p in model.named_parameters()}
+    return {n: model.sharding.gather(n, p.grad) for n, p in model.named_parameters()}
 
 
-def forward_backward(model, idx, tgt, *, ddp=None):
+def forward_backward(model, idx, tgt, *, ddp=None, dropout_key=None):
     model.zero_grad(set_to_none=True)
-    model.comm.counter.reset()
+    model.reset_comm_counts()
+    if dropout_key is not None:
+        model.seed_dropout(*dropout_key)
     logits, loss = (ddp or model)(idx, tgt)
     loss.backward()
     model.sync_replicated_grads()
-    return logits, loss, gathered_grads(model), model.comm.counter.fwd
+    return logits, loss, gathered_grads(model), model.comm_report(micro_steps=1, tokens=idx.numel())["fwd_allreduces"]
 
 
 def compare_step(real_out, sim_out, tol):
@@ -127,6 +129,33 @@ def check_forward_backward(pd, gpt, results):
     real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd).double()
     real.sync_replicated_grads = lambda: None
     results["can_fail/no_grad_sync"] = compare_step(forward_backward(real, idx, tgt), sim_out, TOL["float64"])
+
+
+def with_dropout(gpt, p):
+    """A copy of gpt whose config has dropout p, in training mode."""
+    model = GPT(GPTConfig(**dict(vars(gpt.config), dropout=p)))
+    model.load_state_dict(gpt.state_dict())
+    return model
+
+
+def check_dropout(pd, gpt, results):
+    """With dropout, masks keyed by (seed, iteration, micro-batch, tp shard): real equals simulated. Unkeyed
+    (torch's global RNG, the same state on every rank) every tp rank draws the same masks: that must not match."""
+    idx, tgt = batch(0)
+    dropped = with_dropout(gpt, 0.2)
+    for dtype in ("float32", "float64"):
+        for block_types in PATTERNS:
+            real = DistributedGPT.from_gpt(dropped, pd.tp, block_types, pd=pd).to(getattr(torch, dtype)).train()
+            sim = DistributedGPT.from_gpt(dropped, pd.tp, block_types).to(getattr(torch, dtype)).train()
+            results[f"dropout/{dtype}/{name(block_types)}"] = compare_step(
+                forward_backward(real, idx, tgt, dropout_key=(1337, 3, 1)),
+                forward_backward(sim, idx, tgt, dropout_key=(1337, 3, 1)), TOL[dtype])
+    block_types = ["parallel", "tp", "parallel", "spd"]
+    sim_out = forward_backward(DistributedGPT.from_gpt(dropped, pd.tp, block_types).double().train(), idx, tgt,
+                               dropout_key=(1337, 3, 1))
+    real = DistributedGPT.from_gpt(dropped, pd.tp, block_types, pd=pd).double().train()
+    torch.manual_seed(0)  # unkeyed: every rank's global RNG in the same state, one mask for all shards
+    results["can_fail/dropout_unkeyed"] = compare_step(forward_backward(real, idx, tgt), sim_out, TOL["float64"])
 
 
 def check_state(pd, gpt, results):
@@ -256,6 +285,7 @@ def main(argv):
         results = {}
         if pd.dp == 1:
             check_forward_backward(pd, gpt, results)
+            check_dropout(pd, gpt, results)
             check_state(pd, gpt, results)
             check_training(pd, gpt, results, PATTERNS)
             check_grad_scaler(pd, gpt, results)
