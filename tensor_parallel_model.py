@@ -190,13 +190,13 @@ class ShardedBlock(nn.Module):
             return F.dropout(torch.ones(like.shape, device=like.device), self.p)
         return keep_mask(like.shape, self.p, [g], like.device)
 
-    def synced_bias(self, linear, mask):
-        """A c_proj bias added once to the synced stream (after g), dropped with the replica mask."""
+    def add_synced_bias(self, x, linear, mask):
+        """x + a c_proj bias, added once to the synced stream (after g), dropped with the replica mask."""
         b = linear.bias
         if b is None:
-            return 0.0
+            return x
         b = self.group.synced(b)
-        return b if mask is None else b * mask.to(b.dtype)
+        return x + (b if mask is None else b * mask.to(b.dtype))
 
     @staticmethod
     def bias_share(linear, share):
@@ -225,10 +225,10 @@ class TPBlock(ShardedBlock):
             y = self.attn.heads(layer_norm(self.ln_1, r), T, self.shard_generators(xbar.device))
             R1 = self.replica_mask(xbar)
             a = self.attn.out(y, acc=group.delta(r, xbar), own_acc=True, mask=R1)
-        x = xbar + reduce_from_tp_region(a, group) + self.synced_bias(self.attn.c_proj, R1)
+        x = self.add_synced_bias(xbar + reduce_from_tp_region(a, group), self.attn.c_proj, R1)
         u = self.mlp.hidden(copy_to_tp_region(synced_layer_norm(self.ln_2, x, group), group))
         R2 = self.replica_mask(x)
-        return x + reduce_from_tp_region(self.mlp.out(u, mask=R2), group) + self.synced_bias(self.mlp.c_proj, R2), None
+        return self.add_synced_bias(x + reduce_from_tp_region(self.mlp.out(u, mask=R2), group), self.mlp.c_proj, R2), None
 
 
 class SPDBlock(ShardedBlock):
@@ -254,7 +254,7 @@ class SPDBlock(ShardedBlock):
         u = self.mlp.hidden(layer_norm(self.ln_2, y))
         R = self.replica_mask(xbar)
         s = self.mlp.out(u, acc=acc, own_acc=True, mask=R)
-        return xbar + reduce_from_tp_region(s, group) + self.synced_bias(self.mlp.c_proj, R), None
+        return self.add_synced_bias(xbar + reduce_from_tp_region(s, group), self.mlp.c_proj, R), None
 
 
 class ParallelBlock(ShardedBlock):
