@@ -8,9 +8,19 @@ Config files are Python files of plain assignments (run with exec, as in nanoGPT
 they are code you chose to run). Command-line values are parsed with
 ast.literal_eval plus list repetition (`[...]*n`, `[...]+[...]`): never executed.
 Unknown keys, in files too, and type mismatches are errors naming key and types.
+
+Shared settings: a config file may start with `from sweep_gpt2 import *` to take
+every setting of config/sweep_gpt2.py (a config file itself) and then assign only
+what differs. While a file runs, its own directory is first on sys.path, so this
+works from any current directory. The base is run afresh on every load (it is
+dropped from sys.modules afterwards, and no .pyc is written), and every value is
+deep-copied, so no two configs share a mutable object. The base's keys are
+checked like the file's own: an unknown key in it is an error, and a missing
+base is one line, `config file ... failed: ModuleNotFoundError: ...`.
 """
 
 import ast
+import copy
 import json
 import os
 import sys
@@ -59,6 +69,29 @@ def parse_value(key, text):
         return text  # a bare string, e.g. --device=cpu or --out_dir=out
 
 
+def _run_config_file(path):
+    """exec a config file with its directory first on sys.path, so `from sweep_gpt2 import *` finds
+    a base config beside it; modules imported from that directory are forgotten afterwards."""
+    here = os.path.dirname(os.path.abspath(path))
+    before = set(sys.modules)
+    scope = {"__file__": path}
+    sys.path.insert(0, here)
+    dont_write_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        with open(path) as f:
+            exec(compile(f.read(), path, "exec"), scope)
+    except Exception as e:  # a broken config file is a user error
+        raise ConfigError(f"config file {path!r} failed: {type(e).__name__}: {e}") from None
+    finally:
+        sys.dont_write_bytecode = dont_write_bytecode
+        sys.path.remove(here)  # the first occurrence: the one inserted above
+        for name in set(sys.modules) - before:
+            origin = getattr(sys.modules[name], "__file__", None)
+            if origin and os.path.dirname(os.path.abspath(origin)) == here:
+                del sys.modules[name]
+    return scope
+
+
 def configure(defaults, argv):
     """Return a new dict: defaults updated by config files then --key=value arguments, in order."""
     config = dict(defaults)
@@ -66,18 +99,13 @@ def configure(defaults, argv):
         if not arg.startswith("--"):
             if not os.path.isfile(arg):
                 raise ConfigError(f"config file {arg!r} not found")
-            scope = {}
-            try:
-                with open(arg) as f:
-                    exec(compile(f.read(), arg, "exec"), scope)
-            except Exception as e:  # a broken config file is a user error
-                raise ConfigError(f"config file {arg!r} failed: {type(e).__name__}: {e}") from None
+            scope = _run_config_file(arg)
             for key, value in scope.items():
                 if key.startswith("_") or callable(value) or type(value).__name__ == "module":
                     continue
                 if key not in config:
                     raise ConfigError(f"unknown config key {key!r} in {arg}")
-                config[key] = _coerce(key, value, defaults[key])
+                config[key] = _coerce(key, copy.deepcopy(value), defaults[key])
         else:
             if "=" not in arg:
                 raise ConfigError(f"argument {arg!r} must look like --key=value")

@@ -3,6 +3,8 @@ The experiment configs are what their names say. Runs under pytest on CPU (about
 $ python -m pytest -q test_20k_experiment.py
 
 - every experiment config loads through train.py's configurator;
+- each *comm.py config is its sweep's base (config/sweep_gpt2.py, config/sweep_shakespeare_char.py) plus only
+  out_dir, wandb_run_name and block_types;
 - the train_gpt2_*comm.py configs build ~124M-parameter DistributedGPTs (within 1% of GPT's count) whose
   forward pass works on a tiny batch, and all of them share one token budget;
 - the forward all-reduces measured by instrumenting f/g equal the number in each config's name.
@@ -58,6 +60,17 @@ def test_every_config_loads(path):
 def test_one_token_budget(group):
     budgets = {p: tuple(load(p)[k] for k in BUDGET_KEYS) for p in group}
     assert len(set(budgets.values())) == 1, budgets
+
+
+@pytest.mark.parametrize("group, base", [(GPT2_COMM, "sweep_gpt2.py"), (CHAR_COMM, "sweep_shakespeare_char.py")],
+                         ids=["gpt2", "shakespeare_char"])
+def test_comm_configs_are_their_base_plus_name_and_block_types(group, base):
+    base_cfg = load(os.path.join(ROOT, "config", base))
+    for path in group:
+        cfg = load(path)
+        differ = {k for k in cfg if cfg[k] != base_cfg[k]}
+        assert differ <= {"out_dir", "wandb_run_name", "block_types"}, (path, differ)
+        assert cfg["out_dir"] != base_cfg["out_dir"], path  # no two runs write to one place
 
 
 @pytest.fixture(scope="module")

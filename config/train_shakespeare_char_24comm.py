@@ -1,29 +1,5 @@
-# CPU-sized Shakespeare-char version of the communication sweep, 24 forward all-reduces: all Megatron TP blocks (baseline).
-# All train_shakespeare_char_*comm.py configs share one token budget; only block_types differs.
-# $ python train.py config/train_shakespeare_char_24comm.py
+# 24 forward all-reduces per forward pass: all Megatron TP blocks (baseline).
+from sweep_shakespeare_char import *  # config/sweep_shakespeare_char.py: the sweep's shared settings
+
 out_dir = 'out-shakespeare-char-24comm'
-dataset = 'shakespeare_char'
-model_type = 'distributed_gpt'
-tp_size = 4
 block_types = ['tp'] * 12
-
-n_layer = 12
-n_head = 4
-n_embd = 64
-dropout = 0.0
-block_size = 64
-batch_size = 12
-gradient_accumulation_steps = 1
-max_iters = 500
-lr_decay_iters = 500
-warmup_iters = 50
-learning_rate = 2e-3
-min_lr = 2e-4
-beta2 = 0.99
-seed = 1337
-
-eval_interval = 100
-eval_iters = 32
-log_interval = 10
-always_save_checkpoint = False
-compile = False
