@@ -84,16 +84,48 @@ def dropout(x, p, *, training, generators=None):
 
 
 def causal_attention(q, k, v, *, p, training, generators=None):
-    """Causal SDPA of (B, nh, T, hs) tensors with attention-probability dropout p. With keyed generators the
+    """Causal SDPA of (B, nh, Tq, hs) queries on (B, nh, Tk, hs) keys/values, with attention-probability dropout p.
+    Tk > Tq when a KV cache holds earlier tokens: the queries are the last Tq positions. With keyed generators the
     probabilities are computed explicitly (SDPA draws its dropout mask from the global RNG only)."""
+    Tq, Tk = q.size(-2), k.size(-2)
+    if Tk > Tq:  # cached generation (eval): query i sits at position Tk - Tq + i
+        mask = None if Tq == 1 else torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     if not training or p == 0.0 or generators is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=p if training else 0.0, is_causal=True)
-    T = q.size(-2)
     att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
-    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    causal = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril()
     att = F.softmax(att.masked_fill(~causal, float("-inf")), dim=-1)
     att = att * keep_mask(att.shape, p, generators, att.device).to(att.dtype)
     return att @ v
+
+
+class KVCache:
+    """Keys and values of the tokens seen so far, one entry per layer, so that generation feeds only the new
+    tokens. Each layer stores them in its own attention layout (DistributedGPT: each shard's own heads), for up to
+    `size` positions (the model's block_size: absolute position embeddings cannot slide)."""
+
+    def __init__(self, n_layer, size):
+        self.pos, self.size = 0, size  # tokens already in the cache
+        self.layers = [LayerKV(self) for _ in range(n_layer)]
+
+    def advance(self, t):
+        self.pos += t
+
+
+class LayerKV:
+    def __init__(self, cache):
+        self.cache, self.k, self.v = cache, None, None
+
+    def update(self, k, v):
+        """Store the new tokens' (B', nh, t, hs) keys and values; return those of every token so far."""
+        p, t = self.cache.pos, k.size(2)
+        if self.k is None:
+            self.k = k.new_empty(*k.shape[:2], self.cache.size, k.size(3))
+            self.v = v.new_empty(*v.shape[:2], self.cache.size, v.size(3))
+        self.k[:, :, p:p + t] = k
+        self.v[:, :, p:p + t] = v
+        return self.k[:, :, :p + t], self.v[:, :, :p + t]
 
 
 class LayerNorm(nn.Module):
@@ -119,12 +151,14 @@ class CausalSelfAttention(nn.Module):
         self.n_embd = config.n_embd
         self.rng = rng
 
-    def forward(self, x):
+    def forward(self, x, kv=None):
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        if kv is not None:
+            k, v = kv.update(k, v)  # (B, nh, T_so_far, hs)
         gens = replica_generators(self.rng, x.device)
         y = causal_attention(q, k, v, p=self.dropout, training=self.training, generators=gens)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble head outputs side by side
@@ -158,8 +192,8 @@ class Block(nn.Module):
         self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config, rng)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x, kv=None):
+        x = x + self.attn(self.ln_1(x), kv)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -203,15 +237,14 @@ class GPT(nn.Module):
             n_params -= self.transformer.wpe.weight.numel()
         return n_params
 
-    def forward(self, idx, targets=None):
-        device = idx.device
-        b, t = idx.size()
-        if t > self.config.block_size:
-            raise ValueError(f"sequence length {t} exceeds block_size {self.config.block_size}")
-        pos = torch.arange(0, t, dtype=torch.long, device=device)
+    def forward(self, idx, targets=None, *, kv_cache=None):
+        """Logits and loss; with a KVCache, idx holds only the tokens after those already cached."""
+        pos = positions(idx, self.config.block_size, kv_cache)
         x = self.embed(idx, pos)  # (b, t, C)
-        for block in self.transformer.h:
-            x = block(x)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, None if kv_cache is None else kv_cache.layers[i])
+        if kv_cache is not None:
+            kv_cache.advance(idx.size(1))
         x = self.transformer.ln_f(x)
         return lm_head_and_loss(self.lm_head, x, targets)
 
@@ -251,8 +284,8 @@ class GPT(nn.Module):
         return estimate_mfu(self, fwdbwd_per_iter, dt, device=device, n_devices=self.devices_per_replica)
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
-        return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k)
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, *, use_cache=True):
+        return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=use_cache)
 
     # --- the interface train.py, bench.py, sample.py and experiment.py use for either model ---
     # DistributedGPT overrides these; for GPT they are the plain operations or no-ops.
@@ -327,6 +360,15 @@ def convert_hf_gpt2_state_dict(hf_sd):
     return sd
 
 
+def positions(idx, block_size, kv_cache=None):
+    """Positions of idx's tokens (after the cached ones), checked against the block size."""
+    start = 0 if kv_cache is None else kv_cache.pos
+    t = idx.size(1)
+    if start + t > block_size:
+        raise ValueError(f"sequence length {start + t} exceeds block_size {block_size}")
+    return torch.arange(start, start + t, dtype=torch.long, device=idx.device)
+
+
 def lm_head_and_loss(lm_head, x, targets):
     """Shared tail of both models: logits and cross-entropy (ignore_index=-1)."""
     if targets is not None:
@@ -383,15 +425,27 @@ def estimate_mfu(model, fwdbwd_per_iter, dt, *, device=None, n_devices=1):
 
 
 @torch.no_grad()
-def generate(model, idx, max_new_tokens, *, temperature=1.0, top_k=None):
-    """Autoregressive sampling from a (b, t) index tensor; works for any model with the GPT forward API."""
+def generate(model, idx, max_new_tokens, *, temperature=1.0, top_k=None, use_cache=True):
+    """Autoregressive sampling from a (b, t) index tensor; works for any model with the GPT forward API. With the
+    KV cache each step feeds only the new token; once the sequence outgrows block_size the context window slides,
+    which absolute position embeddings cannot do from a cache, so from then on each step recomputes the window."""
+    block_size = model.config.block_size
+    cache = KVCache(model.config.n_layer, block_size) if use_cache else None
     for _ in range(max_new_tokens):
-        idx_cond = idx if idx.size(1) <= model.config.block_size else idx[:, -model.config.block_size:]
-        logits, _ = model(idx_cond)
-        logits = logits[:, -1, :] / temperature
-        if top_k is not None:
-            v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-            logits[logits < v[:, [-1]]] = -float("Inf")
-        probs = F.softmax(logits, dim=-1)
-        idx = torch.cat((idx, torch.multinomial(probs, num_samples=1)), dim=1)
+        if cache is not None and idx.size(1) <= block_size:
+            logits, _ = model(idx[:, cache.pos:], kv_cache=cache)
+        else:
+            logits, _ = model(idx[:, -block_size:])
+        idx = torch.cat((idx, sample_next(logits[:, -1, :], temperature=temperature, top_k=top_k)), dim=1)
     return idx
+
+
+def sample_next(logits, *, temperature, top_k):
+    """(b, vocab) logits -> (b, 1) sampled tokens; temperature 0 is greedy (argmax)."""
+    if temperature == 0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+        logits[logits < v[:, [-1]]] = -float("Inf")
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)

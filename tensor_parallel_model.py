@@ -19,7 +19,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from configurator import ConfigError
-from model import GPT, GPTConfig, DropoutRNG, LayerNorm, causal_attention, keep_mask, lm_head_and_loss
+from model import GPT, GPTConfig, DropoutRNG, LayerNorm, causal_attention, keep_mask, lm_head_and_loss, positions
 from sharding import TPSharding, is_block_replicated
 from tp_comm import copy_to_tp_region, reduce_from_tp_region, tp_group
 
@@ -95,7 +95,7 @@ class ShardedAttention(nn.Module):
         self.c_proj = nn.Linear(local * self.Cs, C, bias=config.bias)  # columns sharded, bias b_A replicated
         self.dropout = config.dropout  # of the attention probabilities (each shard's own mask)
 
-    def heads(self, h, T, generators=None):  # h: (L, N, C), N = B*T tokens -> (L, N, Cs)
+    def heads(self, h, T, generators=None, kv=None):  # h: (L, N, C), N = B*T tokens -> (L, N, Cs)
         L, N, C = h.shape
         B, Cs, nh = N // T, self.Cs, self.nh
         w = self.c_attn.weight.view(3, L, Cs, C).transpose(0, 1).reshape(L, 3 * Cs, C)  # shard i: its q, k, v
@@ -106,6 +106,8 @@ class ShardedAttention(nn.Module):
             qkv = torch.bmm(h, w.transpose(1, 2))
         # shards x batch as one batch dim, 4-D as GPT does, so SDPA can take its fused kernel
         q, k, v = qkv.view(L * B, T, 3, nh, Cs // nh).permute(2, 0, 3, 1, 4).unbind(0)  # (L*B, nh, T, hs)
+        if kv is not None:
+            k, v = kv.update(k, v)  # each shard's heads' keys/values of every token so far
         y = causal_attention(q, k, v, p=self.dropout, training=self.training, generators=generators)
         return y.transpose(1, 2).reshape(L, N, Cs)  # each shard's heads side by side
 
@@ -145,9 +147,10 @@ class ShardedMLP(nn.Module):
 class ShardedBlock(nn.Module):
     """What every block type shares: the sharded attention and MLP, their layer norms, and the dropout masks.
 
-    The stream contract: forward(xbar, r, T) -> (xbar, r). xbar (N, C) is the last synced value of the residual
+    The stream contract: forward(xbar, r, T, kv) -> (xbar, r). xbar (N, C) is the last synced value of the residual
     stream; r (L, N, C) holds each shard's stream r_i = xbar + d_i while it is desynced, else None. d_i = r_i - xbar
-    is formed only where a sync needs it. T: tokens per sequence (attention is causal within each).
+    is formed only where a sync needs it. T: tokens per sequence (attention is causal within each); kv: this
+    layer's KV cache (model.LayerKV) when generating, else None.
 
     Dropout (docs/model.md): an output added to the synced stream after its all-reduce is dropped with the
     replica's mask (the same on every shard); one added to a shard's own stream with that shard's mask. Each
@@ -214,15 +217,15 @@ class TPBlock(ShardedBlock):
     """Megatron's block, 2 forward all-reduces; output synced:
     x' = xbar + sum_i d_i + R1 * (sum_i A_i(LN1(r_i)) + b_A);  x'' = x' + R2 * (sum_i M_i(LN2(x')) + b_M)."""
 
-    def forward(self, xbar, r, T):
+    def forward(self, xbar, r, T, kv=None):
         group = self.group
         if r is None:
             y = self.attn.heads(copy_to_tp_region(synced_layer_norm(self.ln_1, xbar, group), group), T,
-                                self.shard_generators(xbar.device))
+                                self.shard_generators(xbar.device), kv)
             R1 = self.replica_mask(xbar)
             a = self.attn.out(y, mask=R1)
         else:  # the desynced d_i join the same all-reduce
-            y = self.attn.heads(layer_norm(self.ln_1, r), T, self.shard_generators(xbar.device))
+            y = self.attn.heads(layer_norm(self.ln_1, r), T, self.shard_generators(xbar.device), kv)
             R1 = self.replica_mask(xbar)
             a = self.attn.out(y, acc=group.delta(r, xbar), own_acc=True, mask=R1)
         x = self.add_synced_bias(xbar + reduce_from_tp_region(a, group), self.attn.c_proj, R1)
@@ -236,11 +239,11 @@ class SPDBlock(ShardedBlock):
     a_i = D_i * (A_i(LN1(r_i)) + b_A/tp);  y_i = r_i + a_i + b_A (tp-1)/tp stays local;
     x' = xbar + sum_i [d_i + a_i] + R * (sum_i M_i(LN2(y_i)) + b_M)."""
 
-    def forward(self, xbar, r, T):
+    def forward(self, xbar, r, T, kv=None):
         group, tp, proj = self.group, self.group.tp, self.attn.c_proj
         gens = self.shard_generators(xbar.device)
         r, h = self.shard_streams(xbar, r)
-        heads = self.attn.heads(h, T, gens)
+        heads = self.attn.heads(h, T, gens, kv)
         D = self.shard_mask(r, gens)
         if D is None:  # y_i = r_i + A_i + b_A in one step
             y = self.attn.out(heads, acc=r, bias=proj.bias)
@@ -261,10 +264,10 @@ class ParallelBlock(ShardedBlock):
     """No communication; each shard updates its own stream, output desynced:
     r_i += D_i * (A_i(LN1(r_i)) + b_A/tp);  r_i += E_i * (M_i(LN2(r_i)) + b_M/tp)."""
 
-    def forward(self, xbar, r, T):
+    def forward(self, xbar, r, T, kv=None):
         tp, gens = self.group.tp, self.shard_generators(xbar.device)
         r, h = self.shard_streams(xbar, r)
-        y = self.attn.heads(h, T, gens)
+        y = self.attn.heads(h, T, gens, kv)
         r = self.attn.out(y, acc=r, bias=self.bias_share(self.attn.c_proj, 1 / tp), mask=self.shard_mask(r, gens))
         u = self.mlp.hidden(layer_norm(self.ln_2, r))
         r = self.mlp.out(u, acc=r, bias=self.bias_share(self.mlp.c_proj, 1 / tp), mask=self.shard_mask(r, gens))
@@ -319,14 +322,15 @@ class DistributedGPT(GPT):
         gpt.load_state_dict(self.gpt_state_dict())
         return gpt
 
-    def forward(self, idx, targets=None):
+    def forward(self, idx, targets=None, *, kv_cache=None):
+        """Logits and loss; with a KVCache, idx holds only the tokens after those already cached."""
         b, t = idx.size()
-        if t > self.config.block_size:
-            raise ValueError(f"sequence length {t} exceeds block_size {self.config.block_size}")
-        x = self.embed(idx, torch.arange(0, t, dtype=torch.long, device=idx.device))  # (b, t, C)
+        x = self.embed(idx, positions(idx, self.config.block_size, kv_cache))  # (b, t, C)
         xbar, r = x.view(b * t, -1), None  # the blocks' stream is flat over tokens
-        for block in self.transformer.h:
-            xbar, r = block(xbar, r, t)
+        for i, block in enumerate(self.transformer.h):
+            xbar, r = block(xbar, r, t, None if kv_cache is None else kv_cache.layers[i])
+        if kv_cache is not None:
+            kv_cache.advance(t)
         if r is not None:  # the last block left the stream desynced: one more sync
             xbar = xbar + reduce_from_tp_region(self.group.delta(r, xbar), self.group)
         return lm_head_and_loss(self.lm_head, self.transformer.ln_f(xbar.view(b, t, -1)), targets)
