@@ -158,6 +158,26 @@ def check_dropout(pd, gpt, results):
     results["can_fail/dropout_unkeyed"] = compare_step(forward_backward(real, idx, tgt), sim_out, TOL["float64"])
 
 
+def check_generation(pd, gpt, results):
+    """Generation under real TP gives the single-process model's tokens, greedy and seeded sampling, with and
+    without the KV cache, and every tp rank holds the same tokens."""
+    prompt = torch.randint(VOCAB, (2, 5), generator=torch.Generator().manual_seed(9))
+    for block_types in PATTERNS:
+        real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd).eval()
+        sim = DistributedGPT.from_gpt(gpt, pd.tp, block_types).eval()
+        ok = True
+        for use_cache in (True, False):
+            for temperature, top_k in ((0.0, None), (1.0, 20)):
+                out = []
+                for model in (real, sim):
+                    torch.manual_seed(11)
+                    out.append(model.generate(prompt, 30, temperature=temperature, top_k=top_k, use_cache=use_cache))
+                every = [torch.empty_like(out[0]) for _ in range(pd.tp)]
+                dist.all_gather(every, out[0], group=pd.tp_group)
+                ok = ok and torch.equal(out[0], out[1]) and all(torch.equal(e, out[0]) for e in every)
+        results[f"generate/{name(block_types)}"] = dict(ok=ok)
+
+
 def check_state(pd, gpt, results):
     """The gathered state dict is GPT's, bit for bit (nothing is reduced); get_num_params counts the whole model."""
     real = DistributedGPT.from_gpt(gpt, pd.tp, PATTERNS[-1], pd=pd)
@@ -286,6 +306,7 @@ def main(argv):
         if pd.dp == 1:
             check_forward_backward(pd, gpt, results)
             check_dropout(pd, gpt, results)
+            check_generation(pd, gpt, results)
             check_state(pd, gpt, results)
             check_training(pd, gpt, results, PATTERNS)
             check_grad_scaler(pd, gpt, results)

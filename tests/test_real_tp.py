@@ -69,6 +69,12 @@ def test_dropout_masks_match_simulation(tp_results, block_types):
         assert_match(tp_results[f"dropout/{dtype}/{name(block_types)}"])
 
 
+@pytest.mark.parametrize("block_types", PATTERNS, ids=[name(p) for p in PATTERNS])
+def test_generation_matches_single_process(tp_results, block_types):
+    """Greedy and seeded sampling, with and without the KV cache: the simulated model's tokens, on every rank."""
+    assert tp_results[f"generate/{name(block_types)}"]["ok"]
+
+
 def test_comparisons_can_fail(tp_results):
     # unkeyed dropout: every rank draws the same masks (the old behaviour), which is not the simulated model
     assert tp_results["can_fail/dropout_unkeyed"]["ratio"] > 10
