@@ -34,15 +34,31 @@ def is_block_replicated(name):
     return ".h." in name and shard_rule(name) is None
 
 
-class TPSharding:
-    """GPT-layout tensor <-> this rank's tensor. Simulated (every shard in one process) the two are the same;
-    in real mode a rank holds the slice of its tp rank."""
+VOCAB_PARALLEL = ("transformer.wte.weight", "lm_head.weight")  # rows split by vocabulary id with loss_parallel
 
-    def __init__(self, *, n_embd, tp, group):
+
+def padded_vocab(vocab_size, tp):
+    """The vocabulary padded up to a multiple of tp, so every shard holds as many rows (Megatron pads likewise)."""
+    return -(-vocab_size // tp) * tp
+
+
+class TPSharding:
+    """GPT-layout tensor <-> this rank's tensor. Simulated (every shard in one process) the two are the same,
+    but for the vocabulary padding; in real mode a rank holds the slice of its tp rank. With vocab_parallel the
+    tied wte/lm_head weight (V, C) is padded to (V', C) and split by rows: shard i holds ids [i*V'/tp,
+    (i+1)*V'/tp); the padding rows are zeros and never reach a checkpoint."""
+
+    def __init__(self, *, n_embd, tp, group, vocab_size=None, vocab_parallel=False):
         self.C, self.tp, self.group = n_embd, tp, group
+        self.V = vocab_size
+        self.vocab_parallel = vocab_parallel
+        self.V_pad = padded_vocab(vocab_size, tp) if vocab_parallel else vocab_size
+
+    def is_vocab(self, name):
+        return self.vocab_parallel and name in VOCAB_PARALLEL
 
     def is_sharded(self, name):
-        return shard_rule(name) is not None
+        return shard_rule(name) is not None or self.is_vocab(name)
 
     def local_shape(self, name, full_shape):
         rule = shard_rule(name)
@@ -54,6 +70,12 @@ class TPSharding:
 
     def shard(self, name, full):
         """This rank's part of a GPT-layout tensor (the tensor itself when simulated or replicated)."""
+        if self.is_vocab(name):
+            padded = torch.cat([full, full.new_zeros(self.V_pad - self.V, *full.shape[1:])])
+            if not self.group.real:
+                return padded
+            Vs = self.V_pad // self.tp
+            return padded[self.group.first_shard * Vs:(self.group.first_shard + 1) * Vs]
         rule = shard_rule(name)
         if rule is None or not self.group.real:
             return full
@@ -63,6 +85,12 @@ class TPSharding:
 
     def gather(self, name, local):
         """The GPT-layout tensor assembled from every tp rank's part (a collective in real mode)."""
+        if self.is_vocab(name):
+            if self.group.real:
+                parts = [torch.empty_like(local) for _ in range(self.tp)]
+                dist.all_gather(parts, local.contiguous(), group=self.group.group)
+                local = torch.cat(parts)
+            return local[:self.V]
         rule = shard_rule(name)
         if rule is None or not self.group.real:
             return local
@@ -76,5 +104,7 @@ class TPSharding:
         return torch.cat([p.reshape(local_view) for p in parts], dim=dim).reshape(full_shape)
 
     def numel_of_full(self, name, local):
-        """Elements of the whole (unsharded) parameter that `local` is this rank's part of."""
+        """Elements of the whole (unsharded, unpadded) parameter that `local` is this rank's part of."""
+        if self.is_vocab(name):
+            return self.V * local.shape[1]
         return local.numel() * (self.tp if self.group.real and self.is_sharded(name) else 1)

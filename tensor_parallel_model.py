@@ -19,9 +19,10 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from configurator import ConfigError
-from model import GPT, GPTConfig, DropoutRNG, LayerNorm, causal_attention, keep_mask, lm_head_and_loss, positions
+from model import (GPT, GPTConfig, DropoutRNG, LayerNorm, causal_attention, dropout, keep_mask, lm_head_and_loss,
+                   positions, replica_generators)
 from sharding import TPSharding, is_block_replicated
-from tp_comm import copy_to_tp_region, reduce_from_tp_region, tp_group
+from tp_comm import copy_to_tp_region, reduce_from_tp_region, tp_group, vocab_parallel_cross_entropy
 
 def validate_tp_args(*, n_layer, n_head, n_embd, tp_size, block_types):
     """Raise ConfigError naming the key and values for any impossible combination."""
@@ -50,6 +51,9 @@ def validate_tp_args(*, n_layer, n_head, n_embd, tp_size, block_types):
 class TPConfig(GPTConfig):
     tp_size: int = 1
     block_types: Optional[list] = None  # one of BLOCK_TYPES per layer, or one for all layers; None = all 'tp'
+    # shard the tied wte/lm_head by vocabulary and compute the loss from the sharded logits (vocab-parallel
+    # cross-entropy), never gathering a token's full vocabulary of logits on one rank
+    loss_parallel: bool = False
 
     def __post_init__(self):
         validate_tp_args(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd, tp_size=self.tp_size,
@@ -290,17 +294,20 @@ class DistributedGPT(GPT):
             raise ConfigError(f"tp_mode='real' runs {pd.tp} tp ranks but tp_size is {config.tp_size}")
         self.config = config
         self.group = tp_group(config.tp_size, pd)
-        self.sharding = TPSharding(n_embd=config.n_embd, tp=config.tp_size, group=self.group)
+        self.sharding = TPSharding(n_embd=config.n_embd, tp=config.tp_size, group=self.group,
+                                   vocab_size=config.vocab_size, vocab_parallel=config.loss_parallel)
+        # rows of the tied wte/lm_head held here: all of them, or (loss_parallel) the local shards' padded share
+        V_local = self.sharding.V_pad // config.tp_size * self.group.local if config.loss_parallel else config.vocab_size
         self.devices_per_replica = config.tp_size if self.group.real else 1
         self.rng = DropoutRNG()
         init_rng = torch.get_rng_state()  # the modules' default init is overwritten below; GPT's draws from here
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wte=nn.Embedding(V_local, config.n_embd),
             wpe=nn.Embedding(config.block_size, config.n_embd),
             h=nn.ModuleList([BLOCKS[kind](config, self.group, self.rng) for kind in config.block_types]),
             ln_f=LayerNorm(config.n_embd, bias=config.bias),
         ))
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.n_embd, V_local, bias=False)
         self.transformer.wte.weight = self.lm_head.weight
         # GPT-2 init on the full matrices (GPT's own init, same random stream), then sharded
         torch.set_rng_state(init_rng)
@@ -310,9 +317,9 @@ class DistributedGPT(GPT):
         return GPTConfig(**{k: getattr(self.config, k) for k in GPTConfig.__dataclass_fields__})
 
     @classmethod
-    def from_gpt(cls, gpt, tp_size, block_types=None, *, pd=None):
+    def from_gpt(cls, gpt, tp_size, block_types=None, *, pd=None, loss_parallel=False):
         config = TPConfig(**{k: getattr(gpt.config, k) for k in GPTConfig.__dataclass_fields__},
-                          tp_size=tp_size, block_types=block_types)
+                          tp_size=tp_size, block_types=block_types, loss_parallel=loss_parallel)
         model = cls(config, pd=pd)
         model.load_gpt_state_dict(gpt.state_dict())
         return model
@@ -333,7 +340,50 @@ class DistributedGPT(GPT):
             kv_cache.advance(t)
         if r is not None:  # the last block left the stream desynced: one more sync
             xbar = xbar + reduce_from_tp_region(self.group.delta(r, xbar), self.group)
-        return lm_head_and_loss(self.lm_head, self.transformer.ln_f(xbar.view(b, t, -1)), targets)
+        x = self.transformer.ln_f(xbar.view(b, t, -1))
+        if self.config.loss_parallel:
+            return self.vocab_parallel_head(x, targets)
+        return lm_head_and_loss(self.lm_head, x, targets)
+
+    # --- loss_parallel: the tied wte/lm_head split by vocabulary over the tp shards ---
+
+    def vocab_rows(self):
+        """(L, Vs, C) the local shards' rows of the tied weight, and (L, 1) each one's first vocabulary id."""
+        Vs = self.sharding.V_pad // self.config.tp_size
+        L = self.group.local
+        first = torch.arange(self.group.first_shard, self.group.first_shard + L, device=self.lm_head.weight.device)
+        return self.lm_head.weight.view(L, Vs, -1), (first * Vs).unsqueeze(1)
+
+    def embed(self, idx, pos):
+        if not self.config.loss_parallel:
+            return super().embed(idx, pos)
+        # each shard looks up the ids it holds (zeros for the others), one all-reduce sums them (Megatron's
+        # VocabParallelEmbedding); counted with the vocab-parallel collectives
+        W, start = self.vocab_rows()
+        ids = idx.reshape(1, -1) - start  # (L, N)
+        mine = (ids >= 0) & (ids < W.size(1))
+        rows = ids.clamp(0, W.size(1) - 1) + torch.arange(W.size(0), device=idx.device).unsqueeze(1) * W.size(1)
+        parts = W.reshape(-1, W.size(-1))[rows] * mine.unsqueeze(-1)  # (L, N, C)
+        x = reduce_from_tp_region(parts, self.group, vocab=True).view(*idx.shape, -1) + self.transformer.wpe(pos)
+        return dropout(x, self.config.dropout, training=self.training,
+                       generators=replica_generators(self.rng, x.device))
+
+    def vocab_parallel_head(self, x, targets):
+        """Logits of the local vocabulary shards and the loss from them; without targets (generation), the last
+        position's logits gathered over the shards, padding removed."""
+        W, start = self.vocab_rows()
+        b, t, C = x.shape
+        if targets is None:
+            x = x[:, [-1], :]
+        h = copy_to_tp_region(x.reshape(-1, C), self.group, vocab=True)  # (L, N, C)
+        logits = torch.bmm(h, W.transpose(1, 2))  # (L, N, Vs)
+        col = start + torch.arange(W.size(1), device=x.device)  # (L, Vs) vocabulary id of each column
+        logits = logits.masked_fill((col >= self.config.vocab_size).unsqueeze(1), float("-inf"))
+        if targets is None:
+            full = self.group.gather_shards(logits)[..., :self.config.vocab_size]
+            return full.view(b, 1, -1), None
+        loss = vocab_parallel_cross_entropy(logits, targets.reshape(-1), self.group, start)
+        return logits, loss
 
     # --- the model interface (see GPT): GPT-layout state in and out, whatever this rank holds ---
 

@@ -158,6 +158,32 @@ def check_dropout(pd, gpt, results):
     results["can_fail/dropout_unkeyed"] = compare_step(forward_backward(real, idx, tgt), sim_out, TOL["float64"])
 
 
+def check_loss_parallel(pd, gpt, results):
+    """loss_parallel under real TP (each rank holds its vocabulary rows; VOCAB = 61 is padded): the logits, loss
+    and every gradient of the simulated model without it (all-'tp': GPT), and the same generated tokens."""
+    idx, tgt = batch(0)
+    tgt[0, :5] = -1
+    for block_types in (PATTERNS[0], PATTERNS[3]):
+        real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd, loss_parallel=True).double()
+        sim = DistributedGPT.from_gpt(gpt, pd.tp, block_types).double()
+        logits, loss, grads, fwd = forward_backward(real, idx, tgt)
+        full = real.group.gather_shards(logits)[..., :VOCAB].view(*idx.shape, VOCAB)
+        results[f"loss_parallel/{name(block_types)}"] = compare_step(
+            (full, loss, grads, fwd), forward_backward(sim, idx, tgt), TOL["float64"])
+        prompt = idx[:, :4]
+        same = torch.equal(real.eval().generate(prompt, 8, temperature=0), sim.eval().generate(prompt, 8, temperature=0))
+        results[f"loss_parallel/generate/{name(block_types)}"] = dict(ok=same)
+    real = DistributedGPT.from_gpt(gpt, pd.tp, PATTERNS[0], pd=pd, loss_parallel=True).double()
+    if pd.tp_rank == pd.tp - 1:
+        with torch.no_grad():  # a row of the last rank's vocabulary shard
+            real.lm_head.weight[0, 0] += 0.1
+    logits, loss, grads, fwd = forward_backward(real, idx, tgt)
+    full = real.group.gather_shards(logits)[..., :VOCAB].view(*idx.shape, VOCAB)
+    sim = DistributedGPT.from_gpt(gpt, pd.tp, PATTERNS[0]).double()
+    results["can_fail/loss_parallel_perturbed_row"] = compare_step((full, loss, grads, fwd),
+                                                                   forward_backward(sim, idx, tgt), TOL["float64"])
+
+
 def check_generation(pd, gpt, results):
     """Generation under real TP gives the single-process model's tokens, greedy and seeded sampling, with and
     without the KV cache, and every tp rank holds the same tokens."""
@@ -307,6 +333,7 @@ def main(argv):
             check_forward_backward(pd, gpt, results)
             check_dropout(pd, gpt, results)
             check_generation(pd, gpt, results)
+            check_loss_parallel(pd, gpt, results)
             check_state(pd, gpt, results)
             check_training(pd, gpt, results, PATTERNS)
             check_grad_scaler(pd, gpt, results)

@@ -75,7 +75,16 @@ def test_generation_matches_single_process(tp_results, block_types):
     assert tp_results[f"generate/{name(block_types)}"]["ok"]
 
 
+@pytest.mark.parametrize("block_types", [PATTERNS[0], PATTERNS[3]], ids=[name(PATTERNS[0]), name(PATTERNS[3])])
+def test_loss_parallel_matches_simulation(tp_results, block_types):
+    """Vocabulary-sharded wte/lm_head and the vocab-parallel cross-entropy under real TP, against the plain
+    simulated model (fp64): logits, loss, every gradient; generation gives the same tokens."""
+    assert_match(tp_results[f"loss_parallel/{name(block_types)}"])
+    assert tp_results[f"loss_parallel/generate/{name(block_types)}"]["ok"]
+
+
 def test_comparisons_can_fail(tp_results):
+    assert tp_results["can_fail/loss_parallel_perturbed_row"]["ratio"] > 10
     # unkeyed dropout: every rank draws the same masks (the old behaviour), which is not the simulated model
     assert tp_results["can_fail/dropout_unkeyed"]["ratio"] > 10
     # one weight of the last shard changed by 0.1, on that rank only

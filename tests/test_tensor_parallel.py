@@ -284,3 +284,45 @@ def test_one_block_type_for_every_layer():
     for bad in ("sdp", ["tp"], ["tp", "foo"]):
         with pytest.raises(ConfigError):
             TPConfig(n_layer=2, n_head=4, n_embd=32, tp_size=2, block_types=bad)
+
+
+# ---------- loss_parallel: the tied wte/lm_head split by vocabulary, vocab-parallel cross-entropy ----------
+
+def unpadded(grads, model):
+    """Gradients in GPT's layout (the vocabulary padding rows dropped)."""
+    return {n: model.sharding.gather(n, g) for n, g in grads.items()}
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("block_types", [["tp"] * 4, ["parallel", "spd", "tp", "parallel"]], ids=["tp", "mixed"])
+def test_loss_parallel_equals_the_gathered_loss(tp, block_types):
+    """VOCAB = 61 is not divisible by tp: padded to 62 / 64 rows, masked out of the softmax. Some targets are
+    ignore_index. Loss, logits and every gradient equal the model without loss_parallel (all-tp: GPT itself)."""
+    gpt = make_gpt()
+    idx, tgt = batch()
+    tgt[0, :5] = -1
+    ref = run(DistributedGPT.from_gpt(gpt, tp, block_types), idx, tgt)
+    model = DistributedGPT.from_gpt(gpt, tp, block_types, loss_parallel=True)
+    logits, loss, grads = run(model, idx, tgt)
+    assert logits.shape == (tp, idx.numel(), -(-VOCAB // tp))  # (shards, tokens, V'/tp): never (tokens, V)
+    full = torch.cat(logits.unbind(0), -1)[:, :VOCAB].view(*idx.shape, VOCAB)
+    assert_same((full, loss, unpadded(grads, model)), ref, **TOL)
+    if block_types == ["tp"] * 4:
+        assert_same((full, loss, unpadded(grads, model)), run(gpt, idx, tgt), **TOL)
+    report = model.comm_per_forward(idx)  # counted apart: the residual-stream syncs are unchanged
+    assert report["fwd_allreduces"] == DistributedGPT.from_gpt(gpt, tp, block_types).comm_per_forward(idx)["fwd_allreduces"]
+    assert report["vocab_allreduces"] == 5  # embedding, lm_head input (backward), max, sum-exp, target logit
+    out = model.eval().generate(idx[:, :4], 6, temperature=0)  # generation gathers the last position's logits
+    assert torch.equal(out, DistributedGPT.from_gpt(gpt, tp, block_types).eval().generate(idx[:, :4], 6, temperature=0))
+
+
+def test_loss_parallel_comparison_can_fail():
+    gpt = make_gpt()
+    idx, tgt = batch()
+    model = DistributedGPT.from_gpt(gpt, 2, ["tp"] * 4, loss_parallel=True)
+    with torch.no_grad():
+        model.lm_head.weight[VOCAB - 1, 0] += 0.1  # the last real row, held by shard 1; the padding row after it
+    _, loss, grads = run(model, idx, tgt)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(loss, run(gpt, idx, tgt)[1], **TOL)
+    assert model.gpt_state_dict()["lm_head.weight"].shape == (VOCAB, N_EMBD)  # checkpoints stay unpadded
