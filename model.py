@@ -198,17 +198,42 @@ class Block(nn.Module):
         return x
 
 
+def init_gpt2_param_(name, p, n_layer):
+    """GPT-2 init of one parameter: normal(0, 0.02), zero biases, unit LayerNorm weights, residual projections
+    scaled by 1/sqrt(2*n_layer)."""
+    if name.endswith("c_proj.weight"):
+        torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+    elif p.dim() >= 2:  # Linear weights and embeddings
+        torch.nn.init.normal_(p, mean=0.0, std=0.02)
+    elif "ln_" in name and name.endswith("weight"):
+        torch.nn.init.ones_(p)
+    else:  # biases
+        torch.nn.init.zeros_(p)
+
+
 def init_gpt2_weights_(model, n_layer):
-    """GPT-2 init: normal(0, 0.02), zero biases, residual projections scaled by 1/sqrt(2*n_layer)."""
     for name, p in model.named_parameters():
-        if name.endswith("c_proj.weight"):
-            torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
-        elif p.dim() >= 2:  # Linear weights and embeddings
-            torch.nn.init.normal_(p, mean=0.0, std=0.02)
-        elif "ln_" in name and name.endswith("weight"):
-            torch.nn.init.ones_(p)
-        else:  # biases
-            torch.nn.init.zeros_(p)
+        init_gpt2_param_(name, p, n_layer)
+
+
+def gpt_init_tensors(config):
+    """GPT(config)'s initial weights one tensor at a time, drawn from torch's RNG exactly as GPT(config) draws
+    them, so that a model built on the meta device materialises its own part of each (DistributedGPT: its shards)
+    bitwise equal to GPT's, holding at most one full parameter, never the whole model. Yields (name, tensor) in
+    named_parameters order; the RNG ends where GPT(config) leaves it."""
+    with torch.device("meta"):
+        meta = GPT(config)  # shapes only: meta tensors draw nothing from the RNG
+    # construction: nn.Linear and nn.Embedding draw their default init, in construction order (= modules() order);
+    # GPT's init overwrites them, but the draws move the RNG, so they are replayed on a same-shaped module
+    for m in meta.modules():
+        if isinstance(m, nn.Linear):
+            nn.Linear(m.in_features, m.out_features, bias=m.bias is not None)
+        elif isinstance(m, nn.Embedding):
+            nn.Embedding(m.num_embeddings, m.embedding_dim)
+    for name, p in meta.named_parameters():  # then GPT-2's init, parameter by parameter
+        full = torch.empty(p.shape)
+        init_gpt2_param_(name, full, config.n_layer)
+        yield name, full
 
 
 class GPT(nn.Module):
@@ -303,6 +328,24 @@ class GPT(nn.Module):
 
     def load_gpt_state_dict(self, state_dict):
         self.load_state_dict(state_dict)
+
+    def gpt_layout_part(self, name, full):
+        """This rank's part of a GPT-layout tensor (here: all of it)."""
+        return full
+
+    def materialize_(self, device):
+        """A model built under torch.device('meta') (init_device='meta'): allocate this rank's parameters on
+        device and give them GPT(config)'s initial weights, bitwise, one full parameter at a time."""
+        self.to_empty(device=device)
+        self.transformer.wte.weight = self.lm_head.weight  # to_empty allocates the tied weight twice: tie again
+        own = dict(self.named_parameters())
+        with torch.no_grad():
+            for name, full in gpt_init_tensors(self.gpt_config()):
+                own[name].copy_(self.gpt_layout_part(name, full))
+        return self
+
+    def gpt_config(self):
+        return self.config
 
     def gpt_optimizer_state(self, optimizer):
         """The optimizer's state dict in GPT's layout (same parameter indices, unsharded moments)."""

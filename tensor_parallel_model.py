@@ -287,7 +287,8 @@ class DistributedGPT(GPT):
     """GPT with tensor-parallel blocks. `pd` (parallel.ParallelDims) with pd.tp > 1 selects real mode: this rank
     holds the shards of its tp rank and f/g all-reduce over the tp group."""
 
-    def __init__(self, config, *, pd=None):
+    def __init__(self, config, *, pd=None, init=True):
+        """init=False leaves the weights to materialize_ (built under torch.device('meta'))."""
         nn.Module.__init__(self)
         assert isinstance(config, TPConfig)
         if pd is not None and pd.tp > 1 and pd.tp != config.tp_size:
@@ -309,9 +310,9 @@ class DistributedGPT(GPT):
         ))
         self.lm_head = nn.Linear(config.n_embd, V_local, bias=False)
         self.transformer.wte.weight = self.lm_head.weight
-        # GPT-2 init on the full matrices (GPT's own init, same random stream), then sharded
         torch.set_rng_state(init_rng)
-        self.load_gpt_state_dict(GPT(self.gpt_config()).state_dict())
+        if init:  # GPT-2 init on the full matrices (GPT's own init, same random stream), then sharded
+            self.load_gpt_state_dict(GPT(self.gpt_config()).state_dict())
 
     def gpt_config(self):
         return GPTConfig(**{k: getattr(self.config, k) for k in GPTConfig.__dataclass_fields__})
@@ -397,6 +398,9 @@ class DistributedGPT(GPT):
         if missing:
             raise KeyError(f"GPT state dict lacks {missing[:3]}")
         self.load_state_dict({k: self.sharding.shard(k, state_dict[k]) for k in own})
+
+    def gpt_layout_part(self, name, full):
+        return self.sharding.shard(name, full)
 
     def _param_names(self, optimizer):
         names = {id(p): n for n, p in self.named_parameters()}

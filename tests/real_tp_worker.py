@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import make_grad_scaler  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from parallel import init_parallel, shutdown  # noqa: E402
-from tensor_parallel_model import DistributedGPT  # noqa: E402
+from tensor_parallel_model import DistributedGPT, TPConfig  # noqa: E402
 
 VOCAB, N_LAYER, N_HEAD, N_EMBD = 61, 4, 8, 32
 PATTERNS = [
@@ -211,6 +211,17 @@ def check_state(pd, gpt, results):
     exact = sd.keys() == ref.keys() and all(torch.equal(sd[k], ref[k]) for k in ref)
     results["state/gpt_state_dict_exact"] = dict(ok=exact)
     results["state/num_params"] = dict(real=real.get_num_params(), gpt=gpt.get_num_params())
+    # meta-device init: each rank materialises only its shards, bitwise GPT's init with the same seed
+    for loss_parallel in (False, True):
+        torch.manual_seed(3)
+        ref = GPT(gpt.config).state_dict()
+        torch.manual_seed(3)
+        with torch.device("meta"):
+            meta = DistributedGPT(TPConfig(**vars(gpt.config), tp_size=pd.tp, block_types=PATTERNS[-1],
+                                           loss_parallel=loss_parallel), pd=pd, init=False)
+        sd = meta.materialize_("cpu").gpt_state_dict()
+        results[f"state/meta_init_exact/loss_parallel={loss_parallel}"] = dict(
+            ok=sd.keys() == ref.keys() and all(torch.equal(sd[k], ref[k]) for k in ref))
 
 
 def train_steps(model, data, *, pd=None, ddp=None):

@@ -104,6 +104,8 @@ def test_fp16_overflow_on_one_rank_skips_the_step_on_all(tp_results):
 
 def test_gathered_state_dict_is_gpts(tp_results):
     assert tp_results["state/gpt_state_dict_exact"]["ok"]  # gather and slice move values, exactly
+    for loss_parallel in (False, True):  # built on the meta device, each rank materialising its shards only
+        assert tp_results[f"state/meta_init_exact/loss_parallel={loss_parallel}"]["ok"]
     counts = tp_results["state/num_params"]
     assert counts["real"] == counts["gpt"]  # each rank counts the whole model, not its shard
 

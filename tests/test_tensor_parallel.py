@@ -326,3 +326,29 @@ def test_loss_parallel_comparison_can_fail():
     with pytest.raises(AssertionError):
         torch.testing.assert_close(loss, run(gpt, idx, tgt)[1], **TOL)
     assert model.gpt_state_dict()["lm_head.weight"].shape == (VOCAB, N_EMBD)  # checkpoints stay unpadded
+
+
+# ---------- meta-device init: each rank materialises only its part, bitwise GPT's initial weights ----------
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("loss_parallel", [False, True])
+def test_meta_init_equals_gpt_init_bitwise(tp, loss_parallel):
+    from tensor_parallel_model import TPConfig
+    cfg = dict(block_size=32, vocab_size=VOCAB, n_layer=3, n_head=N_HEAD, n_embd=N_EMBD, bias=True)
+    torch.manual_seed(5)
+    ref = GPT(GPTConfig(**cfg)).state_dict()
+    after_gpt = torch.rand(4)  # where GPT(config) leaves the RNG
+    torch.manual_seed(5)
+    with torch.device("meta"):
+        model = DistributedGPT(TPConfig(**cfg, tp_size=tp, block_types="spd", loss_parallel=loss_parallel), init=False)
+    assert model.lm_head.weight.is_meta  # nothing allocated yet
+    model.materialize_("cpu")
+    assert torch.equal(torch.rand(4), after_gpt)  # the same draws, so training continues on the same RNG stream
+    assert model.lm_head.weight is model.transformer.wte.weight
+    sd = model.gpt_state_dict()
+    assert sd.keys() == ref.keys() and all(torch.equal(sd[k], ref[k]) for k in ref)
+    torch.manual_seed(6)  # another seed gives other weights: the equality above is not vacuous
+    with torch.device("meta"):
+        other = GPT(GPTConfig(**cfg))
+    other.materialize_("cpu")
+    assert not torch.equal(other.state_dict()["transformer.h.0.attn.c_attn.weight"], ref["transformer.h.0.attn.c_attn.weight"])
