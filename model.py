@@ -38,6 +38,29 @@ GELU_FORMS = ("none", "tanh")
 NANOGPT_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")
 
 
+def whole(t):
+    """A DTensor (e.g. an FSDP-sharded parameter or moment) gathered whole, a collective; a plain tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def local(t):
+    """This rank's local shard of a DTensor; a plain tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def laid_out_like(full, ref):
+    """full distributed as ref is (FSDP: each rank keeps its data-parallel shard); full itself when ref is plain."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(ref, DTensor):
+        return distribute_tensor(full.to(ref.device), ref.device_mesh, ref.placements)
+    return full
+
+
 class DropoutRNG:
     """Where the dropout masks come from. Unkeyed (the default), torch's global RNG, as in nanoGPT. Keyed
     (train.py calls model.seed_dropout(seed, iteration, micro_batch) before each micro-batch), every mask comes
@@ -323,15 +346,42 @@ class GPT(nn.Module):
         self.rng.set_key(key or None)
 
     def gpt_state_dict(self):
-        """The weights in GPT's unsharded layout (what checkpoints hold)."""
-        return self.state_dict()
+        """The weights in GPT's unsharded layout (what checkpoints hold), gathered from wherever they are sharded:
+        tensor-parallel shards (DistributedGPT) and FSDP's data-parallel shards (DTensors). A collective then."""
+        return {k: self.gpt_layout_whole(k, v) for k, v in self.state_dict().items()}
 
     def load_gpt_state_dict(self, state_dict):
-        self.load_state_dict(state_dict)
+        own = self.state_dict()
+        missing = sorted(set(own) - set(state_dict))
+        if missing:
+            raise KeyError(f"GPT state dict lacks {missing[:3]}")
+        self.load_state_dict({k: laid_out_like(self.gpt_layout_part(k, state_dict[k]), own[k]) for k in own})
 
     def gpt_layout_part(self, name, full):
-        """This rank's part of a GPT-layout tensor (here: all of it)."""
+        """This rank's tensor-parallel part of a GPT-layout tensor (GPT: all of it)."""
         return full
+
+    def gpt_layout_whole(self, name, part):
+        """The GPT-layout tensor from this rank's part of it (FSDP shards gathered; GPT: nothing else)."""
+        return whole(part)
+
+    def _param_names(self, optimizer):
+        names = {id(p): n for n, p in self.named_parameters()}
+        return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+    def gpt_optimizer_state(self, optimizer):
+        """The optimizer's state dict in GPT's layout (same parameter indices, unsharded moments)."""
+        sd = optimizer.state_dict()
+        names = self._param_names(optimizer)
+        state = {i: {k: self.gpt_layout_whole(names[i], v) if v.dim() > 0 else v for k, v in s.items()}
+                 for i, s in sd["state"].items()}
+        return {"state": state, "param_groups": sd["param_groups"]}
+
+    def load_gpt_optimizer_state(self, optimizer, state_dict):
+        names, params = self._param_names(optimizer), [p for g in optimizer.param_groups for p in g["params"]]
+        state = {i: {k: laid_out_like(self.gpt_layout_part(names[i], v), params[int(i)]) if v.dim() > 0 else v
+                     for k, v in s.items()} for i, s in state_dict["state"].items()}
+        optimizer.load_state_dict({"state": state, "param_groups": state_dict["param_groups"]})
 
     def materialize_(self, device):
         """A model built under torch.device('meta') (init_device='meta'): allocate this rank's parameters on
@@ -347,19 +397,12 @@ class GPT(nn.Module):
     def gpt_config(self):
         return self.config
 
-    def gpt_optimizer_state(self, optimizer):
-        """The optimizer's state dict in GPT's layout (same parameter indices, unsharded moments)."""
-        return optimizer.state_dict()
-
-    def load_gpt_optimizer_state(self, optimizer, state_dict):
-        optimizer.load_state_dict(state_dict)
-
     def sync_replicated_grads(self):
         """After backward: make the gradients of parameters that several ranks hold whole. Nothing to do here."""
 
     def clip_grad_norm_(self, max_norm):
-        """Clip by the norm of the whole model's gradient; returns that norm."""
-        return torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm)
+        """Clip by the norm of the whole model's gradient; returns that norm (torch's handles FSDP's DTensors)."""
+        return whole(torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm))
 
     def reset_comm_counts(self):
         """Start counting collectives afresh (GPT runs none)."""

@@ -20,7 +20,7 @@ from torch.nn import functional as F
 
 from configurator import ConfigError
 from model import (GPT, GPTConfig, DropoutRNG, LayerNorm, causal_attention, dropout, keep_mask, lm_head_and_loss,
-                   positions, replica_generators)
+                   local, positions, replica_generators, whole)
 from sharding import TPSharding, is_block_replicated
 from tp_comm import copy_to_tp_region, reduce_from_tp_region, tp_group, vocab_parallel_cross_entropy
 
@@ -388,57 +388,33 @@ class DistributedGPT(GPT):
 
     # --- the model interface (see GPT): GPT-layout state in and out, whatever this rank holds ---
 
-    def gpt_state_dict(self):
-        """GPT's state dict (unsharded; in real mode gathered from the tp group, a collective)."""
-        return {k: self.sharding.gather(k, v) for k, v in self.state_dict().items()}
-
-    def load_gpt_state_dict(self, state_dict):
-        own = self.state_dict()
-        missing = sorted(set(own) - set(state_dict))
-        if missing:
-            raise KeyError(f"GPT state dict lacks {missing[:3]}")
-        self.load_state_dict({k: self.sharding.shard(k, state_dict[k]) for k in own})
-
     def gpt_layout_part(self, name, full):
         return self.sharding.shard(name, full)
 
-    def _param_names(self, optimizer):
-        names = {id(p): n for n, p in self.named_parameters()}
-        return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
-
-    def gpt_optimizer_state(self, optimizer):
-        sd = optimizer.state_dict()
-        names = self._param_names(optimizer)
-        state = {i: {k: self.sharding.gather(names[i], v) if v.dim() > 0 else v for k, v in s.items()}
-                 for i, s in sd["state"].items()}
-        return {"state": state, "param_groups": sd["param_groups"]}
-
-    def load_gpt_optimizer_state(self, optimizer, state_dict):
-        names = self._param_names(optimizer)
-        state = {i: {k: self.sharding.shard(names[i], v) if v.dim() > 0 else v for k, v in s.items()}
-                 for i, s in state_dict["state"].items()}
-        optimizer.load_state_dict({"state": state, "param_groups": state_dict["param_groups"]})
+    def gpt_layout_whole(self, name, part):
+        return self.sharding.gather(name, whole(part))
 
     def sync_replicated_grads(self):
         """Real mode: sum the block-replicated parameters' gradients over the tp group, one all-reduce a step."""
         self.group.sync_replicated_grads(
-            [p.grad for n, p in self.named_parameters() if is_block_replicated(n) and p.grad is not None])
+            [local(p.grad) for n, p in self.named_parameters() if is_block_replicated(n) and p.grad is not None])
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm):
-        """Clip by the norm of the whole (unsharded) model's gradient: the sharded parameters' squares are summed
-        over the tp group, the replicated ones' counted once."""
-        grads = [(n, p.grad) for n, p in self.named_parameters() if p.grad is not None]
+        """Clip by the norm of the whole (unsharded) model's gradient. Real TP: the squares of tp-sharded parameters
+        are summed over the tp group, the tp-replicated ones' counted once; under FSDP both partial sums are first
+        summed over the data-parallel shards."""
         if not self.group.real:
-            return torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm)
+            return super().clip_grad_norm_(max_norm)
+        grads = [(n, p.grad) for n, p in self.named_parameters() if p.grad is not None]
         acc = torch.promote_types(grads[0][1].dtype, torch.float32)  # fp32 at least, float64 kept (as torch's)
-        squares = {True: [], False: []}
+        sq = torch.zeros(2, dtype=acc, device=grads[0][1].device)  # [tp-sharded, tp-replicated]
         for n, g in grads:
-            squares[self.sharding.is_sharded(n)].append(g.to(acc).pow(2).sum())
-        sq = self.group.sum_over_shards(torch.stack(squares[True]).sum())
-        if squares[False]:
-            sq = sq + torch.stack(squares[False]).sum()
-        total = sq.sqrt()
+            sq[0 if self.sharding.is_sharded(n) else 1] += local(g).to(acc).pow(2).sum()
+        mesh = getattr(grads[0][1], "device_mesh", None)  # FSDP: gradients are DTensors sharded over dp
+        if mesh is not None:
+            torch.distributed.all_reduce(sq, group=mesh.get_group())
+        total = (self.group.sum_over_shards(sq[0]) + sq[1]).sqrt()
         coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
         for _, g in grads:
             g.mul_(coef.to(g.dtype))
