@@ -384,14 +384,15 @@ class GPT(nn.Module):
         optimizer.load_state_dict({"state": state, "param_groups": state_dict["param_groups"]})
 
     def materialize_(self, device):
-        """A model built under torch.device('meta') (init_device='meta'): allocate this rank's parameters on
-        device and give them GPT(config)'s initial weights, bitwise, one full parameter at a time."""
+        """A model built under torch.device('meta') (init_device='meta'), possibly FSDP-sharded already: allocate
+        this rank's parameters on device and give them GPT(config)'s initial weights, bitwise, one full parameter
+        at a time (each rank keeps its tensor-parallel part, and of that its FSDP shard)."""
         self.to_empty(device=device)
         self.transformer.wte.weight = self.lm_head.weight  # to_empty allocates the tied weight twice: tie again
         own = dict(self.named_parameters())
         with torch.no_grad():
             for name, full in gpt_init_tensors(self.gpt_config()):
-                own[name].copy_(self.gpt_layout_part(name, full))
+                own[name].copy_(laid_out_like(self.gpt_layout_part(name, full), own[name]))
         return self
 
     def gpt_config(self):
