@@ -64,10 +64,11 @@ def laid_out_like(full, ref):
 class DropoutRNG:
     """Where the dropout masks come from. Unkeyed (the default), torch's global RNG, as in nanoGPT. Keyed
     (train.py calls model.seed_dropout(seed, iteration, micro_batch) before each micro-batch), every mask comes
-    from a generator seeded by that key and a stream number, so a resumed run and a run split over data-parallel
-    ranks draw exactly the masks of one uninterrupted process. Stream 0 is the model replica's (masks on values
-    every tensor-parallel shard shares); DistributedGPT gives each tp shard a stream of its own (Megatron's
-    separate tensor-parallel RNG), so real and simulated tensor parallelism draw the same masks."""
+    from a generator seeded by that key, the layer (-1: the embedding) and a stream number, so a resumed run, a run
+    split over data-parallel ranks and one split into pipeline stages draw exactly the masks of one uninterrupted
+    process. Stream 0 is the model replica's (masks on values every tensor-parallel shard shares); DistributedGPT
+    gives each tp shard a stream of its own (Megatron's separate tensor-parallel RNG), so real and simulated tensor
+    parallelism draw the same masks."""
 
     def __init__(self):
         self.key = None
@@ -75,18 +76,34 @@ class DropoutRNG:
 
     def set_key(self, key):
         self.key = None if key is None else tuple(int(k) for k in key)
-        self._generators = {}
+        self._generators.clear()
 
-    def generator(self, stream, device):
-        """The stream's generator for the current key (None when unkeyed): successive draws continue it."""
+    def for_layer(self, layer):
+        """The view of this RNG that one layer draws from (it follows set_key on the model's RNG)."""
+        return _LayerRNG(self, layer)
+
+    def generator(self, stream, device, layer=-1):
+        """The generator of (layer, stream) for the current key (None when unkeyed): successive draws continue it."""
         if self.key is None:
             return None
-        g = self._generators.get(stream)
+        g = self._generators.get((layer, stream))
         if g is None:
-            digest = hashlib.blake2b(repr((*self.key, stream)).encode(), digest_size=8).digest()
+            digest = hashlib.blake2b(repr((*self.key, layer, stream)).encode(), digest_size=8).digest()
             g = torch.Generator(device=device).manual_seed(int.from_bytes(digest, "little") >> 1)
-            self._generators[stream] = g
+            self._generators[layer, stream] = g
         return g
+
+
+class _LayerRNG:
+    def __init__(self, rng, layer):
+        self.rng, self.layer = rng, layer
+
+    @property
+    def key(self):
+        return self.rng.key
+
+    def generator(self, stream, device):
+        return self.rng.generator(stream, device, self.layer)
 
 
 def keep_mask(shape, p, generators, device):
@@ -269,7 +286,7 @@ class GPT(nn.Module):
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             wpe=nn.Embedding(config.block_size, config.n_embd),
-            h=nn.ModuleList([Block(config, self.rng) for _ in range(config.n_layer)]),
+            h=nn.ModuleList([Block(config, self.rng.for_layer(i)) for i in range(config.n_layer)]),
             ln_f=LayerNorm(config.n_embd, bias=config.bias),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)

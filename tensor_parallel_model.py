@@ -305,7 +305,8 @@ class DistributedGPT(GPT):
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(V_local, config.n_embd),
             wpe=nn.Embedding(config.block_size, config.n_embd),
-            h=nn.ModuleList([BLOCKS[kind](config, self.group, self.rng) for kind in config.block_types]),
+            h=nn.ModuleList([BLOCKS[kind](config, self.group, self.rng.for_layer(i))
+                             for i, kind in enumerate(config.block_types)]),
             ln_f=LayerNorm(config.n_embd, bias=config.bias),
         ))
         self.lm_head = nn.Linear(config.n_embd, V_local, bias=False)

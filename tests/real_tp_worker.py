@@ -242,7 +242,8 @@ def train_steps(model, data, *, pd=None, ddp=None):
         losses.append(loss.item())
     opt_state = model.gpt_optimizer_state(optimizer)["state"]
     moments = {f"{i}/{k}": v for i, s in opt_state.items() for k, v in s.items() if k != "step"}
-    return dict(losses=torch.tensor(losses), norms=torch.tensor(norms), weights=model.gpt_state_dict(),
+    return dict(losses=torch.tensor(losses, dtype=torch.float64), norms=torch.tensor(norms, dtype=torch.float64),
+                weights=model.gpt_state_dict(),
                 moments=moments)
 
 
