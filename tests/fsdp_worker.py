@@ -68,7 +68,8 @@ def train(model, run, pd, *, dp):
         losses.append(float(total) / MICRO)
     moments = {f"{i}/{k}": v for i, s in model.gpt_optimizer_state(optimizer)["state"].items()
                for k, v in s.items() if k != "step"}
-    return dict(losses=torch.tensor(losses), norms=torch.tensor(norms), weights=model.gpt_state_dict(),
+    return dict(losses=torch.tensor(losses, dtype=torch.float64), norms=torch.tensor(norms, dtype=torch.float64),
+                weights=model.gpt_state_dict(),
                 moments=moments)
 
 
