@@ -1,7 +1,11 @@
 """
-Process layout: world = dp x tp, held in one small object created once and passed
+Process layout: world = pp x dp x tp, held in one small object created once and passed
 explicitly (no module-level globals). Without torchrun it is a single process
 (dp=1; tensor parallelism, if any, is simulated inside the process).
+
+The layout is data: MESH_DIMS names the dimensions from outermost to innermost, and the DeviceMesh is built from
+the sizes of those in use (ParallelDims.mesh_dims). Pipeline stages ('pp') have their place in that order, as in
+pipeline.py's mesh; train.py runs none (pp = 1), so its mesh has the dims ("dp", "tp").
 """
 
 import os
@@ -13,18 +17,29 @@ import torch.distributed as dist
 
 from configurator import ConfigError
 
+# outermost first: pipeline stages, data-parallel replicas, then the tensor-parallel shards of a layer (innermost,
+# so a tp group is the ranks of one node)
+MESH_DIMS = ("pp", "dp", "tp")
+
 
 @dataclass
 class ParallelDims:
     dp: int = 1
     tp: int = 1  # size of the tensor-parallel *process* group (1 unless tp_mode='real')
+    pp: int = 1  # pipeline stages (train.py runs none: 1)
     rank: int = 0
     local_rank: int = 0
-    mesh: Optional[object] = None  # DeviceMesh with dims ("dp", "tp") when distributed
+    mesh: Optional[object] = None  # DeviceMesh with the dims of mesh_dims() when distributed
+
+    def mesh_dims(self):
+        """[(name, size)] of the mesh, outermost first: dp and tp always (so their groups exist even at size 1),
+        other dims only when used."""
+        sizes = {"pp": self.pp, "dp": self.dp, "tp": self.tp}
+        return [(name, sizes[name]) for name in MESH_DIMS if name in ("dp", "tp") or sizes[name] > 1]
 
     @property
     def world_size(self):
-        return self.dp * self.tp
+        return self.dp * self.pp * self.tp
 
     @property
     def distributed(self):
@@ -34,21 +49,35 @@ class ParallelDims:
     def is_master(self):
         return self.rank == 0
 
+    def _local_rank(self, dim):
+        return self.mesh.get_local_rank(dim) if self.mesh is not None else 0
+
+    def _group(self, dim):
+        return self.mesh[dim].get_group() if self.mesh is not None else None
+
+    @property
+    def pp_rank(self):
+        return self._local_rank("pp") if self.pp > 1 else 0
+
+    @property
+    def pp_group(self):
+        return self._group("pp") if self.pp > 1 else None
+
     @property
     def dp_rank(self):
-        return self.mesh.get_local_rank("dp") if self.mesh is not None else 0
+        return self._local_rank("dp")
 
     @property
     def tp_rank(self):
-        return self.mesh.get_local_rank("tp") if self.mesh is not None else 0
+        return self._local_rank("tp")
 
     @property
     def dp_group(self):
-        return self.mesh["dp"].get_group() if self.mesh is not None else None
+        return self._group("dp")
 
     @property
     def tp_group(self):
-        return self.mesh["tp"].get_group() if self.mesh is not None else None
+        return self._group("tp")
 
 
 def launched_by_torchrun():
@@ -72,9 +101,10 @@ def check_layout(*, tp_size, tp_mode):
 
 
 def init_parallel(*, dp, tp, device_type, backend=None):
-    """Start torch.distributed if under torchrun and build the (dp, tp) DeviceMesh."""
-    if dp * tp == 1 and not launched_by_torchrun():
-        return ParallelDims()
+    """Start torch.distributed if under torchrun and build the DeviceMesh of the layout."""
+    layout = ParallelDims(dp=dp, tp=tp)
+    if layout.world_size == 1 and not launched_by_torchrun():
+        return layout
     from torch.distributed.device_mesh import init_device_mesh
 
     backend = backend or ("nccl" if device_type == "cuda" else "gloo")
@@ -85,7 +115,8 @@ def init_parallel(*, dp, tp, device_type, backend=None):
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
         dist.init_process_group(backend=backend)
-    mesh = init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    names, sizes = zip(*layout.mesh_dims())
+    mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
     return ParallelDims(dp=dp, tp=tp, rank=dist.get_rank(), local_rank=local_rank, mesh=mesh)
 
 

@@ -6,24 +6,34 @@ $ torchrun --standalone --nproc_per_node=4 train.py config/train_gpt2.py
 Real tensor parallel (dp=2 x tp=2 on CPU):
 $ torchrun --standalone --nproc_per_node=4 train.py config/train_shakespeare_char_spd.py --tp_mode=real
 Multi-node: torchrun --nnodes=2 --node_rank=0 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 ...
+
+Resume (--init_from=resume) takes the model from out_dir/ckpt.pt: its type, sizes, GELU form and block pattern.
+A command line or config file that explicitly sets one of those to another value is refused; tp_size, tp_mode,
+the process layout, dropout, block_size (smaller only: the model is cropped) and the training settings may change
+(tp_size, dropout and block_size are the checkpoint's unless set).
+max_iters=N runs steps 0..N (N+1 steps), as nanoGPT does.
 """
 
+import contextlib
 import json
 import math
 import os
-import pickle
 import sys
 import time
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import (MODEL_TYPES, autocast_context, build_model, clean_state_dict, load_checkpoint, make_grad_scaler,
+from common import (MODEL_TYPES, RunError, RunLock, autocast_context, build_model, build_model_from_checkpoint,
+                    checkpoint_model, exit_on_run_error, load_checkpoint, make_checkpoint, make_grad_scaler,
                     pick_device, pick_dtype, save_checkpoint, setup_runtime)
 from configurator import ConfigError, configure, exit_on_config_error, save_config
-from model import PRETRAINED_SIZES, GPT
-from parallel import check_layout, init_parallel, shutdown
+from data.vocab import load_vocab
+from model import GELU_FORMS, GPT2_FIXED, PRETRAINED_SIZES, GPT
+from parallel import ParallelDims, check_layout, init_parallel, shutdown
 
 DEFAULTS = dict(
     # I/O
@@ -51,12 +61,13 @@ DEFAULTS = dict(
     n_embd=768,
     dropout=0.0,
     bias=False,
+    gelu_approximate="none",  # 'none' (exact, nanoGPT's) | 'tanh' (GPT-2's; forced by init_from=gpt2*)
     tp_size=1,  # shards per layer (DistributedGPT)
     block_types=None,  # 'tp' | 'spd' | 'parallel' per layer (a list), or one for every layer; None = all 'tp'
     tp_mode="simulated",  # 'simulated' (one process holds every shard) | 'real' (torchrun, one shard per rank)
     # AdamW
     learning_rate=6e-4,
-    max_iters=600000,
+    max_iters=600000,  # steps 0..max_iters: max_iters + 1 steps, as in nanoGPT
     weight_decay=1e-1,
     beta1=0.9,
     beta2=0.95,
@@ -74,23 +85,95 @@ DEFAULTS = dict(
     seed=1337,
 )
 
+# what a checkpoint (or GPT-2) fixes about the model, and a command line may not contradict on resume
+MODEL_KEYS = ("model_type", "n_layer", "n_head", "n_embd", "bias", "gelu_approximate", "block_types")
+FULL_SCAN_TOKENS = 128 << 20  # data files up to this many tokens are scanned whole for their largest id
 
-def validate(cfg):
-    """Every check a user can fail, before any work starts."""
+
+# ---------------------------------------------------------------------------------------------------------------
+# configuration: every check a user can fail, once, before any work (nothing is written until all pass)
+
+@dataclass
+class Setup:
+    """The checked configuration of a launch, and the weights it starts from."""
+    data_dir: str
+    dp: int
+    tp: int
+    device: str
+    device_type: str
+    dtype: str
+    model_type: str
+    model_args: dict  # nanoGPT's 7 GPTConfig fields, gelu_approximate, and tp_size/block_types (distributed_gpt)
+    checkpoint: Optional[dict] = None  # init_from='resume'
+    pretrained: Optional[dict] = None  # init_from=gpt2*: GPT-2's state dict
+
+
+def explicit_keys(cfg, argv):
+    """The keys the user set: every --key=value on the command line, and every key a config file changed from its
+    default (a file that sets a key to its default value is not told apart from leaving it alone)."""
+    given = {arg[2:].split("=", 1)[0] for arg in argv if arg.startswith("--") and "=" in arg}
+    return given | {k for k in cfg if cfg[k] != DEFAULTS[k]}
+
+
+def check_settings(cfg):
+    """Ranges and choices of the plain settings."""
     positive = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "tp_size",
                 "gradient_accumulation_steps", "eval_iters", "eval_interval", "log_interval")
     for key in positive:
         if cfg[key] < 1:
             raise ConfigError(f"{key} must be >= 1, got {cfg[key]}")
-    if cfg["max_iters"] < 0:
-        raise ConfigError(f"max_iters must be >= 0, got {cfg['max_iters']}")
+    for key in ("max_iters", "warmup_iters", "lr_decay_iters", "seed", "learning_rate", "min_lr", "weight_decay",
+                "grad_clip"):
+        if cfg[key] < 0:
+            raise ConfigError(f"{key} must be >= 0, got {cfg[key]}")
+    for key in ("beta1", "beta2"):
+        if not 0.0 <= cfg[key] < 1.0:
+            raise ConfigError(f"{key} must be in [0, 1), got {cfg[key]}")
     if not 0.0 <= cfg["dropout"] < 1.0:
         raise ConfigError(f"dropout must be in [0, 1), got {cfg['dropout']}")
     if cfg["model_type"] not in MODEL_TYPES:
         raise ConfigError(f"model_type must be one of {MODEL_TYPES}, got {cfg['model_type']!r}")
+    if cfg["gelu_approximate"] not in GELU_FORMS:
+        raise ConfigError(f"gelu_approximate must be one of {GELU_FORMS}, got {cfg['gelu_approximate']!r}")
     if cfg["init_from"] not in ("scratch", "resume") and cfg["init_from"] not in PRETRAINED_SIZES:
         raise ConfigError(f"init_from must be 'scratch', 'resume' or one of {sorted(PRETRAINED_SIZES)}, "
                           f"got {cfg['init_from']!r}")
+    if os.path.exists(cfg["out_dir"]) and not os.path.isdir(cfg["out_dir"]):
+        raise ConfigError(f"out_dir {cfg['out_dir']!r} exists and is not a directory")
+    if cfg["init_from"] == "resume" and not os.path.isfile(os.path.join(cfg["out_dir"], "ckpt.pt")):
+        raise ConfigError(f"init_from='resume' but there is no checkpoint at "
+                          f"{os.path.join(cfg['out_dir'], 'ckpt.pt')}")
+
+
+def expand_block_types(block_types, n_layer):
+    kinds = "tp" if block_types is None else block_types
+    return [kinds] * n_layer if isinstance(kinds, str) else list(kinds)
+
+
+def adopt_model(cfg, explicit, *, source, model_type, spec):
+    """Take the model from a checkpoint or GPT-2 (`spec`): cfg's model keys become the source's; one the user set
+    explicitly to another value is an error naming the key and both values."""
+    given = dict(cfg, block_types=expand_block_types(cfg["block_types"], cfg["n_layer"]))
+    wanted = dict(spec, model_type=model_type or cfg["model_type"])
+    for key in MODEL_KEYS:
+        if key not in wanted or (key == "block_types" and wanted["model_type"] != "distributed_gpt"):
+            continue
+        if key in explicit and given[key] != wanted[key]:
+            raise ConfigError(f"{key}={given[key]!r} contradicts {source}'s {key}={wanted[key]!r}; "
+                              f"drop the setting (the model comes from {source})")
+        cfg[key] = wanted[key]
+    if wanted["model_type"] == "distributed_gpt" and "tp_size" not in explicit and "tp_size" in spec:
+        cfg["tp_size"] = spec["tp_size"]  # may change on resume (checkpoints are GPT-layout); kept unless set
+    if "dropout" not in explicit and "dropout" in spec:
+        cfg["dropout"] = spec["dropout"]  # may change on resume; kept unless set
+    if cfg["block_size"] > spec["block_size"]:
+        if "block_size" in explicit:
+            raise ConfigError(f"block_size ({cfg['block_size']}) exceeds {source}'s ({spec['block_size']})")
+        cfg["block_size"] = spec["block_size"]
+
+
+def check_model(cfg):
+    """The model's shape and parallel settings, with the values the run will use."""
     if cfg["n_embd"] % cfg["n_head"]:
         raise ConfigError(f"n_embd ({cfg['n_embd']}) must be divisible by n_head ({cfg['n_head']})")
     if cfg["model_type"] == "distributed_gpt":
@@ -102,33 +185,92 @@ def validate(cfg):
         raise ConfigError(f"tp_size/block_types/tp_mode need model_type='distributed_gpt', "
                           f"got model_type={cfg['model_type']!r}, tp_size={cfg['tp_size']}, "
                           f"block_types={cfg['block_types']}, tp_mode={cfg['tp_mode']!r}")
-    dp, tp = check_layout(tp_size=cfg["tp_size"], tp_mode=cfg["tp_mode"])
-    if cfg["gradient_accumulation_steps"] % dp:
-        raise ConfigError(f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) must be divisible "
-                          f"by the number of data-parallel ranks ({dp})")
-    data_dir = cfg["data_dir"] or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", cfg["dataset"])
+
+
+def check_data(cfg, data_dir, vocab_size):
+    """train.bin and val.bin: present, whole uint16 tokens, longer than a block, every id < vocab_size. Files up to
+    FULL_SCAN_TOKENS tokens are scanned whole for their largest id; larger ones (OpenWebText) in 1024 evenly spaced
+    chunks of 64K tokens, a sample that catches a wrong tokenizer but not a single stray id."""
     for split in ("train", "val"):
         path = os.path.join(data_dir, f"{split}.bin")
         if not os.path.isfile(path):
             raise ConfigError(f"dataset {cfg['dataset']!r}: {path} not found "
                               f"(run python data/{cfg['dataset']}/prepare.py)")
-        n = os.path.getsize(path) // 2
+        size = os.path.getsize(path)
+        if size % 2:
+            raise ConfigError(f"dataset {cfg['dataset']!r}: {path} has an odd number of bytes ({size}); "
+                              f"token files hold uint16 ids (2 bytes each): truncated or not a token file")
+        n = size // 2
         if n <= cfg["block_size"] + 1:
             raise ConfigError(f"dataset {cfg['dataset']!r}: {split}.bin has {n} tokens, "
                               f"fewer than block_size+2 ({cfg['block_size'] + 2})")
-    if cfg["init_from"] == "resume" and not os.path.isfile(os.path.join(cfg["out_dir"], "ckpt.pt")):
-        raise ConfigError(f"init_from='resume' but there is no checkpoint at "
-                          f"{os.path.join(cfg['out_dir'], 'ckpt.pt')}")
-    return data_dir, dp, tp
+        data = np.memmap(path, dtype=np.uint16, mode="r")
+        if n <= FULL_SCAN_TOKENS:
+            top = int(data.max())
+        else:
+            chunk = 1 << 16
+            top = max(int(data[s:s + chunk].max()) for s in np.linspace(0, n - chunk, 1024).astype(np.int64))
+        if top >= vocab_size:
+            raise ConfigError(f"dataset {cfg['dataset']!r}: {path} holds token id {top}, but the model's "
+                              f"vocab_size is {vocab_size}")
 
 
-def read_meta_vocab(data_dir):
-    meta_path = os.path.join(data_dir, "meta.pkl")
-    if not os.path.exists(meta_path):
-        return None
-    with open(meta_path, "rb") as f:
-        return pickle.load(f)["vocab_size"]
+def load_pretrained(name, *, dropout):
+    try:
+        return GPT.from_pretrained(name, dict(dropout=dropout)).state_dict()
+    except OSError as e:  # no network and no Hugging Face cache
+        raise ConfigError(f"init_from={name!r}: cannot load the pretrained weights "
+                          f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
 
+
+def prepare(argv):
+    """(cfg, Setup): the configuration resolved and checked. Reads the checkpoint (resume) or GPT-2's weights."""
+    cfg = configure(DEFAULTS, argv)
+    explicit = explicit_keys(cfg, argv)
+    check_settings(cfg)
+    device = pick_device(cfg["device"])
+    device_type = "cuda" if device.startswith("cuda") else device
+    dtype = pick_dtype(cfg["dtype"], device_type)
+    data_dir = cfg["data_dir"] or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", cfg["dataset"])
+    vocab = load_vocab(data_dir) if os.path.isdir(data_dir) else None
+    meta_vocab = vocab["vocab_size"] if vocab is not None else None
+
+    # the model: from the checkpoint, from GPT-2, or from the configuration
+    checkpoint = pretrained = None
+    if cfg["init_from"] == "resume":
+        checkpoint = load_checkpoint(cfg["out_dir"])
+        model_type, spec = checkpoint_model(checkpoint)
+        adopt_model(cfg, explicit, source="the checkpoint", model_type=model_type, spec=spec)
+        vocab_size = spec["vocab_size"]
+    elif cfg["init_from"] in PRETRAINED_SIZES:
+        spec = dict(PRETRAINED_SIZES[cfg["init_from"]], **GPT2_FIXED)
+        adopt_model(cfg, explicit, source=cfg["init_from"], model_type=None, spec=spec)
+        vocab_size = spec["vocab_size"]
+    else:
+        vocab_size = meta_vocab if meta_vocab is not None else 50304  # GPT-2's 50257 padded to a multiple of 64
+    check_model(cfg)
+    dp, tp = check_layout(tp_size=cfg["tp_size"], tp_mode=cfg["tp_mode"])
+    if cfg["gradient_accumulation_steps"] % dp:
+        raise ConfigError(f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) must be divisible "
+                          f"by the number of data-parallel ranks ({dp})")
+    if meta_vocab is not None and meta_vocab > vocab_size:
+        raise ConfigError(f"dataset {cfg['dataset']!r} has vocab_size {meta_vocab}, "
+                          f"larger than the model's vocab_size {vocab_size}")
+    check_data(cfg, data_dir, vocab_size)
+    if cfg["init_from"] in PRETRAINED_SIZES:  # last: the download is the slow part
+        pretrained = load_pretrained(cfg["init_from"], dropout=cfg["dropout"])
+
+    model_args = {k: cfg[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "dropout",
+                                      "gelu_approximate", "tp_size", "block_types")}
+    model_args.update(vocab_size=vocab_size, block_size=spec["block_size"] if cfg["init_from"] != "scratch"
+                      else cfg["block_size"])
+    setup = Setup(data_dir=data_dir, dp=dp, tp=tp, device=device, device_type=device_type, dtype=dtype,
+                  model_type=cfg["model_type"], model_args=model_args, checkpoint=checkpoint, pretrained=pretrained)
+    return cfg, setup
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# data, learning rate, metrics
 
 class Batches:
     """Random crops from a uint16 memmap. Each (iteration, micro-step) has its own seed, so a resumed run
@@ -174,7 +316,8 @@ def all_reduce_mean(value, pd, device):
 
 
 class MetricsLog:
-    """Append-only JSON lines in out_dir/metrics.jsonl, so plots never need wandb."""
+    """JSON lines in out_dir/metrics.jsonl (one record per logged step and per evaluation), so plots never need
+    wandb. Written by the master rank only."""
 
     def __init__(self, out_dir, *, enabled):
         self.path = os.path.join(out_dir, "metrics.jsonl")
@@ -185,238 +328,263 @@ class MetricsLog:
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
 
-
-@exit_on_config_error
-def main(argv):
-    cfg = configure(DEFAULTS, argv)
-    data_dir, dp, tp = validate(cfg)
-    device = pick_device(cfg["device"])
-    device_type = "cuda" if device.startswith("cuda") else device
-    dtype = pick_dtype(cfg["dtype"], device_type)
-
-    # model arguments, checked against the dataset and a checkpoint before any work
-    meta_vocab = read_meta_vocab(data_dir)
-    model_args = {k: cfg[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "dropout",
-                                      "tp_size", "block_types")}
-    model_args["vocab_size"] = meta_vocab if meta_vocab is not None else 50304
-    checkpoint = None
-    if cfg["init_from"] == "resume":
-        checkpoint = load_checkpoint(cfg["out_dir"])
-        for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size"):
-            model_args[k] = checkpoint["model_args"][k]  # the architecture comes from the checkpoint
-    elif cfg["init_from"] in PRETRAINED_SIZES:
-        model_args.update(PRETRAINED_SIZES[cfg["init_from"]], vocab_size=50257, block_size=1024, bias=True)
-        if cfg["block_size"] > 1024:
-            raise ConfigError(f"block_size ({cfg['block_size']}) exceeds GPT-2's 1024")
-    if meta_vocab is not None and meta_vocab > model_args["vocab_size"]:
-        raise ConfigError(f"dataset {cfg['dataset']!r} has vocab_size {meta_vocab}, "
-                          f"larger than the model's vocab_size {model_args['vocab_size']}")
-    if cfg["block_size"] > model_args["block_size"]:
-        raise ConfigError(f"block_size ({cfg['block_size']}) exceeds the checkpoint's ({model_args['block_size']})")
-    if cfg["model_type"] == "distributed_gpt":
-        from tensor_parallel_model import validate_tp_args
-
-        validate_tp_args(n_layer=model_args["n_layer"], n_head=model_args["n_head"], n_embd=model_args["n_embd"],
-                         tp_size=cfg["tp_size"], block_types=cfg["block_types"])
-
-    pd = init_parallel(dp=dp, tp=tp, device_type=device_type, backend=cfg["backend"])
-    try:
-        train(cfg, pd, data_dir, device, device_type, dtype, model_args, checkpoint)
-    finally:
-        shutdown(pd)
+    def truncate(self, iter_num):
+        """Drop the records of iterations >= iter_num (a resumed run writes them again), atomically."""
+        if not self.enabled or not os.path.isfile(self.path):
+            return
+        with open(self.path) as f:
+            lines = f.readlines()
+        keep = []
+        for line in lines:
+            try:
+                if json.loads(line)["iter"] >= iter_num:
+                    continue
+            except (ValueError, KeyError, TypeError):  # a torn last line of a killed run
+                continue
+            keep.append(line if line.endswith("\n") else line + "\n")
+        with open(self.path + ".tmp", "w") as f:
+            f.writelines(keep)
+        os.replace(self.path + ".tmp", self.path)
 
 
-def train(cfg, pd, data_dir, device, device_type, dtype, model_args, checkpoint):
-    if pd.distributed and device_type == "cuda":
-        device = f"cuda:{pd.local_rank}"
-    master = pd.is_master
+# ---------------------------------------------------------------------------------------------------------------
+# the run
+
+@dataclass
+class Run:
+    """What the training loop works on; built once by start_run."""
+    cfg: dict
+    pd: ParallelDims
+    device: str
+    model: torch.nn.Module  # what runs forward: raw_model, compiled and/or wrapped in DDP
+    raw_model: GPT  # GPT or DistributedGPT: the interface at the end of class GPT
+    model_type: str
+    optimizer: torch.optim.Optimizer
+    scaler: object  # torch.amp.GradScaler (a no-op unless fp16)
+    ctx: object  # autocast context
+    batches: Batches
+    metrics: MetricsLog
+    grad_accum: int  # micro-batches per step on this rank
+    micro_offset: int  # global index of this rank's first micro-batch
+    iter_num: int = 0
+    best_val_loss: float = 1e9
+
+
+def load_optimizer_state(raw_model, optimizer, state):
+    """A checkpoint's optimizer state; how the optimizer runs (fused, foreach) stays this run's own, so a
+    checkpoint written on CUDA resumes on CPU."""
+    own = optimizer.param_groups
+    groups = [dict(g, **{k: o[k] for k in ("fused", "foreach", "capturable") if k in o})
+              for g, o in zip(state["param_groups"], own)]
+    raw_model.load_gpt_optimizer_state(optimizer, dict(state, param_groups=groups))
+
+
+def start_run(cfg, setup, pd):
+    """Build the model (from scratch, a checkpoint or GPT-2), the optimizer and the data, as nanoGPT's train.py."""
+    device = f"cuda:{pd.local_rank}" if pd.distributed and setup.device_type == "cuda" else setup.device
     grad_accum = cfg["gradient_accumulation_steps"] // pd.dp
     tokens_per_iter = cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
-    if master:
+    if pd.is_master:
         os.makedirs(cfg["out_dir"], exist_ok=True)
         save_config(cfg, cfg["out_dir"])
         print(f"tokens per iteration: {tokens_per_iter:,} (dp={pd.dp}, tp={cfg['tp_size']} {cfg['tp_mode']}, "
-              f"grad_accum per rank={grad_accum}, device={device}, dtype={dtype})")
-    setup_runtime(device_type, cfg["seed"])  # same seed on every rank: identical initial weights
+              f"grad_accum per rank={grad_accum}, device={device}, dtype={setup.dtype})")
+    setup_runtime(setup.device_type, cfg["seed"])  # same seed on every rank: identical initial weights
 
     # model
-    iter_num, best_val_loss = 0, 1e9
-    model = build_model(cfg["model_type"], model_args, pd=pd)
-    distributed_model = cfg["model_type"] == "distributed_gpt"
-    if cfg["init_from"] == "resume":
-        load_model_state(model, clean_state_dict(checkpoint["model"]), distributed_model)
-        iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
-    elif cfg["init_from"] in PRETRAINED_SIZES:
-        gpt = GPT.from_pretrained(cfg["init_from"], dict(dropout=cfg["dropout"]))
-        load_model_state(model, gpt.state_dict(), distributed_model)
-        del gpt
+    checkpoint = setup.checkpoint
+    if checkpoint is not None:
+        model = build_model_from_checkpoint(checkpoint, pd=pd, dropout=cfg["dropout"], tp_size=cfg["tp_size"])
+    else:
+        model = build_model(setup.model_type, setup.model_args, pd=pd)
+        if setup.pretrained is not None:
+            model.load_gpt_state_dict(setup.pretrained)
+            setup.pretrained = None  # free memory
     if cfg["block_size"] < model.config.block_size:
         model.crop_block_size(cfg["block_size"])
-        model_args["block_size"] = cfg["block_size"]
     model.to(device)
-    if master:
-        print(f"model: {cfg['model_type']}, {model.get_num_params() / 1e6:.2f}M parameters")
+    if pd.is_master:
+        print(f"model: {setup.model_type}, {model.get_num_params() / 1e6:.2f}M parameters")
 
-    scaler = make_grad_scaler(device_type, dtype, pd)
+    # optimizer and loss scaler; on resume also their state and the RNGs
+    scaler = make_grad_scaler(setup.device_type, setup.dtype, pd)
     optimizer = model.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"],
-                                           (cfg["beta1"], cfg["beta2"]), device_type)
-    if cfg["init_from"] == "resume":
-        load_optimizer_state(model, optimizer, checkpoint["optimizer"], distributed_model)
-        torch.set_rng_state(checkpoint["rng_state"])
-    checkpoint = None  # free memory
+                                           (cfg["beta1"], cfg["beta2"]), setup.device_type)
+    iter_num, best_val_loss = 0, 1e9
+    if checkpoint is not None:
+        load_optimizer_state(model, optimizer, checkpoint["optimizer"])
+        if checkpoint.get("scaler") and scaler.is_enabled():
+            scaler.load_state_dict(checkpoint["scaler"])
+        if "rng_state" in checkpoint:  # nanoGPT's checkpoints have none
+            torch.set_rng_state(checkpoint["rng_state"])
+        if "cuda_rng_state" in checkpoint and setup.device_type == "cuda":
+            torch.cuda.set_rng_state(checkpoint["cuda_rng_state"], device)
+        iter_num, best_val_loss = int(checkpoint["iter_num"]), float(checkpoint["best_val_loss"])
+        setup.checkpoint = None  # free memory
 
     raw_model = model
     if cfg["compile"]:
-        if master:
+        if pd.is_master:
             print("compiling the model... (takes a ~minute)")
         model = torch.compile(model)
     if pd.dp > 1:
         model = DDP(model, process_group=pd.dp_group,
-                    device_ids=[pd.local_rank] if device_type == "cuda" else None)
+                    device_ids=[pd.local_rank] if setup.device_type == "cuda" else None)
 
-    ctx = autocast_context(device_type, dtype)
-    batches = Batches(data_dir, block_size=cfg["block_size"], batch_size=cfg["batch_size"], seed=cfg["seed"],
-                      device=device)
-    metrics = MetricsLog(cfg["out_dir"], enabled=master)
+    metrics = MetricsLog(cfg["out_dir"], enabled=pd.is_master)
+    metrics.truncate(iter_num)  # a resumed run must not leave two records of one iteration
+    return Run(cfg=cfg, pd=pd, device=device, model=model, raw_model=raw_model, model_type=setup.model_type,
+               optimizer=optimizer, scaler=scaler, ctx=autocast_context(setup.device_type, setup.dtype),
+               batches=Batches(setup.data_dir, block_size=cfg["block_size"], batch_size=cfg["batch_size"],
+                               seed=cfg["seed"], device=device),
+               metrics=metrics, grad_accum=grad_accum, micro_offset=pd.dp_rank * grad_accum,
+               iter_num=iter_num, best_val_loss=best_val_loss)
 
-    @torch.no_grad()
-    def estimate_loss():
-        out = {}
-        model.eval()
-        for split in ("train", "val"):
-            # eval batch k is done by dp rank k % dp; the mean over ranks equals one process doing all of them
-            losses = [0.0, 0]
-            for k in range(pd.dp_rank, cfg["eval_iters"], pd.dp):
-                X, Y = batches.get(split, -1, k)
-                with ctx:
-                    _, loss = model(X, Y)
-                losses[0] += loss.item()
-                losses[1] += 1
-            t = torch.tensor(losses, dtype=torch.float64, device=device)
-            if pd.dp > 1:
-                torch.distributed.all_reduce(t, group=pd.dp_group)
-            out[split] = (t[0] / t[1]).item()
-        model.train()
-        return out
 
+@torch.no_grad()
+def evaluate(run):
+    """Mean loss over eval_iters batches of each split. Eval batch k is done by dp rank k % dp; the mean over ranks
+    equals one process doing all of them."""
+    out = {}
+    run.model.eval()
+    for split in ("train", "val"):
+        losses = [0.0, 0]
+        for k in range(run.pd.dp_rank, run.cfg["eval_iters"], run.pd.dp):
+            X, Y = run.batches.get(split, -1, k)
+            with run.ctx:
+                _, loss = run.model(X, Y)
+            losses[0] += loss.item()
+            losses[1] += 1
+        t = torch.tensor(losses, dtype=torch.float64, device=run.device)
+        if run.pd.dp > 1:
+            torch.distributed.all_reduce(t, group=run.pd.dp_group)
+        out[split] = (t[0] / t[1]).item()
+    run.model.train()
+    return out
+
+
+def save(run):
+    """Write out_dir/ckpt.pt in GPT layout: every rank joins the gather (a collective under real tp), the master
+    writes."""
+    checkpoint = make_checkpoint(run.raw_model, run.optimizer, run.scaler, model_type=run.model_type,
+                                 iter_num=run.iter_num, best_val_loss=run.best_val_loss, config=run.cfg)
+    if run.pd.is_master:
+        print(f"saving checkpoint to {run.cfg['out_dir']}")
+        save_checkpoint(checkpoint, run.cfg["out_dir"])
+
+
+def train_step(run):
+    """One optimizer step over the global batch. Returns (mean loss, seconds the step took, collectives report)."""
+    cfg, raw_model = run.cfg, run.raw_model
+    t0 = time.perf_counter()
+    raw_model.reset_comm_counts()
+    # forward backward update, with gradient accumulation; DDP syncs gradients on the last micro-step only
+    loss_sum = 0.0
+    for micro_step in range(run.grad_accum):
+        micro = run.micro_offset + micro_step  # global micro-batch index: keys the batch and the dropout masks
+        X, Y = run.batches.get("train", run.iter_num, micro)
+        raw_model.seed_dropout(cfg["seed"], run.iter_num, micro)
+        if run.pd.dp > 1:
+            run.model.require_backward_grad_sync = micro_step == run.grad_accum - 1
+        with run.ctx:
+            _, loss = run.model(X, Y)
+            loss = loss / run.grad_accum  # scale the loss to account for gradient accumulation
+        loss_sum += loss.item()
+        run.scaler.scale(loss).backward()
+    raw_model.sync_replicated_grads()  # real tp: parameters every shard holds get their summed gradient
+    comm = raw_model.comm_report(micro_steps=run.grad_accum, tokens=cfg["batch_size"] * cfg["block_size"])
+    # clip the gradient
+    if cfg["grad_clip"] != 0.0:
+        run.scaler.unscale_(run.optimizer)
+        raw_model.clip_grad_norm_(cfg["grad_clip"])
+    # step the optimizer and the scaler (if training in fp16)
+    run.scaler.step(run.optimizer)
+    run.scaler.update()
+    run.optimizer.zero_grad(set_to_none=True)
+    lossf = all_reduce_mean(loss_sum, run.pd, run.device)
+    return lossf, time.perf_counter() - t0, comm
+
+
+def stop_if_not_finite(run, what, value):
+    """A non-finite loss stops the run before anything is saved: the last good checkpoint stays as it is."""
+    if not math.isfinite(value):
+        raise RunError(f"{what} loss is {value} at iter {run.iter_num}; stopping. The last good checkpoint "
+                       f"(if any) is kept in {run.cfg['out_dir']}")
+
+
+def train(run):
+    """The training loop, as nanoGPT's: evaluate and checkpoint every eval_interval, one step per iteration."""
+    cfg, master = run.cfg, run.pd.is_master
+    tokens_per_iter = cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
     wandb = None
     if cfg["wandb_log"] and master:
         import wandb
 
         wandb.init(project=cfg["wandb_project"], name=cfg["wandb_run_name"], config=cfg)
-
-    micro_offset = pd.dp_rank * grad_accum  # this rank's share of the global micro-batches
-    t0 = time.time()
     local_iter_num, running_mfu = 0, -1.0
-    comm = None
     while True:
-        lr = get_lr(iter_num, cfg)
-        for group in optimizer.param_groups:
+        # determine and set the learning rate for this iteration
+        lr = get_lr(run.iter_num, cfg)
+        for group in run.optimizer.param_groups:
             group["lr"] = lr
 
-        if iter_num % cfg["eval_interval"] == 0:
-            losses = estimate_loss()
+        # evaluate the loss on train/val sets and write checkpoints (never a non-finite model)
+        if run.iter_num % cfg["eval_interval"] == 0:
+            losses = evaluate(run)
             if master:
-                print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-                metrics.write(iter=iter_num, train_loss=losses["train"], val_loss=losses["val"], lr=lr)
+                print(f"step {run.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+                run.metrics.write(iter=run.iter_num, train_loss=losses["train"], val_loss=losses["val"], lr=lr)
                 if wandb is not None:
-                    wandb.log({"iter": iter_num, "train/loss": losses["train"], "val/loss": losses["val"], "lr": lr,
-                               "mfu": running_mfu * 100})
-            if losses["val"] < best_val_loss or cfg["always_save_checkpoint"]:
-                best_val_loss = min(best_val_loss, losses["val"])
-                if iter_num > 0 and not cfg["eval_only"]:
-                    ckpt = {
-                        "model": model_state(raw_model, distributed_model),
-                        "optimizer": optimizer_state(raw_model, optimizer, distributed_model),
-                        "model_args": model_args,
-                        "model_type": cfg["model_type"],
-                        "iter_num": iter_num,
-                        "best_val_loss": best_val_loss,
-                        "config": cfg,
-                        "rng_state": torch.get_rng_state(),
-                    }
-                    if master:
-                        print(f"saving checkpoint to {cfg['out_dir']}")
-                        save_checkpoint(ckpt, cfg["out_dir"])
+                    wandb.log({"iter": run.iter_num, "train/loss": losses["train"], "val/loss": losses["val"],
+                               "lr": lr, "mfu": running_mfu * 100})
+            for split in ("train", "val"):
+                stop_if_not_finite(run, f"{split} (evaluation)", losses[split])
+            if losses["val"] < run.best_val_loss or cfg["always_save_checkpoint"]:
+                run.best_val_loss = min(run.best_val_loss, losses["val"])
+                if run.iter_num > 0 and not cfg["eval_only"]:
+                    save(run)
         if cfg["eval_only"]:
             break
 
-        # forward/backward with gradient accumulation; DDP syncs gradients on the last micro-step only
-        if distributed_model:
-            raw_model.comm.counter.reset()
-        loss_sum = 0.0
-        for micro_step in range(grad_accum):
-            X, Y = batches.get("train", iter_num, micro_offset + micro_step)
-            if pd.dp > 1:
-                model.require_backward_grad_sync = micro_step == grad_accum - 1
-            with ctx:
-                _, loss = model(X, Y)
-                loss = loss / grad_accum
-            loss_sum += loss.item()
-            scaler.scale(loss).backward()
-        if distributed_model:
-            raw_model.sync_replicated_grads()
-            comm = raw_model.comm.counter.report(micro_steps=grad_accum, tokens=cfg["batch_size"] * cfg["block_size"])
-        if cfg["grad_clip"] != 0.0:
-            scaler.unscale_(optimizer)
-            clip = raw_model.clip_grad_norm_ if distributed_model else (
-                lambda m: torch.nn.utils.clip_grad_norm_(raw_model.parameters(), m))
-            clip(cfg["grad_clip"])
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        # one training step: forward/backward with gradient accumulation, clip, update; timed on its own
+        lossf, dt, comm = train_step(run)
+        stop_if_not_finite(run, "training", lossf)
 
-        lossf = all_reduce_mean(loss_sum, pd, device)
-        if not math.isfinite(lossf):
-            if master:
-                print(f"error: loss is {lossf} at iter {iter_num}; stopping. The last good checkpoint "
-                      f"(if any) is kept in {cfg['out_dir']}", file=sys.stderr)
-            raise SystemExit(1)
-
-        t1 = time.time()
-        dt, t0 = t1 - t0, t1
-        if iter_num % cfg["log_interval"] == 0 and master:
+        # logging
+        if run.iter_num % cfg["log_interval"] == 0 and master:
             if local_iter_num >= 5:  # let the training loop settle a bit
-                mfu = raw_model.estimate_mfu(cfg["batch_size"] * grad_accum, dt, device=device)
+                mfu = run.raw_model.estimate_mfu(cfg["batch_size"] * run.grad_accum, dt, device=run.device)
                 if mfu is not None:
                     running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
             mfu_str = f"{running_mfu * 100:.2f}%" if running_mfu >= 0 else "n/a"
             tok_s = tokens_per_iter / dt
-            comm_str = (f", all-reduces fwd {comm['fwd_allreduces']} bwd {comm['bwd_allreduces']}"
-                        if comm is not None else "")
-            print(f"iter {iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, tok/s {tok_s:,.0f}, "
+            comm_str = f", all-reduces fwd {comm['fwd_allreduces']} bwd {comm['bwd_allreduces']}" if comm else ""
+            print(f"iter {run.iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, tok/s {tok_s:,.0f}, "
                   f"mfu {mfu_str}{comm_str}")
-            metrics.write(iter=iter_num, loss=lossf, lr=lr, dt_ms=dt * 1000, tokens_per_s=tok_s,
-                          mfu=running_mfu if running_mfu >= 0 else None, **(comm or {}))
-        iter_num += 1
+            run.metrics.write(iter=run.iter_num, loss=lossf, lr=lr, dt_ms=dt * 1000, tokens_per_s=tok_s,
+                              mfu=running_mfu if running_mfu >= 0 else None, **comm)
+        run.iter_num += 1
         local_iter_num += 1
-        if iter_num > cfg["max_iters"]:
+
+        # termination conditions: steps 0..max_iters, as nanoGPT
+        if run.iter_num > cfg["max_iters"]:
             break
     if wandb is not None:
         wandb.finish()
 
 
-def model_state(raw_model, distributed_model):
-    """The checkpoint's weights, always in GPT's unsharded layout."""
-    return raw_model.gpt_state_dict() if distributed_model else raw_model.state_dict()
-
-
-def load_model_state(model, gpt_state_dict, distributed_model):
-    if distributed_model:
-        model.load_gpt_state_dict(gpt_state_dict)
-    else:
-        model.load_state_dict(gpt_state_dict)
-
-
-def optimizer_state(raw_model, optimizer, distributed_model):
-    return raw_model.gpt_optimizer_state(optimizer) if distributed_model else optimizer.state_dict()
-
-
-def load_optimizer_state(raw_model, optimizer, state, distributed_model):
-    if distributed_model:
-        raw_model.load_gpt_optimizer_state(optimizer, state)
-    else:
-        optimizer.load_state_dict(state)
+@exit_on_config_error
+@exit_on_run_error
+def main(argv):
+    cfg, setup = prepare(argv)
+    pd = init_parallel(dp=setup.dp, tp=setup.tp, device_type=setup.device_type, backend=cfg["backend"])
+    try:
+        # one run per out_dir: the master holds the directory's lock for the whole run, before writing anything
+        lock = RunLock(cfg["out_dir"], what="train.py run") if pd.is_master else contextlib.nullcontext()
+        with lock:
+            train(start_run(cfg, setup, pd))
+    finally:
+        shutdown(pd)
 
 
 if __name__ == "__main__":

@@ -25,3 +25,56 @@ def test_sample_bad_input(tmp_path):
     assert r.returncode == 2 and "no checkpoint" in r.stderr and "Traceback" not in r.stderr
     r = run_script("sample.py", "--init_from=gpt3", "--device=cpu")
     assert r.returncode == 2 and "init_from" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+class Planted:
+    """Unpickled, it would create the file at self.path: what a crafted meta.pkl can do to pickle.load."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_sample_never_unpickles_meta(tmp_path):
+    import pickle
+
+    import torch
+
+    from model import GPT, GPTConfig, NANOGPT_ARGS
+
+    data, out, planted = tmp_path / "data", tmp_path / "run", tmp_path / "planted"
+    data.mkdir()
+    out.mkdir()
+    with open(data / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": 65, "stoi": Planted(str(planted)), "itos": {}}, f)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=65, bias=False))
+    torch.save({"model": model.state_dict(), "model_args": {k: getattr(model.config, k) for k in NANOGPT_ARGS},
+                "iter_num": 1, "best_val_loss": 1.0, "config": {"dataset": "crafted", "data_dir": str(data)}},
+               out / "ckpt.pt")
+    r = run_script("sample.py", f"--out_dir={out}", "--device=cpu", "--num_samples=1", "--max_new_tokens=2")
+    assert not planted.exists()  # the pickle's code never ran
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "meta.pkl" in lines[0] and "refusing" in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--temperature=0"], ["temperature", "> 0"]),
+    (["--temperature=-1.0"], ["temperature", "-1.0"]),
+    (["--top_k=0"], ["top_k", "0"]),
+    (["--num_samples=0"], ["num_samples", "0"]),
+    (["--max_new_tokens=-1"], ["max_new_tokens", "-1"]),
+    (["--start="], ["prompt is empty"]),
+    (["FILE:latin1"], ["not UTF-8"]),
+    (["--device=cuda:7"], ["cuda:7"]),
+])
+def test_sample_bad_settings(tmp_path, args, words):
+    if args[0] == "FILE:latin1":
+        (tmp_path / "prompt.txt").write_bytes("caf\xe9".encode("latin-1"))
+        args = [f"--start=FILE:{tmp_path / 'prompt.txt'}"]
+    r = run_script("sample.py", f"--out_dir={tmp_path}", "--device=cpu", *args)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and all(w in lines[0] for w in words), r.stderr

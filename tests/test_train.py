@@ -32,13 +32,19 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, char_data):
     train(part, char_data, *common, "--init_from=resume")
     a, b = losses(full), losses(part)
     assert sorted(a) == list(range(13))
-    for it in range(6, 13):  # the resumed run appends its own records for 6..12; the later ones win
+    for it in range(6, 13):  # the resumed run replaced the records of 6.. the first run wrote (steps and evals)
         assert b[it] == pytest.approx(a[it], rel=1e-6, abs=1e-6), it  # same ops in the same order: ~exact
     assert a[12] < a[0]
+    with open(os.path.join(part, "metrics.jsonl")) as f:
+        keys = [(r["iter"], "loss" in r) for r in map(json.loads, f)]
+    assert len(keys) == len(set(keys)) == 13 + 3  # one record per step, one per evaluation (0, 6, 12)
 
 
-def test_ddp_matches_single_process(tmp_path, char_data):
-    common = ["--max_iters=5", "--lr_decay_iters=5", "--eval_interval=100", "--gradient_accumulation_steps=2"]
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_ddp_matches_single_process(tmp_path, char_data, dropout):
+    """With dropout too: masks are keyed by (seed, iteration, global micro-batch), not drawn from each rank's RNG."""
+    common = ["--max_iters=5", "--lr_decay_iters=5", "--eval_interval=100", "--gradient_accumulation_steps=2",
+              f"--dropout={dropout}"]
     train(tmp_path / "one", char_data, *common)
     train(tmp_path / "ddp", char_data, *common, launcher=["--standalone", "--nproc_per_node=2"])
     a, b = losses(tmp_path / "one"), losses(tmp_path / "ddp")

@@ -1,0 +1,244 @@
+"""Checkpoints: the format, nanoGPT interop both ways, safe loading and saving, and export to Hugging Face."""
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+from conftest import TINY, run_script
+
+SPD = ["--model_type=distributed_gpt", "--tp_size=2", "--block_types=['spd','parallel']"]
+TP = ["--model_type=distributed_gpt", "--tp_size=2", "--block_types=tp", "--bias=True", "--gelu_approximate=tanh"]
+
+
+def train(out_dir, data, *extra):
+    r = run_script("train.py", *TINY, "--dataset=chars", f"--data_dir={data}", f"--out_dir={out_dir}", *extra)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+def load(out_dir):
+    return torch.load(os.path.join(out_dir, "ckpt.pt"), weights_only=True)
+
+
+def one_line_error(r, status=2):
+    assert r.returncode == status, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, char_data):
+    """Tiny trained runs (4 steps, checkpoint at iter 4): a GPT without biases (exact GELU), an spd/parallel
+    DistributedGPT, and an all-'tp' DistributedGPT with biases and the tanh GELU."""
+    base, made = tmp_path_factory.mktemp("ckpt_runs"), {}
+
+    def run(name):  # trained on first use
+        if name not in made:
+            made[name] = str(base / name)
+            train(made[name], char_data, "--max_iters=4", "--eval_interval=4", *{"gpt": [], "spd": SPD, "tp": TP}[name])
+        return made[name]
+    return run
+
+
+# ---------- the format ----------
+
+def test_checkpoint_format(runs):
+    from model import NANOGPT_ARGS
+
+    for name, model_type in (("gpt", "gpt"), ("spd", "distributed_gpt")):
+        ckpt = load(runs(name))
+        assert set(ckpt) == {"model", "optimizer", "model_args", "model_type", "model_options", "iter_num",
+                             "best_val_loss", "config", "rng_state", "scaler"}  # + cuda_rng_state on CUDA
+        assert list(ckpt["model_args"]) == list(NANOGPT_ARGS)
+        assert ckpt["model_type"] == model_type and ckpt["iter_num"] == 4
+        assert ckpt["scaler"] == {}  # fp32: the scaler is disabled and has no state
+    assert load(runs("gpt"))["model_options"] == {"gelu_approximate": "none"}
+    assert load(runs("spd"))["model_options"] == {"gelu_approximate": "none", "tp_size": 2,
+                                                  "block_types": ["spd", "parallel"]}
+    assert load(runs("tp"))["model_options"]["gelu_approximate"] == "tanh"
+
+
+@dataclasses.dataclass
+class NanoGPTConfig:
+    """nanoGPT's GPTConfig (model.py), field for field."""
+    block_size: int = 1024
+    vocab_size: int = 50304
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True
+
+
+def nanogpt_state_shapes(c):
+    """The state dict nanoGPT's GPT(c) has (with flash attention, so no attn.bias mask buffer)."""
+    C = c.n_embd
+    shapes = {"transformer.wte.weight": (c.vocab_size, C), "transformer.wpe.weight": (c.block_size, C),
+              "transformer.ln_f.weight": (C,), "lm_head.weight": (c.vocab_size, C)}
+    for i in range(c.n_layer):
+        p = f"transformer.h.{i}."
+        shapes.update({p + "ln_1.weight": (C,), p + "ln_2.weight": (C,), p + "attn.c_attn.weight": (3 * C, C),
+                       p + "attn.c_proj.weight": (C, C), p + "mlp.c_fc.weight": (4 * C, C),
+                       p + "mlp.c_proj.weight": (C, 4 * C)})
+        if c.bias:
+            shapes.update({p + "ln_1.bias": (C,), p + "ln_2.bias": (C,), p + "attn.c_attn.bias": (3 * C,),
+                           p + "attn.c_proj.bias": (C,), p + "mlp.c_fc.bias": (4 * C,), p + "mlp.c_proj.bias": (C,)})
+    if c.bias:
+        shapes["transformer.ln_f.bias"] = (C,)
+    return shapes
+
+
+@pytest.mark.parametrize("name", ["gpt", "tp"])
+def test_nanogpt_reads_our_checkpoint(runs, name):
+    """What nanoGPT's sample.py does: GPTConfig(**checkpoint['model_args']), then load_state_dict of the model
+    after stripping '_orig_mod.'. A distributed_gpt checkpoint is GPT-layout too."""
+    ckpt = load(runs(name))
+    conf = NanoGPTConfig(**ckpt["model_args"])
+    sd = {k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()}
+    assert {k: tuple(v.shape) for k, v in sd.items()} == nanogpt_state_shapes(conf)
+
+
+def nanogpt_checkpoint(ckpt, data_dir):
+    """Our checkpoint rewritten as nanoGPT's train.py writes one: a compiled model's keys, best_val_loss a tensor,
+    config = nanoGPT's globals, no model_type/model_options/rng_state/scaler."""
+    config = dict(out_dir="out", eval_interval=4, dataset=data_dir,  # os.path.join('data', abs) == abs
+                  n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=False, learning_rate=6e-4, device="cpu",
+                  dtype="float32", compile=True, backend="nccl", init_from="scratch", block_size=32)
+    return {"model": {"_orig_mod." + k: v for k, v in ckpt["model"].items()}, "optimizer": ckpt["optimizer"],
+            "model_args": dict(ckpt["model_args"]), "iter_num": ckpt["iter_num"],
+            "best_val_loss": torch.tensor(ckpt["best_val_loss"]), "config": config}
+
+
+def test_resume_and_sample_a_nanogpt_checkpoint(runs, char_data, tmp_path):
+    out = tmp_path / "nano"
+    out.mkdir()
+    torch.save(nanogpt_checkpoint(load(runs("gpt")), char_data), out / "ckpt.pt")
+    r = train(out, char_data, "--init_from=resume", "--max_iters=6", "--eval_interval=6")
+    assert "iter 4: loss" in r.stdout and "iter 6: loss" in r.stdout
+    ckpt = load(out)
+    assert ckpt["iter_num"] == 6 and ckpt["model_type"] == "gpt"
+    torch.save(nanogpt_checkpoint(load(runs("gpt")), char_data), out / "ckpt.pt")
+    r = run_script("sample.py", f"--out_dir={out}", "--device=cpu", "--num_samples=1", "--max_new_tokens=10",
+                   "--start=def ")
+    assert r.returncode == 0, r.stderr
+    assert "def " in r.stdout
+
+
+def test_old_format_still_loads(runs, tmp_path):
+    """This repo's checkpoints before model_options: tp_size and block_types inside model_args, no scaler."""
+    from common import build_model_from_checkpoint, load_checkpoint
+
+    ckpt = load(runs("spd"))
+    old = {k: v for k, v in ckpt.items() if k not in ("model_options", "scaler")}
+    old["model_args"] = dict(ckpt["model_args"], tp_size=2, block_types=["spd", "parallel"])
+    torch.save(old, tmp_path / "ckpt.pt")
+    model = build_model_from_checkpoint(load_checkpoint(str(tmp_path)))
+    assert model.config.block_types == ["spd", "parallel"] and model.config.tp_size == 2
+    assert torch.equal(model.gpt_state_dict()["lm_head.weight"], ckpt["model"]["lm_head.weight"])
+
+
+# ---------- loading and saving safely ----------
+
+class Plant:
+    def __reduce__(self):
+        return (print, ("unpickled",))
+
+
+def write_bad_checkpoint(path, kind, good):
+    if kind == "empty":
+        open(path, "wb").close()
+    elif kind == "truncated":
+        data = open(good, "rb").read()
+        open(path, "wb").write(data[: len(data) // 2])
+    elif kind == "junk":
+        open(path, "wb").write(b"not a checkpoint\n" * 10)
+    elif kind == "object":  # weights_only refuses it; torch's message would advise weights_only=False
+        torch.save({"model": Plant()}, path)
+    elif kind == "not_training":
+        torch.save({"weights": torch.zeros(2)}, path)
+
+
+@pytest.mark.parametrize("kind", ["empty", "truncated", "junk", "object", "not_training"])
+def test_unreadable_checkpoint_is_one_line(runs, char_data, tmp_path, kind):
+    path = tmp_path / "ckpt.pt"
+    write_bad_checkpoint(path, kind, os.path.join(runs("gpt"), "ckpt.pt"))
+    before = path.read_bytes()
+    r = run_script("train.py", *TINY, f"--data_dir={char_data}", f"--out_dir={tmp_path}", "--init_from=resume")
+    line = one_line_error(r)
+    assert str(path) in line and "weights_only" not in line, line
+    r = run_script("sample.py", f"--out_dir={tmp_path}", "--device=cpu")
+    line = one_line_error(r)
+    assert str(path) in line and "weights_only" not in line, line
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt"] and path.read_bytes() == before
+
+
+def test_temp_file_is_per_process(tmp_path, monkeypatch):
+    """Two writers of one out_dir (say a rogue second run) must never write the same temp file."""
+    import common
+
+    written = []
+    monkeypatch.setattr(torch, "save", lambda obj, f: (written.append(f), open(f, "wb").write(b"x")))
+    common.save_checkpoint({}, str(tmp_path))
+    common.save_checkpoint({}, str(tmp_path))
+    assert len(set(written)) == 2 and all(str(os.getpid()) in os.path.basename(p) for p in written), written
+    assert os.path.join(str(tmp_path), "ckpt.pt.tmp") not in written
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt"]
+
+
+FULL_DISK = """
+import errno, runpy, sys, torch
+def full(obj, f, *a, **k):
+    open(f, "wb").write(b"partial")
+    raise OSError(errno.ENOSPC, "No space left on device")
+torch.save = full
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def test_disk_full_while_saving_keeps_checkpoint(runs, char_data, tmp_path):
+    out = tmp_path / "run"
+    os.makedirs(out)
+    good = open(os.path.join(runs("gpt"), "ckpt.pt"), "rb").read()
+    (out / "ckpt.pt").write_bytes(good)
+    r = run_script("-c", FULL_DISK, *TINY, f"--data_dir={char_data}", f"--out_dir={out}", "--init_from=resume",
+                   "--max_iters=6", "--eval_interval=5")
+    line = one_line_error(r, status=1)
+    assert "could not write checkpoint" in line and "No space left" in line, line
+    assert (out / "ckpt.pt").read_bytes() == good
+    assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
+
+
+# ---------- export to Hugging Face ----------
+
+@pytest.mark.parametrize("name", ["gpt", "tp"])
+def test_export_hf_matches_our_logits(runs, tmp_path, name):
+    from transformers import GPT2LMHeadModel
+
+    from common import build_model_from_checkpoint, load_checkpoint
+
+    hf_dir = tmp_path / "hf"
+    r = run_script("export_hf.py", f"--out_dir={runs(name)}", f"--hf_dir={hf_dir}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    hf = GPT2LMHeadModel.from_pretrained(str(hf_dir)).eval()
+    ours = build_model_from_checkpoint(load_checkpoint(runs(name))).eval()
+    assert hf.config.activation_function == {"gpt": "gelu", "tp": "gelu_new"}[name]
+    idx = torch.randint(ours.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want, _ = ours(idx, idx)
+        got = hf(idx).logits
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)  # fp32, the same sums in another order: ~1e-6
+        # anti-vacuity: a changed weight shows up in the comparison
+        hf.transformer.h[1].mlp.c_fc.weight[0, 0] += 0.1
+        assert not torch.allclose(hf(idx).logits, want, atol=1e-5, rtol=1e-5)
+
+
+def test_export_refuses_spd(runs, tmp_path):
+    r = run_script("export_hf.py", f"--out_dir={runs('spd')}", f"--hf_dir={tmp_path / 'hf'}")
+    line = one_line_error(r)
+    assert "spd" in line and "parallel" in line and "not GPT-2" in line, line
+    assert not (tmp_path / "hf").exists()
