@@ -9,6 +9,12 @@ $ torchrun --standalone --nproc_per_node=2 bench.py --model_type=distributed_gpt
 $ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 bench.py --model_type=distributed_gpt --tp_size=2 \
       --tp_mode=real --device=cpu --n_layer=12 --n_head=8 --n_embd=128 --block_size=64 --vocab_size=65 \
       --patterns="['tp', 'spd', ['parallel','spd']*6, 'parallel']"
+--mode=decode times generation instead (KV cache, greedy): prefill ms and per-token decode ms for each pattern and
+each of --batch_sizes, with the time in collectives, and --plot=FILE draws ms/token against the all-reduces.
+--mode=memory measures each rank's peak memory when the model is built and during training steps, for any
+data-parallel layout (--data_parallel=ddp|fsdp, --init_device=meta, --loss_parallel):
+$ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=4 bench.py --mode=memory --data_parallel=fsdp \
+      --init_device=meta --device=cpu --block_size=128 --batch_size=1 --iters=2
 """
 
 import sys
@@ -36,6 +42,14 @@ DEFAULTS = dict(
     iters=20,  # timed steps per model
     warmup=5,  # untimed steps per model
     compare=True,  # distributed_gpt: also time GPT of the same sizes and print the ratio
+    mode="train",  # 'train': training steps | 'decode': generation with the KV cache (prefill, then per token)
+    batch_sizes=None,  # decode: the batch sizes to time (None: [batch_size])
+    prompt_len=None,  # decode: prompt tokens (None: block_size // 2)
+    new_tokens=32,  # decode: generated tokens per timing (prompt_len + new_tokens <= block_size)
+    plot=None,  # decode: a PNG path for ms/token vs forward all-reduces
+    data_parallel="ddp",  # memory: 'ddp' | 'fsdp' over the data-parallel ranks (world / tp processes)
+    init_device="default",  # 'default': build on the device | 'meta': build without memory, materialise each rank's part
+    loss_parallel=False,  # distributed_gpt: the vocabulary-parallel lm_head and loss
     device="auto",
     dtype="auto",
     compile=False,
@@ -45,8 +59,8 @@ DEFAULTS = dict(
 
 
 def timed_steps(model, cfg, device, device_type, dtype, n):
-    """Run n training steps; return seconds per step and, for DistributedGPT, seconds per step spent inside its
-    real collectives (0 when simulated). CUDA work is waited for through .item()."""
+    """Run n training steps; return seconds per step and the seconds per step the model reports spent inside
+    collectives (comm_report's comm_seconds: 0 for GPT and simulated TP). CUDA work is waited for through .item()."""
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device_type)
     ctx = autocast_context(device_type, dtype)
     g = torch.Generator().manual_seed(cfg["seed"])
@@ -55,22 +69,22 @@ def timed_steps(model, cfg, device, device_type, dtype, n):
     run = torch.compile(model) if cfg["compile"] else model
     for _ in range(cfg["warmup"]):
         step(run, model, optimizer, ctx, X, Y)
-    counter = getattr(getattr(model, "comm", None), "counter", None)
-    comm_start = counter.seconds if counter is not None else 0.0
+    model.reset_comm_counts()
     start = time.perf_counter()
     for _ in range(n):
         loss = step(run, model, optimizer, ctx, X, Y)
     loss.item()
-    comm = (counter.seconds - comm_start) / n if counter is not None else 0.0
-    return (time.perf_counter() - start) / n, comm
+    elapsed = time.perf_counter() - start
+    # comm_seconds: wall time in collectives since reset_comm_counts, all n steps together
+    comm = model.comm_report(micro_steps=n, tokens=X.numel()).get("comm_seconds", 0.0)
+    return elapsed / n, comm / n
 
 
 def step(run, model, optimizer, ctx, X, Y):
     with ctx:
         _, loss = run(X, Y)
     loss.backward()
-    if hasattr(model, "sync_replicated_grads"):
-        model.sync_replicated_grads()
+    model.sync_replicated_grads()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss.detach()
@@ -79,6 +93,7 @@ def step(run, model, optimizer, ctx, X, Y):
 @exit_on_config_error
 def main(argv):
     cfg = configure(DEFAULTS, argv)
+    validate(cfg)
     if cfg["model_type"] == "distributed_gpt":
         from tensor_parallel_model import validate_tp_args
 
@@ -91,19 +106,189 @@ def main(argv):
     elif cfg["model_type"] != "gpt":
         raise ConfigError(f"model_type must be 'gpt' or 'distributed_gpt', got {cfg['model_type']!r}")
     dp, tp = check_layout(tp_size=cfg["tp_size"], tp_mode=cfg["tp_mode"])
-    if dp != 1:
+    if dp != 1 and cfg["mode"] != "memory":
         raise ConfigError(f"bench.py times one model replica: launch tp_size ({cfg['tp_size']}) processes, not "
-                          f"{dp * tp}")
-    device = pick_device(cfg["device"])
+                          f"{dp * tp} (only --mode=memory runs data-parallel replicas)")
+    device = pick_device(cfg["device"])  # ConfigError for a device this machine does not have
     device_type = "cuda" if device.startswith("cuda") else device
     dtype = pick_dtype(cfg["dtype"], device_type)
     pd = init_parallel(dp=dp, tp=tp, device_type=device_type, backend=cfg["backend"])
     try:
         if pd.distributed and device_type == "cuda":
             device = f"cuda:{pd.local_rank}"
-        bench(cfg, pd, device, device_type, dtype)
+        (memory_bench if cfg["mode"] == "memory" else bench)(cfg, pd, device, device_type, dtype)
     finally:
         shutdown(pd)
+
+
+POSITIVE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "vocab_size", "iters")
+
+
+def validate(cfg):
+    """The sizes and counts, before any work: ConfigError naming key and value."""
+    for key in POSITIVE_KEYS + ("warmup",):
+        value, least = cfg[key], 0 if key == "warmup" else 1
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ConfigError(f"{key} must be an int >= {least}, got {value!r}")
+    if cfg["n_embd"] % cfg["n_head"]:
+        raise ConfigError(f"n_embd ({cfg['n_embd']}) must be divisible by n_head ({cfg['n_head']})")
+    if cfg["dtype"] not in ("auto", "float32", "bfloat16", "float16"):
+        raise ConfigError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg['dtype']!r}")
+    if cfg["mode"] not in ("train", "decode", "memory"):
+        raise ConfigError(f"mode must be 'train', 'decode' or 'memory', got {cfg['mode']!r}")
+    if cfg["data_parallel"] not in ("ddp", "fsdp"):
+        raise ConfigError(f"data_parallel must be 'ddp' or 'fsdp', got {cfg['data_parallel']!r}")
+    if cfg["init_device"] not in ("default", "meta"):
+        raise ConfigError(f"init_device must be 'default' or 'meta', got {cfg['init_device']!r}")
+    if cfg["loss_parallel"] and cfg["model_type"] != "distributed_gpt":
+        raise ConfigError(f"loss_parallel needs model_type='distributed_gpt', got {cfg['model_type']!r}")
+    if cfg["mode"] == "decode":
+        sizes = cfg["batch_sizes"] if cfg["batch_sizes"] is not None else [cfg["batch_size"]]
+        if not isinstance(sizes, list) or not sizes or any(type(b) is not int or b < 1 for b in sizes):
+            raise ConfigError(f"batch_sizes must be a non-empty list of ints >= 1, got {cfg['batch_sizes']!r}")
+        prompt = cfg["prompt_len"] if cfg["prompt_len"] is not None else cfg["block_size"] // 2
+        if type(prompt) is not int or prompt < 1 or type(cfg["new_tokens"]) is not int or cfg["new_tokens"] < 1 \
+                or prompt + cfg["new_tokens"] > cfg["block_size"]:
+            raise ConfigError(f"decode needs prompt_len >= 1, new_tokens >= 1 and prompt_len + new_tokens <= "
+                              f"block_size ({cfg['block_size']}), got prompt_len={prompt!r}, "
+                              f"new_tokens={cfg['new_tokens']!r}")
+
+
+def peak_memory_mb(device):
+    """This process's peak memory so far: CUDA's max allocated on a GPU, else the peak resident set (ru_maxrss,
+    which includes the Python interpreter and torch itself)."""
+    if str(device).startswith("cuda"):
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10  # KiB on Linux
+
+
+def memory_bench(cfg, pd, device, device_type, dtype):
+    """Peak memory per rank: before the model, after building it (and sharding, and the optimizer), and after
+    cfg['iters'] training steps; plus the parameter bytes each rank holds. One table row per rank."""
+    from data_parallel import apply_data_parallel
+    from model import local
+
+    torch.manual_seed(cfg["seed"])  # not setup_runtime: keeping freed memory in the process would inflate the peaks
+    args = dict(cfg, dropout=0.0, block_types=cfg["block_types"])
+    before = peak_memory_mb(device)
+    if cfg["init_device"] == "meta":
+        with torch.device("meta"):
+            model = build_model(cfg["model_type"], args, pd=pd)
+    else:
+        model = build_model(cfg["model_type"], args, pd=pd).to(device)
+    run = apply_data_parallel(model, pd, kind=cfg["data_parallel"], device_type=device_type)
+    if cfg["init_device"] == "meta":
+        model.materialize_(device)
+    optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device_type)
+    held = sum(local(p).numel() * local(p).element_size() for p in model.parameters()) / 2**20
+    at_init = peak_memory_mb(device)
+    ctx = autocast_context(device_type, dtype)
+    g = torch.Generator().manual_seed(cfg["seed"] + pd.dp_rank)
+    for _ in range(cfg["iters"]):
+        X = torch.randint(cfg["vocab_size"], (cfg["batch_size"], cfg["block_size"]), generator=g).to(device)
+        step(run, model, optimizer, ctx, X, X)
+    state = sum(local(t).numel() * local(t).element_size() for s in optimizer.state.values() for t in s.values()
+                if torch.is_tensor(t) and t.dim() > 0) / 2**20  # AdamW's moments, as held here
+    row = dict(rank=pd.rank, dp_rank=pd.dp_rank, tp_rank=pd.tp_rank, params_mb=held, state_mb=state,
+               before_mb=before, init_mb=at_init, step_mb=peak_memory_mb(device))
+    rows = [row]
+    if pd.distributed:
+        rows = [None] * pd.world_size
+        torch.distributed.all_gather_object(rows, row)
+    if pd.is_master:
+        print(f"memory: {cfg['model_type']} {cfg['n_layer']}x{cfg['n_embd']} ({model.get_num_params() / 1e6:.1f}M "
+              f"params), dp={pd.dp} {cfg['data_parallel']}, tp={cfg['tp_size']} {cfg['tp_mode']}, init_device="
+              f"{cfg['init_device']}, loss_parallel={cfg['loss_parallel']}, {cfg['iters']} steps of "
+              f"{cfg['batch_size']}x{cfg['block_size']} tokens, {device}")
+        print("| rank | parameters held MiB | AdamW state held MiB | peak before model MiB | peak after init MiB | "
+              "peak in steps MiB |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for r in rows:
+            print(f"| {r['rank']} | {r['params_mb']:.0f} | {r['state_mb']:.0f} | {r['before_mb']:.0f} | "
+                  f"{r['init_mb']:.0f} | {r['step_mb']:.0f} |")
+    return rows
+
+
+def decode_times(model, *, batch, prompt_len, new_tokens, vocab_size, device, ctx):
+    """One greedy generation with the KV cache: (prefill ms, decode ms per token, collectives ms per decoded
+    token). Every tp rank runs it alike; the token read back (.tolist) waits for the device."""
+    from model import KVCache
+
+    prompt = torch.randint(vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(0)).to(device)
+    cache = KVCache(model.config.n_layer, prompt_len + new_tokens)
+    with torch.no_grad(), ctx:
+        t0 = time.perf_counter()
+        logits, _ = model(prompt, kv_cache=cache)
+        token = logits[:, -1].argmax(-1, keepdim=True)
+        token.tolist()
+        t1 = time.perf_counter()
+        model.reset_comm_counts()
+        for _ in range(new_tokens):
+            logits, _ = model(token, kv_cache=cache)
+            token = logits[:, -1].argmax(-1, keepdim=True)
+        token.tolist()
+        t2 = time.perf_counter()
+    comm = model.comm_report(micro_steps=1, tokens=1).get("comm_seconds", 0.0)
+    return (t1 - t0) * 1e3, (t2 - t1) * 1e3 / new_tokens, comm * 1e3 / new_tokens
+
+
+def decode_bench(models, cfg, *, device, dtype, device_type, say):
+    """Prefill and per-token decode latency of each model at each batch size, interleaved in rounds (best round
+    kept); rows for the table and the plot."""
+    sizes = cfg["batch_sizes"] or [cfg["batch_size"]]
+    prompt = cfg["prompt_len"] or cfg["block_size"] // 2
+    ctx = autocast_context(device_type, dtype)
+    for model in models.values():
+        model.eval()
+    best = {}
+    for _ in range(3):
+        for name, model in models.items():
+            for b in sizes:
+                decode_times(model, batch=b, prompt_len=prompt, new_tokens=2, vocab_size=cfg["vocab_size"],
+                             device=device, ctx=ctx)  # warm-up
+                t = decode_times(model, batch=b, prompt_len=prompt, new_tokens=cfg["new_tokens"],
+                                 vocab_size=cfg["vocab_size"], device=device, ctx=ctx)
+                best[name, b] = min(best.get((name, b), t), t, key=lambda x: x[1])
+    say(f"decode: prompt {prompt} tokens, {cfg['new_tokens']} new tokens, greedy, KV cache")
+    say("| block pattern | fwd all-reduces | batch | prefill ms | decode ms/token | collectives ms/token |")
+    say("|---|---:|---:|---:|---:|---:|")
+    rows = []
+    for name, model in models.items():
+        comm = model.comm_per_forward(torch.zeros((1, 2), dtype=torch.long, device=device))
+        fwd = comm.get("fwd_allreduces", 0)
+        for b in sizes:
+            prefill, per_token, coll = best[name, b]
+            rows.append(dict(pattern=name, fwd_allreduces=fwd, batch=b, prefill_ms=prefill, decode_ms=per_token,
+                             collectives_ms=coll))
+            say(f"| `{name}` | {fwd} | {b} | {prefill:.2f} | {per_token:.3f} | {coll:.3f} |")
+    if cfg["plot"] and say is print:
+        plot_decode(rows, cfg["plot"], title=f"decode latency, tp={cfg['tp_size']} {cfg['tp_mode']}, {device}")
+        say(f"plot: {cfg['plot']}")
+    return rows
+
+
+def plot_decode(rows, path, *, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for b in sorted({r["batch"] for r in rows}):
+        pts = sorted((r["fwd_allreduces"], r["decode_ms"], r["collectives_ms"]) for r in rows if r["batch"] == b)
+        line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"batch {b}: decode ms/token")
+        ax.plot([p[0] for p in pts], [p[2] for p in pts], "x--", color=line.get_color(),
+                label=f"batch {b}: in collectives")
+    ax.set_xlabel("forward all-reduces per token (measured)")
+    ax.set_ylabel("ms per generated token")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def bench(cfg, pd, device, device_type, dtype):
@@ -121,6 +306,8 @@ def bench(cfg, pd, device, device_type, dtype):
     say(f"device {device}, dtype {dtype}, compile {cfg['compile']}, {tokens} tokens/iter, "
         f"{cfg['n_layer']}x{cfg['n_embd']} ({cfg['n_head']} heads), torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads")
+    if cfg["mode"] == "decode":
+        return decode_bench(models, cfg, device=device, dtype=dtype, device_type=device_type, say=say)
     # interleave the models in rounds so that machine noise hits all alike
     times = {name: [] for name in models}
     rounds = 3
@@ -134,9 +321,9 @@ def bench(cfg, pd, device, device_type, dtype):
         mfu = model.estimate_mfu(cfg["batch_size"], dt, device=device)
         line = (f"{name:{width}s} {dt * 1000:8.2f} ms/iter  {tokens / dt:10,.0f} tok/s  "
                 f"mfu {'n/a' if mfu is None else f'{mfu * 100:.1f}%'}")
-        if name != "gpt":
-            X = torch.randint(cfg["vocab_size"], (cfg["batch_size"], cfg["block_size"]), device=device)
-            comm = model.comm_per_forward(X)
+        X = torch.randint(cfg["vocab_size"], (cfg["batch_size"], cfg["block_size"]), device=device)
+        comm = model.comm_per_forward(X)
+        if comm:  # a model that communicates (GPT's report is empty)
             line += (f"  tp={cfg['tp_size']} {cfg['tp_mode']}  all-reduces fwd {comm['fwd_allreduces']} "
                      f"bwd {comm['bwd_allreduces']}  {comm['comm_bytes_per_token']:.0f} B/token")
             if cfg["tp_mode"] == "real":  # wall time this rank spent in all-reduces, waiting for the others included

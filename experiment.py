@@ -13,8 +13,12 @@ $ python experiment.py gpt2 --counts                   # measured all-reduces an
 Runner options: --seeds=S1,S2  --nproc=N (torchrun when > 1)  --out=DIR  --report-only  --dry-run  --counts.
 Every other --key=value goes to train.py (and names the sweep directory, so a quick try never touches the
 real runs). Runs live in experiments/<sweep>[+overrides]/<run>-seed<S>/ with train.py's config.json and
-metrics.jsonl, the run's train.log, and done.json once it finished; a run without done.json (interrupted)
-is started again from scratch. Results: results.md/.csv/.json and three PNGs in the sweep directory.
+metrics.jsonl, the run's train.log (written line by line as train.py prints, so it is complete up to a kill),
+and done.json once it finished; a run without a readable done.json (interrupted) is started again from scratch.
+A sweep holds a lock on its directory while it runs: a second sweep there refuses to start. Results:
+results.md/.csv/.json and three PNGs in the sweep directory. Runner options and every run's train.py config are
+checked before the first run starts; a user error (a bad value, a corrupt metrics file of a finished run, a
+locked directory) is one line naming it, exit status 2.
 """
 
 import hashlib
@@ -28,6 +32,7 @@ import time
 from dataclasses import dataclass
 
 import results
+from configurator import ConfigError
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 RUNNER_OPTIONS = ("seeds", "nproc", "out", "report-only", "dry-run", "counts")
@@ -92,7 +97,7 @@ def _normal(cfg):
 def plan(runs, *, sweep_dir, seeds, overrides=(), nproc=None, check_data=True):
     """Resolve every run's train.py config and check the sweep before any work: configs load, data exists,
     processes fit the layout, and every run trains on the same number of tokens."""
-    from configurator import ConfigError, configure
+    from configurator import configure
     from train import DEFAULTS
 
     jobs = []
@@ -103,6 +108,7 @@ def plan(runs, *, sweep_dir, seeds, overrides=(), nproc=None, check_data=True):
                     f"--wandb_run_name={os.path.basename(sweep_dir)}-{run.name}-seed{seed}", *overrides]
             try:
                 cfg = configure(DEFAULTS, args)
+                check_train_config(cfg)
             except ConfigError as e:
                 raise SweepError(f"{run.name}: {e}") from None
             n = nproc or run.nproc
@@ -114,12 +120,56 @@ def plan(runs, *, sweep_dir, seeds, overrides=(), nproc=None, check_data=True):
                                  f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) divisible by dp")
             jobs.append(Job(run, seed, out_dir, args, _normal(cfg), n))
     check_token_budget(jobs)
-    for data_dir in () if not check_data else {j.cfg["data_dir"] or os.path.join(ROOT, "data", j.cfg["dataset"]) for j in jobs}:
+    data_dirs = {j.cfg["data_dir"] or os.path.join(ROOT, "data", j.cfg["dataset"]) for j in jobs}
+    for data_dir in sorted(data_dirs) if check_data else ():
         for split in ("train", "val"):
             if not os.path.isfile(os.path.join(data_dir, f"{split}.bin")):
                 raise SweepError(f"data file {os.path.join(data_dir, split + '.bin')} not found (run python "
                                  f"data/{os.path.basename(data_dir)}/prepare.py, or pass --data_dir=...)")
     return jobs
+
+
+# what train.py's validate() rejects among the values that need no data, no checkpoint and no launcher
+POSITIVE_KEYS = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "tp_size", "gradient_accumulation_steps",
+                 "eval_iters", "eval_interval", "log_interval")
+
+
+def check_train_config(cfg):
+    """The checks of train.py's own validation that need no data, no checkpoint and no torchrun, so that a sweep
+    with a bad override (--eval_interval=0) stops before its first run. Raises ConfigError naming key and value."""
+    from common import MODEL_TYPES
+
+    def number(key):  # configure() lets None through for any key (--batch_size=None)
+        if not isinstance(cfg[key], (int, float)) or isinstance(cfg[key], bool):
+            raise ConfigError(f"{key} must be a number, got {cfg[key]!r}")
+        return cfg[key]
+
+    for key in POSITIVE_KEYS:
+        if number(key) < 1:
+            raise ConfigError(f"{key} must be >= 1, got {cfg[key]}")
+    if number("max_iters") < 0:
+        raise ConfigError(f"max_iters must be >= 0, got {cfg['max_iters']}")
+    if not 0.0 <= number("dropout") < 1.0:
+        raise ConfigError(f"dropout must be in [0, 1), got {cfg['dropout']}")
+    if cfg["model_type"] not in MODEL_TYPES:
+        raise ConfigError(f"model_type must be one of {MODEL_TYPES}, got {cfg['model_type']!r}")
+    if cfg["init_from"] == "resume":
+        raise ConfigError("init_from='resume': the runner starts every run from scratch (a finished run is skipped)")
+    if cfg["tp_mode"] not in ("simulated", "real"):
+        raise ConfigError(f"tp_mode must be 'simulated' or 'real', got {cfg['tp_mode']!r}")
+    if cfg["dtype"] not in ("auto", "float32", "bfloat16", "float16"):
+        raise ConfigError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg['dtype']!r}")
+    if cfg["n_embd"] % cfg["n_head"]:
+        raise ConfigError(f"n_embd ({cfg['n_embd']}) must be divisible by n_head ({cfg['n_head']})")
+    if cfg["model_type"] == "distributed_gpt":
+        from tensor_parallel_model import validate_tp_args
+
+        validate_tp_args(n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"],
+                         tp_size=cfg["tp_size"], block_types=cfg["block_types"])
+    elif cfg["tp_size"] != 1 or cfg["block_types"] is not None or cfg["tp_mode"] != "simulated":
+        raise ConfigError(f"tp_size/block_types/tp_mode need model_type='distributed_gpt', got "
+                          f"model_type={cfg['model_type']!r}, tp_size={cfg['tp_size']}, "
+                          f"block_types={cfg['block_types']}, tp_mode={cfg['tp_mode']!r}")
 
 
 def tokens_of(cfg):
@@ -139,15 +189,25 @@ def check_token_budget(jobs):
             break
 
 
+def read_done(out_dir):
+    """The run's done.json, or None when it is missing or unreadable. The runner writes done.json last, atomically,
+    after train.py succeeded; one that is not a JSON object with a non-empty 'config' object (truncated, edited,
+    from elsewhere) marks no finished run, so the run is redone rather than reported from unknown files."""
+    try:
+        with open(os.path.join(out_dir, "done.json")) as f:
+            done = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(done, dict) or not isinstance(done.get("config"), dict) or not done["config"]:
+        return None
+    return done
+
+
 def is_finished(job):
-    """done.json exists and records this run's config: a changed config value makes the run stale (keys that
+    """A valid done.json records this run's config: a changed config value makes the run stale (keys that
     train.py gained or lost since are ignored)."""
-    path = os.path.join(job.out_dir, "done.json")
-    if not os.path.exists(path):
-        return False
-    with open(path) as f:
-        stored = json.load(f).get("config") or {}
-    return bool(stored) and all(stored[k] == v for k, v in job.cfg.items() if k in stored)
+    done = read_done(job.out_dir)
+    return done is not None and all(done["config"][k] == v for k, v in job.cfg.items() if k in done["config"])
 
 
 def command(job):
@@ -178,9 +238,8 @@ def run_job(job, *, bar=None):
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // job.nproc))
     log_path = os.path.join(job.out_dir, "train.log")
     t0 = time.time()
-    with open(log_path, "w") as log:
+    with open(log_path, "w", buffering=1) as log:  # line-buffered: the log is complete up to a kill
         log.write(shown(command(job)) + "\n")
-        log.flush()
         proc = subprocess.Popen(command(job), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, bufsize=1)
         try:
@@ -213,9 +272,12 @@ def run_sweep(jobs, *, desc="sweep"):
 
     with tqdm(total=len(jobs), desc=desc, unit="run", position=0, dynamic_ncols=True) as runs_bar:
         for job in jobs:
+            done_path = os.path.join(job.out_dir, "done.json")
             if is_finished(job):
-                tqdm.write(f"skip {job.label}: already finished ({os.path.join(job.out_dir, 'done.json')})")
+                tqdm.write(f"skip {job.label}: already finished ({done_path})")
             else:
+                if os.path.exists(done_path) and read_done(job.out_dir) is None:
+                    tqdm.write(f"redo {job.label}: {done_path} is not a valid done.json")
                 with tqdm(total=job.cfg["max_iters"] + 1, desc=job.label, unit="it", position=1, leave=False,
                           dynamic_ncols=True) as bar:
                     done = run_job(job, bar=bar)
@@ -247,7 +309,10 @@ def report(jobs, sweep_dir, *, title, note=""):
     missing = [name for name, dirs in groups.items() if not dirs]
     if missing:
         print(f"no finished runs yet for: {', '.join(missing)}")
-    rows = results.summarize([(name, dirs) for name, dirs in groups.items() if dirs])
+    try:
+        rows = results.summarize([(name, dirs) for name, dirs in groups.items() if dirs])
+    except results.ResultsError as e:  # a finished run's files are corrupt: name the file, no traceback
+        raise SweepError(f"cannot report {sweep_dir}: {e}") from None
     if not rows:
         raise SweepError(f"no finished runs in {sweep_dir}")
     results.write_tables(rows, sweep_dir, title=title, note=note)
@@ -268,10 +333,10 @@ def comm_counts(jobs, *, tokens=64):
         torch.manual_seed(0)
         # the vocabulary never enters the communication (embeddings and lm_head are replicated)
         model = build_model(j.cfg["model_type"], dict(j.cfg, dropout=0.0, vocab_size=50304))
-        if not hasattr(model, "comm_per_forward"):
-            raise SweepError(f"{j.run.name}: model_type={j.cfg['model_type']!r} has no tensor-parallel communication")
         idx = torch.randint(50304, (1, min(tokens, j.cfg["block_size"])))
         fp32 = model.comm_per_forward(idx)
+        if not fp32:  # the model ran no collective (GPT)
+            raise SweepError(f"{j.run.name}: model_type={j.cfg['model_type']!r} has no tensor-parallel communication")
         with torch.autocast("cpu", dtype=torch.bfloat16):
             bf16 = model.comm_per_forward(idx)
         lines.append(f"| {os.path.basename(j.run.config)} | `{results.block_pattern(j.cfg)}` | {j.cfg['tp_size']} | "
@@ -298,14 +363,32 @@ def parse_args(argv):
                              f"train.py overrides look like --key=value")
     if sweep not in SWEEPS:
         raise SweepError(f"sweep must be one of {sorted(SWEEPS)}, got {sweep!r}")
-    try:
-        opts["seeds"] = [int(s) for s in str(opts.get("seeds", "")).split(",") if s] if "seeds" in opts else None
-        opts["nproc"] = int(opts["nproc"]) if "nproc" in opts else None
-    except ValueError as e:
-        raise SweepError(f"--seeds takes integers separated by commas, --nproc an integer: {e}") from None
+    opts["seeds"] = parse_seeds(opts["seeds"]) if "seeds" in opts else None
+    opts.setdefault("nproc", None)
+    if opts["nproc"] is not None:
+        try:
+            opts["nproc"] = int(opts["nproc"])
+        except (TypeError, ValueError):
+            raise SweepError(f"--nproc takes an integer >= 1, got {opts['nproc']!r}") from None
+        if opts["nproc"] < 1:
+            raise SweepError(f"--nproc must be >= 1, got {opts['nproc']}")
+    if "out" in opts and (opts["out"] is True or not opts["out"]):
+        raise SweepError("--out takes a directory: --out=DIR")
     if "seed" in {o[2:].split("=", 1)[0] for o in overrides}:
         raise SweepError("use --seeds=S1,S2 (the runner's option) rather than --seed")
     return sweep, opts, overrides
+
+
+def parse_seeds(text):
+    """--seeds=S1,S2: distinct integers >= 0."""
+    try:
+        seeds = [int(x) for x in str(text).split(",")] if text is not True else []
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise SweepError(f"--seeds takes distinct integers >= 0 separated by commas (--seeds=1337,1338), "
+                         f"got {'nothing' if text is True else repr(text)}")
+    return seeds
 
 
 def main(argv):
@@ -332,18 +415,30 @@ def main(argv):
             for j in jobs:
                 print(("skip  " if is_finished(j) else "run   ") + shown(command(j)))
             return
-        t0 = time.time()
-        try:
-            run_sweep(jobs, desc=f"sweep {sweep}")
-        except RuntimeError as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(1)
-        print(f"sweep wall time: {time.time() - t0:.0f} s")
-        extra = sorted(finished_seeds(sweep_dir, runs) - set(seeds))  # seeds of earlier invocations
-        if extra:
-            jobs += plan(runs, sweep_dir=sweep_dir, seeds=extra, overrides=overrides, nproc=opts["nproc"],
-                         check_data=False)
+        from common import RunLock
+
+        # held for the whole sweep, report included: a second sweep in this directory refuses to start (a
+        # ConfigError, one line) instead of deleting and rewriting the runs of this one
+        with RunLock(sweep_dir, what="experiment.py sweep"):
+            t0 = time.time()
+            try:
+                run_sweep(jobs, desc=f"sweep {sweep}")
+            except RuntimeError as e:
+                print(f"error: {e}", file=sys.stderr)
+                sys.exit(1)
+            print(f"sweep wall time: {time.time() - t0:.0f} s")
+            extra = sorted(finished_seeds(sweep_dir, runs) - set(seeds))  # seeds of earlier invocations
+            if extra:
+                jobs += plan(runs, sweep_dir=sweep_dir, seeds=extra, overrides=overrides, nproc=opts["nproc"],
+                             check_data=False)
+            table, plots = report(jobs, sweep_dir, title=title, note=note)
+        show_report(sweep_dir, table, plots)
+        return
     table, plots = report(jobs, sweep_dir, title=title, note=note)
+    show_report(sweep_dir, table, plots)
+
+
+def show_report(sweep_dir, table, plots):
     print()
     print(table)
     print()
@@ -354,7 +449,7 @@ def main(argv):
 if __name__ == "__main__":
     try:
         main(sys.argv[1:])
-    except SweepError as e:
+    except (SweepError, ConfigError, results.ResultsError) as e:  # user errors: one line, exit 2
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

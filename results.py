@@ -6,7 +6,8 @@ metrics.jsonl, and the runner's done.json); never from wandb, never from a confi
     write_tables(rows, out_dir)   # results.md, results.csv, results.json
     write_plots(rows, out_dir)    # val_loss_vs_allreduces.png, val_loss_curves.png, tokens_per_s_vs_allreduces.png
 
-`python experiment.py <sweep> --report-only` calls these on a sweep's finished runs.
+`python experiment.py <sweep> --report-only` calls these on a sweep's finished runs. A file that is not what
+train.py and the runner write (truncated JSON, a wrong type) raises ResultsError naming the file (and line).
 """
 
 import csv
@@ -47,21 +48,81 @@ def block_pattern(cfg):
     return compact_list(types)
 
 
+class ResultsError(ValueError):
+    """A run directory whose files cannot be read as results (corrupt JSON, wrong types): one line naming the file."""
+
+
 def _read_json(path, default=None):
+    """A JSON object from path; default when the file does not exist."""
     if not os.path.exists(path):
         return default
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ResultsError(f"{path}: not readable as JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ResultsError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _is_number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+# metrics.jsonl fields this module reads, and what they must hold when present (None: not measured)
+INT_FIELDS = ("fwd_allreduces", "bwd_allreduces", "grad_sync_allreduces")
+NUMBER_FIELDS = ("val_loss", "tokens_per_s", "comm_bytes_per_token", "comm_seconds")
+
+
+def _check_record(r, where):
+    if not isinstance(r, dict):
+        raise ResultsError(f"{where}: expected a JSON object, got {type(r).__name__}")
+    if not (isinstance(r.get("iter"), int) and not isinstance(r["iter"], bool) and r["iter"] >= 0):
+        raise ResultsError(f"{where}: 'iter' must be an int >= 0, got {r.get('iter')!r}")
+    if "val_loss" in r and not _is_number(r["val_loss"]):
+        raise ResultsError(f"{where}: 'val_loss' must be a number, got {r['val_loss']!r}")
+    for key in INT_FIELDS + NUMBER_FIELDS:
+        v = r.get(key)
+        if v is not None and not (_is_number(v) and (key not in INT_FIELDS or isinstance(v, int))):
+            raise ResultsError(f"{where}: {key!r} must be {'an int' if key in INT_FIELDS else 'a number'}, "
+                               f"got {v!r}")
 
 
 def read_metrics(run_dir):
-    """(eval records, train records) of a run, sorted by iter; a repeated iter keeps its last record."""
+    """(eval records, train records) of a run, sorted by iter. A resumed run logs again from its checkpoint's
+    iteration: a repeated iter keeps its last record, and each train record is marked with its position in its
+    segment (the records of one process, "_seg_pos": 0, 1, ...) so start-up steps can be left out of rates.
+    Raises ResultsError naming the file and line for anything that is not a metrics record."""
+    path = os.path.join(run_dir, "metrics.jsonl")
     evals, train = {}, {}
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        for line in f:
-            if line.strip():
-                r = json.loads(line)
-                (evals if "val_loss" in r else train)[r["iter"]] = r
+    prev, seg_pos = None, 0  # (iter, kind) of the previous record; train records so far in this segment
+    try:
+        with open(path) as f:
+            lines = list(f)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ResultsError(f"{path}: not readable ({e})") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path} line {n}"
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError as e:
+            hint = ", truncated?" if n == len(lines) else ""
+            raise ResultsError(f"{where}: not JSON ({e.msg}, column {e.colno}{hint})") from None
+        _check_record(r, where)
+        kind = "eval" if "val_loss" in r else "train"
+        # a new process (resume) starts logging at or before the previous record's iter; an eval record and then
+        # the train record of the same iter is the normal order
+        if prev is not None and (r["iter"] < prev[0] or (r["iter"] == prev[0] and kind == prev[1])):
+            seg_pos = 0
+        prev = (r["iter"], kind)
+        if kind == "eval":
+            evals[r["iter"]] = r
+        else:
+            train[r["iter"]] = dict(r, _seg_pos=seg_pos)
+            seg_pos += 1
     return [evals[k] for k in sorted(evals)], [train[k] for k in sorted(train)]
 
 
@@ -69,30 +130,45 @@ def _measured(train, key, run_dir):
     """One value measured on every logged step; a run whose count changed mid-way is an error, not an average."""
     values = {r[key] for r in train if r.get(key) is not None}
     if len(values) > 1:
-        raise ValueError(f"{run_dir}: {key} changed during the run: {sorted(values)}")
+        raise ResultsError(f"{run_dir}: {key} changed during the run: {sorted(values)}")
     return values.pop() if values else None
 
 
 def summarize_run(run_dir):
     """Numbers of one finished run (one seed)."""
-    cfg = _read_json(os.path.join(run_dir, "config.json"))
+    cfg_path = os.path.join(run_dir, "config.json")
+    cfg = _read_json(cfg_path)
     if cfg is None:
-        raise FileNotFoundError(f"{run_dir}: no config.json (is this a train.py out_dir?)")
+        raise ResultsError(f"{run_dir}: no config.json (is this a train.py out_dir?)")
+    for key in ("seed", "batch_size", "block_size", "gradient_accumulation_steps", "max_iters"):
+        if not (isinstance(cfg.get(key), int) and not isinstance(cfg.get(key), bool)):
+            raise ResultsError(f"{cfg_path}: {key!r} must be an int, got {cfg.get(key)!r}")
     evals, train = read_metrics(run_dir)
     if not evals:
-        raise ValueError(f"{run_dir}: metrics.jsonl has no eval record (val_loss)")
-    steady = train[SKIP_TRAIN_RECORDS:] if len(train) > SKIP_TRAIN_RECORDS + 2 else train
-    done = _read_json(os.path.join(run_dir, "done.json"), {})
-    med = (lambda key: statistics.median(r[key] for r in steady) if steady and key in steady[0] else None)
+        raise ResultsError(f"{os.path.join(run_dir, 'metrics.jsonl')}: no eval record (val_loss)")
+    # each process's first steps include its start-up and warm-up (a resumed run has two such starts)
+    steady = [r for r in train if r["_seg_pos"] >= SKIP_TRAIN_RECORDS]
+    steady = steady or train  # a run too short to have steady steps: all of them
+    done_path = os.path.join(run_dir, "done.json")
+    done = _read_json(done_path, {})
+    wall_s, config_file = done.get("wall_s"), done.get("config_file", "")
+    if not (wall_s is None or _is_number(wall_s)) or not isinstance(config_file, str):
+        raise ResultsError(f"{done_path}: wall_s must be a number and config_file a string, got "
+                           f"{wall_s!r}, {config_file!r}")
+
+    def med(key):
+        values = [r[key] for r in steady if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
     return dict(
-        run_dir=run_dir, seed=cfg["seed"], cfg=cfg, config_file=done.get("config_file", ""),
+        run_dir=run_dir, seed=cfg["seed"], cfg=cfg, config_file=config_file,
         val_loss=evals[-1]["val_loss"], final_iter=evals[-1]["iter"],
         curve=[(r["iter"], r["val_loss"]) for r in evals],
         fwd_allreduces=_measured(train, "fwd_allreduces", run_dir),
         bwd_allreduces=_measured(train, "bwd_allreduces", run_dir),
         grad_sync_allreduces=_measured(train, "grad_sync_allreduces", run_dir),
         comm_bytes_per_token=med("comm_bytes_per_token"), comm_seconds=med("comm_seconds"),
-        tokens_per_s=med("tokens_per_s"), wall_s=done.get("wall_s"),
+        tokens_per_s=med("tokens_per_s"), wall_s=wall_s,
         tokens=cfg["batch_size"] * cfg["block_size"] * cfg["gradient_accumulation_steps"] * cfg["max_iters"],
     )
 
@@ -117,7 +193,7 @@ def summarize(groups):
         first, losses = runs[0], [r["val_loss"] for r in runs]
         for key in ("fwd_allreduces", "bwd_allreduces", "final_iter", "tokens"):
             if len({r[key] for r in runs}) > 1:
-                raise ValueError(f"{label}: seeds disagree on {key}: {[r[key] for r in runs]}")
+                raise ResultsError(f"{label}: seeds disagree on {key}: {[r[key] for r in runs]}")
         rows.append(dict(
             config=label, config_file=first["config_file"], block_pattern=block_pattern(first["cfg"]),
             tp_size=first["cfg"].get("tp_size"), tp_mode=first["cfg"].get("tp_mode"),
@@ -170,7 +246,8 @@ def write_tables(rows, out_dir, *, title="Communication sweep", note=""):
         f.write(f"Tokens per run (batch x block x accumulation x iters): {', '.join(f'{t:,}' for t in tokens)}. "
                 f"All-reduces are measured per forward/backward pass by counting f/g calls. Final val loss is "
                 f"the last eval record (iter {', '.join(str(i) for i in sorted({r['final_iter'] for r in rows}))}); "
-                f"tokens/s is the median over logged steps (the first {SKIP_TRAIN_RECORDS} skipped); wall time "
+                f"tokens/s is the median over logged steps (the first {SKIP_TRAIN_RECORDS} of each process skipped: "
+                f"start-up, and a resumed run's restart); wall time "
                 f"is per run, start-up and evals included.\n\n")
         f.write(markdown_table(rows) + "\n")
     with open(paths[1], "w", newline="") as f:

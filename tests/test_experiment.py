@@ -4,13 +4,17 @@ budgets); results.py turns metrics files into tables and plots whose numbers are
 import csv
 import json
 import os
+import re
 import statistics
+import sys
+import threading
+import time
 
 import pytest
 
 import experiment
 import results
-from configurator import _literal
+from configurator import ConfigError, _literal
 from conftest import TINY, run_script
 
 TINY_SWEEP = [a for a in TINY if not a.startswith(("--n_layer", "--log_interval"))] + [
@@ -177,3 +181,237 @@ def test_counts_are_measured_per_config():
         name, fwd, bwd, fp32, bf16 = cells[0].strip(), *(int(c.strip().replace(",", "")) for c in cells[3:7])
         assert name == f"train_shakespeare_char_{fwd}comm.py" and bwd == fwd
         assert fp32 == 2 * fwd * 64 * 4 and bf16 == fp32 // 2  # n_embd 64: fwd + bwd all-reduces of 64 floats
+
+
+def test_counts_refuse_a_model_without_communication(tmp_path):
+    """GPT's comm_per_forward is {}: --counts says so in one line instead of failing on a missing key."""
+    path = tmp_path / "tiny_gpt.py"
+    path.write_text("model_type = 'gpt'\nn_layer = 2\n")
+    jobs = experiment.plan([experiment.Run("gpt", str(path))], sweep_dir=str(tmp_path / "s"), seeds=[1],
+                           overrides=TINY_SWEEP, check_data=False)
+    with pytest.raises(experiment.SweepError, match=r"gpt: model_type='gpt' has no tensor-parallel communication"):
+        experiment.comm_counts(jobs)
+    assert "| 4 | 4 |" in experiment.comm_counts(experiment.plan(  # anti-vacuity: a TP config is counted
+        tiny_runs(tmp_path)[:1], sweep_dir=str(tmp_path / "s"), seeds=[1], overrides=TINY_SWEEP, check_data=False))
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--eval_interval=0"], "eval_interval must be >= 1, got 0"),
+    (["--batch_size=0"], "batch_size must be >= 1, got 0"),
+    (["--log_interval=-1"], "log_interval must be >= 1, got -1"),
+    (["--max_iters=-5"], "max_iters must be >= 0, got -5"),
+    (["--dropout=1.5"], "dropout must be in [0, 1), got 1.5"),
+    (["--gradient_accumulation_steps=None"], "gradient_accumulation_steps must be a number, got None"),
+    (["--tp_mode=fake"], "tp_mode must be 'simulated' or 'real', got 'fake'"),
+    (["--init_from=resume"], "runner starts every run from scratch"),
+    (["--nproc=0"], "--nproc must be >= 1, got 0"),
+    (["--nproc=two"], "--nproc takes an integer"),
+    (["--seeds="], "--seeds takes distinct integers >= 0"),
+    (["--seeds"], "--seeds takes distinct integers >= 0"),
+    (["--seeds=-3"], "got '-3'"),
+    (["--seeds=1,1"], "got '1,1'"),
+    (["--out="], "--out takes a directory"),
+])
+def test_bad_runner_options_and_overrides_stop_before_any_work(tmp_path, args, words):
+    out = tmp_path / "sweep"
+    with pytest.raises(experiment.SweepError) as e:
+        experiment.main(["cpu", "--dry-run", f"--out={out}", *args] if args[0] != "--out=" else ["cpu", *args])
+    assert words in str(e.value) and "\n" not in str(e.value)
+    assert not out.exists()
+
+
+def test_eval_interval_zero_is_one_line_not_a_traceback():
+    r = run_script("experiment.py", "cpu", "--dry-run", "--eval_interval=0")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip() == "error: 24comm: eval_interval must be >= 1, got 0"
+
+
+def finished_job(tmp_path, *, sweep_dir=None, runs=None, seed=7, overrides=TINY_SWEEP):
+    """A job (of tiny_runs by default) whose out_dir holds what a finished run leaves: config.json,
+    metrics.jsonl, done.json; made-up numbers."""
+    sweep_dir = sweep_dir or str(tmp_path / "sweep")
+    job = experiment.plan(runs or tiny_runs(tmp_path)[:1], sweep_dir=sweep_dir, seeds=[seed], overrides=overrides,
+                          check_data=False)[0]
+    os.makedirs(job.out_dir, exist_ok=True)
+    with open(os.path.join(job.out_dir, "config.json"), "w") as f:
+        json.dump(job.cfg, f)
+    with open(os.path.join(job.out_dir, "metrics.jsonl"), "w") as f:
+        for i in range(7):
+            if i % 3 == 0:
+                f.write(json.dumps(dict(iter=i, train_loss=4.0 - i / 10, val_loss=4.1 - i / 10, lr=1e-3)) + "\n")
+            f.write(json.dumps(dict(iter=i, loss=4.0, tokens_per_s=100.0 + i, fwd_allreduces=4, bwd_allreduces=4,
+                                    grad_sync_allreduces=0, comm_bytes_per_token=128.0, comm_seconds=0.0)) + "\n")
+    with open(os.path.join(job.out_dir, "done.json"), "w") as f:
+        json.dump(dict(config=job.cfg, config_file="tiny_tp.py", wall_s=1.5), f)
+    return job
+
+
+def fake_run_job(job, *, bar=None):
+    """run_job without train.py: the run's files stay, a valid done.json is written as the runner does."""
+    done = dict(config=job.cfg, config_file="tiny_tp.py", wall_s=1.5)
+    with open(os.path.join(job.out_dir, "done.json"), "w") as f:
+        json.dump(done, f)
+    return done
+
+
+@pytest.mark.parametrize("content", ['{"config": {"seed": 7, "max_i', "[1, 2]", '{"config": "tiny"}',
+                                     '{"config": {}}', "\xff\xfe", ""])
+def test_a_corrupt_done_json_means_not_finished(tmp_path, content, capsys, monkeypatch):
+    """The runner writes done.json last and atomically; one it cannot read marks no finished run: the run is
+    planned again (and said so), never a traceback."""
+    job = finished_job(tmp_path)
+    assert experiment.is_finished(job)  # anti-vacuity: the valid file counts
+    with open(os.path.join(job.out_dir, "done.json"), "w", encoding="latin-1") as f:
+        f.write(content)
+    assert not experiment.is_finished(job)
+    assert experiment.read_done(job.out_dir) is None
+    capsys.readouterr()
+    monkeypatch.setattr(experiment, "run_job", fake_run_job)
+    experiment.run_sweep([job])
+    out = capsys.readouterr().out
+    assert f"redo {job.label}: " in out and f"done {job.label}: " in out and experiment.is_finished(job)
+
+
+@pytest.mark.parametrize("line, words", [
+    ('{"iter": 7, "loss": 3.9, "tokens_p', "line 11: not JSON"),
+    ('{"iter": "7", "loss": 3.9}', "line 11: 'iter' must be an int >= 0, got '7'"),
+    ('{"iter": 9, "val_loss": null}', "line 11: 'val_loss' must be a number, got None"),
+    ('{"iter": 8, "loss": 3.9, "tokens_per_s": "fast"}', "line 11: 'tokens_per_s' must be a number, got 'fast'"),
+    ('{"iter": 8, "loss": 3.9, "fwd_allreduces": 4.5}', "line 11: 'fwd_allreduces' must be an int, got 4.5"),
+    ("[1, 2]", "line 11: expected a JSON object, got list"),
+])
+def test_a_corrupt_metrics_file_of_a_finished_run_is_one_line_naming_it(tmp_path, line, words):
+    job = finished_job(tmp_path)
+    sweep_dir = os.path.dirname(job.out_dir)
+    experiment.report([job], sweep_dir, title="tiny")  # anti-vacuity: the intact run reports
+    path = os.path.join(job.out_dir, "metrics.jsonl")
+    with open(path, "a") as f:
+        f.write(line + "\n")
+    with pytest.raises(results.ResultsError, match=re.escape(f"{path} {words}")):
+        results.summarize_run(job.out_dir)
+    with pytest.raises(experiment.SweepError) as e:
+        experiment.report([job], sweep_dir, title="tiny")
+    assert path in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name, content, words", [
+    ("config.json", '{"seed": 7, "batch', "config.json: not readable as JSON"),
+    ("config.json", '{"seed": "7"}', "config.json: 'seed' must be an int, got '7'"),
+    ("done.json", '{"config": {"seed": 7}, "wall_s": "long"}', "done.json: wall_s must be a number"),
+])
+def test_corrupt_json_files_are_named(tmp_path, name, content, words):
+    job = finished_job(tmp_path)
+    with open(os.path.join(job.out_dir, name), "w") as f:
+        f.write(content)
+    with pytest.raises(results.ResultsError, match=re.escape(words)):
+        results.summarize_run(job.out_dir)
+
+
+def test_report_only_cli_names_a_corrupt_metrics_file(tmp_path):
+    sweep_dir = str(tmp_path / "cpu")
+    job = finished_job(tmp_path, sweep_dir=sweep_dir, runs=experiment.SWEEPS["cpu"][:1], seed=1337, overrides=())
+    path = os.path.join(job.out_dir, "metrics.jsonl")
+    with open(path, "a") as f:
+        f.write('{"iter": 7, "lo')  # truncated
+    r = run_script("experiment.py", "cpu", "--report-only", f"--out={sweep_dir}")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert path in line and "line 11: not JSON" in line, line
+
+
+def test_a_second_sweep_in_the_same_directory_refuses(tmp_path, char_data, monkeypatch):
+    """The sweep holds common.RunLock on its directory while it runs and reports; another process (here: the
+    test holding the lock, then a real second experiment.py) is refused in one line before touching a run."""
+    from common import RunLock
+
+    sweep_dir = str(tmp_path / "sweep")
+    argv = ["cpu", f"--out={sweep_dir}", f"--data_dir={char_data}"]
+    calls = []
+
+    def fake_run_sweep(jobs, **kw):  # while the sweep runs, its directory is locked
+        with pytest.raises(ConfigError, match="is in use by another"):
+            with RunLock(sweep_dir, what="test"):
+                pass
+        calls.append(len(jobs))
+
+    monkeypatch.setattr(experiment, "run_sweep", fake_run_sweep)
+    monkeypatch.setattr(experiment, "report", lambda *a, **k: ("table", []))
+    experiment.main(argv)
+    assert calls == [10]  # anti-vacuity: unlocked, the sweep runs
+
+    with RunLock(sweep_dir, what="experiment.py sweep"):
+        with pytest.raises(ConfigError, match="in use by another experiment.py sweep"):
+            experiment.main(argv)
+        assert calls == [10]
+        r = run_script("experiment.py", *argv)  # a second process, a real one
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        (line,) = r.stderr.strip().splitlines()
+        assert sweep_dir in line and "in use by another experiment.py sweep" in line
+        # reading is not locked: --dry-run and --report-only still work while a sweep runs
+        r = run_script("experiment.py", *argv, "--dry-run")
+        assert r.returncode == 0, r.stderr
+    assert not [d for d in os.listdir(sweep_dir) if d != ".lock"]  # no run directory was made
+
+
+def test_train_log_is_written_line_by_line(tmp_path, monkeypatch):
+    """train.log holds each line train.py printed while the run is still going, so a killed sweep leaves a log
+    that is complete up to the kill."""
+    go, child = tmp_path / "go", tmp_path / "child.py"  # the child prints two lines, then waits for `go`
+    child.write_text("import os, time\n"
+                     "print('iter 0: loss 4.0', flush=True)\n"
+                     "print('iter 1: loss 3.9', flush=True)\n"
+                     "deadline = time.time() + 60\n"
+                     f"while not os.path.exists({str(go)!r}) and time.time() < deadline:\n"
+                     "    time.sleep(0.05)\n"
+                     "print('done', flush=True)\n")
+    monkeypatch.setattr(experiment, "command", lambda job: [sys.executable, str(child)])
+    job = experiment.Job(experiment.Run("fake", "fake.py"), 1, str(tmp_path / "run"), [], {"max_iters": 1}, 1)
+    thread = threading.Thread(target=experiment.run_job, args=(job,))
+    thread.start()
+    try:
+        log = os.path.join(job.out_dir, "train.log")
+        text, deadline = "", time.time() + 30
+        while "iter 1: loss 3.9\n" not in text and time.time() < deadline:
+            time.sleep(0.05)
+            text = open(log).read() if os.path.exists(log) else ""
+        assert thread.is_alive() and not go.exists()  # the child still runs
+        assert text.splitlines()[1:] == ["iter 0: loss 4.0", "iter 1: loss 3.9"], text
+    finally:
+        go.touch()
+        thread.join(60)
+    assert open(log).read().splitlines()[-1] == "done" and experiment.read_done(job.out_dir) is not None
+
+
+def test_a_resumed_runs_repeated_records_do_not_distort_rates_or_curves(tmp_path):
+    """A resume logs again from the checkpoint's iteration: the last record of an iter wins, and the first
+    logged steps of each process (its start-up, slow) stay out of tokens/s."""
+    d = tmp_path / "run"
+    d.mkdir()
+    cfg = dict(seed=1, model_type="gpt", n_layer=2, batch_size=2, block_size=8, gradient_accumulation_steps=1,
+               max_iters=5)
+    (d / "config.json").write_text(json.dumps(cfg))
+    ev = lambda i, v: dict(iter=i, train_loss=v, val_loss=v)  # noqa: E731
+    tr = lambda i, tok_s: dict(iter=i, loss=1.0, tokens_per_s=tok_s)  # noqa: E731
+    # first process: start-up steps at 1 tok/s, then 100; killed after iter 3, its checkpoint is at iter 2
+    first = [ev(0, 4.0), tr(0, 1.0), tr(1, 1.0), ev(2, 3.8), tr(2, 100.0), tr(3, 100.0)]
+    # resumed from iter 2: evaluates again (another value), start-up steps at 2 tok/s, then 100
+    resumed = [ev(2, 3.7), tr(2, 2.0), tr(3, 2.0), ev(4, 3.5), tr(4, 100.0), tr(5, 100.0)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in first + resumed))
+
+    evals, train = results.read_metrics(str(d))
+    assert [r["iter"] for r in train] == list(range(6)) and [r["iter"] for r in evals] == [0, 2, 4]
+    assert [r["tokens_per_s"] for r in train] == [1.0, 1.0, 2.0, 2.0, 100.0, 100.0]  # the latest record per iter
+    run = results.summarize_run(str(d))
+    assert run["curve"] == [(0, 4.0), (2, 3.7), (4, 3.5)] and (run["val_loss"], run["final_iter"]) == (3.5, 4)
+    # the resumed process's start-up steps (iters 2, 3) are left out like the first one's (iters 0, 1): skipping
+    # only the first two records of the file would give the median of [2, 2, 100, 100] = 51
+    assert run["tokens_per_s"] == 100.0
+
+    # killed right after the eval record and checkpoint at iter 4: the resume repeats only that eval record
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        ev(0, 4.0), *(tr(i, 1.0 if i < 2 else 100.0) for i in range(4)), ev(4, 3.5),
+        ev(4, 3.4), tr(4, 2.0), tr(5, 2.0), *(tr(i, 100.0) for i in range(6, 9))]))
+    run = results.summarize_run(str(d))
+    assert run["curve"] == [(0, 4.0), (4, 3.4)] and run["tokens_per_s"] == 100.0
+    _, train = results.read_metrics(str(d))
+    assert [r["iter"] for r in train if r["_seg_pos"] < results.SKIP_TRAIN_RECORDS] == [0, 1, 4, 5]

@@ -1,15 +1,16 @@
-"""The prepare scripts on a small local text: outputs exist, are uint16 and decode back; bad input is one line."""
+"""The prepare scripts on a small local text: outputs exist, are uint16 and decode back; bad input (missing, empty,
+not UTF-8, too short, an out_dir that is a file) is one line, exit 2, before anything is written."""
 
 import hashlib
 import json
 import os
-import pickle
 
 import numpy as np
 import pytest
 
 from conftest import run_script
 from data.tokenizer import gpt2_encoding
+from data.vocab import load_vocab
 
 # blank lines separate paragraphs, which openwebtext/prepare.py --input treats as documents
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
@@ -60,10 +61,15 @@ def test_shakespeare_char(tmp_path, text_file):
     assert f"vocab size: {len(set(TEXT))}" in r.stdout
     train, val = read_ids(out)
     assert len(train) == int(0.9 * len(TEXT)) and len(train) + len(val) == len(TEXT)
-    with open(os.path.join(out, "meta.pkl"), "rb") as f:
-        meta = pickle.load(f)
-    assert meta["vocab_size"] == len(set(TEXT)) == len(meta["itos"]) == len(meta["stoi"])
-    assert "".join(meta["itos"][i] for i in np.concatenate([train, val])) == TEXT  # round trip, exact
+    with open(os.path.join(out, "meta.json"), encoding="utf-8") as f:
+        assert json.load(f) == {"vocab_size": len(set(TEXT)), "chars": sorted(set(TEXT))}
+    from_json = load_vocab(out)
+    os.remove(os.path.join(out, "meta.json"))  # nanoGPT's meta.pkl, read as data only, holds the same vocabulary
+    from_pkl = load_vocab(out)
+    for meta in (from_json, from_pkl):
+        assert meta["vocab_size"] == len(set(TEXT)) == len(meta["itos"]) == len(meta["stoi"])
+        assert "".join(meta["itos"][i] for i in np.concatenate([train, val])) == TEXT  # round trip, exact
+    assert from_json == from_pkl
     check_source_json(out, text_file)
 
 
@@ -98,4 +104,71 @@ def test_missing_input_is_one_line(tmp_path, script):
     assert "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "--input" in lines[0] and missing in lines[0], r.stderr
+    assert not os.path.exists(tmp_path / "out" / "train.bin")
+
+
+SCRIPTS = ["shakespeare_char", "shakespeare", "openwebtext"]
+
+
+def assert_one_line_error(r, *words, progress_before=False):
+    """Exit 2 and one error line naming the words; with progress_before, the datasets library's progress lines
+    may come first (the check needs the documents loaded)."""
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    if progress_before:
+        assert all(line.startswith("Generating ") for line in lines[:-1]), r.stderr
+        lines = lines[-1:]
+    assert len(lines) == 1 and all(w in lines[0] for w in words), r.stderr
+
+
+def bad_input(tmp_path, kind):
+    """(path, words the error must contain) for a bad --input file."""
+    path = tmp_path / f"{kind}.txt"
+    if kind == "empty":
+        path.write_bytes(b"")
+        return str(path), "empty"
+    if kind == "latin1":  # 'é' as one byte, 0xE9, followed by ASCII: not UTF-8
+        path.write_bytes(TEXT.encode("latin-1"))
+        return str(path), f"not UTF-8 text (invalid continuation byte at byte {TEXT.encode('latin-1').index(0xE9)})"
+    if kind == "directory":
+        path.mkdir()
+        return str(path), "not a regular file"
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("kind", ["empty", "latin1", "directory"])
+def test_bad_input_is_one_line(tmp_path, script, kind):
+    path, words = bad_input(tmp_path, kind)
+    out = tmp_path / "out"
+    r = run_script(f"data/{script}/prepare.py", "--input", path, "--out_dir", str(out))
+    assert_one_line_error(r, "--input", path, words)
+    assert not os.path.exists(out / "train.bin")
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_out_dir_that_is_a_file_is_one_line(tmp_path, text_file, script):
+    out = tmp_path / "out"
+    out.write_text("not a directory")
+    r = run_script(f"data/{script}/prepare.py", "--input", text_file, "--out_dir", str(out))
+    assert_one_line_error(r, "--out_dir", str(out), "is a file")
+    assert out.read_text() == "not a directory"
+
+
+@pytest.mark.parametrize("script", ["shakespeare_char", "shakespeare"])
+def test_text_too_short_to_split_is_one_line(tmp_path, script):
+    path = tmp_path / "one.txt"
+    path.write_text("x", encoding="utf-8")
+    r = run_script(f"data/{script}/prepare.py", "--input", str(path), "--out_dir", str(tmp_path / "out"))
+    assert_one_line_error(r, "--input", "1 character(s) cannot be split")
+    assert not os.path.exists(tmp_path / "out" / "train.bin")
+
+
+def test_openwebtext_needs_two_documents(tmp_path):
+    path = tmp_path / "one_paragraph.txt"
+    path.write_text("A single paragraph,\nwith no blank line in it.\n", encoding="utf-8")
+    r = run_script("data/openwebtext/prepare.py", "--input", str(path), "--out_dir", str(tmp_path / "out"),
+                   "--num_proc", "1", env={"HF_DATASETS_CACHE": str(tmp_path / "hf"), "HF_DATASETS_OFFLINE": "1"})
+    assert_one_line_error(r, "--input", "1 document(s)", progress_before=True)
     assert not os.path.exists(tmp_path / "out" / "train.bin")

@@ -213,6 +213,18 @@ def test_bench_real_reports_collective_time():
         assert re.search(r"collectives \d+\.\d+ ms/iter", line), line
 
 
+def test_bench_decode_real_reports_collective_time():
+    r = run_script(*TORCHRUN, "--nproc_per_node=2", "bench.py", "--model_type=distributed_gpt", "--tp_size=2",
+                   "--tp_mode=real", "--device=cpu", "--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=32",
+                   "--vocab_size=65", "--mode=decode", "--batch_sizes=[1, 2]", "--new_tokens=4",
+                   "--patterns=['tp', 'parallel']", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in r.stdout.splitlines() if line.startswith("| `")]
+    assert [(row[0], row[1], row[2]) for row in rows] == [("`tp`", "4", "1"), ("`tp`", "4", "2"),
+                                                          ("`parallel`", "1", "1"), ("`parallel`", "1", "2")]
+    assert all(float(row[5]) > 0 for row in rows)  # real collectives ran during decoding
+
+
 # ---------- bad launches: one line, exit status 2, no traceback, no hang ----------
 
 SPD_TINY = ["config/train_shakespeare_char_spd.py", *TINY]

@@ -32,6 +32,9 @@ def main():
 
     if args.input:
         dataset = load_dataset("text", data_files=args.input, sample_by="paragraph")
+        if dataset["train"].num_rows < 2:  # the val split takes one document and leaves the rest to train
+            parser.error(f"--input {' '.join(args.input)}: {dataset['train'].num_rows} document(s); a train and "
+                         f"a val split need at least 2 (documents are paragraphs: text between blank lines)")
     else:
         # takes 54GB in the huggingface cache dir, about 8M documents (8,013,769).
         # datasets >= 4 refuses the hub's loading script for openwebtext (see nanoGPT issue #633)

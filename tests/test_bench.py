@@ -1,0 +1,106 @@
+"""bench.py: bad values are one line (exit 2) before any work; the timing reads the collectives through the model
+interface (reset_comm_counts / comm_report), whichever model it holds."""
+
+import pytest
+import torch
+
+import bench
+from conftest import run_script
+from model import GPT, GPTConfig
+
+TINY = ["--device=cpu", "--dtype=float32", "--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16",
+        "--batch_size=2", "--vocab_size=65", "--iters=3", "--warmup=1"]
+
+
+def error_line(capsys, argv):
+    """Run bench.main in this process; return its one stderr line (after checking exit status 2)."""
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("arg, words", [
+    ("--n_layer=0", "n_layer must be an int >= 1, got 0"),
+    ("--n_head=-2", "n_head must be an int >= 1, got -2"),
+    ("--n_embd=0", "n_embd must be an int >= 1, got 0"),
+    ("--block_size=0", "block_size must be an int >= 1, got 0"),
+    ("--batch_size=0", "batch_size must be an int >= 1, got 0"),
+    ("--vocab_size=None", "vocab_size must be an int >= 1, got None"),
+    ("--iters=0", "iters must be an int >= 1, got 0"),
+    ("--warmup=-1", "warmup must be an int >= 0, got -1"),
+    ("--n_embd=30", "n_embd (30) must be divisible by n_head (4)"),
+    ("--dtype=float8", "dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got 'float8'"),
+    ("--device=tpu", "'tpu'"),
+    ("--mode=infer", "mode must be 'train', 'decode' or 'memory', got 'infer'"),
+    ("--mode=decode --batch_sizes=[0]", "batch_sizes must be a non-empty list of ints >= 1, got [0]"),
+    ("--mode=decode --prompt_len=10 --new_tokens=10", "prompt_len + new_tokens <= block_size (16)"),
+])
+def test_bad_values_are_one_line(capsys, arg, words):
+    assert words in error_line(capsys, [*TINY, *arg.split()])
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:7", "mps"])
+def test_a_device_this_machine_lacks_is_one_line(capsys, device):
+    if device.startswith("cuda") and torch.cuda.device_count() > int(device.partition(":")[2] or 0):
+        pytest.skip(f"this machine has {device}")
+    if device == "mps" and torch.backends.mps.is_available():
+        pytest.skip("this machine has mps")
+    assert repr(device) in error_line(capsys, [*TINY, f"--device={device}"])
+
+
+def test_cli_error_has_no_traceback():
+    r = run_script("bench.py", *TINY, "--n_layer=0")
+    assert r.returncode == 2 and r.stderr.strip() == "error: n_layer must be an int >= 1, got 0", r.stderr
+
+
+class CountingGPT(GPT):
+    """GPT that reports made-up collective time through the model interface, and counts the calls."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.calls = {"reset_comm_counts": 0, "sync_replicated_grads": 0}
+
+    def reset_comm_counts(self):
+        self.calls["reset_comm_counts"] += 1
+
+    def sync_replicated_grads(self):
+        self.calls["sync_replicated_grads"] += 1
+
+    def comm_report(self, *, micro_steps, tokens):
+        return {"comm_seconds": 0.3}  # since the last reset, all steps together
+
+
+def test_timing_reads_collectives_through_the_model_interface():
+    cfg = dict(bench.DEFAULTS, vocab_size=65, block_size=16, batch_size=2, warmup=1, compile=False)
+    model = CountingGPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=65))
+    dt, comm = bench.timed_steps(model, cfg, "cpu", "cpu", "float32", 3)
+    assert dt > 0 and comm == pytest.approx(0.1)  # 0.3 s over 3 steps; exact up to float division
+    assert model.calls == {"reset_comm_counts": 1, "sync_replicated_grads": 4}  # after warm-up; every step
+    dt, comm = bench.timed_steps(GPT(model.config), cfg, "cpu", "cpu", "float32", 2)
+    assert comm == 0.0  # GPT's report is empty: no collectives
+
+
+def test_tiny_bench_prints_a_line_per_model(capsys):
+    bench.main([*TINY, "--model_type=distributed_gpt", "--tp_size=2", "--patterns=['spd', 'tp']"])
+    out = capsys.readouterr().out.splitlines()
+    lines = {line.split()[0]: line for line in out[1:]}
+    assert "all-reduces fwd 2 bwd 2" in lines["spd"] and "all-reduces fwd 4 bwd 4" in lines["tp"]
+    assert "all-reduces" not in lines["gpt"] and "ratio" in lines  # GPT's comm_per_forward is {}
+    assert "collectives" not in lines["tp"]  # simulated: no time in real collectives to report
+
+
+def test_decode_mode_times_prefill_and_tokens(tmp_path):
+    """--mode=decode: a latency row per pattern and batch size, measured all-reduces, and the plot."""
+    plot = tmp_path / "decode.png"
+    r = run_script("bench.py", *TINY, "--model_type=distributed_gpt", "--tp_size=2", "--mode=decode",
+                   "--batch_sizes=[1, 3]", "--new_tokens=4", "--patterns=['tp', 'parallel']", f"--plot={plot}")
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| `")]
+    assert [(row.split("|")[1].strip(), row.split("|")[2].strip(), row.split("|")[3].strip()) for row in rows] == [
+        ("`tp`", "4", "1"), ("`tp`", "4", "3"), ("`parallel`", "1", "1"), ("`parallel`", "1", "3"),
+        ("`gpt`", "0", "1"), ("`gpt`", "0", "3")]
+    assert plot.stat().st_size > 1000
