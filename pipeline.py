@@ -1,0 +1,691 @@
+"""
+Pipeline parallelism (pp) for GPT and DistributedGPT with torch.distributed.pipelining: contiguous layers per stage,
+scheduled by torch's ScheduleGPipe, Schedule1F1B or ScheduleInterleaved1F1B (virtual stages), over a 3-D process
+mesh (pp, dp, tp): pp outermost, tp innermost (a tp group is the ranks of one node).
+
+    stage 0:     idx (b, T)            -> wte + wpe, blocks [0, n0)            -> stream
+    stage s:     stream                -> blocks [n_s, n_s+1)                  -> stream
+    last stage:  stream                -> blocks, final sync if desynced, ln_f, lm_head -> logits (b, T, V)
+
+The stream crossing a cut is what DistributedGPT's blocks pass each other (docs/model.md): synced, xbar (b, T, C);
+desynced (the block before the cut is 'parallel'), the pair (xbar, r), r (L, b, T, C) with this rank's L shard
+streams (L = 1 real, L = tp simulated): each tp rank sends its own shard streams to the same tp rank of the next
+stage. A cut never syncs: that would change the model. GPT's stream is x (b, T, C).
+
+Exactness (pp == one process): the loss is cross-entropy (ignore_index=-1) averaged over each micro-batch, and the
+schedule divides the summed gradients by the number of micro-batches m (torch 2.13: scale_grads=True, the default,
+calls stage.scale_grads(m) after the last backward), so the gradient is that of the mean of the micro-batch means:
+the whole batch's mean loss when every micro-batch has the same number of targets (as train.py's data has). DDP over
+dp then averages over replicas. The tied wte/lm_head weight lives on the first stage (wte) and the last (lm_head):
+its two gradients are summed over the {first, last} pp ranks of each (dp, tp) coordinate (Megatron's embedding
+group), so both copies take the same AdamW steps and stay equal.
+
+Every rank builds the whole model (so the GPT-2 init is the full model's, whatever the layout) and keeps its stages'
+parts; the rest is unused memory for now.
+
+Demo: torchrun --standalone --nproc_per_node=8 pipeline.py --tp_size=2 --pp_size=4 --schedule=1f1b
+"""
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.nn import functional as F
+
+from configurator import ConfigError, configure, exit_on_config_error
+from model import GPT, configure_adamw, positions
+from tensor_parallel_model import DistributedGPT, TPConfig, validate_tp_args
+from tp_comm import reduce_from_tp_region
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
+
+
+# ---------------------------------------------------------------- layout: checked before any process group starts
+
+def validate_pp_layout(*, world, pp_size, tp, n_layer, schedule, n_microbatches, virtual_stages=1, pp_layers=None,
+                       batch_size=None):
+    """Raise ConfigError (one line naming keys and values) for a layout that cannot run. world: processes; tp: the
+    tensor-parallel *process* dimension (tp_size in real mode, 1 simulated); batch_size: rows per step and replica."""
+    for key, value in (("pp_size", pp_size), ("virtual_stages", virtual_stages), ("n_microbatches", n_microbatches)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{key} must be a positive int, got {value!r}")
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"schedule: unknown schedule {schedule!r}; use one of {list(SCHEDULES)}")
+    if world % (pp_size * tp):
+        raise ConfigError(f"world size ({world}) must be pp_size ({pp_size}) x dp x tp ({tp}), "
+                          f"but is not divisible by pp_size x tp ({pp_size * tp})")
+    if virtual_stages > 1 and schedule != "interleaved_1f1b":
+        raise ConfigError(f"virtual_stages ({virtual_stages}) > 1 needs schedule='interleaved_1f1b', "
+                          f"got {schedule!r}")
+    if schedule == "interleaved_1f1b" and pp_size < 2:
+        raise ConfigError(f"schedule='interleaved_1f1b' needs pp_size >= 2, got {pp_size}")
+    stages = pp_size * virtual_stages
+    if stages > n_layer:
+        raise ConfigError(f"pp_size ({pp_size}) x virtual_stages ({virtual_stages}) = {stages} stages, "
+                          f"more than n_layer ({n_layer})")
+    if schedule != "gpipe" and n_microbatches < pp_size:
+        raise ConfigError(f"schedule={schedule!r} needs n_microbatches ({n_microbatches}) >= pp_size ({pp_size})")
+    rounds = max(1, n_microbatches // pp_size)  # torch's interleaved schedule runs m in rounds of m // rounds
+    if schedule == "interleaved_1f1b" and n_microbatches % rounds:
+        raise ConfigError(f"schedule='interleaved_1f1b' needs n_microbatches ({n_microbatches}) divisible by "
+                          f"n_microbatches // pp_size ({rounds}), e.g. a multiple of pp_size ({pp_size})")
+    if batch_size is not None and batch_size % n_microbatches:
+        raise ConfigError(f"batch_size ({batch_size}) must be divisible by n_microbatches ({n_microbatches})")
+    if pp_layers is not None:
+        if (not isinstance(pp_layers, (list, tuple)) or len(pp_layers) != stages
+                or not all(isinstance(n, int) and not isinstance(n, bool) for n in pp_layers)):
+            raise ConfigError(f"pp_layers must be a list of {stages} ints (layers per stage), got {pp_layers!r}")
+        if sum(pp_layers) != n_layer:
+            raise ConfigError(f"pp_layers {list(pp_layers)} sums to {sum(pp_layers)}, not n_layer ({n_layer})")
+        if min(pp_layers) < 1:
+            raise ConfigError(f"pp_layers {list(pp_layers)} has an empty stage; every stage needs >= 1 layer")
+
+
+def stage_layers(n_layer, n_stages, pp_layers=None):
+    """[(first, end)) layer ranges of the stages: pp_layers, or balanced by count (earlier stages take the rest)."""
+    sizes = list(pp_layers) if pp_layers is not None else [
+        n_layer // n_stages + (s < n_layer % n_stages) for s in range(n_stages)]
+    ends = [sum(sizes[:s + 1]) for s in range(n_stages)]
+    return [(end - size, end) for size, end in zip(sizes, ends)]
+
+
+@dataclass
+class PPDims:
+    """The (pp, dp, tp) process grid and its groups. Has the attributes DistributedGPT reads from a ParallelDims
+    (tp, tp_group, tp_rank), so it can be passed as its `pd`. To merge into parallel.ParallelDims."""
+    pp: int = 1
+    dp: int = 1
+    tp: int = 1  # tensor-parallel *process* dimension (1 when tp is simulated)
+    rank: int = 0
+    mesh: Optional[object] = None  # DeviceMesh ("pp", "dp", "tp")
+    embedding_group: Optional[object] = None  # {first, last} pp rank of this (dp, tp) coordinate; None at pp=1
+
+    def _local(self, dim):
+        return self.mesh.get_local_rank(dim) if self.mesh is not None else 0
+
+    def _group(self, dim):
+        return self.mesh[dim].get_group() if self.mesh is not None else None
+
+    pp_rank = property(lambda self: self._local("pp"))
+    dp_rank = property(lambda self: self._local("dp"))
+    tp_rank = property(lambda self: self._local("tp"))
+    pp_group = property(lambda self: self._group("pp"))
+    dp_group = property(lambda self: self._group("dp"))
+    tp_group = property(lambda self: self._group("tp"))
+    is_master = property(lambda self: self.rank == 0)
+
+
+def init_pp_parallel(*, pp, tp, device_type, backend=None):
+    """Start torch.distributed (under torchrun) and build the ("pp", "dp", "tp") mesh; dp = world / (pp tp). Call
+    validate_pp_layout first: this one starts process groups."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    dp = world // (pp * tp)
+    if device_type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend or ("nccl" if device_type == "cuda" else "gloo"))
+    mesh = init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+    rank, embedding_group = dist.get_rank(), None
+    if pp > 1:  # every rank creates every group (new_group is collective), keeps its own
+        for d in range(dp):
+            for t in range(tp):
+                ranks = [p * dp * tp + d * tp + t for p in (0, pp - 1)]  # row-major (pp, dp, tp)
+                group = dist.new_group(ranks)
+                if rank in ranks:
+                    embedding_group = group
+    return PPDims(pp=pp, dp=dp, tp=tp, rank=rank, mesh=mesh, embedding_group=embedding_group)
+
+
+# ---------------------------------------------------------------- one stage: the model's own submodules
+
+def desynced_after(model, layer):
+    """Whether the stream leaving `layer` is desynced (a 'parallel' block); GPT's is always synced."""
+    return getattr(model.config, "block_types", None) is not None and model.config.block_types[layer] == "parallel"
+
+
+class StageModule(nn.Module):
+    """Layers [first, end) of a GPT or DistributedGPT, with the embedding on the first stage and the final sync,
+    ln_f and lm_head on the last. It holds the model's own submodules (no copies), under GPT's names with stage-local
+    block indices (gpt_name maps them back), so GPT.embed runs on it as on the model."""
+
+    def __init__(self, model, first, end, *, is_first, is_last):
+        super().__init__()
+        self.config, self.rng, self.first = model.config, model.rng, first
+        self.is_first, self.is_last = is_first, is_last
+        self.group = getattr(model, "group", None)  # DistributedGPT's tp group (SimulatedTP/RealTP); None for GPT
+        parts = dict(h=nn.ModuleList(model.transformer.h[first:end]))
+        if is_first:
+            parts.update(wte=model.transformer.wte, wpe=model.transformer.wpe)
+        if is_last:
+            parts.update(ln_f=model.transformer.ln_f)
+            self.lm_head = model.lm_head  # on a stage without wte this is the tied weight's second copy
+        self.transformer = nn.ModuleDict(parts)
+
+    def gpt_name(self, name):
+        if name.startswith("transformer.h."):
+            i, rest = name[len("transformer.h."):].split(".", 1)
+            return f"transformer.h.{self.first + int(i)}.{rest}"
+        return name
+
+    def forward(self, *stream):
+        """idx (b, T) on the first stage, else the stream: x (b, T, C) for GPT, xbar (b, T, C) [, r (L, b, T, C)]."""
+        if self.is_first:
+            idx, = stream
+            stream = (GPT.embed(self, idx, positions(idx, self.config.block_size)),)  # (b, T, C), synced
+        b, t, C = stream[0].shape
+        if self.group is None:  # GPT
+            x = stream[0]
+            for block in self.transformer.h:
+                x = block(x)
+        else:  # the blocks' stream is flat over tokens
+            xbar = stream[0].view(b * t, C)
+            r = stream[1].view(-1, b * t, C) if len(stream) == 2 else None
+            for block in self.transformer.h:
+                xbar, r = block(xbar, r, t)
+            if not self.is_last:
+                return (xbar.view(b, t, C),) if r is None else (xbar.view(b, t, C), r.view(-1, b, t, C))
+            if r is not None:  # the last block left the stream desynced: one more sync (DistributedGPT.forward)
+                xbar = xbar + reduce_from_tp_region(self.group.delta(r, xbar), self.group)
+            x = xbar.view(b, t, C)
+        if not self.is_last:
+            return x
+        return self.lm_head(self.transformer.ln_f(x))  # (b, T, V)
+
+
+def cross_entropy(logits, targets):
+    """The schedule's loss_fn: GPT's loss on one micro-batch (mean over its targets, ignore_index=-1)."""
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+
+
+# ---------------------------------------------------------------- what the schedule does: recorded
+
+class Recorder:
+    """This rank's actions in one step, in the order they ran: ('F'|'B', stage, micro_batch, 0) computations, and
+    ('send_act'|'recv_act'|'send_grad'|'recv_grad', stage, micro_batch, bytes) point-to-point transfers as the
+    schedule posts them. Before each forward it keys the model's dropout masks by the micro-batch."""
+
+    def __init__(self, model):
+        self.model, self.events, self.dropout_key = model, [], None
+
+    def start(self, dropout_key):
+        self.events, self.dropout_key = [], dropout_key
+
+    def forward(self, stage, mb):
+        if self.dropout_key is not None:  # (seed, iteration, global index of this replica's first micro-batch)
+            seed, iteration, first = self.dropout_key
+            self.model.seed_dropout(seed, iteration, first + mb)
+        self.events.append(("F", stage, mb, 0))
+
+    def transfer(self, kind, stage, mb, ops):
+        if ops:
+            self.events.append((kind, stage, mb, sum(op.tensor.numel() * op.tensor.element_size() for op in ops)))
+        return ops
+
+
+class RecordedStage(PipelineStage):
+    """torch's PipelineStage, telling a Recorder what the schedule makes it do."""
+
+    def __init__(self, *args, recorder, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.recorder = recorder
+
+    def forward_one_chunk(self, fwd_chunk_id, *args, **kwargs):
+        self.recorder.forward(self.stage_index, fwd_chunk_id)
+        return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+
+    def backward_one_chunk(self, bwd_chunk_id, *args, **kwargs):
+        self.recorder.events.append(("B", self.stage_index, bwd_chunk_id, 0))
+        return super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+
+    def get_fwd_recv_ops(self, chunk):
+        return self.recorder.transfer("recv_act", self.stage_index, chunk, super().get_fwd_recv_ops(chunk))
+
+    def get_fwd_send_ops(self, chunk):
+        return self.recorder.transfer("send_act", self.stage_index, chunk, super().get_fwd_send_ops(chunk))
+
+    def get_bwd_recv_ops(self, chunk):
+        return self.recorder.transfer("recv_grad", self.stage_index, chunk, super().get_bwd_recv_ops(chunk))
+
+    def get_bwd_send_ops(self, chunk):
+        return self.recorder.transfer("send_grad", self.stage_index, chunk, super().get_bwd_send_ops(chunk))
+
+
+def replay(actions):
+    """Slots of a recorded timeline. actions: {pp_rank: [('F'|'B', stage, mb), ...]} in the order each rank ran
+    them. Every forward and backward of one stage on one micro-batch takes one slot; an action starts when its rank
+    is free and its inputs exist: F(s, m) after F(s-1, m), B(s, m) after F(s, m) and B(s+1, m). Returns
+    {pp_rank: [(slot, action)]} and the number of slots. (With equal stages the GPipe/1F1B bubble fraction does not
+    depend on the backward/forward cost ratio, so one slot each loses nothing there.)"""
+    n_stages = 1 + max(s for acts in actions.values() for _, s, _ in acts)
+    done, pos, free, slots = {}, {r: 0 for r in actions}, {r: 0 for r in actions}, {r: [] for r in actions}
+    progress = True
+    while progress:
+        progress = False
+        for r, acts in actions.items():
+            while pos[r] < len(acts):
+                kind, s, m = acts[pos[r]]
+                deps = ([("F", s - 1, m)] if s > 0 else []) if kind == "F" else \
+                    [("F", s, m)] + ([("B", s + 1, m)] if s < n_stages - 1 else [])
+                if any(d not in done for d in deps):
+                    break
+                start = max([free[r]] + [done[d] for d in deps])
+                done[(kind, s, m)] = free[r] = start + 1
+                slots[r].append((start, (kind, s, m)))
+                pos[r] += 1
+                progress = True
+    if any(pos[r] < len(acts) for r, acts in actions.items()):
+        raise ValueError("the timeline waits on an action that never runs")
+    return slots, max(done.values())
+
+
+def bubble_fraction(actions):
+    """Idle slots over all slots (pp ranks x makespan) of the replayed timeline."""
+    slots, makespan = replay(actions)
+    return 1.0 - sum(len(s) for s in slots.values()) / (len(slots) * makespan)
+
+
+def theoretical_bubble(pp, m, virtual_stages=1):
+    """(p-1)/(v m + p-1): GPipe and 1F1B at v = 1; interleaved 1F1B with v stages per rank (Megatron-LM's
+    (p-1)/(v m) bubble over ideal time, as a fraction of the total)."""
+    return (pp - 1) / (virtual_stages * m + pp - 1)
+
+
+def format_timeline(actions, pp):
+    """One row per pp rank, one cell per slot: F3 / B3 forward / backward of micro-batch 3 ('F3.1': the rank's
+    virtual stage 1), '.' idle."""
+    slots, makespan = replay(actions)
+    multi = any(s >= pp for acts in actions.values() for _, s, _ in acts)
+
+    def label(kind, s, m):
+        return f"{kind}{m}" + (f".{s // pp}" if multi else "")
+
+    width = 1 + max(len(label(*a)) for acts in actions.values() for a in acts)
+    rows = []
+    for r in sorted(slots):
+        cells = ["."] * makespan
+        for start, a in slots[r]:
+            cells[start] = label(*a)
+        rows.append(f"pp{r} " + "".join(c.rjust(width) for c in cells))
+    return "\n".join(rows)
+
+
+def format_events(events, pp):
+    """A rank's recorded events in order: F3/B3 computations, >a3 / <a3 activations of micro-batch 3 sent / received,
+    >g3 / <g3 gradients."""
+    arrows = {"send_act": ">a", "recv_act": "<a", "send_grad": ">g", "recv_grad": "<g"}
+    multi = any(s >= pp for _, s, _, _ in events)
+    return " ".join(f"{arrows.get(k, k)}{m}" + (f".{s // pp}" if multi else "") for k, s, m, _ in events)
+
+
+# ---------------------------------------------------------------- this rank's part of the pipeline
+
+class Pipeline:
+    """This rank's stages of `model` (built whole on every rank), their torch PipelineStages and the schedule, plus
+    what train.py needs around a step: gradient sync, clipping over the whole model, GPT-layout state."""
+
+    def __init__(self, model, dims, *, schedule, n_microbatches, batch_size, seq_len, virtual_stages=1,
+                 pp_layers=None, device="cpu"):
+        n_layer = model.config.n_layer
+        self.model, self.dims, self.m = model, dims, n_microbatches
+        self.n_stages = dims.pp * virtual_stages
+        self.layers = stage_layers(n_layer, self.n_stages, pp_layers)
+        self.stage_ids = [dims.pp_rank + v * dims.pp for v in range(virtual_stages)]  # loop layout: s on s % pp
+        self.modules = [StageModule(model, *self.layers[s], is_first=s == 0, is_last=s == self.n_stages - 1)
+                        for s in self.stage_ids]
+        self.local = nn.ModuleList(self.modules)  # for the optimizer: every local parameter once
+        self.recorder = Recorder(model)
+        self.desynced_cut = [desynced_after(model, end - 1) for _, end in self.layers[:-1]]
+        mb, dtype = batch_size // n_microbatches, next(model.parameters()).dtype
+        stages = []
+        for s, module in zip(self.stage_ids, self.modules):
+            # torch takes requires_grad of the received activations from these examples: without it no gradient
+            # would flow back across the cut (the previous stage would receive zeros)
+            inputs = (torch.zeros(mb, seq_len, dtype=torch.long, device=device),) if s == 0 else \
+                self._stream(s - 1, mb, seq_len, dtype, device, requires_grad=True)
+            outputs = (torch.empty(mb, seq_len, model.config.vocab_size, dtype=dtype, device=device),) \
+                if s == self.n_stages - 1 else self._stream(s, mb, seq_len, dtype, device, requires_grad=True)
+            submod = module
+            if dims.dp > 1:  # DDP over the dp group per stage; the schedule syncs on each stage's last backward
+                submod = nn.parallel.DistributedDataParallel(module, process_group=dims.dp_group)
+            stages.append(RecordedStage(
+                submod, s, self.n_stages, torch.device(device), recorder=self.recorder,
+                input_args=inputs, output_args=outputs,
+                output_grads=None if s == self.n_stages - 1 else _detached(outputs),  # the last's: from the loss
+                input_grads=(None,) if s == 0 else _detached(inputs),  # token ids have no gradient
+                group=dims.pp_group))
+        kind = SCHEDULES[schedule]
+        self.schedule = (kind(stages, n_microbatches, loss_fn=cross_entropy) if schedule == "interleaved_1f1b"
+                         else kind(stages[0], n_microbatches, loss_fn=cross_entropy))
+
+    def _stream(self, s, mb, T, dtype, device, *, requires_grad):
+        """Example tensors of the stream leaving stage s: xbar (mb, T, C), and r (L, mb, T, C) if desynced."""
+        C = self.model.config.n_embd
+        shapes = [(mb, T, C)] + ([(self.model.group.local, mb, T, C)] if self.desynced_cut[s] else [])
+        return tuple(torch.empty(shape, dtype=dtype, device=device, requires_grad=requires_grad) for shape in shapes)
+
+    @property
+    def has_first(self):
+        return self.dims.pp_rank == 0
+
+    @property
+    def has_last(self):
+        return self.dims.pp_rank == self.dims.pp - 1
+
+    # --- the training step ---
+
+    def step(self, micro_batches, *, dropout_key=None):
+        """One forward and backward of this replica's micro-batches [(X, Y)] (each (mb, T)) through the schedule,
+        then every gradient sync: afterwards each local parameter holds the gradient one process would have for the
+        mean loss over the global batch. Returns that mean loss on every rank. dropout_key: (seed, iteration, global
+        index of this replica's first micro-batch), keys each micro-batch's masks as train.py does."""
+        assert len(micro_batches) == self.m, (len(micro_batches), self.m)
+        self.local.zero_grad(set_to_none=True)  # scale_grads divides whatever .grad holds
+        self.recorder.start(dropout_key)
+        X = torch.cat([x for x, _ in micro_batches])
+        Y = torch.cat([y for _, y in micro_batches])
+        losses = []
+        self.schedule.step(*((X,) if self.has_first else ()), target=Y if self.has_last else None,
+                           losses=losses if self.has_last else None, return_outputs=False)
+        self.sync_grads()
+        return self._mean_loss(losses, X.device)
+
+    @torch.no_grad()
+    def eval_loss(self, micro_batches):
+        """The mean loss over this replica's micro-batches (forward only, through the schedule), averaged over dp,
+        on every rank. The stages hold the only up-to-date weights of their layers: evaluate here, not with the
+        whole model of one rank. Train/eval mode: see train()."""
+        X = torch.cat([x for x, _ in micro_batches])
+        Y = torch.cat([y for _, y in micro_batches])
+        losses = []
+        self.recorder.start(None)
+        self.schedule.eval(*((X,) if self.has_first else ()), target=Y if self.has_last else None,
+                           losses=losses if self.has_last else None, return_outputs=False)
+        return self._mean_loss(losses, X.device)
+
+    def _mean_loss(self, losses, device):
+        """The mean of the last stage's micro-batch losses, broadcast over pp and averaged over dp."""
+        loss = torch.stack(losses).double().mean() if self.has_last else torch.zeros((), dtype=torch.float64)
+        loss = loss.detach().to(device)
+        if self.dims.pp > 1:
+            dist.broadcast(loss, group=self.dims.pp_group, group_src=self.dims.pp - 1)
+        if self.dims.dp > 1:
+            dist.all_reduce(loss, group=self.dims.dp_group)
+            loss /= self.dims.dp
+        return loss.item()
+
+    def train(self, mode=True):
+        """Training or evaluation mode (dropout) for the stages and the model they share their modules with."""
+        self.model.train(mode)
+        self.local.train(mode)
+        return self
+
+    def sync_grads(self):
+        """After the schedule (which already averaged over micro-batches, and over dp through DDP): sum the tied
+        embedding's two gradients over the embedding group, and (real tp) the block-replicated parameters' over tp."""
+        if self.dims.pp > 1:
+            tied = (self.modules[0].transformer.wte.weight if self.has_first else
+                    self.modules[-1].lm_head.weight if self.has_last else None)
+            if tied is not None:
+                dist.all_reduce(tied.grad, group=self.dims.embedding_group)
+        self.model.sync_replicated_grads()  # GPT and simulated tp: nothing
+
+    # --- the whole model's view of this rank's parameters ---
+
+    def named_parameters(self):
+        """(GPT name, parameter) of every local parameter, each once; the last stage's copy of the tied weight is
+        named transformer.wte.weight as GPT's named_parameters() names it."""
+        seen, out = set(), []
+        for module in self.modules:
+            for name, p in module.named_parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    name = module.gpt_name(name)
+                    out.append(("transformer.wte.weight" if name == "lm_head.weight" else name, p))
+        return out
+
+    def _real_tp(self):
+        return getattr(self.model, "group", None) is not None and self.model.group.real
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm):
+        """Clip by the norm of the whole model's gradient (DistributedGPT.clip_grad_norm_'s rule): squares of
+        sharded gradients summed over tp, replicated ones counted once, the tied weight once (its first-stage copy);
+        then summed over the pp stages. Returns that norm."""
+        params = [(n, p) for n, p in self.named_parameters() if p.grad is not None]
+        acc = torch.promote_types(params[0][1].grad.dtype, torch.float32)  # fp32 at least, float64 kept
+        sharded, replicated = (torch.zeros((), dtype=acc, device=params[0][1].device) for _ in range(2))
+        for name, p in params:
+            if name == "transformer.wte.weight" and not self.has_first:
+                continue  # the last stage's copy of the tied weight: counted on the first stage
+            if self._real_tp() and self.model.sharding.is_sharded(name):
+                sharded += p.grad.to(acc).pow(2).sum()
+            else:
+                replicated += p.grad.to(acc).pow(2).sum()
+        total = replicated + (self.model.group.sum_over_shards(sharded) if self._real_tp() else sharded)
+        if self.dims.pp > 1:
+            dist.all_reduce(total, group=self.dims.pp_group)
+        total = total.sqrt()
+        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        for _, p in params:
+            p.grad.mul_(coef.to(p.grad.dtype))
+        return total
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        """AdamW over this rank's parameters, grouped as GPT.configure_optimizers groups them."""
+        return configure_adamw(self.local, weight_decay, learning_rate, betas, device_type)
+
+    # --- GPT-layout state: gathered from every stage (and tp rank), so checkpoints stay unsharded GPT layout ---
+
+    def _gather(self, local, name=lambda key: key):
+        """{key: this rank's tensor} -> the whole model's {key: tensor} on every rank: tensors of sharded parameters
+        (name(key) is the parameter's GPT name) gathered over tp, then every pp stage's entries (collectives over tp
+        and pp; dp replicas hold the same). The first pp rank's entry wins: its copy of the tied weight."""
+        sharding = getattr(self.model, "sharding", None)
+        if sharding is not None:
+            local = {k: sharding.gather(name(k), t) if t.dim() > 0 else t for k, t in local.items()}
+        if self.dims.pp == 1:
+            return local
+        parts = [None] * self.dims.pp
+        dist.all_gather_object(parts, {k: t.detach().cpu() for k, t in local.items()}, group=self.dims.pp_group)
+        merged = {}
+        for part in parts:
+            for k, t in part.items():
+                merged.setdefault(k, t)
+        return merged
+
+    def _local_named(self, value):
+        """{GPT name: value(p)} for every local (name, parameter), the tied weight under both of GPT's names."""
+        out = {}
+        for module in self.modules:
+            for name, p in module.named_parameters(remove_duplicate=False):
+                out[module.gpt_name(name)] = value(p)
+        return out
+
+    def gpt_state_dict(self):
+        """GPT's state dict of the whole model (both tied names), on every rank."""
+        full = self._gather(self._local_named(lambda p: p.detach()))
+        return {k: full[k] for k in self.model.state_dict()}  # GPT's key order
+
+    def gpt_grads(self):
+        """The whole model's gradients by GPT name (both tied names; the last stage's copy under lm_head.weight)."""
+        return self._gather(self._local_named(lambda p: p.grad))
+
+    def load_gpt_state_dict(self, state_dict):
+        """The stages hold the model's own parameters: loading the model loads them."""
+        self.model.load_gpt_state_dict(state_dict)
+
+    def _gpt_param_order(self):
+        """GPT names in the order of GPT.configure_optimizers' parameter indices (decayed >= 2-D first)."""
+        named = list(self.model.named_parameters())
+        return [n for n, p in named if p.dim() >= 2] + [n for n, p in named if p.dim() < 2]
+
+    def _local_param_names(self, optimizer):
+        names = {id(p): n for n, p in self.named_parameters()}
+        return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+    def gpt_optimizer_state(self, optimizer):
+        """The optimizer state dict GPT's own optimizer would have (unsharded moments, GPT's parameter indices)."""
+        sd, names = optimizer.state_dict(), self._local_param_names(optimizer)
+        local = {(names[i], k): v for i, s in sd["state"].items() for k, v in s.items()}
+        full = self._gather(local, name=lambda key: key[0])  # moments are sharded like their parameters
+        order = self._gpt_param_order()
+        state = {}
+        for i, name in enumerate(order):
+            entry = {k: v for (n, k), v in full.items() if n == name}
+            if entry:
+                state[i] = entry
+        n_decay = sum(p.dim() >= 2 for _, p in self.model.named_parameters())
+        groups = [dict(g, params=list(range(n_decay)) if j == 0 else list(range(n_decay, len(order))))
+                  for j, g in enumerate(sd["param_groups"])]
+        return {"state": state, "param_groups": groups}
+
+    def load_gpt_optimizer_state(self, optimizer, state_dict):
+        """Inverse of gpt_optimizer_state: each local parameter takes its GPT entry (its tp slice of the moments)."""
+        index = {n: i for i, n in enumerate(self._gpt_param_order())}
+        sharding = getattr(self.model, "sharding", None)
+        local = {}
+        for j, name in enumerate(self._local_param_names(optimizer)):
+            entry = state_dict["state"].get(index[name])
+            if entry is not None:
+                local[j] = {k: sharding.shard(name, v) if sharding is not None and v.dim() > 0 else v
+                            for k, v in entry.items()}
+        groups = optimizer.state_dict()["param_groups"]
+        for g, src in zip(groups, state_dict["param_groups"]):
+            g.update({k: v for k, v in src.items() if k != "params"})
+        optimizer.load_state_dict({"state": local, "param_groups": groups})
+
+    # --- what crossed the stage boundaries, next to the tp all-reduces ---
+
+    def gather_events(self):
+        """{pp rank: its recorded events of the last step}, on every rank of this pp group (a collective)."""
+        events = [None] * self.dims.pp
+        if self.dims.pp == 1:
+            events = [self.recorder.events]
+        else:
+            dist.all_gather_object(events, self.recorder.events, group=self.dims.pp_group)
+        return dict(enumerate(events))
+
+    def boundary_bytes(self, events):
+        """Per cut s -> s+1, per micro-batch and rank: bytes of activations sent forward (by s) and of gradients
+        sent back (by s+1), and what the stream was."""
+        sent = {}
+        for acts in events.values():
+            for kind, s, _, nbytes in acts:
+                sent[kind, s] = sent.get((kind, s), 0) + nbytes
+        return [dict(cut=f"{s}->{s + 1}", stream="xbar, r" if self.desynced_cut[s] else "xbar",
+                     fwd_bytes=sent.get(("send_act", s), 0) // self.m,
+                     bwd_bytes=sent.get(("send_grad", s + 1), 0) // self.m)
+                for s in range(self.n_stages - 1)]
+
+    def reset_comm_counts(self):
+        self.model.reset_comm_counts()
+
+    def comm_report(self, *, tokens, events=None):
+        """The model's comm_report summed over the pp stages (each stage counts its own blocks' all-reduces), per
+        micro-batch of `tokens` tokens, plus the pp boundaries' bytes (per rank) per micro-batch and per token."""
+        report = {}
+        counter = getattr(getattr(self.model, "group", None), "counter", None)
+        if counter is not None:
+            counts = torch.tensor([counter.fwd, counter.bwd, counter.fwd_bytes, counter.bwd_bytes], dtype=torch.float64)
+            if self.dims.pp > 1:
+                dist.all_reduce(counts, group=self.dims.pp_group)
+            fwd, bwd, fwd_b, bwd_b = counts.tolist()
+            report = dict(fwd_allreduces=int(fwd) // self.m, bwd_allreduces=int(bwd) // self.m,
+                          comm_bytes_per_token=(fwd_b + bwd_b) / (self.m * tokens),
+                          grad_sync_allreduces=counter.grad_sync)
+        cuts = self.boundary_bytes(events if events is not None else self.gather_events())
+        report["pp_boundaries"] = cuts
+        report["pp_bytes_per_token"] = sum(c["fwd_bytes"] + c["bwd_bytes"] for c in cuts) / tokens
+        return report
+
+
+def _detached(examples):
+    """Example gradients: the examples' shapes without requires_grad."""
+    return tuple(a.detach() for a in examples)
+
+
+def build_pipeline(model, dims, **kwargs):
+    """This rank's Pipeline of a whole model built on every rank (see Pipeline for the keyword arguments)."""
+    return Pipeline(model, dims, **kwargs)
+
+
+# ---------------------------------------------------------------- demo
+
+DEMO = dict(pp_size=4, tp_size=2, tp_mode="real", schedule="1f1b", virtual_stages=1, n_microbatches=8,
+            pp_layers=None, batch_size=16, block_size=16, n_layer=8, n_head=4, n_embd=32, vocab_size=64,
+            block_types=["spd", "parallel"] * 4, steps=2, seed=1337, dtype="float32")
+
+
+@exit_on_config_error
+def main(argv):
+    cfg = configure(DEMO, argv)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    tp = cfg["tp_size"] if cfg["tp_mode"] == "real" else 1
+    if cfg["tp_mode"] not in ("real", "simulated"):
+        raise ConfigError(f"tp_mode must be 'real' or 'simulated', got {cfg['tp_mode']!r}")
+    validate_tp_args(n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"], tp_size=cfg["tp_size"],
+                     block_types=cfg["block_types"])
+    validate_pp_layout(world=world, pp_size=cfg["pp_size"], tp=tp, n_layer=cfg["n_layer"], schedule=cfg["schedule"],
+                       n_microbatches=cfg["n_microbatches"], virtual_stages=cfg["virtual_stages"],
+                       pp_layers=cfg["pp_layers"], batch_size=cfg["batch_size"])
+    dims = init_pp_parallel(pp=cfg["pp_size"], tp=tp, device_type="cpu", backend="gloo")
+    try:
+        demo(cfg, dims)
+    finally:
+        dist.destroy_process_group()
+
+
+def demo(cfg, dims):
+    torch.manual_seed(cfg["seed"])
+    sizes = {k: cfg[k] for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd")}
+    model = DistributedGPT(TPConfig(**sizes, tp_size=cfg["tp_size"], block_types=cfg["block_types"]),
+                           pd=dims if dims.tp > 1 else None).to(getattr(torch, cfg["dtype"]))
+    pipe = build_pipeline(model, dims, schedule=cfg["schedule"], n_microbatches=cfg["n_microbatches"],
+                          batch_size=cfg["batch_size"], seq_len=cfg["block_size"],
+                          virtual_stages=cfg["virtual_stages"], pp_layers=cfg["pp_layers"])
+    optimizer = pipe.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    m, mb = cfg["n_microbatches"], cfg["batch_size"] // cfg["n_microbatches"]
+    say = print if dims.is_master else (lambda *a, **k: None)
+    say(f"pp={dims.pp} x dp={dims.dp} x tp={dims.tp} ({dist.get_world_size()} processes), schedule "
+        f"{cfg['schedule']}, {dims.pp * cfg['virtual_stages']} stages of layers {pipe.layers}, {m} micro-batches of "
+        f"{mb} x {cfg['block_size']} tokens, blocks {cfg['block_types']}")
+    for it in range(cfg["steps"]):
+        g = torch.Generator().manual_seed(it)
+        data = torch.randint(cfg["vocab_size"], (dims.dp, m, 2, mb, cfg["block_size"]), generator=g)[dims.dp_rank]
+        pipe.reset_comm_counts()
+        loss = pipe.step([(data[i, 0], data[i, 1]) for i in range(m)])
+        pipe.clip_grad_norm_(1.0)
+        optimizer.step()
+        say(f"step {it}: loss {loss:.4f}")
+    events = pipe.gather_events()  # of the last step
+    report = pipe.comm_report(tokens=mb * cfg["block_size"], events=events)
+    if not dims.is_master:
+        return
+    actions = {r: [(k, s, mb_) for k, s, mb_, _ in ev if k in ("F", "B")] for r, ev in events.items()}
+    print("\ntimeline of the last step (one slot per forward F or backward B of micro-batch m on one stage, '.' idle):")
+    print(format_timeline(actions, dims.pp))
+    print("\nwhat each pp rank did, in order (>a3/<a3: activations of micro-batch 3 sent/received, >g3/<g3: "
+          "gradients):")
+    for r, ev in events.items():
+        print(f"pp{r}: {format_events(ev, dims.pp)}")
+    v = cfg["virtual_stages"]
+    formula = "(p-1)/(v m+p-1)" if cfg["schedule"] == "interleaved_1f1b" else "(p-1)/(m+p-1)"
+    print(f"\nbubble: measured {bubble_fraction(actions):.4f} (idle slots / all slots of the recorded timeline), "
+          f"theory {formula} = {theoretical_bubble(dims.pp, m, v):.4f} (p={dims.pp}, m={m}, v={v})")
+    print("\nper micro-batch and rank, across each stage boundary:")
+    for cut in report["pp_boundaries"]:
+        print(f"  stage {cut['cut']}: {cut['stream']:<8} forward {cut['fwd_bytes']} B, backward {cut['bwd_bytes']} B")
+    print(f"tp all-reduces per micro-batch (whole model): forward {report['fwd_allreduces']}, backward "
+          f"{report['bwd_allreduces']}, {report['comm_bytes_per_token']:.0f} B/token; pp boundaries "
+          f"{report['pp_bytes_per_token']:.0f} B/token")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,246 @@
+"""Pipeline parallelism (pipeline.py) against one process: tests/pp_worker.py under torchrun (gloo, CPU), one launch
+per world size (2: pp2; 4: pp4, pp2 x tp2 real, pp2 x dp2; 8: pp2 x dp2 x tp2), every check of a world in that
+launch; the bubble replay on hand-checked timelines; the layout validation; the demo."""
+
+import json
+import re
+
+import pytest
+
+from conftest import run_script
+from configurator import ConfigError
+from pipeline import bubble_fraction, format_timeline, replay, stage_layers, theoretical_bubble, validate_pp_layout
+from pp_worker import CAN_FAIL, CLIP, M, MB, MODELS, N_EMBD, STEPS, T, TP_SIZE, VIRTUAL, plan
+
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone"]
+FWD_ALLREDUCES = {"tp": 2, "spd": 1, "parallel": 0}  # docs/model.md, plus 1 when the model ends desynced
+
+
+@pytest.fixture(scope="module", params=[2, 4, 8], ids=["2procs", "4procs", "8procs"])
+def results(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"pp_{request.param}procs") / "results.json"
+    r = run_script(*TORCHRUN, f"--nproc_per_node={request.param}", "tests/pp_worker.py", str(out), timeout=400)
+    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
+    with open(out) as f:
+        return json.load(f)["results"]
+
+
+def parse(key):
+    """'pp2_dp1_tp2/float64/desync_cut/1f1b' -> (pp, dp, tp), dtype, kind, schedule."""
+    layout, dtype, kind, schedule = key.split("/")
+    pp, dp, tp = (int(x[2:]) for x in layout.split("_"))
+    return (pp, dp, tp), dtype, kind, schedule
+
+
+def comparisons(results):
+    return {k: v for k, v in results.items() if "/float" in k}
+
+
+def test_layouts_and_patterns_were_all_run(results):
+    keys = comparisons(results)
+    layouts = {parse(k)[0] for k in keys}
+    assert layouts in ({(2, 1, 1)}, {(4, 1, 1), (2, 1, 2), (2, 2, 1)}, {(2, 2, 2)}), layouts
+    for layout in layouts:
+        ran = {(parse(k)[1], *parse(k)[2:]) for k in keys if parse(k)[0] == layout}
+        assert ran == {(dt, kd, s) for dt, kinds, schedules, _, _ in plan(*layout) for kd in kinds for s in schedules}
+    if (2, 1, 1) in layouts or (4, 1, 1) in layouts:  # every schedule on GPT and both patterns
+        assert {parse(k)[2:] for k in keys} == {(kd, s) for kd in MODELS for s in VIRTUAL}
+
+
+def test_pp_equals_one_process(results):
+    """Loss, every gradient (step 1), losses, gradient norms, weights and AdamW moments after STEPS steps with
+    clipping, at the worker's stated tolerances (float64 1e-9 / 1e-8; float32 losses and norms 1e-4)."""
+    for key, res in comparisons(results).items():
+        assert res["ratio"] <= 1.0, (key, json.dumps(res)[:2000])
+        assert res["groups_equal"], key  # GPT's optimizer parameter indices
+        pp_losses, _ = res["losses"]["values"]
+        pp_norms, _ = res["norms"]["values"]
+        assert len(pp_losses) == STEPS
+        assert min(pp_norms) > CLIP, key  # clipping was active in every step, so it was compared too
+
+
+def test_boundary_bytes_and_tp_allreduces(results):
+    """Per micro-batch and rank: xbar (MB, T, C) crosses a synced cut, xbar and this rank's L shard streams
+    (L = tp_size simulated, 1 real) a desynced one; the same bytes come back as gradients. Measured at the p2p ops."""
+    for key, res in comparisons(results).items():
+        (pp, dp, tp), dtype, kind, schedule = parse(key)
+        size = MB * T * N_EMBD * (8 if dtype == "float64" else 4)
+        local_shards = TP_SIZE if tp == 1 else 1
+        cuts = [end - 1 for _, end in res["layers"][:-1]]  # the layer before each cut
+        assert len(res["boundaries"]) == pp * VIRTUAL[schedule] - 1
+        for cut, layer in zip(res["boundaries"], cuts):
+            desynced = MODELS[kind] is not None and MODELS[kind][layer] == "parallel"
+            assert cut["stream"] == ("xbar, r" if desynced else "xbar"), (key, cut)
+            assert cut["fwd_bytes"] == cut["bwd_bytes"] == size * (1 + local_shards * desynced), (key, cut)
+        if MODELS[kind] is not None:  # the tp all-reduces of the whole model, summed over the stages
+            expected = sum(FWD_ALLREDUCES[b] for b in MODELS[kind]) + (MODELS[kind][-1] == "parallel")
+            assert res["tp_fwd_allreduces"] == res["tp_bwd_allreduces"] == expected, key
+
+
+def test_some_cuts_are_desynced(results):
+    """The desync_cut pattern's boundaries carry the pair (not vacuous)."""
+    desynced = [c for k, v in comparisons(results).items() if "desync_cut" in k for c in v["boundaries"]]
+    assert any(c["stream"] == "xbar, r" for c in desynced)
+
+
+def test_measured_bubble_equals_theory(results):
+    """The recorded timelines of torch's schedules, replayed with one slot per action: GPipe and 1F1B give
+    (p-1)/(m+p-1), interleaved 1F1B with v = 2 gives (p-1)/(v m+p-1). Exact up to float rounding (1e-12)."""
+    for key, res in comparisons(results).items():
+        (pp, _, _), _, _, schedule = parse(key)
+        assert res["theory"] == pytest.approx(theoretical_bubble(pp, M, VIRTUAL[schedule]), abs=1e-15)
+        assert res["bubble"] == pytest.approx(res["theory"], abs=1e-12), key
+
+
+def test_comparisons_can_fail(results):
+    """Each comparison run again with one thing broken: it must fail by far (ratio > 10)."""
+    for (pp, dp, tp) in {parse(k)[0] for k in comparisons(results)}:
+        layout = f"pp{pp}_dp{dp}_tp{tp}"
+        expected = [b for *_, broken in plan(pp, dp, tp) for b in broken]
+        assert expected and "perturbed_last_stage" in expected, layout  # every layout: the pp stages are compared
+        assert {k.split("/")[-1] for k in results if k.startswith(f"{layout}/can_fail/")} == set(expected)
+        for label in expected:
+            res = results[f"{layout}/can_fail/{label}"]
+            assert res["ratio"] > 10, (layout, label, res)
+        if f"{layout}/can_fail/no_tied_sum" in results:  # the forward is the same; only the tied weight's gradient
+            res = results[f"{layout}/can_fail/no_tied_sum"]
+            assert res["grads"]["where"] in ("transformer.wte.weight", "lm_head.weight"), res["grads"]
+            assert res["losses"]["values"][0][0] == pytest.approx(res["losses"]["values"][1][0], rel=1e-12)
+        if f"{layout}/can_fail/no_tp_grad_sync" in results:
+            assert results[f"{layout}/can_fail/no_tp_grad_sync"]["grads"]["ratio"] > 10
+    every = {k.split("/")[-1] for k in results if "/can_fail/" in k}
+    assert every <= set(CAN_FAIL)
+
+
+def test_resume_from_gpt_layout_state(results):
+    """GPT-layout weights and optimizer state gathered after 2 steps, loaded into a freshly initialised pipeline:
+    its 3rd step equals the uninterrupted one process's (float64, 1e-8)."""
+    resumed = {k: v for k, v in results.items() if k.endswith("/resume")}
+    if {parse(k)[0] for k in comparisons(results)} == {(2, 2, 2)}:
+        assert not resumed
+        return
+    assert resumed
+    for key, res in resumed.items():
+        assert res["ratio"] <= 1.0, (key, res)
+
+
+# ---------- the bubble, by hand ----------
+
+def gpipe(p, m):
+    return {r: [("F", r, i) for i in range(m)] + [("B", r, i) for i in range(m)] for r in range(p)}
+
+
+def test_replay_of_a_hand_checked_gpipe_timeline():
+    """p = 2, m = 2, one slot per action:
+        pp0  F0 F1  .  . B0 B1      rank 1's B0 ends at slot 4, so rank 0's B0 runs in slot 4
+        pp1   . F0 F1 B0 B1  .
+    6 slots x 2 ranks, 8 busy: bubble 4/12 = 1/3 = (p-1)/(m+p-1)."""
+    slots, makespan = replay(gpipe(2, 2))
+    assert makespan == 6
+    assert [s for s, _ in slots[0]] == [0, 1, 4, 5] and [s for s, _ in slots[1]] == [1, 2, 3, 4]
+    assert bubble_fraction(gpipe(2, 2)) == pytest.approx(1 / 3, abs=1e-15)
+    assert format_timeline(gpipe(2, 2), 2).splitlines() == ["pp0  F0 F1  .  . B0 B1", "pp1   . F0 F1 B0 B1  ."]
+    for p, m in ((4, 8), (3, 5), (1, 4)):
+        assert bubble_fraction(gpipe(p, m)) == pytest.approx(theoretical_bubble(p, m), abs=1e-12)
+
+
+def test_replay_sees_a_worse_order():
+    """Rank 1 runs its backwards in the order B1, B0: rank 0's B0 waits until slot 5, B1 follows in 6.
+    7 slots x 2 ranks, 8 busy: bubble 6/14 = 3/7 (the formula's 1/3 needs the FIFO order)."""
+    actions = gpipe(2, 2)
+    actions[1] = [("F", 1, 0), ("F", 1, 1), ("B", 1, 1), ("B", 1, 0)]
+    slots, makespan = replay(actions)
+    assert makespan == 7 and [s for s, _ in slots[0]] == [0, 1, 5, 6]
+    assert bubble_fraction(actions) == pytest.approx(3 / 7, abs=1e-15)
+
+
+def test_replay_rejects_an_impossible_order():
+    actions = {0: [("F", 0, 0), ("B", 0, 0)], 1: [("B", 1, 0), ("F", 1, 0)]}  # a backward before its forward
+    with pytest.raises(ValueError, match="never runs"):
+        replay(actions)
+
+
+def test_theoretical_bubble():
+    assert theoretical_bubble(4, 8) == pytest.approx(3 / 11)
+    assert theoretical_bubble(4, 8, 2) == pytest.approx(3 / 19)
+    assert theoretical_bubble(1, 8) == 0
+
+
+def test_stage_layers():
+    assert stage_layers(8, 4) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert stage_layers(7, 3) == [(0, 3), (3, 5), (5, 7)]  # the earlier stages take the remainder
+    assert stage_layers(6, 2, [1, 5]) == [(0, 1), (1, 6)]
+
+
+# ---------- layout validation: one line, before any process group ----------
+
+GOOD = dict(world=8, pp_size=4, tp=2, n_layer=8, schedule="1f1b", n_microbatches=8)
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(world=6), ["world size (6)", "pp_size (4)", "tp (2)"]),
+    (dict(world=8, tp=1, pp_size=8, n_layer=4), ["8 stages", "n_layer (4)"]),
+    (dict(schedule="interleaved_1f1b", virtual_stages=3, n_layer=8), ["12 stages", "n_layer (8)"]),
+    (dict(n_microbatches=3), ["n_microbatches (3)", "pp_size (4)"]),
+    (dict(schedule="interleaved_1f1b", virtual_stages=2, n_microbatches=2), ["n_microbatches (2)", "pp_size (4)"]),
+    (dict(schedule="interleaved_1f1b", virtual_stages=2, n_microbatches=9), ["n_microbatches (9)", "(2)"]),
+    (dict(schedule="zero_bubble"), ["schedule", "'zero_bubble'"]),
+    (dict(virtual_stages=2), ["virtual_stages (2)", "interleaved_1f1b"]),
+    (dict(pp_layers=[2, 2, 2, 1]), ["pp_layers [2, 2, 2, 1]", "sums to 7", "n_layer (8)"]),
+    (dict(pp_layers=[4, 4, 0, 0]), ["pp_layers [4, 4, 0, 0]", "empty stage"]),
+    (dict(pp_layers=[4, 4]), ["pp_layers", "4 ints"]),
+    (dict(batch_size=12), ["batch_size (12)", "n_microbatches (8)"]),
+    (dict(pp_size=0), ["pp_size", "0"]),
+])
+def test_bad_layout_is_one_line_naming_keys_and_values(change, words):
+    with pytest.raises(ConfigError) as e:
+        validate_pp_layout(**dict(GOOD, **change))
+    message = str(e.value)
+    assert "\n" not in message and all(w in message for w in words), message
+
+
+def test_good_layouts_pass():
+    validate_pp_layout(**GOOD)
+    validate_pp_layout(**dict(GOOD, schedule="gpipe", n_microbatches=1))  # GPipe runs any m
+    validate_pp_layout(**dict(GOOD, schedule="interleaved_1f1b", virtual_stages=2, pp_layers=[1] * 8))
+    validate_pp_layout(world=1, pp_size=1, tp=1, n_layer=2, schedule="1f1b", n_microbatches=1, batch_size=4)
+
+
+def test_bad_launch_outside_torchrun():
+    """World 1 cannot hold pp 4 x tp 2: one line, exit 2, no traceback."""
+    r = run_script("pipeline.py", "--pp_size=4", "--tp_size=2", timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "world size (1)" in lines[0] and "pp_size (4)" in lines[0], lines[0]
+
+
+def test_bad_launch_one_rank_exits_by_itself():
+    """One rank of a 6-process job asked for pp 4 x tp 2: the check runs before init_process_group, so it exits 2
+    at once; had it reached the rendezvous it would wait for ranks that never come and the timeout would fail it."""
+    env = dict(RANK="1", LOCAL_RANK="1", WORLD_SIZE="6", LOCAL_WORLD_SIZE="6", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT="29583")
+    r = run_script("pipeline.py", "--pp_size=4", "--tp_size=2", "--schedule=1f1b", env=env, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "world size (6)" in lines[0] and "not divisible by pp_size x tp (8)" in lines[0], lines[0]
+
+
+# ---------- the demo ----------
+
+def test_demo_prints_timeline_and_bubble():
+    """pp 2 x tp 2 (real), interleaved 1F1B with 2 virtual stages: the timeline of each pp rank, its sends and
+    receives, and the measured bubble equal to (p-1)/(v m+p-1) = 1/(2*4+1)."""
+    r = run_script(*TORCHRUN, "--nproc_per_node=4", "pipeline.py", "--tp_size=2", "--pp_size=2",
+                   "--schedule=interleaved_1f1b", "--virtual_stages=2", "--n_microbatches=4", "--batch_size=8",
+                   "--n_layer=4", "--block_types=['spd','parallel']*2", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
+    out = r.stdout
+    assert re.search(r"^pp0 +F0\.0 F1\.0", out, re.M) and re.search(r"^pp1 +\. +F0\.0", out, re.M), out
+    assert re.search(r"^pp1: <a0\.0 F0\.0 ", out, re.M), out  # pp rank 1 receives micro-batch 0, then runs it
+    m = re.search(r"bubble: measured (\S+) .* = (\S+) \(p=2, m=4, v=2\)", out)
+    assert m and float(m.group(1)) == pytest.approx(1 / 9, abs=1e-4) == float(m.group(2)), out
+    assert "stage 0->1: xbar     forward 4096 B, backward 4096 B" in out, out  # after spd: (2, 16, 32) x 4 B
+    assert "stage 1->2: xbar, r  forward 8192 B, backward 8192 B" in out, out  # after parallel: and (1, 2, 16, 32)
+    assert "tp all-reduces per micro-batch (whole model): forward 3, backward 3" in out, out
