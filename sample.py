@@ -1,9 +1,11 @@
 """
 Sample from a trained model: a checkpoint in out_dir (GPT or DistributedGPT, rebuilt with the checkpoint's own
-tp_size and block_types, simulated on one device; nanoGPT's checkpoints too) or a pretrained GPT-2.
+tp_size and block_types; nanoGPT's checkpoints too) or a pretrained GPT-2. Generation uses a KV cache (kv_cache=True).
 $ python sample.py --out_dir=out-shakespeare-char
 $ python sample.py --init_from=gpt2-xl --start="What is the answer to life?" --num_samples=3
 $ python sample.py --out_dir=out-gpt2 --start=FILE:prompt.txt
+Real tensor parallelism, one shard per process (torchrun takes --start for its own --start-method: use --prompt):
+$ torchrun --standalone --nproc_per_node=2 sample.py --out_dir=out-shakespeare-char-spd --tp_mode=real --prompt="ROMEO:"
 """
 
 import os
@@ -16,16 +18,22 @@ from common import (autocast_context, build_model_from_checkpoint, load_checkpoi
 from configurator import ConfigError, configure, exit_on_config_error
 from data.vocab import load_vocab
 from model import GPT, PRETRAINED_SIZES
+from parallel import check_layout, init_parallel, shutdown
 
 DEFAULTS = dict(
     init_from="resume",  # 'resume' (from out_dir) or a GPT-2 variant: 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl'
     out_dir="out",
     start="\n",  # the prompt, or "FILE:path.txt" (UTF-8)
+    prompt=None,  # the same as start, under a name torchrun does not take for one of its own options
     num_samples=10,
     max_new_tokens=500,
     temperature=0.8,  # 1.0 = no change, < 1.0 = less random
     top_k=200,  # keep only the top_k most likely tokens (None: all)
     seed=1337,
+    kv_cache=True,  # feed only each new token, keys and values of the earlier ones cached (same tokens either way)
+    tp_size=None,  # distributed_gpt: shards per layer (None: the checkpoint's); checkpoints are GPT-layout
+    tp_mode="simulated",  # 'simulated' (one process) | 'real' (torchrun, one shard per process, world = tp_size)
+    backend=None,  # real mode: None picks 'nccl' on CUDA, 'gloo' on CPU
     device="auto",
     dtype="auto",
     compile=False,
@@ -46,6 +54,12 @@ def check_settings(cfg):
         raise ConfigError(f"max_new_tokens must be >= 0, got {cfg['max_new_tokens']}")
     if cfg["seed"] < 0:
         raise ConfigError(f"seed must be >= 0, got {cfg['seed']}")
+    if cfg["prompt"] is not None:
+        if cfg["start"] != DEFAULTS["start"]:
+            raise ConfigError(f"give the prompt once: start={cfg['start']!r} and prompt={cfg['prompt']!r}")
+        cfg["start"] = cfg["prompt"]
+    if cfg["tp_size"] is not None and (type(cfg["tp_size"]) is not int or cfg["tp_size"] < 1):
+        raise ConfigError(f"tp_size must be an int >= 1 or None, got {cfg['tp_size']!r}")
 
 
 def read_prompt(start):
@@ -64,8 +78,8 @@ def read_prompt(start):
     return start
 
 
-def load_model(cfg):
-    """(model, encode, decode) for the run in cfg."""
+def load_model(cfg, pd=None):
+    """(model, encode, decode) for the run in cfg; pd: the process grid (real tensor parallelism)."""
     if cfg["init_from"] in PRETRAINED_SIZES:
         try:
             model = GPT.from_pretrained(cfg["init_from"], dict(dropout=0.0))
@@ -74,14 +88,15 @@ def load_model(cfg):
                               f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
         return (model, *gpt2_codec())
     checkpoint = load_checkpoint(cfg["out_dir"])
-    model = build_model_from_checkpoint(checkpoint, dropout=0.0)
+    model = build_model_from_checkpoint(checkpoint, pd=pd, dropout=0.0, tp_size=cfg["tp_size"])
     # the dataset's vocabulary, as nanoGPT finds it: data/<dataset>/ (this repo's runs may name a data_dir)
     run = checkpoint.get("config") or {}
     data_dir = run.get("data_dir") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
                                                     str(run.get("dataset", "")))
     vocab = load_vocab(data_dir) if run.get("dataset") and os.path.isdir(data_dir) else None
     if vocab is not None:
-        print(f"loading {data_dir}'s vocabulary")
+        if pd is None or pd.is_master:
+            print(f"loading {data_dir}'s vocabulary")
         stoi, itos = vocab["stoi"], vocab["itos"]
         unknown = "".join(sorted({c for c in cfg["start"] if c not in stoi}))
         if unknown:
@@ -108,7 +123,37 @@ def main(argv):
     device = pick_device(cfg["device"])
     device_type = "cuda" if device.startswith("cuda") else device
     dtype = pick_dtype(cfg["dtype"], device_type)
-    model, encode, decode = load_model(cfg)
+    if cfg["tp_mode"] == "real":  # the layout check needs tp_size before any process group starts
+        from_checkpoint = checkpoint_tp_size(cfg)
+        cfg["tp_size"] = cfg["tp_size"] or from_checkpoint
+    dp, tp = check_layout(tp_size=cfg["tp_size"] or 1, tp_mode=cfg["tp_mode"])
+    if dp != 1:
+        raise ConfigError(f"sample.py runs one model replica: launch tp_size ({cfg['tp_size']}) processes, not {dp * tp}")
+    pd = init_parallel(dp=dp, tp=tp, device_type=device_type, backend=cfg["backend"])
+    try:
+        if pd.distributed and device_type == "cuda":
+            device = f"cuda:{pd.local_rank}"
+        sample(cfg, pd, device, device_type, dtype)
+    finally:
+        shutdown(pd)
+
+
+def checkpoint_tp_size(cfg):
+    """The tp_size of the distributed_gpt checkpoint that real tensor parallelism samples."""
+    from common import checkpoint_model
+
+    if cfg["init_from"] != "resume":
+        raise ConfigError(f"tp_mode='real' samples a distributed_gpt checkpoint (init_from='resume'), "
+                          f"got init_from={cfg['init_from']!r}")
+    model_type, spec = checkpoint_model(load_checkpoint(cfg["out_dir"]))
+    if model_type != "distributed_gpt":
+        raise ConfigError(f"tp_mode='real' needs a distributed_gpt checkpoint, {cfg['out_dir']!r} holds {model_type!r}")
+    return spec["tp_size"]
+
+
+def sample(cfg, pd, device, device_type, dtype):
+    """num_samples samples; every tp rank generates the same tokens (same seed, identical logits), rank 0 prints."""
+    model, encode, decode = load_model(cfg, pd)
     setup_runtime(device_type, cfg["seed"])
     model.eval().to(device)
     if cfg["compile"]:
@@ -116,9 +161,11 @@ def main(argv):
     x = torch.tensor(encode(cfg["start"]), dtype=torch.long, device=device)[None, ...]
     with torch.no_grad(), autocast_context(device_type, dtype):
         for _ in range(cfg["num_samples"]):
-            y = model.generate(x, cfg["max_new_tokens"], temperature=cfg["temperature"], top_k=cfg["top_k"])
-            print(decode(y[0].tolist()))
-            print("---------------")
+            y = model.generate(x, cfg["max_new_tokens"], temperature=cfg["temperature"], top_k=cfg["top_k"],
+                               use_cache=cfg["kv_cache"])
+            if pd.is_master:
+                print(decode(y[0].tolist()))
+                print("---------------")
 
 
 if __name__ == "__main__":

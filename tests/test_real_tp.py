@@ -198,6 +198,28 @@ def test_checkpoints_move_between_real_and_simulated(tmp_path, char_data):
     assert abs(a[12] - a[0]) > 1e-2
 
 
+def test_sample_real_matches_single_process(tmp_path, char_data):
+    """sample.py under torchrun (tp_mode='real', the prompt as --prompt: torchrun takes --start for itself) prints
+    the single-process samples: greedy (top_k=1) and seeded sampling, with and without the KV cache."""
+    out = tmp_path / "run"
+    train(out, char_data, "--max_iters=8", "--lr_decay_iters=8", "--block_types=['spd','parallel']")
+    common = [f"--out_dir={out}", "--device=cpu", "--num_samples=2", "--max_new_tokens=40", "--prompt=def "]
+
+    def samples(r):
+        assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+        return r.stdout.split("vocabulary\n", 1)[-1]
+
+    for extra in (["--top_k=1"], ["--temperature=1.0", "--top_k=10"], ["--top_k=10", "--kv_cache=False"]):
+        one = samples(run_script("sample.py", *common, *extra))
+        real = samples(run_script(*TORCHRUN, "--nproc_per_node=2", "sample.py", *common, "--tp_mode=real", *extra,
+                                  timeout=120))
+        assert real == one and one.count("---------------") == 2, (extra, one, real)
+    cached = samples(run_script("sample.py", *common, "--top_k=10"))
+    assert cached == samples(run_script("sample.py", *common, "--top_k=10", "--kv_cache=False"))
+    other = samples(run_script("sample.py", *common, "--top_k=10", "--seed=7"))
+    assert other != cached  # the samples depend on the seed: the equalities above are not vacuous
+
+
 # ---------- bench.py ----------
 
 def test_bench_real_reports_collective_time():

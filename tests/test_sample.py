@@ -69,6 +69,11 @@ def test_sample_never_unpickles_meta(tmp_path):
     (["--start="], ["prompt is empty"]),
     (["FILE:latin1"], ["not UTF-8"]),
     (["--device=cuda:7"], ["cuda:7"]),
+    (["--start=a", "--prompt=b"], ["give the prompt once", "'a'", "'b'"]),
+    (["--prompt="], ["prompt is empty"]),
+    (["--tp_size=0"], ["tp_size", "0"]),
+    (["--tp_mode=real"], ["no checkpoint"]),  # real TP samples a distributed_gpt checkpoint, and there is none
+    (["--tp_mode=real", "--init_from=gpt2"], ["tp_mode='real'", "init_from='gpt2'"]),
 ])
 def test_sample_bad_settings(tmp_path, args, words):
     if args[0] == "FILE:latin1":
@@ -78,3 +83,20 @@ def test_sample_bad_settings(tmp_path, args, words):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and all(w in lines[0] for w in words), r.stderr
+
+
+def test_sample_bad_layouts(char_data, tmp_path):
+    """A checkpoint whose heads tp_size does not divide; real TP outside torchrun; real TP of a GPT checkpoint."""
+    out = tmp_path / "run"
+    r = run_script("train.py", *TINY, f"--data_dir={char_data}", f"--out_dir={out}", "--max_iters=2",
+                   "--eval_interval=2", "--model_type=distributed_gpt", "--tp_size=2")
+    assert r.returncode == 0, r.stderr
+    for args, words in ((["--tp_size=3"], ["n_head (4)", "tp_size (3)"]),
+                        (["--tp_mode=real"], ["tp_mode='real'", "torchrun"])):
+        r = run_script("sample.py", f"--out_dir={out}", "--device=cpu", *args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and all(w in r.stderr for w in words), r.stderr
+    gpt = tmp_path / "gpt"
+    r = run_script("train.py", *TINY, f"--data_dir={char_data}", f"--out_dir={gpt}", "--max_iters=2", "--eval_interval=2")
+    r = run_script("sample.py", f"--out_dir={gpt}", "--device=cpu", "--tp_mode=real")
+    assert r.returncode == 2 and "distributed_gpt checkpoint" in r.stderr and "Traceback" not in r.stderr, r.stderr
