@@ -20,6 +20,7 @@ base is one line, `config file ... failed: ModuleNotFoundError: ...`.
 """
 
 import ast
+import functools
 import copy
 import json
 import os
@@ -128,14 +129,20 @@ def save_config(config, out_dir, name="config.json"):
     os.replace(path + ".tmp", path)
 
 
-def exit_on_config_error(fn):
-    """Decorator for script mains: a ConfigError becomes one line on stderr and exit status 2."""
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except ConfigError as e:
-            # one write per line: under torchrun the ranks' identical lines do not interleave
-            sys.stderr.write(f"error: {e}\n")
-            sys.stderr.flush()
-            sys.exit(2)
-    return wrapper
+def exit_in_one_line(error, status):
+    """A decorator for script mains: an `error` exception becomes one line on stderr and exit status `status`."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except error as e:
+                # one write per line: under torchrun the ranks' identical lines do not interleave
+                sys.stderr.write(f"error: {e}\n")
+                sys.stderr.flush()
+                sys.exit(status)
+        return wrapper
+    return decorate
+
+
+exit_on_config_error = exit_in_one_line(ConfigError, 2)  # a user error in the configuration

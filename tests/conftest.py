@@ -36,3 +36,12 @@ def char_data(tmp_path_factory):
 TINY = ["--device=cpu", "--compile=False", "--dtype=float32", "--n_layer=2", "--n_head=4", "--n_embd=32",
         "--block_size=32", "--batch_size=4", "--eval_iters=4", "--log_interval=1", "--warmup_iters=5",
         "--dropout=0.0"]
+
+
+def one_line_error(r, status=2):
+    """The one stderr line of a script that failed as a user error should (exit status `status`, no traceback)."""
+    assert r.returncode == status, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    return lines[0]

@@ -6,7 +6,6 @@ dp = world / tp. tp=1: GPT and simulated-TP DistributedGPT sharded over dp; tp=2
 sharded further over dp. Results as in real_tp_worker.py: `ratio` <= 1 means assert_close passes at the tolerance.
 """
 
-import json
 import os
 import sys
 
@@ -19,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from data_parallel import apply_data_parallel, set_gradient_sync  # noqa: E402
 from model import GPT  # noqa: E402
 from parallel import init_parallel, shutdown  # noqa: E402
-from real_tp_worker import VOCAB, make_gpt, ratio, worst  # noqa: E402
+from real_tp_worker import VOCAB, make_gpt, ratio, write_results  # noqa: E402
 from tensor_parallel_model import DistributedGPT, TPConfig  # noqa: E402
 
 # float64 throughout: FSDP's reduce-scatter, DDP's all-reduce and one process's sums add the same terms in other
@@ -115,11 +114,7 @@ def main(argv):
             ok=sd.keys() == ref_sd.keys() and all(torch.equal(sd[k], ref_sd[k]) for k in ref_sd))
         results["fsdp/meta_init_holds_its_shard"] = dict(  # this rank's FSDP shard of its tp part, no more
             ok=meta.transformer.h[0].mlp.c_fc.weight.to_local().shape[0] == tp_rows // pd.dp)
-        per_rank = [None] * dist.get_world_size()
-        dist.all_gather_object(per_rank, results)
-        if pd.is_master:
-            with open(out_path, "w") as f:
-                json.dump(dict(dp=pd.dp, tp=pd.tp, results=worst(per_rank)), f, indent=1)
+        write_results(pd, results, out_path)
     finally:
         shutdown(pd)
 

@@ -333,6 +333,15 @@ def worst(per_rank):
     return merged
 
 
+def write_results(pd, results, out_path):
+    """Rank 0 writes, per check, the worst result over all ranks (see worst)."""
+    per_rank = [None] * dist.get_world_size()
+    dist.all_gather_object(per_rank, results)
+    if pd.is_master:
+        with open(out_path, "w") as f:
+            json.dump(dict(dp=pd.dp, tp=pd.tp, results=worst(per_rank)), f, indent=1)
+
+
 def main(argv):
     dp = int(argv[0].split("=", 1)[1])
     out_path = argv[1]
@@ -352,11 +361,7 @@ def main(argv):
         else:
             check_data_parallel(pd, gpt, results)
             check_training(pd, gpt, results, [PATTERNS[-1], PATTERNS[0]])
-        per_rank = [None] * dist.get_world_size()
-        dist.all_gather_object(per_rank, results)
-        if pd.is_master:
-            with open(out_path, "w") as f:
-                json.dump(dict(dp=pd.dp, tp=pd.tp, results=worst(per_rank)), f, indent=1)
+        write_results(pd, results, out_path)
     finally:
         shutdown(pd)
 

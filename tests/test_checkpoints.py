@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from conftest import TINY, run_script
+from conftest import TINY, one_line_error, run_script
 
 SPD = ["--model_type=distributed_gpt", "--tp_size=2", "--block_types=['spd','parallel']"]
 TP = ["--model_type=distributed_gpt", "--tp_size=2", "--block_types=tp", "--bias=True", "--gelu_approximate=tanh"]
@@ -20,14 +20,6 @@ def train(out_dir, data, *extra):
 
 def load(out_dir):
     return torch.load(os.path.join(out_dir, "ckpt.pt"), weights_only=True)
-
-
-def one_line_error(r, status=2):
-    assert r.returncode == status, r.stdout + r.stderr
-    assert "Traceback" not in r.stderr, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1, r.stderr
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, TINY, run_script
+from conftest import ROOT, TINY, one_line_error, run_script
 
 SPD_CONFIG = "config/train_shakespeare_char_spd.py"
 
@@ -29,14 +29,6 @@ def records(out_dir):
 
 def ckpt(out_dir):
     return torch.load(os.path.join(out_dir, "ckpt.pt"), weights_only=True)
-
-
-def one_line_error(r, status=2):
-    assert r.returncode == status, r.stdout + r.stderr
-    assert "Traceback" not in r.stderr, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1, r.stderr
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
