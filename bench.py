@@ -113,12 +113,14 @@ def main(argv):
     device_type = "cuda" if device.startswith("cuda") else device
     dtype = pick_dtype(cfg["dtype"], device_type)
     pd = init_parallel(dp=dp, tp=tp, device_type=device_type, backend=cfg["backend"])
+    finished = False
     try:
         if pd.distributed and device_type == "cuda":
             device = f"cuda:{pd.local_rank}"
         (memory_bench if cfg["mode"] == "memory" else bench)(cfg, pd, device, device_type, dtype)
+        finished = True
     finally:
-        shutdown(pd)
+        shutdown(pd, finished=finished)
 
 
 POSITIVE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "vocab_size", "iters")
@@ -167,20 +169,18 @@ def peak_memory_mb(device):
 def memory_bench(cfg, pd, device, device_type, dtype):
     """Peak memory per rank: before the model, after building it (and sharding, and the optimizer), and after
     cfg['iters'] training steps; plus the parameter bytes each rank holds. One table row per rank."""
-    from data_parallel import apply_data_parallel
+    from data_parallel import parallelize
     from model import local
 
     torch.manual_seed(cfg["seed"])  # not setup_runtime: keeping freed memory in the process would inflate the peaks
     args = dict(cfg, dropout=0.0, block_types=cfg["block_types"])
     before = peak_memory_mb(device)
-    if cfg["init_device"] == "meta":
-        with torch.device("meta"):
-            model = build_model(cfg["model_type"], args, pd=pd)
-    else:
-        model = build_model(cfg["model_type"], args, pd=pd).to(device)
-    run = apply_data_parallel(model, pd, kind=cfg["data_parallel"], device_type=device_type)
-    if cfg["init_device"] == "meta":
-        model.materialize_(device)
+    meta = cfg["init_device"] == "meta"
+    model = build_model(cfg["model_type"], args, pd=pd, init_device=cfg["init_device"])
+    if not meta:
+        model.to(device)
+    # DDP needs the weights before wrapping (it broadcasts rank 0's), FSDP shards before materialising
+    run, _ = parallelize(model, pd, kind=cfg["data_parallel"], device=device, device_type=device_type, meta=meta)
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device_type)
     held = sum(local(p).numel() * local(p).element_size() for p in model.parameters()) / 2**20
     at_init = peak_memory_mb(device)

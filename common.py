@@ -7,7 +7,6 @@ import contextlib
 import ctypes
 import errno
 import fcntl
-import functools
 import os
 import pickle
 import sys
@@ -15,7 +14,7 @@ import tempfile
 
 import torch
 
-from configurator import ConfigError
+from configurator import ConfigError, exit_in_one_line
 from model import GPT, NANOGPT_ARGS, GPTConfig
 
 MODEL_TYPES = ("gpt", "distributed_gpt")
@@ -92,30 +91,41 @@ def setup_runtime(device_type, seed):
         torch.backends.cudnn.allow_tf32 = True
 
 
-def make_grad_scaler(device_type, dtype, pd=None):
-    """fp16's loss scaler (a no-op for other dtypes). With real tensor parallelism each rank holds different
-    gradient shards, so an inf/nan on one rank must skip the step on all of them: FSDP's ShardedGradScaler
-    all-reduces the found-inf flag over the tp group (DDP already makes it agree across dp)."""
+def make_grad_scaler(device_type, dtype, pd=None, *, data_parallel="ddp"):
+    """fp16's loss scaler (a no-op for other dtypes). When ranks hold different gradients, an inf/nan on one rank
+    must skip the step on all of them: FSDP's ShardedGradScaler all-reduces the found-inf flag over the ranks that
+    hold different gradients. Real tensor parallelism: the tp group (DDP already makes gradients agree across dp);
+    FSDP: every rank (its gradients are sharded over dp, and over tp too with real TP)."""
     enabled = dtype == "float16"
-    if pd is not None and pd.tp > 1:
+    if pd is not None and pd.distributed and (pd.tp > 1 or (data_parallel == "fsdp" and pd.dp > 1)):
+        import torch.distributed as dist
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-        return ShardedGradScaler(device_type, enabled=enabled, process_group=pd.tp_group)
+        group = dist.group.WORLD if data_parallel == "fsdp" and pd.dp > 1 else pd.tp_group
+        return ShardedGradScaler(device_type, enabled=enabled, process_group=group)
     return torch.amp.GradScaler(device_type, enabled=enabled)
 
 
-def build_model(model_type, model_args, *, pd=None):
+def build_model(model_type, model_args, *, pd=None, init_device="default"):
     """GPT or DistributedGPT from a dict of GPTConfig fields (nanoGPT's 7, gelu_approximate) and, for
-    distributed_gpt, tp_size and block_types. Extra keys are ignored, so a run's config dict works too."""
+    distributed_gpt, tp_size, block_types and loss_parallel. Extra keys are ignored, so a run's config dict works
+    too. init_device='meta': built on the meta device, no memory and no weights: shard it if wanted, then
+    model.materialize_(device) gives GPT's initial weights bitwise (data_parallel.parallelize does both)."""
+    if init_device not in ("default", "meta"):
+        raise ConfigError(f"init_device must be 'default' or 'meta', got {init_device!r}")
+    meta = init_device == "meta"
     gpt_args = {k: model_args[k] for k in NANOGPT_ARGS}
     gpt_args["gelu_approximate"] = model_args.get("gelu_approximate") or "none"
-    if model_type == "gpt":
-        return GPT(GPTConfig(**gpt_args))
-    if model_type == "distributed_gpt":
-        from tensor_parallel_model import DistributedGPT, TPConfig
+    with torch.device("meta") if meta else contextlib.nullcontext():
+        if model_type == "gpt":
+            return GPT(GPTConfig(**gpt_args))
+        if model_type == "distributed_gpt":
+            from tensor_parallel_model import DistributedGPT, TPConfig
 
-        return DistributedGPT(TPConfig(**gpt_args, tp_size=model_args.get("tp_size", 1),
-                                       block_types=model_args.get("block_types")), pd=pd)
+            return DistributedGPT(TPConfig(**gpt_args, tp_size=model_args.get("tp_size", 1),
+                                           block_types=model_args.get("block_types"),
+                                           loss_parallel=bool(model_args.get("loss_parallel", False))),
+                                  pd=pd, init=not meta)
     raise ConfigError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
 
 
@@ -124,7 +134,9 @@ def build_model(model_type, model_args, *, pd=None):
 #   model, optimizer      GPT-layout state dicts, whatever model (and process layout) wrote them
 #   model_args            exactly nanoGPT's GPTConfig fields (model.NANOGPT_ARGS): nanoGPT's scripts read it
 #   model_type            'gpt' | 'distributed_gpt'
-#   model_options         {gelu_approximate} and, for distributed_gpt, {tp_size, block_types (one per layer)}
+#   model_options         {gelu_approximate} and, for distributed_gpt, {tp_size, block_types (one per layer)} and
+#                         loss_parallel: True when the run sharded wte/lm_head by vocabulary (absent: False; a
+#                         training choice like tp_size: the weights are GPT-layout either way)
 #   iter_num, best_val_loss, config (the run's resolved configuration)
 #   rng_state             CPU RNG; cuda_rng_state when the model was on CUDA; scaler (GradScaler state dict)
 # Also read: nanoGPT's own checkpoints (no model_type/model_options/rng_state/scaler: a GPT with the exact GELU) and
@@ -138,17 +150,7 @@ class RunError(Exception):
     that could not be written); unlike a ConfigError it is found while the run works."""
 
 
-def exit_on_run_error(fn):
-    """Decorator for script mains: a RunError becomes one line on stderr and exit status 1."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except RunError as e:
-            sys.stderr.write(f"error: {e}\n")
-            sys.stderr.flush()
-            sys.exit(1)
-    return wrapper
+exit_on_run_error = exit_in_one_line(RunError, 1)  # a run that cannot go on: one line, exit status 1
 
 
 def model_spec(model_type, model):
@@ -158,16 +160,19 @@ def model_spec(model_type, model):
     model_options = {"gelu_approximate": c.gelu_approximate}
     if model_type == "distributed_gpt":
         model_options.update(tp_size=c.tp_size, block_types=list(c.block_types))
+        if getattr(c, "loss_parallel", False):
+            model_options["loss_parallel"] = True
     return model_args, model_options
 
 
-def make_checkpoint(raw_model, optimizer, scaler, *, model_type, iter_num, best_val_loss, config):
-    """The checkpoint dict of a training run. With real tensor parallelism gathering the GPT-layout state is a
-    collective, so every rank calls this (and only the master saves)."""
+def make_checkpoint(raw_model, optimizer, scaler, *, model_type, iter_num, best_val_loss, config, tensors=True):
+    """The checkpoint dict of a training run. With real tensor parallelism or FSDP gathering the GPT-layout state
+    is a collective, so every rank calls this (and only the master saves). tensors=False: everything but the model
+    and optimizer state, gathering nothing (a sharded checkpoint's meta.pt, see sharded_checkpoint.py)."""
     model_args, model_options = model_spec(model_type, raw_model)
     checkpoint = {
-        "model": raw_model.gpt_state_dict(),
-        "optimizer": raw_model.gpt_optimizer_state(optimizer),
+        "model": raw_model.gpt_state_dict() if tensors else None,
+        "optimizer": raw_model.gpt_optimizer_state(optimizer) if tensors else None,
         "model_args": model_args,
         "model_type": model_type,
         "model_options": model_options,
@@ -177,6 +182,8 @@ def make_checkpoint(raw_model, optimizer, scaler, *, model_type, iter_num, best_
         "rng_state": torch.get_rng_state(),
         "scaler": scaler.state_dict(),  # {} unless fp16
     }
+    if not tensors:
+        del checkpoint["model"], checkpoint["optimizer"]
     device = next(raw_model.parameters()).device
     if device.type == "cuda":
         checkpoint["cuda_rng_state"] = torch.cuda.get_rng_state(device)
@@ -201,17 +208,22 @@ def checkpoint_model(checkpoint):
         kinds = "tp" if kinds is None else kinds
         spec["tp_size"] = options.get("tp_size", 1)
         spec["block_types"] = [kinds] * spec["n_layer"] if isinstance(kinds, str) else list(kinds)
+        spec["loss_parallel"] = bool(options.get("loss_parallel", False))
     return model_type, spec
 
 
-def build_model_from_checkpoint(checkpoint, *, pd=None, dropout=None, tp_size=None):
+def build_model_from_checkpoint(checkpoint, *, pd=None, dropout=None, tp_size=None, loss_parallel=False):
     """The checkpoint's model with its weights: its own type, sizes, GELU and block pattern; dropout and (for
-    distributed_gpt) tp_size may be changed, since checkpoints are GPT-layout whatever tp_size wrote them."""
+    distributed_gpt) tp_size and loss_parallel may be changed, since checkpoints are GPT-layout whatever tp_size
+    wrote them. loss_parallel is off unless asked for (None: the checkpoint's), so a sampled or evaluated model
+    returns (B, T, V) logits whatever the training run used."""
     model_type, spec = checkpoint_model(checkpoint)
     if dropout is not None:
         spec["dropout"] = dropout
     if tp_size is not None and model_type == "distributed_gpt":
         spec["tp_size"] = tp_size
+    if loss_parallel is not None:
+        spec["loss_parallel"] = loss_parallel
     model = build_model(model_type, spec, pd=pd)
     model.load_gpt_state_dict(clean_state_dict(checkpoint["model"]))
     return model

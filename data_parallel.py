@@ -5,9 +5,11 @@ optimizer state sharded over dp, gathered per block for its forward and backward
 parallelism: each rank's tp shards are what DDP replicates or FSDP shards further over dp.
 """
 
+import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 DATA_PARALLEL = ("ddp", "fsdp")
+INIT_DEVICES = ("default", "meta")  # 'meta': build without memory, each rank materialising only what it holds
 
 
 def apply_data_parallel(model, pd, *, kind, device_type):
@@ -39,3 +41,22 @@ def set_gradient_sync(run, *, enabled):
         run.require_backward_grad_sync = enabled
     elif isinstance(run, FSDPModule):
         run.set_requires_gradient_sync(enabled)
+
+
+def parallelize(model, pd, *, kind, device, device_type, meta=False, compile=False):
+    """The model ready to train, in the one order each kind needs: (the module to run, the module gradient sync is
+    set on). `model` is on `device`, or (meta=True) on the meta device, in which case it is materialised here with
+    GPT's initial weights, bitwise (model.materialize_).
+      ddp:  materialise, compile, wrap in DDP (DDP broadcasts rank 0's weights, so they must exist first; nanoGPT
+            compiles before wrapping)
+      fsdp: shard (fully_shard, in place), materialise (each rank allocates its shards only), compile
+    At dp 1 both are the plain model."""
+    if kind == "fsdp":
+        apply_data_parallel(model, pd, kind="fsdp", device_type=device_type)  # in place: model is the FSDPModule
+        if meta:
+            model.materialize_(device)
+        return (torch.compile(model) if compile else model), model
+    if meta:
+        model.materialize_(device)
+    run = apply_data_parallel(torch.compile(model) if compile else model, pd, kind=kind, device_type=device_type)
+    return run, run

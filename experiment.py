@@ -129,47 +129,23 @@ def plan(runs, *, sweep_dir, seeds, overrides=(), nproc=None, check_data=True):
     return jobs
 
 
-# what train.py's validate() rejects among the values that need no data, no checkpoint and no launcher
-POSITIVE_KEYS = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "tp_size", "gradient_accumulation_steps",
-                 "eval_iters", "eval_interval", "log_interval")
-
-
 def check_train_config(cfg):
-    """The checks of train.py's own validation that need no data, no checkpoint and no torchrun, so that a sweep
-    with a bad override (--eval_interval=0) stops before its first run. Raises ConfigError naming key and value."""
-    from common import MODEL_TYPES
+    """train.py's own checks that need no data, no checkpoint and no torchrun, so that a sweep with a bad override
+    (--eval_interval=0) stops before its first run. Raises ConfigError naming key and value."""
+    import train
 
-    def number(key):  # configure() lets None through for any key (--batch_size=None)
-        if not isinstance(cfg[key], (int, float)) or isinstance(cfg[key], bool):
+    for key, default in train.DEFAULTS.items():  # configure() lets None through for any key (--batch_size=None)
+        if isinstance(default, (int, float)) and not isinstance(default, bool) and \
+                (not isinstance(cfg[key], (int, float)) or isinstance(cfg[key], bool)):
             raise ConfigError(f"{key} must be a number, got {cfg[key]!r}")
-        return cfg[key]
-
-    for key in POSITIVE_KEYS:
-        if number(key) < 1:
-            raise ConfigError(f"{key} must be >= 1, got {cfg[key]}")
-    if number("max_iters") < 0:
-        raise ConfigError(f"max_iters must be >= 0, got {cfg['max_iters']}")
-    if not 0.0 <= number("dropout") < 1.0:
-        raise ConfigError(f"dropout must be in [0, 1), got {cfg['dropout']}")
-    if cfg["model_type"] not in MODEL_TYPES:
-        raise ConfigError(f"model_type must be one of {MODEL_TYPES}, got {cfg['model_type']!r}")
     if cfg["init_from"] == "resume":
         raise ConfigError("init_from='resume': the runner starts every run from scratch (a finished run is skipped)")
-    if cfg["tp_mode"] not in ("simulated", "real"):
+    if cfg["tp_mode"] not in ("simulated", "real"):  # train.py checks these with the launch and the device
         raise ConfigError(f"tp_mode must be 'simulated' or 'real', got {cfg['tp_mode']!r}")
     if cfg["dtype"] not in ("auto", "float32", "bfloat16", "float16"):
         raise ConfigError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg['dtype']!r}")
-    if cfg["n_embd"] % cfg["n_head"]:
-        raise ConfigError(f"n_embd ({cfg['n_embd']}) must be divisible by n_head ({cfg['n_head']})")
-    if cfg["model_type"] == "distributed_gpt":
-        from tensor_parallel_model import validate_tp_args
-
-        validate_tp_args(n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"],
-                         tp_size=cfg["tp_size"], block_types=cfg["block_types"])
-    elif cfg["tp_size"] != 1 or cfg["block_types"] is not None or cfg["tp_mode"] != "simulated":
-        raise ConfigError(f"tp_size/block_types/tp_mode need model_type='distributed_gpt', got "
-                          f"model_type={cfg['model_type']!r}, tp_size={cfg['tp_size']}, "
-                          f"block_types={cfg['block_types']}, tp_mode={cfg['tp_mode']!r}")
+    train.check_settings(cfg)
+    train.check_model(cfg)
 
 
 def tokens_of(cfg):

@@ -120,6 +120,12 @@ def init_parallel(*, dp, tp, device_type, backend=None):
     return ParallelDims(dp=dp, tp=tp, rank=dist.get_rank(), local_rank=local_rank, mesh=mesh)
 
 
-def shutdown(pd):
+def shutdown(pd, *, finished=False):
+    """Tear the process groups down. finished=True (every rank got to the end of its work): first a barrier, so no
+    rank destroys its groups while another still completes a collective (without it, FSDP runs on gloo sometimes
+    died at exit with 'terminate called without an active exception'). After an error there is no barrier: the
+    other ranks may be inside a collective that would never match it."""
     if pd.mesh is not None and dist.is_initialized():
+        if finished:
+            dist.barrier()
         dist.destroy_process_group()

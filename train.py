@@ -6,6 +6,10 @@ $ torchrun --standalone --nproc_per_node=4 train.py config/train_gpt2.py
 Real tensor parallel (dp=2 x tp=2 on CPU):
 $ torchrun --standalone --nproc_per_node=4 train.py config/train_shakespeare_char_spd.py --tp_mode=real
 Multi-node: torchrun --nnodes=2 --node_rank=0 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 ...
+FSDP instead of DDP over the data-parallel ranks (parameters, gradients and AdamW state sharded over dp; composes
+with real tp), building on the meta device so no rank ever holds the whole model, vocabulary-parallel loss:
+$ torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2.py --model_type=distributed_gpt \
+      --tp_size=2 --tp_mode=real --data_parallel=fsdp --init_device=meta --loss_parallel=True
 
 Resume (--init_from=resume) takes the model from out_dir/ckpt.pt: its type, sizes, GELU form and block pattern.
 A command line or config file that explicitly sets one of those to another value is refused; tp_size, tp_mode,
@@ -25,12 +29,13 @@ from typing import Optional
 
 import numpy as np
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import (MODEL_TYPES, RunError, RunLock, autocast_context, build_model, build_model_from_checkpoint,
-                    checkpoint_model, exit_on_run_error, load_checkpoint, make_checkpoint, make_grad_scaler,
+import sharded_checkpoint
+from common import (MODEL_TYPES, RunError, RunLock, autocast_context, build_model, checkpoint_model,
+                    clean_state_dict, exit_on_run_error, load_checkpoint, make_checkpoint, make_grad_scaler,
                     pick_device, pick_dtype, save_checkpoint, setup_runtime)
 from configurator import ConfigError, configure, exit_on_config_error, save_config
+from data_parallel import DATA_PARALLEL, INIT_DEVICES, parallelize, set_gradient_sync
 from data.vocab import load_vocab
 from model import GELU_FORMS, GPT2_FIXED, PRETRAINED_SIZES, GPT
 from parallel import ParallelDims, check_layout, init_parallel, shutdown
@@ -43,6 +48,7 @@ DEFAULTS = dict(
     eval_iters=200,
     eval_only=False,
     always_save_checkpoint=True,
+    checkpoint_format="full",  # 'full': out_dir/ckpt.pt, GPT layout, gathered | 'sharded': out_dir/ckpt_sharded (DCP)
     init_from="scratch",  # 'scratch' | 'resume' | 'gpt2' | 'gpt2-medium' | 'gpt2-large' | 'gpt2-xl'
     # wandb
     wandb_log=False,
@@ -65,6 +71,7 @@ DEFAULTS = dict(
     tp_size=1,  # shards per layer (DistributedGPT)
     block_types=None,  # 'tp' | 'spd' | 'parallel' per layer (a list), or one for every layer; None = all 'tp'
     tp_mode="simulated",  # 'simulated' (one process holds every shard) | 'real' (torchrun, one shard per rank)
+    loss_parallel=False,  # distributed_gpt: wte/lm_head sharded by vocabulary, vocab-parallel cross-entropy
     # AdamW
     learning_rate=6e-4,
     max_iters=600000,  # steps 0..max_iters: max_iters + 1 steps, as in nanoGPT
@@ -83,9 +90,13 @@ DEFAULTS = dict(
     dtype="auto",  # 'auto' | 'float32' | 'bfloat16' | 'float16'
     compile=True,
     seed=1337,
+    # data parallelism and memory
+    data_parallel="ddp",  # 'ddp' (replicas, gradients all-reduced) | 'fsdp' (FSDP2: params/grads/AdamW sharded over dp)
+    init_device="default",  # 'default' (build whole, then shard) | 'meta' (each rank allocates only what it holds)
 )
 
 # what a checkpoint (or GPT-2) fixes about the model, and a command line may not contradict on resume
+CHECKPOINT_FORMATS = ("full", "sharded")
 MODEL_KEYS = ("model_type", "n_layer", "n_head", "n_embd", "bias", "gelu_approximate", "block_types")
 FULL_SCAN_TOKENS = 128 << 20  # data files up to this many tokens are scanned whole for their largest id
 
@@ -135,14 +146,26 @@ def check_settings(cfg):
         raise ConfigError(f"model_type must be one of {MODEL_TYPES}, got {cfg['model_type']!r}")
     if cfg["gelu_approximate"] not in GELU_FORMS:
         raise ConfigError(f"gelu_approximate must be one of {GELU_FORMS}, got {cfg['gelu_approximate']!r}")
+    if cfg["data_parallel"] not in DATA_PARALLEL:
+        raise ConfigError(f"data_parallel must be one of {DATA_PARALLEL}, got {cfg['data_parallel']!r}")
+    if cfg["init_device"] not in INIT_DEVICES:
+        raise ConfigError(f"init_device must be one of {INIT_DEVICES}, got {cfg['init_device']!r}")
     if cfg["init_from"] not in ("scratch", "resume") and cfg["init_from"] not in PRETRAINED_SIZES:
         raise ConfigError(f"init_from must be 'scratch', 'resume' or one of {sorted(PRETRAINED_SIZES)}, "
                           f"got {cfg['init_from']!r}")
     if os.path.exists(cfg["out_dir"]) and not os.path.isdir(cfg["out_dir"]):
         raise ConfigError(f"out_dir {cfg['out_dir']!r} exists and is not a directory")
-    if cfg["init_from"] == "resume" and not os.path.isfile(os.path.join(cfg["out_dir"], "ckpt.pt")):
-        raise ConfigError(f"init_from='resume' but there is no checkpoint at "
-                          f"{os.path.join(cfg['out_dir'], 'ckpt.pt')}")
+    if cfg["checkpoint_format"] not in CHECKPOINT_FORMATS:
+        raise ConfigError(f"checkpoint_format must be one of {CHECKPOINT_FORMATS}, got {cfg['checkpoint_format']!r}")
+    if cfg["init_from"] == "resume":
+        full = os.path.join(cfg["out_dir"], "ckpt.pt")
+        if cfg["checkpoint_format"] == "full" and not os.path.isfile(full):
+            hint = (" (there is a sharded one: resume with checkpoint_format='sharded', or convert it with python "
+                    "sharded_checkpoint.py OUT_DIR)" if sharded_checkpoint.has_sharded(cfg["out_dir"]) else "")
+            raise ConfigError(f"init_from='resume' but there is no checkpoint at {full}{hint}")
+        if cfg["checkpoint_format"] == "sharded" and not sharded_checkpoint.has_sharded(cfg["out_dir"]):
+            raise ConfigError(f"init_from='resume' with checkpoint_format='sharded' but there is no sharded "
+                              f"checkpoint at {sharded_checkpoint.sharded_path(cfg['out_dir'])}")
 
 
 def expand_block_types(block_types, n_layer):
@@ -164,6 +187,8 @@ def adopt_model(cfg, explicit, *, source, model_type, spec):
         cfg[key] = wanted[key]
     if wanted["model_type"] == "distributed_gpt" and "tp_size" not in explicit and "tp_size" in spec:
         cfg["tp_size"] = spec["tp_size"]  # may change on resume (checkpoints are GPT-layout); kept unless set
+    if wanted["model_type"] == "distributed_gpt" and "loss_parallel" not in explicit and "loss_parallel" in spec:
+        cfg["loss_parallel"] = spec["loss_parallel"]  # likewise
     if "dropout" not in explicit and "dropout" in spec:
         cfg["dropout"] = spec["dropout"]  # may change on resume; kept unless set
     if cfg["block_size"] > spec["block_size"]:
@@ -185,6 +210,9 @@ def check_model(cfg):
         raise ConfigError(f"tp_size/block_types/tp_mode need model_type='distributed_gpt', "
                           f"got model_type={cfg['model_type']!r}, tp_size={cfg['tp_size']}, "
                           f"block_types={cfg['block_types']}, tp_mode={cfg['tp_mode']!r}")
+    elif cfg["loss_parallel"]:
+        raise ConfigError(f"loss_parallel=True needs model_type='distributed_gpt' (it shards wte/lm_head over the "
+                          f"tensor-parallel shards), got model_type={cfg['model_type']!r}")
 
 
 def check_data(cfg, data_dir, vocab_size):
@@ -238,7 +266,8 @@ def prepare(argv):
     # the model: from the checkpoint, from GPT-2, or from the configuration
     checkpoint = pretrained = None
     if cfg["init_from"] == "resume":
-        checkpoint = load_checkpoint(cfg["out_dir"])
+        checkpoint = (load_checkpoint(cfg["out_dir"]) if cfg["checkpoint_format"] == "full"
+                      else sharded_checkpoint.load_sharded_meta(cfg["out_dir"]))  # sharded: no tensors yet
         model_type, spec = checkpoint_model(checkpoint)
         adopt_model(cfg, explicit, source="the checkpoint", model_type=model_type, spec=spec)
         vocab_size = spec["vocab_size"]
@@ -250,6 +279,10 @@ def prepare(argv):
         vocab_size = meta_vocab if meta_vocab is not None else 50304  # GPT-2's 50257 padded to a multiple of 64
     check_model(cfg)
     dp, tp = check_layout(tp_size=cfg["tp_size"], tp_mode=cfg["tp_mode"])
+    if checkpoint is not None and "layout" in checkpoint:  # a sharded checkpoint loads into its own tp layout only
+        sharded_checkpoint.check_resumable(checkpoint["layout"], dict(
+            tp_size=cfg["tp_size"] if cfg["model_type"] == "distributed_gpt" else 1, tp_real=tp > 1,
+            loss_parallel=bool(cfg["loss_parallel"]), block_size=cfg["block_size"]), cfg["out_dir"])
     if cfg["gradient_accumulation_steps"] % dp:
         raise ConfigError(f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) must be divisible "
                           f"by the number of data-parallel ranks ({dp})")
@@ -261,7 +294,7 @@ def prepare(argv):
         pretrained = load_pretrained(cfg["init_from"], dropout=cfg["dropout"])
 
     model_args = {k: cfg[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "dropout",
-                                      "gelu_approximate", "tp_size", "block_types")}
+                                      "gelu_approximate", "tp_size", "block_types", "loss_parallel")}
     model_args.update(vocab_size=vocab_size, block_size=spec["block_size"] if cfg["init_from"] != "scratch"
                       else cfg["block_size"])
     setup = Setup(data_dir=data_dir, dp=dp, tp=tp, device=device, device_type=device_type, dtype=dtype,
@@ -356,8 +389,9 @@ class Run:
     cfg: dict
     pd: ParallelDims
     device: str
-    model: torch.nn.Module  # what runs forward: raw_model, compiled and/or wrapped in DDP
+    model: torch.nn.Module  # what runs forward: raw_model, compiled and/or wrapped in DDP (or FSDP-sharded)
     raw_model: GPT  # GPT or DistributedGPT: the interface at the end of class GPT
+    sync_module: torch.nn.Module  # what gradient sync is switched on (DDP wrapper, FSDP module, or the model)
     model_type: str
     optimizer: torch.optim.Optimizer
     scaler: object  # torch.amp.GradScaler (a no-op unless fp16)
@@ -379,8 +413,18 @@ def load_optimizer_state(raw_model, optimizer, state):
     raw_model.load_gpt_optimizer_state(optimizer, dict(state, param_groups=groups))
 
 
+def cropped(state_dict, block_size):
+    """A GPT-layout state dict with the position embeddings of the first block_size positions (crop_block_size)."""
+    wpe = state_dict["transformer.wpe.weight"]
+    return dict(state_dict, **{"transformer.wpe.weight": wpe[:block_size]}) if wpe.size(0) > block_size \
+        else state_dict
+
+
 def start_run(cfg, setup, pd):
-    """Build the model (from scratch, a checkpoint or GPT-2), the optimizer and the data, as nanoGPT's train.py."""
+    """Build the model (from scratch, a checkpoint or GPT-2), the optimizer and the data, as nanoGPT's train.py.
+    The model is built whole on the device (init_device='default') or on the meta device and materialised after
+    FSDP has sharded it, each rank allocating only its own part (init_device='meta'); checkpoint or GPT-2 weights
+    are loaded before DDP/FSDP (default) or after materialising (meta). Either way the weights are the same."""
     device = f"cuda:{pd.local_rank}" if pd.distributed and setup.device_type == "cuda" else setup.device
     grad_accum = cfg["gradient_accumulation_steps"] // pd.dp
     tokens_per_iter = cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
@@ -388,31 +432,45 @@ def start_run(cfg, setup, pd):
         os.makedirs(cfg["out_dir"], exist_ok=True)
         save_config(cfg, cfg["out_dir"])
         print(f"tokens per iteration: {tokens_per_iter:,} (dp={pd.dp}, tp={cfg['tp_size']} {cfg['tp_mode']}, "
-              f"grad_accum per rank={grad_accum}, device={device}, dtype={setup.dtype})")
+              f"grad_accum per rank={grad_accum}, device={device}, dtype={setup.dtype}, "
+              f"data_parallel={cfg['data_parallel']}, init_device={cfg['init_device']})")
     setup_runtime(setup.device_type, cfg["seed"])  # same seed on every rank: identical initial weights
 
-    # model
+    # model: built (whole, or on the meta device), weights loaded, DDP-wrapped or FSDP-sharded, compiled
     checkpoint = setup.checkpoint
-    if checkpoint is not None:
-        model = build_model_from_checkpoint(checkpoint, pd=pd, dropout=cfg["dropout"], tp_size=cfg["tp_size"])
-    else:
-        model = build_model(setup.model_type, setup.model_args, pd=pd)
-        if setup.pretrained is not None:
-            model.load_gpt_state_dict(setup.pretrained)
-            setup.pretrained = None  # free memory
-    if cfg["block_size"] < model.config.block_size:
+    sharded = checkpoint is not None and "layout" in checkpoint  # loaded in place once the model is sharded
+    weights = clean_state_dict(checkpoint["model"]) if checkpoint is not None and not sharded else setup.pretrained
+    setup.pretrained = None  # free memory
+    meta = cfg["init_device"] == "meta"
+    model = build_model(setup.model_type, setup.model_args, pd=pd, init_device=cfg["init_device"])
+    if weights is not None and not meta:
+        model.load_gpt_state_dict(weights)
+    if cfg["block_size"] < model.config.block_size:  # before sharding: it replaces the wpe parameter
         model.crop_block_size(cfg["block_size"])
-    model.to(device)
+    if not meta:
+        model.to(device)
+    if cfg["compile"] and pd.is_master:
+        print("compiling the model... (takes a ~minute)")
+    run_model, sync_module = parallelize(model, pd, kind=cfg["data_parallel"], device=device,
+                                         device_type=setup.device_type, meta=meta, compile=cfg["compile"])
+    if weights is not None and meta:
+        model.load_gpt_state_dict(cropped(weights, model.config.block_size))
+    del weights
     if pd.is_master:
         print(f"model: {setup.model_type}, {model.get_num_params() / 1e6:.2f}M parameters")
 
-    # optimizer and loss scaler; on resume also their state and the RNGs
-    scaler = make_grad_scaler(setup.device_type, setup.dtype, pd)
+    # optimizer (over the sharded parameters under FSDP) and loss scaler; on resume also their state and the RNGs
+    scaler = make_grad_scaler(setup.device_type, setup.dtype, pd, data_parallel=cfg["data_parallel"])
     optimizer = model.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"],
                                            (cfg["beta1"], cfg["beta2"]), setup.device_type)
     iter_num, best_val_loss = 0, 1e9
-    if checkpoint is not None:
+    if sharded:
+        sharded_checkpoint.load_sharded(model, optimizer, cfg["out_dir"], pd)
+        for group, saved in zip(optimizer.param_groups, checkpoint["param_groups"]):
+            group.update({k: v for k, v in saved.items() if k not in ("params", "fused", "foreach", "capturable")})
+    elif checkpoint is not None:
         load_optimizer_state(model, optimizer, checkpoint["optimizer"])
+    if checkpoint is not None:
         if checkpoint.get("scaler") and scaler.is_enabled():
             scaler.load_state_dict(checkpoint["scaler"])
         if "rng_state" in checkpoint:  # nanoGPT's checkpoints have none
@@ -422,19 +480,11 @@ def start_run(cfg, setup, pd):
         iter_num, best_val_loss = int(checkpoint["iter_num"]), float(checkpoint["best_val_loss"])
         setup.checkpoint = None  # free memory
 
-    raw_model = model
-    if cfg["compile"]:
-        if pd.is_master:
-            print("compiling the model... (takes a ~minute)")
-        model = torch.compile(model)
-    if pd.dp > 1:
-        model = DDP(model, process_group=pd.dp_group,
-                    device_ids=[pd.local_rank] if setup.device_type == "cuda" else None)
-
     metrics = MetricsLog(cfg["out_dir"], enabled=pd.is_master)
     metrics.truncate(iter_num)  # a resumed run must not leave two records of one iteration
-    return Run(cfg=cfg, pd=pd, device=device, model=model, raw_model=raw_model, model_type=setup.model_type,
-               optimizer=optimizer, scaler=scaler, ctx=autocast_context(setup.device_type, setup.dtype),
+    return Run(cfg=cfg, pd=pd, device=device, model=run_model, raw_model=model, sync_module=sync_module,
+               model_type=setup.model_type, optimizer=optimizer, scaler=scaler,
+               ctx=autocast_context(setup.device_type, setup.dtype),
                batches=Batches(setup.data_dir, block_size=cfg["block_size"], batch_size=cfg["batch_size"],
                                seed=cfg["seed"], device=device),
                metrics=metrics, grad_accum=grad_accum, micro_offset=pd.dp_rank * grad_accum,
@@ -444,15 +494,20 @@ def start_run(cfg, setup, pd):
 @torch.no_grad()
 def evaluate(run):
     """Mean loss over eval_iters batches of each split. Eval batch k is done by dp rank k % dp; the mean over ranks
-    equals one process doing all of them."""
+    equals one process doing all of them. Under FSDP every forward is a collective over dp (the parameters are
+    gathered), so each rank runs as many: a rank out of batches repeats its first one and does not count it."""
     out = {}
     run.model.eval()
+    dp, n = run.pd.dp, run.cfg["eval_iters"]
+    rounds = -(-n // dp) if run.cfg["data_parallel"] == "fsdp" else None
     for split in ("train", "val"):
         losses = [0.0, 0]
-        for k in range(run.pd.dp_rank, run.cfg["eval_iters"], run.pd.dp):
-            X, Y = run.batches.get(split, -1, k)
+        for k in range(run.pd.dp_rank, n if rounds is None else rounds * dp, dp):
+            X, Y = run.batches.get(split, -1, k if k < n else run.pd.dp_rank % n)
             with run.ctx:
                 _, loss = run.model(X, Y)
+            if k >= n:
+                continue  # only kept the collectives in step
             losses[0] += loss.item()
             losses[1] += 1
         t = torch.tensor(losses, dtype=torch.float64, device=run.device)
@@ -464,10 +519,18 @@ def evaluate(run):
 
 
 def save(run):
-    """Write out_dir/ckpt.pt in GPT layout: every rank joins the gather (a collective under real tp), the master
-    writes."""
+    """checkpoint_format='full': write out_dir/ckpt.pt in GPT layout: every rank joins the gather (a collective
+    under real tp and under FSDP, whose shards are gathered whole), the master writes. 'sharded': every rank writes
+    the shards it holds to out_dir/ckpt_sharded (sharded_checkpoint.py), nothing is gathered."""
+    sharded = run.cfg["checkpoint_format"] == "sharded"
     checkpoint = make_checkpoint(run.raw_model, run.optimizer, run.scaler, model_type=run.model_type,
-                                 iter_num=run.iter_num, best_val_loss=run.best_val_loss, config=run.cfg)
+                                 iter_num=run.iter_num, best_val_loss=run.best_val_loss, config=run.cfg,
+                                 tensors=not sharded)
+    if sharded:
+        if run.pd.is_master:
+            print(f"saving sharded checkpoint to {sharded_checkpoint.sharded_path(run.cfg['out_dir'])}")
+        sharded_checkpoint.save_sharded(run.raw_model, run.optimizer, checkpoint, run.cfg["out_dir"], run.pd)
+        return
     if run.pd.is_master:
         print(f"saving checkpoint to {run.cfg['out_dir']}")
         save_checkpoint(checkpoint, run.cfg["out_dir"])
@@ -478,14 +541,13 @@ def train_step(run):
     cfg, raw_model = run.cfg, run.raw_model
     t0 = time.perf_counter()
     raw_model.reset_comm_counts()
-    # forward backward update, with gradient accumulation; DDP syncs gradients on the last micro-step only
+    # forward backward update, with gradient accumulation; DDP/FSDP sync gradients on the last micro-step only
     loss_sum = 0.0
     for micro_step in range(run.grad_accum):
         micro = run.micro_offset + micro_step  # global micro-batch index: keys the batch and the dropout masks
         X, Y = run.batches.get("train", run.iter_num, micro)
         raw_model.seed_dropout(cfg["seed"], run.iter_num, micro)
-        if run.pd.dp > 1:
-            run.model.require_backward_grad_sync = micro_step == run.grad_accum - 1
+        set_gradient_sync(run.sync_module, enabled=micro_step == run.grad_accum - 1)
         with run.ctx:
             _, loss = run.model(X, Y)
             loss = loss / run.grad_accum  # scale the loss to account for gradient accumulation
@@ -559,6 +621,8 @@ def train(run):
             mfu_str = f"{running_mfu * 100:.2f}%" if running_mfu >= 0 else "n/a"
             tok_s = tokens_per_iter / dt
             comm_str = f", all-reduces fwd {comm['fwd_allreduces']} bwd {comm['bwd_allreduces']}" if comm else ""
+            if "vocab_allreduces" in comm:
+                comm_str += f", vocab {comm['vocab_allreduces']}"
             print(f"iter {run.iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, tok/s {tok_s:,.0f}, "
                   f"mfu {mfu_str}{comm_str}")
             run.metrics.write(iter=run.iter_num, loss=lossf, lr=lr, dt_ms=dt * 1000, tokens_per_s=tok_s,
@@ -578,13 +642,15 @@ def train(run):
 def main(argv):
     cfg, setup = prepare(argv)
     pd = init_parallel(dp=setup.dp, tp=setup.tp, device_type=setup.device_type, backend=cfg["backend"])
+    finished = False
     try:
         # one run per out_dir: the master holds the directory's lock for the whole run, before writing anything
         lock = RunLock(cfg["out_dir"], what="train.py run") if pd.is_master else contextlib.nullcontext()
         with lock:
             train(start_run(cfg, setup, pd))
+        finished = True
     finally:
-        shutdown(pd)
+        shutdown(pd, finished=finished)
 
 
 if __name__ == "__main__":

@@ -83,6 +83,7 @@ def main(argv):
     tp = int(argv[0].split("=", 1)[1])
     out_path = argv[1]
     pd = init_parallel(dp=int(os.environ["WORLD_SIZE"]) // tp, tp=tp, device_type="cpu", backend="gloo")
+    finished = False
     try:
         gpt, results = make_gpt(), {}
         kinds = ["gpt", "distributed_gpt"] if pd.tp == 1 else ["distributed_gpt"]
@@ -115,8 +116,9 @@ def main(argv):
         results["fsdp/meta_init_holds_its_shard"] = dict(  # this rank's FSDP shard of its tp part, no more
             ok=meta.transformer.h[0].mlp.c_fc.weight.to_local().shape[0] == tp_rows // pd.dp)
         write_results(pd, results, out_path)
+        finished = True
     finally:
-        shutdown(pd)
+        shutdown(pd, finished=finished)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,177 @@
+"""train.py with data_parallel='fsdp', init_device='meta' and loss_parallel, end to end under torchrun (CPU, gloo):
+each logs the losses of one plain process (fp32 tolerance), checkpoints move between FSDP, DDP and simulated runs,
+and bad combinations are one line, exit status 2. Every comparison is shown able to fail (another seed)."""
+
+import json
+import os
+
+import pytest
+
+from conftest import TINY, run_script
+
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone"]
+SPD = "config/train_shakespeare_char_spd.py"  # distributed_gpt, tp_size 2, spd blocks (tiny sizes from TINY)
+
+
+def metrics(out_dir):
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return list(map(json.loads, f))
+
+
+def losses(out_dir):
+    return {r["iter"]: r["loss"] for r in metrics(out_dir) if "loss" in r}
+
+
+def val_losses(out_dir):
+    return {r["iter"]: r["val_loss"] for r in metrics(out_dir) if "val_loss" in r}
+
+
+def train(out_dir, data, *extra, nproc=None):
+    """train.py [a config file: extra's first] TINY data_dir out_dir [the rest of extra]."""
+    config = [extra[0]] if extra and extra[0].endswith(".py") else []
+    args = ["train.py", *config, *TINY, f"--data_dir={data}", f"--out_dir={out_dir}", *extra[len(config):]]
+    if nproc:
+        args = [*TORCHRUN, f"--nproc_per_node={nproc}", *args]
+    r = run_script(*args, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
+    return r
+
+
+def assert_same(a, b, rel, what):
+    assert sorted(a) == sorted(b) and a, (what, sorted(a), sorted(b))
+    for it in a:
+        assert b[it] == pytest.approx(a[it], rel=rel), (what, it, a[it], b[it])
+
+
+def differs(a, b, rel):
+    """a and b are told apart at tolerance rel (the comparison above would fail)."""
+    return any(b[it] != pytest.approx(a[it], rel=rel) for it in a)
+
+
+# gradient accumulation (4 global micro-batches: 2 per rank at dp 2), clipping active (the tiny model's gradient
+# norm is > 0.1), eval_iters 5: not divisible by dp (FSDP's evaluation keeps its ranks' forwards in step)
+COMMON = ["--max_iters=5", "--lr_decay_iters=5", "--eval_interval=5", "--gradient_accumulation_steps=4",
+          "--grad_clip=0.1", "--eval_iters=5"]
+
+
+def test_fsdp_and_meta_init_match_one_process_and_ddp(tmp_path, char_data):
+    one, ddp, fsdp = tmp_path / "one", tmp_path / "ddp", tmp_path / "fsdp"
+    train(one, char_data, *COMMON)
+    train(ddp, char_data, *COMMON, nproc=2)
+    r = train(fsdp, char_data, *COMMON, "--data_parallel=fsdp", nproc=2)
+    assert "dp=2" in r.stdout and "data_parallel=fsdp" in r.stdout
+    a = losses(one)
+    assert sorted(a) == list(range(6)) and abs(a[5] - a[0]) > 1e-2  # it trained
+    # fp32: FSDP's reduce-scatter and DDP's all-reduce sum the same gradients in other orders: ~1e-7 relative
+    for other in (ddp, fsdp):
+        assert_same(a, losses(other), 1e-5, other.name)
+        assert_same(val_losses(one), val_losses(other), 1e-5, other.name)
+    # init_device='meta': the model is built without memory and materialised with GPT's initial weights, bitwise,
+    # so the losses are exactly the default init's, one process and FSDP alike
+    train(tmp_path / "one_meta", char_data, *COMMON, "--init_device=meta")
+    train(tmp_path / "fsdp_meta", char_data, *COMMON, "--data_parallel=fsdp", "--init_device=meta", nproc=2)
+    assert losses(tmp_path / "one_meta") == a
+    assert losses(tmp_path / "fsdp_meta") == losses(fsdp)
+    # the comparisons can fail: another seed (other initial weights and batches) is far outside the tolerance
+    train(tmp_path / "seed", char_data, *COMMON, "--seed=7")
+    assert differs(a, losses(tmp_path / "seed"), 1e-5)
+
+
+def test_fsdp_x_real_tp_and_loss_parallel_match_one_simulated_process(tmp_path, char_data):
+    """dp 2 x tp 2 real (4 processes, FSDP over dp) logs the losses of one simulated tp_size-2 process; so does
+    loss_parallel=True (vocabulary-sharded wte/lm_head, vocab-parallel cross-entropy), simulated and real."""
+    common = [SPD, *COMMON]
+    sim = tmp_path / "sim"
+    train(sim, char_data, *common)
+    a = losses(sim)
+    r = train(tmp_path / "fsdp_tp", char_data, *common, "--tp_mode=real", "--data_parallel=fsdp", nproc=4)
+    assert "dp=2, tp=2 real" in r.stdout
+    assert_same(a, losses(tmp_path / "fsdp_tp"), 1e-5, "fsdp x tp")
+    train(tmp_path / "lp_sim", char_data, *common, "--loss_parallel=True")
+    train(tmp_path / "lp_real", char_data, *common, "--loss_parallel=True", "--tp_mode=real",
+          "--data_parallel=fsdp", "--init_device=meta", nproc=4)
+    for name in ("lp_sim", "lp_real"):
+        assert_same(a, losses(tmp_path / name), 1e-5, name)
+        steps = [rec for rec in metrics(tmp_path / name) if "loss" in rec]
+        assert all(rec["vocab_allreduces"] > 0 for rec in steps), steps[0]  # the vocab-parallel collectives, apart
+    assert all("vocab_allreduces" not in rec for rec in metrics(sim))
+    assert abs(a[5] - a[0]) > 1e-2
+    train(tmp_path / "seed", char_data, *common, "--seed=7")
+    assert differs(a, losses(tmp_path / "seed"), 1e-5)
+
+
+def test_checkpoints_move_between_fsdp_ddp_and_simulated(tmp_path, char_data):
+    """An FSDP dp 2 x tp 2 run's checkpoint (GPT layout, gathered on every rank, written by the master) resumes as
+    one simulated process, whose checkpoint resumes as FSDP dp 2 built on the meta device, then as DDP dp 2: the
+    losses of the uninterrupted one-process run. All-'tp' blocks are GPT at every tp_size, so one trajectory is
+    the reference (as in tests/test_real_tp.py)."""
+    common = [SPD, "--block_types=tp", "--lr_decay_iters=12", "--eval_interval=3",
+              "--gradient_accumulation_steps=2", "--always_save_checkpoint=True"]
+    ref, part = tmp_path / "ref", tmp_path / "part"
+    train(ref, char_data, *common, "--max_iters=12", "--tp_size=1")
+    train(part, char_data, *common, "--max_iters=3", "--tp_mode=real", "--data_parallel=fsdp", nproc=4)
+    train(part, char_data, *common, "--max_iters=6", "--init_from=resume", "--tp_size=1")
+    train(part, char_data, *common, "--max_iters=9", "--init_from=resume", "--tp_size=1", "--data_parallel=fsdp",
+          "--init_device=meta", nproc=2)
+    train(part, char_data, *common, "--max_iters=12", "--init_from=resume", "--tp_size=2", nproc=2)
+    a, b = losses(ref), losses(part)
+    assert_same(a, b, 1e-5, "resumed")
+    assert abs(a[12] - a[0]) > 1e-2
+    train(tmp_path / "seed", char_data, *common, "--max_iters=12", "--tp_size=1", "--seed=7")
+    assert differs(a, losses(tmp_path / "seed"), 1e-5)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--data_parallel=zero3"], ["data_parallel", "zero3"]),
+    (["--init_device=cuda"], ["init_device", "cuda"]),
+    (["--loss_parallel=True"], ["loss_parallel", "distributed_gpt", "'gpt'"]),
+    (["--checkpoint_format=zip"], ["checkpoint_format", "zip"]),
+    (["--init_from=resume", "--checkpoint_format=sharded"], ["checkpoint_format='sharded'", "ckpt_sharded"]),
+])
+def test_bad_combinations_one_line_exit_2(tmp_path, char_data, args, words):
+    out = tmp_path / "out"
+    r = run_script("train.py", *TINY, f"--data_dir={char_data}", f"--out_dir={out}", *args, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert all(w in lines[0] for w in words), lines[0]
+    assert not out.exists()
+
+
+def test_sharded_checkpoint_converts_exactly_and_resumes(tmp_path, char_data):
+    """checkpoint_format='sharded' (DCP, each rank writes its shards) from FSDP dp 2 x tp 2 real with loss_parallel:
+    converted on one process it is bitwise the full-format ckpt.pt of the same run (GPT keys and shapes, unpadded
+    vocabulary, AdamW moments); resumed at dp 1 with DDP it continues the uninterrupted one-process run; resumed in
+    another tp layout it is refused in one line that says how to convert."""
+    import torch
+
+    common = [SPD, "--loss_parallel=True", "--lr_decay_iters=6", "--eval_interval=3", "--gradient_accumulation_steps=2",
+              "--always_save_checkpoint=True"]
+    real = ["--tp_mode=real", "--data_parallel=fsdp"]
+    full, sharded, ref = tmp_path / "full", tmp_path / "sharded", tmp_path / "ref"
+    train(full, char_data, *common, *real, "--max_iters=3", nproc=4)
+    train(sharded, char_data, *common, *real, "--max_iters=3", "--checkpoint_format=sharded", nproc=4)
+    assert not (sharded / "ckpt.pt").exists() and (sharded / "ckpt_sharded").is_symlink()
+    r = run_script("sharded_checkpoint.py", str(sharded), timeout=120)
+    assert r.returncode == 0 and r.stderr == "", r.stdout + r.stderr
+    a, b = (torch.load(d / "ckpt.pt", weights_only=True) for d in (full, sharded))
+    assert sorted(a) == sorted(b) and a["model_options"] == b["model_options"] and b["iter_num"] == 3
+    assert b["model_options"]["loss_parallel"] is True
+    assert list(a["model"]) == list(b["model"])
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert b["model"]["lm_head.weight"].shape[0] == b["model_args"]["vocab_size"]  # padding removed
+    sa, sb = a["optimizer"]["state"], b["optimizer"]["state"]
+    assert sorted(sa) == sorted(sb) and all(torch.equal(sa[i][k], sb[i][k]) for i in sa for k in sa[i])
+    assert a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]
+    # resume from the sharded checkpoint itself at another dp (1, DDP): the uninterrupted run's losses
+    (sharded / "ckpt.pt").unlink()
+    train(ref, char_data, *common, "--max_iters=6")
+    train(sharded, char_data, *common, "--max_iters=6", "--tp_mode=real", "--checkpoint_format=sharded",
+          "--init_from=resume", nproc=2)
+    assert_same(losses(ref), losses(sharded), 1e-5, "sharded resume")
+    assert sorted(p.name for p in sharded.iterdir() if p.name.startswith("ckpt_sharded")) == \
+        ["ckpt_sharded", "ckpt_sharded.6"]  # the link moved to the new save, the old one was removed
+    r = run_script("train.py", SPD, *TINY, f"--data_dir={char_data}", f"--out_dir={sharded}", "--init_from=resume",
+                   "--checkpoint_format=sharded", "--max_iters=8", timeout=60)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "tp_real=True (this run: False)" in r.stderr and "sharded_checkpoint.py" in r.stderr
