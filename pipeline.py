@@ -40,7 +40,6 @@ from torch.nn import functional as F
 from configurator import ConfigError, configure, exit_on_config_error
 from model import GPT, configure_adamw, positions
 from tensor_parallel_model import DistributedGPT, TPConfig, validate_tp_args
-from tp_comm import reduce_from_tp_region
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
 
@@ -160,6 +159,7 @@ class StageModule(nn.Module):
         self.config, self.rng, self.first = model.config, model.rng, first
         self.is_first, self.is_last = is_first, is_last
         self.group = getattr(model, "group", None)  # DistributedGPT's tp group (SimulatedTP/RealTP); None for GPT
+        self.final_sync = getattr(model, "final_sync", None)  # DistributedGPT's sync before ln_f
         parts = dict(h=nn.ModuleList(model.transformer.h[first:end]))
         if is_first:
             parts.update(wte=model.transformer.wte, wpe=model.transformer.wpe)
@@ -191,9 +191,7 @@ class StageModule(nn.Module):
                 xbar, r = block(xbar, r, t)
             if not self.is_last:
                 return (xbar.view(b, t, C),) if r is None else (xbar.view(b, t, C), r.view(-1, b, t, C))
-            if r is not None:  # the last block left the stream desynced: one more sync (DistributedGPT.forward)
-                xbar = xbar + reduce_from_tp_region(self.group.delta(r, xbar), self.group)
-            x = xbar.view(b, t, C)
+            x = self.final_sync(xbar, r).view(b, t, C)
         if not self.is_last:
             return x
         return self.lm_head(self.transformer.ln_f(x))  # (b, T, V)

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from common import (CHECKPOINT_NAME, RunLock, build_model_from_checkpoint, load_checkpoint, model_spec, pick_device,
                     save_checkpoint)
 from configurator import ConfigError, configure, exit_on_config_error
-from model import GPT, GPTConfig
+from model import GPTConfig
 from tensor_parallel_model import BLOCK_TYPES, DistributedGPT, TPConfig
 
 DEFAULTS = dict(
@@ -68,8 +68,8 @@ def check_settings(cfg):
             raise ConfigError(f"{key} must be >= 0, got {cfg[key]}")
     if cfg["order"] not in ORDERS:
         raise ConfigError(f"order must be one of {ORDERS}, got {cfg['order']!r}")
-    if not cfg["tau_isb"] <= cfg["tau_esb"]:
-        raise ConfigError(f"need tau_isb <= tau_esb, got tau_isb={cfg['tau_isb']}, tau_esb={cfg['tau_esb']}")
+    if not 0 <= cfg["tau_isb"] <= cfg["tau_esb"]:
+        raise ConfigError(f"need 0 <= tau_isb <= tau_esb, got tau_isb={cfg['tau_isb']}, tau_esb={cfg['tau_esb']}")
     if cfg["num_spd"] < -1:
         raise ConfigError(f"num_spd must be -1 (auto) or a number of blocks, got {cfg['num_spd']}")
     for key in ("distill_lr", "kl_lr", "max_loss_increase"):

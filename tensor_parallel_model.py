@@ -340,12 +340,14 @@ class DistributedGPT(GPT):
             xbar, r = block(xbar, r, t, None if kv_cache is None else kv_cache.layers[i])
         if kv_cache is not None:
             kv_cache.advance(t)
-        if r is not None:  # the last block left the stream desynced: one more sync
-            xbar = xbar + reduce_from_tp_region(self.group.delta(r, xbar), self.group)
-        x = self.transformer.ln_f(xbar.view(b, t, -1))
+        x = self.transformer.ln_f(self.final_sync(xbar, r).view(b, t, -1))
         if self.config.loss_parallel:
             return self.vocab_parallel_head(x, targets)
         return lm_head_and_loss(self.lm_head, x, targets)
+
+    def final_sync(self, xbar, r):
+        """The stream before ln_f: xbar, or, when the last block left it desynced, one more sync xbar + sum_i d_i."""
+        return xbar if r is None else xbar + reduce_from_tp_region(self.group.delta(r, xbar), self.group)
 
     # --- loss_parallel: the tied wte/lm_head split by vocabulary over the tp shards ---
 
