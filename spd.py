@@ -68,8 +68,8 @@ def check_settings(cfg):
             raise ConfigError(f"{key} must be >= 0, got {cfg[key]}")
     if cfg["order"] not in ORDERS:
         raise ConfigError(f"order must be one of {ORDERS}, got {cfg['order']!r}")
-    if not 0 <= cfg["tau_isb"] <= cfg["tau_esb"]:
-        raise ConfigError(f"need 0 <= tau_isb <= tau_esb, got tau_isb={cfg['tau_isb']}, tau_esb={cfg['tau_esb']}")
+    if not cfg["tau_isb"] <= cfg["tau_esb"]:  # negative thresholds are meaningful: a drop may lower the loss
+        raise ConfigError(f"need tau_isb <= tau_esb, got tau_isb={cfg['tau_isb']}, tau_esb={cfg['tau_esb']}")
     if cfg["num_spd"] < -1:
         raise ConfigError(f"num_spd must be -1 (auto) or a number of blocks, got {cfg['num_spd']}")
     for key in ("distill_lr", "kl_lr", "max_loss_increase"):
