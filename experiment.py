@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -59,6 +60,11 @@ SWEEPS = {
     # the CPU configs with real tensor parallelism: 2 processes, one shard each, all-reduces through gloo
     "cpu-real": comm_runs("config/train_shakespeare_char_{}comm.py", (24, 18, 16, 12, 8, 6, 4, 3, 2, 1),
                           overrides=("--tp_size=2", "--tp_mode=real"), nproc=2),
+    # past the early phase: three 12-layer patterns (all tp, all spd, all parallel) trained 10x longer than "cpu",
+    # evaluated every 250 steps; checkpoints every eval, so an interrupted run resumes. ~8 min a run on 1 free core
+    "cpu-long": comm_runs("config/train_shakespeare_char_{}comm.py", (24, 12, 1),
+                          overrides=("--max_iters=5000", "--lr_decay_iters=5000", "--eval_interval=250",
+                                     "--eval_iters=50", "--always_save_checkpoint=True")),
 }
 
 
@@ -101,8 +107,8 @@ def plan(runs, *, sweep_dir, seeds, overrides=(), nproc=None, check_data=True):
     from train import DEFAULTS
 
     jobs = []
-    for run in runs:
-        for seed in seeds:
+    for seed in seeds:  # seed-major: an unfinished sweep holds whole seeds of every config
+        for run in runs:
             out_dir = os.path.join(sweep_dir, f"{run.name}-seed{seed}")
             args = [os.path.join(ROOT, run.config), *run.overrides, f"--seed={seed}", f"--out_dir={out_dir}",
                     f"--wandb_run_name={os.path.basename(sweep_dir)}-{run.name}-seed{seed}", *overrides]
@@ -203,20 +209,29 @@ def shown(cmd):
 STEP_LINE = re.compile(r"^(?:iter|step) (\d+):")
 
 
+def resumable(job):
+    """An interrupted run of a sweep that checkpoints at every eval (always_save_checkpoint) goes on from its
+    ckpt.pt; any other leftover directory is removed and the run starts from scratch."""
+    return job.cfg.get("always_save_checkpoint", False) and os.path.isfile(os.path.join(job.out_dir, "ckpt.pt"))
+
+
 def run_job(job, *, bar=None):
-    """Run train.py (from scratch: a leftover directory is removed), tee its output to train.log, and mark
-    success with done.json. Raises RuntimeError with the log's tail when train.py fails."""
-    if os.path.exists(job.out_dir):
-        shutil.rmtree(job.out_dir)
-    os.makedirs(job.out_dir)
+    """Run train.py (from scratch, or from the run's own checkpoint when resumable), tee its output to train.log,
+    and mark success with done.json. Raises RuntimeError with the log's tail when train.py fails."""
+    resume = resumable(job)
+    if not resume:
+        if os.path.exists(job.out_dir):
+            shutil.rmtree(job.out_dir)
+        os.makedirs(job.out_dir)
+    cmd = command(job) + (["--init_from=resume"] if resume else [])
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if job.nproc > 1 and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // job.nproc))
     log_path = os.path.join(job.out_dir, "train.log")
     t0 = time.time()
-    with open(log_path, "w", buffering=1) as log:  # line-buffered: the log is complete up to a kill
-        log.write(shown(command(job)) + "\n")
-        proc = subprocess.Popen(command(job), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    with open(log_path, "a" if resume else "w", buffering=1) as log:  # line-buffered: complete up to a kill
+        log.write(shown(cmd) + "\n")
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, bufsize=1)
         try:
             for line in proc.stdout:
@@ -242,9 +257,16 @@ def run_job(job, *, bar=None):
     return done
 
 
+def stop_on_sigterm(signum, frame):
+    """kill PID stops a sweep as Ctrl-C does: train.py is stopped too (a background job ignores SIGINT)."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def run_sweep(jobs, *, desc="sweep"):
     """Run the unfinished jobs one after another, with progress bars; finished ones are skipped."""
     from tqdm import tqdm
+
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
 
     with tqdm(total=len(jobs), desc=desc, unit="run", position=0, dynamic_ncols=True) as runs_bar:
         for job in jobs:
@@ -293,6 +315,10 @@ def report(jobs, sweep_dir, *, title, note=""):
         raise SweepError(f"no finished runs in {sweep_dir}")
     results.write_tables(rows, sweep_dir, title=title, note=note)
     plots = results.write_plots(rows, sweep_dir, title=title, note=note)
+    paired = results.write_paired(rows, sweep_dir, title=title)
+    if paired:  # 2+ seeds: the paired comparison with the baseline
+        plots.append(paired[1])
+        return results.markdown_table(rows) + "\n\n" + results.paired_markdown(rows), plots
     return results.markdown_table(rows), plots
 
 

@@ -5,6 +5,7 @@ metrics.jsonl, and the runner's done.json); never from wandb, never from a confi
     rows = summarize([("24comm", [run_dir_seed1, run_dir_seed2]), ("12comm", [...]), ...])
     write_tables(rows, out_dir)   # results.md, results.csv, results.json
     write_plots(rows, out_dir)    # val_loss_vs_allreduces.png, val_loss_curves.png, tokens_per_s_vs_allreduces.png
+    write_paired(rows, out_dir)   # with 2+ seeds: paired.md and paired_difference_vs_tokens.png
 
 `python experiment.py <sweep> --report-only` calls these on a sweep's finished runs. A file that is not what
 train.py and the runner write (truncated JSON, a wrong type) raises ResultsError naming the file (and line).
@@ -206,6 +207,7 @@ def summarize(groups):
             tokens_per_s_std=_std([r["tokens_per_s"] for r in runs if r["tokens_per_s"] is not None]),
             comm_seconds_per_iter=_mean(r["comm_seconds"] for r in runs), wall_s=_mean(r["wall_s"] for r in runs),
             curves=[r["curve"] for r in runs], run_dirs=[r["run_dir"] for r in runs],
+            cfg_max_iters=first["cfg"]["max_iters"],
         ))
     measured = [r for r in rows if r["fwd_allreduces"] is not None]
     base = max(measured, key=lambda r: r["fwd_allreduces"]) if measured else None
@@ -359,3 +361,144 @@ def write_plots(rows, out_dir, *, title="Communication sweep", note=""):
     fig.savefig(paths[2], dpi=120)
     plt.close(fig)
     return paths
+
+
+# ---------- paired comparison with the baseline (same seed: same initial weights, same batches) ----------
+
+# two-sided 95% quantiles of Student's t for 1..10 degrees of freedom (standard tables); 1.96 beyond
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+FLAT_FRACTION, FLAT_THRESHOLD = 0.2, 0.01  # flat: the val loss improved < 1% over the last fifth of training
+
+
+def mean_ci(xs):
+    """(mean, half-width of its 95% confidence interval by Student's t); half-width None for one value."""
+    if len(xs) < 2:
+        return statistics.fmean(xs), None
+    t = T_975[len(xs) - 2] if len(xs) - 1 <= len(T_975) else 1.96
+    return statistics.fmean(xs), t * statistics.stdev(xs) / len(xs) ** 0.5
+
+
+def _by_seed(row):
+    """{seed: {iter: val_loss}} of a summarized row."""
+    return {seed: dict(curve) for seed, curve in zip(row["seeds"], row["curves"])}
+
+
+def paired(rows):
+    """Per config: the differences config - baseline of the val loss on the seeds both ran, at every eval iteration
+    they share: {'final': (mean, ci, per-seed list), 'curve': [(iter, mean, ci)]}. The baseline's own is zero."""
+    base = next((r for r in rows if r["config"] == r["baseline"]), None)
+    if base is None:
+        return {}
+    ref = _by_seed(base)
+    out = {}
+    for r in rows:
+        mine = _by_seed(r)
+        seeds = sorted(set(mine) & set(ref))
+        iters = sorted(set.intersection(*(set(mine[s]) & set(ref[s]) for s in seeds))) if seeds else []
+        if not iters:
+            continue
+        diff = {i: [mine[s][i] - ref[s][i] for s in seeds] for i in iters}
+        final = diff[iters[-1]]
+        out[r["config"]] = dict(seeds=seeds, final=(*mean_ci(final), final),
+                                curve=[(i, *mean_ci(diff[i])) for i in iters])
+    return out
+
+
+def ordering(curve, tokens_per_iter):
+    """Where a config's paired difference is below the baseline's (CI entirely < 0), above (> 0) or tied (the CI
+    holds 0), as segments over training: 'lower 250-2000 (0.19M-1.5M tokens); tied 2250-5000 (...)'."""
+    def verdict(mean, ci):
+        if ci is None:
+            return "lower" if mean < 0 else "higher" if mean > 0 else "tied"
+        return "lower" if mean + ci < 0 else "higher" if mean - ci > 0 else "tied"
+
+    segments = []
+    for i, mean, ci in curve:
+        if i == 0:
+            continue  # every run is at ~ln(vocab) before its first step
+        v = verdict(mean, ci)
+        if segments and segments[-1][0] == v:
+            segments[-1][2] = i
+        else:
+            segments.append([v, i, i])
+    return "; ".join(f"{v} {a}-{b} ({a * tokens_per_iter / 1e6:.2f}M-{b * tokens_per_iter / 1e6:.2f}M tokens)"
+                     for v, a, b in segments)
+
+
+def flatness(row):
+    """(relative improvement of the mean val loss over the last FLAT_FRACTION of training, iters compared)."""
+    curves = row["curves"]
+    iters = sorted(set.intersection(*(set(i for i, _ in c) for c in curves)))
+    last = iters[-1]
+    start = min((i for i in iters if i >= (1 - FLAT_FRACTION) * last), default=last)
+    at = {i: statistics.fmean(dict(c)[i] for c in curves) for i in (start, last)}
+    return (at[start] - at[last]) / at[start], (start, last)
+
+
+def paired_markdown(rows, *, early_iter=500):
+    """The paired table, the baseline's flatness and the ordering over training, as markdown."""
+    pairs = paired(rows)
+    base = next(r for r in rows if r["config"] == r["baseline"])
+    tokens_per_iter = base["tokens"] / base["cfg_max_iters"]
+    improvement, (a, b) = flatness(base)
+    lines = [f"Paired with the baseline `{base['block_pattern']}` seed by seed (same seed: same initial weights, "
+             f"same batches); differences config - baseline in validation loss (nats/token), mean and 95% confidence "
+             f"interval (Student's t over the {len(pairs[base['config']]['seeds'])} seeds).", "",
+             f"Baseline flatness: its mean val loss fell {100 * improvement:.2f}% over the last fifth of training "
+             f"(iter {a} -> {b}); criterion for flat: under {100 * FLAT_THRESHOLD:.0f}%: "
+             f"{'met' if improvement < FLAT_THRESHOLD else 'NOT met'}.", "",
+             f"| config | block pattern | fwd all-reduces | final val loss | final difference [95% CI] | per seed | "
+             f"difference at iter {early_iter} [95% CI] | ordering over training (vs baseline) |",
+             "|---|---|---:|---:|---:|---|---:|---|"]
+    for r in rows:
+        p = pairs.get(r["config"])
+        if p is None or r is base:
+            continue
+        mean, ci, per_seed = p["final"]
+        early = next(((m, c) for i, m, c in p["curve"] if i == early_iter), None)
+        fmt = (lambda m, c: f"{m:+.4f}" + (f" [{m - c:+.4f}, {m + c:+.4f}]" if c is not None else ""))
+        lines.append(f"| {r['config']} | `{r['block_pattern']}` | {_fmt(r['fwd_allreduces'], 'd')} | "
+                     f"{r['val_loss_mean']:.4f} ± {r['val_loss_std']:.4f} | {fmt(mean, ci)} | "
+                     f"{', '.join(f'{d:+.4f}' for d in per_seed)} | {fmt(*early) if early else 'n/a'} | "
+                     f"{ordering(p['curve'], tokens_per_iter)} |")
+    return "\n".join(lines)
+
+
+def write_paired(rows, out_dir, *, title="Communication sweep"):
+    """paired.md and paired_difference_vs_tokens.png when the baseline and another config have 2+ common seeds;
+    returns their paths ([] otherwise)."""
+    pairs = paired(rows)
+    base = next((r for r in rows if r["config"] == r["baseline"]), None)
+    if base is None or not any(len(p["seeds"]) > 1 for c, p in pairs.items() if c != base["config"]):
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    md, png = os.path.join(out_dir, "paired.md"), os.path.join(out_dir, "paired_difference_vs_tokens.png")
+    with open(md, "w") as f:
+        f.write(f"# {title}: paired differences to the baseline\n\n{paired_markdown(rows)}\n")
+    tokens_per_iter = base["tokens"] / base["cfg_max_iters"]
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    ax.axhline(0, color="black", lw=1.5, label=f"baseline {base['block_pattern']}")
+    cmap = plt.get_cmap("plasma")
+    others = sorted((r for r in rows if r is not base and r["config"] in pairs), key=lambda r: -r["fwd_allreduces"])
+    for k, r in enumerate(others):
+        curve = [(i, m, c or 0.0) for i, m, c in pairs[r["config"]]["curve"] if i > 0]
+        x = [i * tokens_per_iter / 1e6 for i, _, _ in curve]
+        mean = [m for _, m, _ in curve]
+        color = cmap(0.85 * k / max(1, len(others) - 1))
+        ax.plot(x, mean, "o-", ms=3, color=color, label=f"{r['fwd_allreduces']} all-reduces {r['block_pattern']}")
+        ax.fill_between(x, [m - c for _, m, c in curve], [m + c for _, m, c in curve], color=color, alpha=0.2)
+    ax.set_xlabel("training tokens (millions)")
+    ax.set_ylabel("val loss minus the baseline's, same seed (nats/token)")
+    ax.set_title(f"{title}: paired difference to the baseline during training\nmean over "
+                 f"{len(pairs[base['config']]['seeds'])} seeds, band: 95% confidence interval; below 0 = better "
+                 f"than the baseline", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", prop={"family": "monospace", "size": 8})
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    return [md, png]

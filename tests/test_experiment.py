@@ -415,3 +415,53 @@ def test_a_resumed_runs_repeated_records_do_not_distort_rates_or_curves(tmp_path
     assert run["curve"] == [(0, 4.0), (4, 3.4)] and run["tokens_per_s"] == 100.0
     _, train = results.read_metrics(str(d))
     assert [r["iter"] for r in train if r["_seg_pos"] < results.SKIP_TRAIN_RECORDS] == [0, 1, 4, 5]
+
+
+def test_paired_differences_confidence_intervals_and_ordering(tmp_path):
+    """Hand-computed: per-seed differences to the baseline -0.1 and -0.3 at the end (mean -0.2, 95% CI half-width
+    12.706 * stdev / sqrt(2) = 12.706 * 0.1414 / 1.414 = 1.2706); at iter 20 the differences are -0.1 and -0.1
+    (CI of zero width: 'lower'), so the ordering reads lower at 20, tied at 40. The baseline's last fifth (iter 40
+    vs the first eval at or after 0.8 * 40 = 32, i.e. 40 itself) changed 0%: flat."""
+    base = [fake_run(tmp_path, "8comm", seed=s, fwd=8, val_losses=[4.0, 2.5, 2.0], tok_s=[1] * 5, wall_s=1.0)
+            for s in (1, 2)]
+    low = [fake_run(tmp_path, "3comm", seed=s, fwd=3, val_losses=[4.0, 2.4, v], tok_s=[1] * 5, wall_s=1.0)
+           for s, v in ((1, 1.9), (2, 1.7))]
+    rows = results.summarize([("8comm", base), ("3comm", low)])
+    pairs = results.paired(rows)
+    mean, ci, per_seed = pairs["3comm"]["final"]
+    assert per_seed == pytest.approx([-0.1, -0.3]) and mean == pytest.approx(-0.2)
+    assert ci == pytest.approx(12.706 * statistics.stdev([-0.1, -0.3]) / 2 ** 0.5)
+    assert results.ordering(pairs["3comm"]["curve"], 16) == (
+        "lower 20-20 (0.00M-0.00M tokens); tied 40-40 (0.00M-0.00M tokens)")
+    assert results.flatness(rows[0]) == (0.0, (40, 40))
+    md = results.paired_markdown(rows, early_iter=20)
+    assert "| 3comm | `['parallel','spd']*2` | 3 | 1.8000 ± 0.1414 | -0.2000 [-1.4706, +1.0706] | -0.1000, -0.3000 | " \
+           "-0.1000 [-0.1000, -0.1000] |" in md, md
+    assert "criterion for flat: under 1%: met" in md
+    paths = results.write_paired(rows, str(tmp_path))
+    assert [os.path.basename(p) for p in paths] == ["paired.md", "paired_difference_vs_tokens.png"]
+    # one seed: nothing to pair, nothing written
+    assert results.write_paired(results.summarize([("8comm", base[:1]), ("3comm", low[:1])]), str(tmp_path / "x")) \
+        == []
+
+
+def test_an_interrupted_checkpointing_run_resumes_from_its_checkpoint(tmp_path, char_data):
+    """A sweep with always_save_checkpoint (like cpu-long): a run killed after a checkpoint goes on from it (its
+    metrics up to the checkpoint kept) and ends as the uninterrupted run does."""
+    runs = [experiment.Run("tp", "config/train_shakespeare_char_24comm.py",
+                           ("--n_layer=2", "--block_types=['tp']*2", "--always_save_checkpoint=True"))]
+    overrides = [*TINY_SWEEP, f"--data_dir={char_data}", "--max_iters=6", "--eval_interval=3"]
+    whole, = experiment.plan(runs, sweep_dir=str(tmp_path / "whole"), seeds=[7], overrides=overrides)
+    experiment.run_sweep([whole])
+    job, = experiment.plan(runs, sweep_dir=str(tmp_path / "cut"), seeds=[7], overrides=overrides)
+    experiment.run_sweep([job])
+    os.remove(os.path.join(job.out_dir, "done.json"))  # as if killed after the last checkpoint ...
+    with open(os.path.join(job.out_dir, "metrics.jsonl")) as f:
+        lines = f.readlines()
+    with open(os.path.join(job.out_dir, "metrics.jsonl"), "w") as f:  # ... and before its last records
+        f.writelines(lines[:-2])
+    assert experiment.resumable(job)
+    experiment.run_sweep([job])
+    with open(os.path.join(job.out_dir, "train.log")) as f:
+        assert "--init_from=resume" in f.read()
+    assert results.read_metrics(job.out_dir)[0] == results.read_metrics(whole.out_dir)[0]  # the evals
