@@ -1,0 +1,256 @@
+"""comm_model.py: the all-reduce time and step-time equations on cases computed by hand, the fits recovering known
+parameters, leave-one-pattern-out exact on a noiseless line and shown able to fail, the validation's two
+predictors on synthetic calibrations, the GPU tables, one-line errors, and `measure` + `validate` end to end on a
+tiny model (2 gloo processes)."""
+
+import json
+
+import pytest
+from conftest import one_line_error, run_script
+
+import comm_model as cm
+
+# Float tolerances: the model is a few float64 multiplications and sums, so hand-computed values agree to ~1e-15
+# relative; rel=1e-12 leaves room for rounding and nothing else.
+EXACT = 1e-12
+SIZES = [1024 * 4 ** k for k in range(9)]  # 1 KiB .. 64 MiB, as `measure` by default
+
+
+def test_allreduce_time_by_hand():
+    # alpha 1 ms, B 1 GB/s, n 1 MB, p 2: 1e-3 + 2(2-1)/2 * 1e6 / 1e9 = 1e-3 + 1e-3 = 2e-3 s
+    assert cm.allreduce_time(1e6, 2, alpha=1e-3, busbw=1e9) == pytest.approx(2e-3, rel=EXACT)
+    # p 4: 2(4-1)/4 = 1.5, so 1e-3 + 1.5e-3 = 2.5e-3 s
+    assert cm.allreduce_time(1e6, 4, alpha=1e-3, busbw=1e9) == pytest.approx(2.5e-3, rel=EXACT)
+    assert cm.allreduce_time(1e6, 1, alpha=1e-3, busbw=1e9) == 0.0  # one rank: no collective
+
+
+def test_train_step_by_hand():
+    shape = cm.Shape("hand", n_layer=2, n_embd=1000, n_head=8, vocab=1000)
+    # params = 12 * 2 * 1000^2 + 1000 * 1000 = 25e6
+    # FLOPs/token = 6 * 25e6 + 12 * L * d * T = 150e6 + 12 * 2 * 1000 * 1000 = 174e6; x 1000 tokens = 1.74e11
+    # compute = 1.74e11 / (tp 2 * peak 1e15 * mfu 0.5) = 1.74e-4 s
+    # all tp at L = 2: 4 fwd syncs, 8 all-reduces of 1000 tokens * 1000 * 2 B = 2e6 B;
+    # t = 1e-5 + 2(2-1)/2 * 2e6 / 1e11 = 1e-5 + 2e-5 = 3e-5 s, x 8 = 2.4e-4 s; step = 4.14e-4 s
+    link = cm.Link("hand", alpha=1e-5, busbw=1e11)
+    compute, comm = cm.train_step(shape, tp=2, link=link, tokens=1000, seq_len=1000, mfu=0.5,
+                                  fwd_syncs=cm.forward_syncs(["tp", "tp"]), peak=1e15)
+    assert shape.params == 25_000_000
+    assert compute == pytest.approx(1.74e-4, rel=EXACT)
+    assert comm == pytest.approx(2.4e-4, rel=EXACT)
+    assert compute + comm == pytest.approx(4.14e-4, rel=EXACT)
+
+
+def test_decode_token_by_hand():
+    # weights 8e9 * 2 B / 8 = 2e9 B; KV cache 2 (k, v) * 2 layers * 8 heads * 128 * 1000 tokens * 1 * 2 B / 8 shards
+    # = 1,024,000 B; memory = 2,001,024,000 B / 1e12 B/s = 2.001024e-3 s
+    # 4 syncs of 1 * 1024 * 2 = 2048 B over 8 ranks: 4 * (1e-5 + 2 * 7/8 * 2048 / 1e11) = 4.014336e-5 s
+    memory, comm = cm.decode_token(params=8e9, n_layer=2, n_embd=1024, n_kv_heads=8, head_dim=128, context=1000,
+                                   batch=1, tp=8, link=cm.Link("hand", 1e-5, 1e11), syncs=4, hbm_bw=1e12)
+    assert memory == pytest.approx(2.001024e-3, rel=EXACT)
+    assert comm == pytest.approx(4.014336e-5, rel=EXACT)
+
+
+def test_forward_syncs_match_the_cpu_sweep_config_names():
+    """The documented rule (2 per tp, 1 per spd, +1 when ending desynced) gives each config's name: 24comm ... 1comm;
+    measured counts are checked against the same rule end to end below."""
+    from experiment import SWEEPS
+
+    patterns = cm.cpu_sweep_patterns()
+    assert [cm.forward_syncs(p) for p in patterns] == [int(run.name[:-4]) for run in SWEEPS["cpu"]]
+    for L in (12, 24, 32):  # the GPU tables' patterns: 2L, L, L/2, 1
+        assert [cm.forward_syncs(make(L)) for make in cm.GPU_PATTERNS.values()] == [2 * L, L, L // 2, 1]
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_fit_recovers_alpha_and_bandwidth(p):
+    samples = [(n, cm.allreduce_time(n, p, alpha=2e-4, busbw=1.5e9)) for n in SIZES]
+    alpha, busbw = cm.fit_allreduce(samples, p)
+    assert alpha == pytest.approx(2e-4, rel=1e-9)  # noiseless: exact up to the sums' rounding
+    assert busbw == pytest.approx(1.5e9, rel=1e-9)
+    # ring factor matters: the same times read as 2-rank all-reduces give another bandwidth (anti-vacuity)
+    if p > 2:
+        assert cm.fit_allreduce(samples, 2)[1] == pytest.approx(1.5e9 / ((p - 1) / p * 2), rel=1e-9)
+
+
+def test_fit_with_noise_is_within_the_noise():
+    # every time off by +-2% (alternating): the relative-error fit stays within that 2% on both parameters
+    samples = [(n, cm.allreduce_time(n, 2, alpha=2e-4, busbw=1.5e9) * (1 + 0.02 * (-1) ** k))
+               for k, n in enumerate(SIZES)]
+    alpha, busbw = cm.fit_allreduce(samples, 2)
+    assert alpha == pytest.approx(2e-4, rel=0.02)
+    assert busbw == pytest.approx(1.5e9, rel=0.02)
+
+
+def test_fit_refuses_what_cannot_be_a_bandwidth():
+    with pytest.raises(ValueError, match="do not grow"):
+        cm.fit_allreduce([(1024, 2e-3), (1 << 20, 1e-3)], 2)
+    with pytest.raises(ValueError, match="two distinct"):
+        cm.fit_line([1.0, 1.0], [2.0, 3.0])
+
+
+def test_leave_one_out_is_exact_on_a_line_and_can_fail():
+    xs = [2, 6, 12, 24, 48]
+    ys = [3.0 + 0.5 * x for x in xs]
+    assert cm.leave_one_out(xs, ys) == pytest.approx(ys, rel=EXACT)
+    ys[2] += 1.0  # one perturbed point: its own prediction (from the others, still on the line) misses by 1.0
+    loo = cm.leave_one_out(xs, ys)
+    assert loo[2] == pytest.approx(ys[2] - 1.0, rel=EXACT)
+    assert all(abs(p - y) > 1e-3 for p, y in zip(loo, ys))  # and it pulls every other point's fit off too
+    assert cm.leave_one_out([1, 2], [1.0, 2.0]) == [None, None]  # one point left: no line
+
+
+def calibration(*, factor=1.0, alpha=3e-4, busbw=1e9, compute_ms=50.0, counts=(48, 24, 12, 2), nbytes=393216):
+    """A calibration as `measure` writes it, made from the model: step = compute + factor * N t(n, p); factor is
+    the in-training all-reduce cost over the microbenchmark's."""
+    t_ms = cm.allreduce_time(nbytes, 2, alpha=alpha, busbw=busbw) * 1e3
+    return {"machine": {}, "created": "synthetic",
+            "microbenchmark": {"procs": 2, "samples": [{"bytes": n, "seconds": cm.allreduce_time(
+                n, 2, alpha=alpha, busbw=busbw)} for n in SIZES]},
+            "training": {"procs": 2, "iters": 30, "model": {"n_layer": 12, "n_embd": 128, "tokens_per_iter": 768},
+                         "patterns": [{"name": f"{n}syncs", "allreduces_per_step": n, "bytes_per_allreduce": nbytes,
+                                       "step_ms": compute_ms + factor * n * t_ms,
+                                       "collectives_ms": factor * n * t_ms} for n in counts]}}
+
+
+def validation_of(data):
+    return cm.validation(data["microbenchmark"]["samples"], data["training"]["patterns"], procs=2)
+
+
+def test_validation_is_exact_when_the_model_holds():
+    rows, summary = validation_of(calibration())
+    assert [r["anchor"] for r in rows] == [False, False, False, True]  # the fewest all-reduces
+    for r in rows:  # errors in %: rounding only
+        assert r["micro_err"] == pytest.approx(0, abs=1e-9) and r["loo_err"] == pytest.approx(0, abs=1e-9)
+    assert summary["compute_ms"] == pytest.approx(50.0, rel=1e-9)
+    assert summary["t_eff_ms"] / (summary["t_micro"] * 1e3) == pytest.approx(1.0, rel=1e-9)
+
+
+def test_validation_tells_the_predictors_apart():
+    """All-reduces that cost twice the microbenchmark's in training: predictor (i) misses (it knows only the
+    microbenchmark), (ii) fits the training steps and is exact, and the contention factor reads 2."""
+    rows, summary = validation_of(calibration(factor=2.0))
+    assert all(abs(r["micro_err"]) > 1 for r in rows if not r["anchor"])
+    assert all(r["loo_err"] == pytest.approx(0, abs=1e-9) for r in rows)
+    assert summary["t_eff_ms"] / (summary["t_micro"] * 1e3) == pytest.approx(2.0, rel=1e-9)
+
+
+def test_validate_prints_the_table(tmp_path):
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(calibration(factor=2.0)))
+    r = run_script("comm_model.py", "validate", f"--calibration={path}")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("syncs` |") == 4 and "anchor" in r.stdout
+    assert "Contention factor t_eff / t(n, p) = 2.00" in r.stdout
+
+
+def test_default_command_prints_the_gpu_tables():
+    r = run_script("comm_model.py")
+    assert r.returncode == 0, r.stderr
+    for text in ("## Training step", "## Decode, LLaMA2-70B", "GPT-2 124M", "7B (32 x 4096)", "IB NDR (inter-node)",
+                 "The SPD paper reports about 20%"):
+        assert text in r.stdout
+    for name, c in cm.CONSTANTS.items():  # every constant printed with its source
+        assert f"`{name}` = {c.value:g}" in r.stdout and c.source in r.stdout
+    # the printed row is train_step's result: 7B at tp 8 over NVLink, default batch 8 x 1024, MFU 40%
+    shape, link = cm.SHAPES[2], cm.LINKS[0]
+    compute, comm = cm.train_step(shape, tp=8, link=link, tokens=8192, seq_len=1024, mfu=0.4, fwd_syncs=64)
+    assert f"| {shape.name} | {shape.params / 1e6:,.0f}M | 8 | {link.name} | {compute * 1e3:.2f} | " in r.stdout
+    assert f"| {(compute + comm) * 1e3:.2f} | {comm / (compute + comm):.1%} |" in r.stdout
+
+
+def test_default_command_does_not_import_torch():
+    """What keeps it under 2 s: the predictions are arithmetic; torch is imported by measure only."""
+    r = run_script("-c", "import sys, comm_model; comm_model.main([]); assert 'torch' not in sys.modules")
+    assert r.returncode == 0, r.stderr
+
+
+def error_line(capsys, argv):
+    """comm_model.main in this process: its one stderr line, after checking exit status 2."""
+    with pytest.raises(SystemExit) as e:
+        cm.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--mfu=1.5"], "mfu must be a fraction in (0, 1], got 1.5"),
+    (["--mfu=0"], "mfu must be a fraction in (0, 1], got 0.0"),
+    (["--mfu=abc"], "mfu: expected float (default 0.4), got str 'abc'"),
+    (["--batch_size=0"], "batch_size must be an int >= 1, got 0"),
+    (["--tp=8"], "unknown config key 'tp'"),
+    (["fit"], "unknown command 'fit'"),
+    (["validate"], "calibration must be the file `measure` wrote"),
+    (["validate", "--calibration=/nonexistent/cal.json"], "calibration file '/nonexistent/cal.json' not found"),
+    (["validate", "--mfu=0.5"], "unknown config key 'mfu'"),
+    (["measure"], "out must be the calibration file to write (--out=FILE.json), got None"),
+    (["measure", "--out=/nonexistent/cal.json"], "out: directory '/nonexistent' does not exist"),
+    (["measure", "--out=cal.json", "--procs=1"], "procs must be an int >= 2, got 1"),
+    (["measure", "--out=cal.json", "--sizes=[1024, 6]"], "sizes must be a non-empty list of byte counts"),
+    (["measure", "--out=cal.json", "--iters=0"], "iters must be an int >= 1, got 0"),  # bench.py's own check
+    (["measure", "--out=cal.json", "--n_layer=2", "--patterns=['tp', 'bad']"], "patterns[1] = 'bad': block_types: unknown block type 'bad'"),
+])
+def test_bad_input_is_one_line(capsys, argv, words):
+    assert words in error_line(capsys, argv)
+
+
+DROP = object()  # remove the key instead of setting it
+
+
+@pytest.mark.parametrize("keys, value, words", [
+    (None, None, "is not valid JSON"),
+    (["training"], DROP, "lacks key 'training'"),
+    (["training", "patterns", 1, "step_ms"], DROP, "lacks key 'training.patterns[1].step_ms'"),
+    (["microbenchmark", "samples", 0, "seconds"], -1.0,
+     "microbenchmark.samples[0].seconds must be a positive number, got -1.0"),
+    (["training", "patterns"], [], "training.patterns must be a non-empty list, got []"),
+    (["microbenchmark", "samples"], [{"bytes": 1024, "seconds": 2e-3}, {"bytes": 1 << 20, "seconds": 1e-3}],
+     "microbenchmark.samples: the all-reduce times do not grow with the size"),
+])
+def test_bad_calibration_file_is_one_line(capsys, tmp_path, keys, value, words):
+    path = tmp_path / "cal.json"
+    if keys is None:
+        path.write_text("{not json")
+    else:
+        data = calibration()
+        *parents, last = keys
+        obj = data
+        for k in parents:
+            obj = obj[k]
+        if value is DROP:
+            del obj[last]
+        else:
+            obj[last] = value
+        path.write_text(json.dumps(data))
+    assert words in error_line(capsys, ["validate", f"--calibration={path}"])
+
+
+def test_cli_error_has_no_traceback():
+    line = one_line_error(run_script("comm_model.py", "--mfu=2"))
+    assert line == "error: mfu must be a fraction in (0, 1], got 2.0"
+
+
+def test_measure_and_validate_end_to_end(tmp_path):
+    """Tiny settings (3 sizes, 3 patterns of a 2-layer model, 3 steps): the microbenchmark and bench.py under real
+    TP run, the counts bench.py measured follow the documented rule, and validate reads the file. The largest size,
+    4 MiB, takes milliseconds on gloo, so the fit's slope stands out of a busy machine's scheduling noise."""
+    out = tmp_path / "cal.json"
+    r = run_script("comm_model.py", "measure", f"--out={out}", "--sizes=[1024, 262144, 4194304]", "--reps=3",
+                   "--iters=3", "--warmup=1", "--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16",
+                   "--batch_size=2", "--patterns=['tp', 'spd', 'parallel']", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert [s["bytes"] for s in data["microbenchmark"]["samples"]] == [1024, 262144, 4194304]
+    assert all(s["seconds"] > 0 for s in data["microbenchmark"]["samples"])
+    rows = data["training"]["patterns"]
+    assert [row["name"] for row in rows] == ["tp", "spd", "parallel"]
+    for row in rows:
+        fwd = cm.forward_syncs([row["pattern"]] * 2)
+        assert (row["fwd_allreduces"], row["bwd_allreduces"]) == (fwd, fwd)
+        assert row["bytes_per_allreduce"] == 2 * 16 * 32 * 4  # tokens x n_embd x fp32
+        assert row["step_ms"] > row["collectives_ms"] > 0
+    r = run_script("comm_model.py", "validate", f"--calibration={out}")
+    assert r.returncode == 0, r.stderr
+    assert "| `parallel` | 2 |" in r.stdout and "anchor" in r.stdout
