@@ -15,8 +15,19 @@ each of --batch_sizes, with the time in collectives, and --plot=FILE draws ms/to
 data-parallel layout (--data_parallel=ddp|fsdp, --init_device=meta, --loss_parallel):
 $ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=4 bench.py --mode=memory --data_parallel=fsdp \
       --init_device=meta --device=cpu --block_size=128 --batch_size=1 --iters=2
+--trace=FILE (mode=train) then profiles --trace_steps more training steps of each model (after its timed ones) and
+writes a Chrome trace (comm_trace.py: open it in ui.perfetto.dev; `python comm_trace.py plot` draws it), every
+tensor-parallel collective a labelled span, and prints how many collectives each step holds. One model writes
+FILE; several (--patterns) write one file each, FILE with `-<N>comm` before its extension, N the pattern's forward
+all-reduces (trace-24comm.json, trace-6comm.json; -<N>comm-2 for a second pattern of the same count; the comparison
+GPT of a simulated run is not traced). Under real TP rank 0 writes those names and rank r > 0 adds `.rank<r>`
+(trace-24comm.rank1.json):
+$ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 bench.py --model_type=distributed_gpt --tp_size=2 \
+      --tp_mode=real --device=cpu --n_layer=12 --n_head=8 --n_embd=128 --block_size=64 --vocab_size=65 \
+      --patterns="['tp', ['parallel','spd']*6]" --iters=3 --warmup=2 --trace=/tmp/trace.json
 """
 
+import os
 import sys
 import time
 
@@ -24,7 +35,7 @@ import torch
 
 from common import autocast_context, build_model, pick_device, pick_dtype, setup_runtime
 from configurator import ConfigError, configure, exit_on_config_error
-from parallel import check_layout, init_parallel, shutdown
+from parallel import check_layout, init_parallel, launched_by_torchrun, shutdown
 
 DEFAULTS = dict(
     model_type="gpt",
@@ -50,6 +61,12 @@ DEFAULTS = dict(
     data_parallel="ddp",  # memory: 'ddp' | 'fsdp' over the data-parallel ranks (world / tp processes)
     init_device="default",  # 'default': build on the device | 'meta': build without memory, materialise each rank's part
     loss_parallel=False,  # distributed_gpt: the vocabulary-parallel lm_head and loss
+    trace=None,  # train: a path; profile trace_steps more steps of each model and write a Chrome trace there
+    trace_steps=1,  # train: the steps each trace holds
+    pp_size=1,  # pipeline: stages (torchrun with pp_size x tp processes; pp_size 1 under torchrun too)
+    pp_schedules=["gpipe", "1f1b"],  # pipeline: the schedules to time ('gpipe' | '1f1b' | 'interleaved_1f1b')
+    microbatches=[4, 8],  # pipeline: the micro-batch counts m to time (micro-batches of batch_size rows)
+    pp_virtual_stages=2,  # pipeline: stages per pp rank of 'interleaved_1f1b'
     device="auto",
     dtype="auto",
     compile=False,
@@ -58,15 +75,21 @@ DEFAULTS = dict(
 )
 
 
-def timed_steps(model, cfg, device, device_type, dtype, n):
-    """Run n training steps; return seconds per step and the seconds per step the model reports spent inside
-    collectives (comm_report's comm_seconds: 0 for GPT and simulated TP). CUDA work is waited for through .item()."""
+def training_setup(model, cfg, device, device_type, dtype):
+    """What a training step needs: (the model to call, a fresh AdamW, the autocast context, inputs X, targets Y)."""
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device_type)
     ctx = autocast_context(device_type, dtype)
     g = torch.Generator().manual_seed(cfg["seed"])
     X = torch.randint(cfg["vocab_size"], (cfg["batch_size"], cfg["block_size"]), generator=g).to(device)
     Y = torch.randint(cfg["vocab_size"], (cfg["batch_size"], cfg["block_size"]), generator=g).to(device)
     run = torch.compile(model) if cfg["compile"] else model
+    return run, optimizer, ctx, X, Y
+
+
+def timed_steps(model, cfg, device, device_type, dtype, n):
+    """Run n training steps; return seconds per step and the seconds per step the model reports spent inside
+    collectives (comm_report's comm_seconds: 0 for GPT and simulated TP). CUDA work is waited for through .item()."""
+    run, optimizer, ctx, X, Y = training_setup(model, cfg, device, device_type, dtype)
     for _ in range(cfg["warmup"]):
         step(run, model, optimizer, ctx, X, Y)
     model.reset_comm_counts()
@@ -78,6 +101,53 @@ def timed_steps(model, cfg, device, device_type, dtype, n):
     # comm_seconds: wall time in collectives since reset_comm_counts, all n steps together
     comm = model.comm_report(micro_steps=n, tokens=X.numel()).get("comm_seconds", 0.0)
     return elapsed / n, comm / n
+
+
+def traced_steps(model, cfg, device, device_type, dtype, path):
+    """cfg['trace_steps'] training steps under torch.profiler, written to `path` as a Chrome trace
+    (comm_trace.trace_steps); returns the counts of collectives of each step, as read back from the file."""
+    from comm_trace import per_step_counts, trace_steps
+
+    run, optimizer, ctx, X, Y = training_setup(model, cfg, device, device_type, dtype)
+    step(run, model, optimizer, ctx, X, Y)  # not traced: AdamW creates its state in its first step
+    with trace_steps(path) as tracer:
+        for _ in range(cfg["trace_steps"]):
+            with tracer.step():
+                step(run, model, optimizer, ctx, X, Y).item()  # the step's device work ends inside its span
+    return per_step_counts(path)
+
+
+def split_extension(path):
+    """'a/trace.json' -> ('a/trace', '.json'); a torch-gzipped '.json.gz' stays one extension."""
+    if path.endswith(".json.gz"):
+        return path[:-len(".json.gz")], ".json.gz"
+    return os.path.splitext(path)
+
+
+def trace_paths(path, fwd_allreduces, rank=0):
+    """{model name: its trace file}. fwd_allreduces: {name: forward all-reduces, None for GPT}, the traced models
+    in order. One model: `path`; several: `-<N>comm` (or `-gpt`) before the extension, `-<N>comm-2`, ... for
+    later patterns of the same count. Rank r > 0 adds `.rank<r>` before the extension."""
+    root, ext = split_extension(path)
+    rank_tag = f".rank{rank}" if rank else ""
+    if len(fwd_allreduces) == 1:
+        return {name: f"{root}{rank_tag}{ext}" for name in fwd_allreduces}
+    paths, seen = {}, {}
+    for name, n in fwd_allreduces.items():
+        tag = "-gpt" if n is None else f"-{n}comm"
+        seen[tag] = seen.get(tag, 0) + 1
+        paths[name] = f"{root}{tag}{'' if seen[tag] == 1 else f'-{seen[tag]}'}{rank_tag}{ext}"
+    return paths
+
+
+def describe_counts(per_step):
+    """'24 fwd + 24 bwd all-reduces, 1 grad sync = 49 collective events per step' (steps that differ listed)."""
+    def one(c):
+        extra = "".join(f", {c[k]} {k.replace('_', ' ')}" for k in ("grad_sync", "grad_norm", "vocab") if c[k])
+        return f"{c['fwd']} fwd + {c['bwd']} bwd all-reduces{extra} = {c['all']} collective events"
+    if all(c == per_step[0] for c in per_step):
+        return f"{one(per_step[0])} per step"
+    return "; ".join(f"step {i}: {one(c)}" for i, c in enumerate(per_step))
 
 
 def step(run, model, optimizer, ctx, X, Y):
@@ -105,19 +175,27 @@ def main(argv):
                              tp_size=cfg["tp_size"], block_types=block_types)
     elif cfg["model_type"] != "gpt":
         raise ConfigError(f"model_type must be 'gpt' or 'distributed_gpt', got {cfg['model_type']!r}")
-    dp, tp = check_layout(tp_size=cfg["tp_size"], tp_mode=cfg["tp_mode"])
+    pp = cfg["pp_size"] if cfg["mode"] == "pipeline" else 1
+    if cfg["mode"] == "pipeline" and not launched_by_torchrun():
+        raise ConfigError(f"mode='pipeline' runs under torchrun with pp_size x tp processes, e.g. torchrun "
+                          f"--standalone --nproc_per_node={pp * (cfg['tp_size'] if cfg['tp_mode'] == 'real' else 1)} "
+                          f"bench.py --mode=pipeline ...")
+    dp, tp = check_layout(tp_size=cfg["tp_size"], tp_mode=cfg["tp_mode"], pp_size=pp)
+    if cfg["mode"] == "pipeline":
+        validate_pipeline(cfg, tp)
     if dp != 1 and cfg["mode"] != "memory":
         raise ConfigError(f"bench.py times one model replica: launch tp_size ({cfg['tp_size']}) processes, not "
                           f"{dp * tp} (only --mode=memory runs data-parallel replicas)")
     device = pick_device(cfg["device"])  # ConfigError for a device this machine does not have
     device_type = "cuda" if device.startswith("cuda") else device
     dtype = pick_dtype(cfg["dtype"], device_type)
-    pd = init_parallel(dp=dp, tp=tp, device_type=device_type, backend=cfg["backend"])
+    pd = init_parallel(dp=dp, tp=tp, pp=pp, device_type=device_type, backend=cfg["backend"])
     finished = False
     try:
         if pd.distributed and device_type == "cuda":
             device = f"cuda:{pd.local_rank}"
-        (memory_bench if cfg["mode"] == "memory" else bench)(cfg, pd, device, device_type, dtype)
+        run = {"memory": memory_bench, "pipeline": pipeline_bench}.get(cfg["mode"], bench)
+        run(cfg, pd, device, device_type, dtype)
         finished = True
     finally:
         shutdown(pd, finished=finished)
@@ -136,14 +214,25 @@ def validate(cfg):
         raise ConfigError(f"n_embd ({cfg['n_embd']}) must be divisible by n_head ({cfg['n_head']})")
     if cfg["dtype"] not in ("auto", "float32", "bfloat16", "float16"):
         raise ConfigError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg['dtype']!r}")
-    if cfg["mode"] not in ("train", "decode", "memory"):
-        raise ConfigError(f"mode must be 'train', 'decode' or 'memory', got {cfg['mode']!r}")
+    if cfg["mode"] not in ("train", "decode", "memory", "pipeline"):
+        raise ConfigError(f"mode must be 'train', 'decode', 'memory' or 'pipeline', got {cfg['mode']!r}")
     if cfg["data_parallel"] not in ("ddp", "fsdp"):
         raise ConfigError(f"data_parallel must be 'ddp' or 'fsdp', got {cfg['data_parallel']!r}")
     if cfg["init_device"] not in ("default", "meta"):
         raise ConfigError(f"init_device must be 'default' or 'meta', got {cfg['init_device']!r}")
     if cfg["loss_parallel"] and cfg["model_type"] != "distributed_gpt":
         raise ConfigError(f"loss_parallel needs model_type='distributed_gpt', got {cfg['model_type']!r}")
+    trace, n = cfg["trace"], cfg["trace_steps"]
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ConfigError(f"trace_steps must be an int >= 1, got {n!r}")
+    if trace is not None:
+        if not isinstance(trace, str) or not trace or os.path.isdir(trace):
+            raise ConfigError(f"trace must be a file path, got {trace!r}")
+        if cfg["mode"] != "train":
+            raise ConfigError(f"trace profiles training steps: it needs mode='train', got mode={cfg['mode']!r}")
+        folder = os.path.dirname(os.path.abspath(trace))
+        if not os.path.isdir(folder):
+            raise ConfigError(f"trace: the folder {folder!r} does not exist (trace={trace!r})")
     if cfg["mode"] == "decode":
         sizes = cfg["batch_sizes"] if cfg["batch_sizes"] is not None else [cfg["batch_size"]]
         if not isinstance(sizes, list) or not sizes or any(type(b) is not int or b < 1 for b in sizes):
@@ -154,6 +243,41 @@ def validate(cfg):
             raise ConfigError(f"decode needs prompt_len >= 1, new_tokens >= 1 and prompt_len + new_tokens <= "
                               f"block_size ({cfg['block_size']}), got prompt_len={prompt!r}, "
                               f"new_tokens={cfg['new_tokens']!r}")
+
+
+def validate_pipeline(cfg, tp):
+    """mode='pipeline': under torchrun, one replica, and every (schedule, micro-batch count) a valid layout."""
+    import pipeline
+    from parallel import world_size
+
+    for key in ("pp_schedules", "microbatches"):
+        if not isinstance(cfg[key], list) or not cfg[key]:
+            raise ConfigError(f"{key} must be a non-empty list, got {cfg[key]!r}")
+    for schedule in cfg["pp_schedules"]:
+        for m in cfg["microbatches"]:
+            pipeline.validate_pp_layout(world=world_size(), pp_size=cfg["pp_size"], tp=tp, n_layer=cfg["n_layer"],
+                                        schedule=schedule, n_microbatches=m, keys=dict(
+                                            schedule="pp_schedules", n_microbatches="microbatches",
+                                            virtual_stages="pp_virtual_stages"),
+                                        virtual_stages=cfg["pp_virtual_stages"] if schedule == "interleaved_1f1b"
+                                        else 1)
+
+
+def pipeline_bench(cfg, pd, device, device_type, dtype):
+    """--mode=pipeline: pipeline.bench on the model of the command line (its block_types)."""
+    import pipeline
+
+    args = dict(cfg, dropout=0.0)
+
+    def new_model():
+        setup_runtime(device_type, cfg["seed"])
+        return build_model(cfg["model_type"], args, pd=pd).to(device)
+
+    say = print if pd.is_master else (lambda *a, **k: None)
+    say(f"device {device}, dtype {dtype}, {cfg['n_layer']}x{cfg['n_embd']} ({cfg['n_head']} heads), "
+        f"{cfg['model_type']} {cfg['block_types'] or ''}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    return pipeline.bench(cfg, pd, new_model=new_model, device=device, ctx=autocast_context(device_type, dtype),
+                          say=say)
 
 
 def peak_memory_mb(device):
@@ -314,7 +438,7 @@ def bench(cfg, pd, device, device_type, dtype):
     for _ in range(rounds):
         for name, model in models.items():
             times[name].append(timed_steps(model, cfg, device, device_type, dtype, max(1, cfg["iters"] // rounds)))
-    results = {}
+    results, fwd_allreduces = {}, {}
     width = max(16, *map(len, models))
     for name, model in models.items():
         dt, comm_dt = min(times[name])  # best round: the least disturbed by other work on the machine
@@ -323,6 +447,7 @@ def bench(cfg, pd, device, device_type, dtype):
                 f"mfu {'n/a' if mfu is None else f'{mfu * 100:.1f}%'}")
         X = torch.randint(cfg["vocab_size"], (cfg["batch_size"], cfg["block_size"]), device=device)
         comm = model.comm_per_forward(X)
+        fwd_allreduces[name] = comm.get("fwd_allreduces")
         if comm:  # a model that communicates (GPT's report is empty)
             line += (f"  tp={cfg['tp_size']} {cfg['tp_mode']}  all-reduces fwd {comm['fwd_allreduces']} "
                      f"bwd {comm['bwd_allreduces']}  {comm['comm_bytes_per_token']:.0f} B/token")
@@ -333,6 +458,15 @@ def bench(cfg, pd, device, device_type, dtype):
     for name in results:
         if name != "gpt" and "gpt" in results:
             say(f"ratio {name} / gpt: {results[name] / results['gpt']:.3f}")
+    if cfg["trace"]:  # the models the command names: not the comparison GPT of a distributed_gpt run
+        traced = {n: c for n, c in fwd_allreduces.items() if n != "gpt" or cfg["model_type"] == "gpt"}
+        paths = trace_paths(cfg["trace"], traced, pd.rank)
+        others = [trace_paths(cfg["trace"], traced, r) for r in range(1, pd.world_size)] if pd.distributed else []
+        for name in traced:
+            counts = traced_steps(models[name], cfg, device, device_type, dtype, paths[name])
+            ranks = (f" (rank 0; rank{'s 1-' if len(others) > 1 else ' '}{len(others)}: "
+                     f"{', '.join(o[name] for o in others)})" if others else "")
+            say(f"trace {name}: {paths[name]}{ranks}, {cfg['trace_steps']} step(s): {describe_counts(counts)}")
     return results
 
 

@@ -422,6 +422,11 @@ class GPT(nn.Module):
         """Clip by the norm of the whole model's gradient; returns that norm (torch's handles FSDP's DTensors)."""
         return whole(torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm))
 
+    def grad_sq_norm(self, named_grads):
+        """The squared norm of these (GPT name, gradient) pairs as a part of the whole model's gradient (what
+        clip_grad_norm_ measures), so that pipeline stages holding parts of the model can add theirs."""
+        return grad_sq_sums(named_grads, lambda name: 0, 1)[0]
+
     def reset_comm_counts(self):
         """Start counting collectives afresh (GPT runs none)."""
 
@@ -482,6 +487,28 @@ def lm_head_and_loss(lm_head, x, targets):
         logits = lm_head(x[:, [-1], :])
         loss = None
     return logits, loss
+
+
+def grad_sq_sums(named_grads, part, n_parts):
+    """Sums of squares of the local gradients in n_parts parts (part(name) -> index), in fp32 at least (float64
+    kept, as torch's clipping); FSDP's DTensor gradients are summed over their data-parallel shards as well."""
+    grads = [g for _, g in named_grads]
+    acc = torch.promote_types(grads[0].dtype, torch.float32)
+    sq = torch.zeros(n_parts, dtype=acc, device=grads[0].device)
+    for name, g in named_grads:
+        sq[part(name)] += local(g).to(acc).pow(2).sum()
+    mesh = getattr(grads[0], "device_mesh", None)
+    if mesh is not None:
+        torch.distributed.all_reduce(sq, group=mesh.get_group())
+    return sq
+
+
+def clip_to_norm_(grads, total, max_norm):
+    """Scale the gradients by min(1, max_norm / total) as torch.nn.utils.clip_grad_norm_ does; returns total."""
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(coef.to(g.dtype))
+    return total
 
 
 def configure_adamw(model, weight_decay, learning_rate, betas, device_type):

@@ -4,8 +4,7 @@ explicitly (no module-level globals). Without torchrun it is a single process
 (dp=1; tensor parallelism, if any, is simulated inside the process).
 
 The layout is data: MESH_DIMS names the dimensions from outermost to innermost, and the DeviceMesh is built from
-the sizes of those in use (ParallelDims.mesh_dims). Pipeline stages ('pp') have their place in that order, as in
-pipeline.py's mesh; train.py runs none (pp = 1), so its mesh has the dims ("dp", "tp").
+the sizes of those in use (ParallelDims.mesh_dims): ("dp", "tp") without pipeline stages, ("pp", "dp", "tp") with.
 """
 
 import os
@@ -26,10 +25,11 @@ MESH_DIMS = ("pp", "dp", "tp")
 class ParallelDims:
     dp: int = 1
     tp: int = 1  # size of the tensor-parallel *process* group (1 unless tp_mode='real')
-    pp: int = 1  # pipeline stages (train.py runs none: 1)
+    pp: int = 1  # pipeline stages
     rank: int = 0
     local_rank: int = 0
     mesh: Optional[object] = None  # DeviceMesh with the dims of mesh_dims() when distributed
+    embedding_group: Optional[object] = None  # pp > 1: the {first, last} pp rank of this (dp, tp) coordinate
 
     def mesh_dims(self):
         """[(name, size)] of the mesh, outermost first: dp and tp always (so their groups exist even at size 1),
@@ -84,25 +84,33 @@ def launched_by_torchrun():
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def check_layout(*, tp_size, tp_mode):
-    """Validate the launch before any work: returns (dp, tp) of the process grid."""
-    world = int(os.environ.get("WORLD_SIZE", "1")) if launched_by_torchrun() else 1
+def world_size():
+    return int(os.environ.get("WORLD_SIZE", "1")) if launched_by_torchrun() else 1
+
+
+def check_layout(*, tp_size, tp_mode, pp_size=1):
+    """Validate the launch before any work: returns (dp, tp) of the process grid world = pp_size x dp x tp (pipeline
+    layouts are checked further by pipeline.validate_pp_layout)."""
+    world = world_size()
     if tp_mode not in ("simulated", "real"):
         raise ConfigError(f"tp_mode must be 'simulated' or 'real', got {tp_mode!r}")
-    if tp_mode == "simulated":
-        return world, 1
-    if not launched_by_torchrun():
+    tp = tp_size if tp_mode == "real" else 1
+    if tp_mode == "real" and not launched_by_torchrun():
         raise ConfigError(f"tp_mode='real' needs torchrun with WORLD_SIZE a multiple of tp_size ({tp_size}); "
                           f"use e.g. torchrun --standalone --nproc_per_node={tp_size} ...")
-    if world % tp_size != 0:
-        raise ConfigError(f"tp_mode='real': world size ({world}) must equal dp x tp_size, "
-                          f"but is not divisible by tp_size ({tp_size})")
-    return world // tp_size, tp_size
+    if world % (pp_size * tp):
+        if pp_size > 1:
+            raise ConfigError(f"world size ({world}) must equal pp_size ({pp_size}) x dp x tp ({tp}), but is not "
+                              f"divisible by pp_size x tp ({pp_size * tp})")
+        raise ConfigError(f"tp_mode='real': world size ({world}) must equal dp x tp_size, but is not divisible by "
+                          f"tp_size ({tp_size})")
+    return world // (pp_size * tp), tp
 
 
-def init_parallel(*, dp, tp, device_type, backend=None):
-    """Start torch.distributed if under torchrun and build the DeviceMesh of the layout."""
-    layout = ParallelDims(dp=dp, tp=tp)
+def init_parallel(*, dp, tp, pp=1, device_type, backend=None):
+    """Start torch.distributed if under torchrun and build the DeviceMesh of the layout (and, with pipeline stages,
+    the embedding groups). May be called again with another layout of the same world (tests do)."""
+    layout = ParallelDims(dp=dp, tp=tp, pp=pp)
     if layout.world_size == 1 and not launched_by_torchrun():
         return layout
     from torch.distributed.device_mesh import init_device_mesh
@@ -117,7 +125,16 @@ def init_parallel(*, dp, tp, device_type, backend=None):
         dist.init_process_group(backend=backend)
     names, sizes = zip(*layout.mesh_dims())
     mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
-    return ParallelDims(dp=dp, tp=tp, rank=dist.get_rank(), local_rank=local_rank, mesh=mesh)
+    rank, embedding_group = dist.get_rank(), None
+    if pp > 1:  # every rank creates every group (new_group is collective) and keeps its own
+        for d in range(dp):
+            for t in range(tp):
+                ranks = [p * dp * tp + d * tp + t for p in (0, pp - 1)]  # row-major (pp, dp, tp)
+                group = dist.new_group(ranks)
+                if rank in ranks:
+                    embedding_group = group
+    return ParallelDims(dp=dp, tp=tp, pp=pp, rank=rank, local_rank=local_rank, mesh=mesh,
+                        embedding_group=embedding_group)
 
 
 def shutdown(pd, *, finished=False):

@@ -26,10 +26,9 @@ parts; the rest is unused memory for now.
 Demo: torchrun --standalone --nproc_per_node=8 pipeline.py --tp_size=2 --pp_size=4 --schedule=1f1b
 """
 
-import os
+import contextlib
 import sys
-from dataclasses import dataclass
-from typing import Optional
+import time
 
 import torch
 import torch.distributed as dist
@@ -38,7 +37,8 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from torch.nn import functional as F
 
 from configurator import ConfigError, configure, exit_on_config_error
-from model import GPT, configure_adamw, positions
+from model import GPT, clip_to_norm_, configure_adamw, positions
+from parallel import init_parallel, shutdown, world_size
 from tensor_parallel_model import DistributedGPT, TPConfig, validate_tp_args
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
@@ -47,42 +47,48 @@ SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": S
 # ---------------------------------------------------------------- layout: checked before any process group starts
 
 def validate_pp_layout(*, world, pp_size, tp, n_layer, schedule, n_microbatches, virtual_stages=1, pp_layers=None,
-                       batch_size=None):
+                       batch_size=None, keys=None):
     """Raise ConfigError (one line naming keys and values) for a layout that cannot run. world: processes; tp: the
-    tensor-parallel *process* dimension (tp_size in real mode, 1 simulated); batch_size: rows per step and replica."""
-    for key, value in (("pp_size", pp_size), ("virtual_stages", virtual_stages), ("n_microbatches", n_microbatches)):
+    tensor-parallel *process* dimension (tp_size in real mode, 1 simulated); batch_size: rows per step and replica;
+    keys: what the caller calls schedule, n_microbatches, virtual_stages and pp_layers (train.py: pp_schedule...)."""
+    k = dict(dict(schedule="schedule", n_microbatches="n_microbatches", virtual_stages="virtual_stages",
+                  pp_layers="pp_layers"), **(keys or {}))
+    for key, value in (("pp_size", pp_size), (k["virtual_stages"], virtual_stages),
+                       (k["n_microbatches"], n_microbatches)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{key} must be a positive int, got {value!r}")
     if schedule not in SCHEDULES:
-        raise ConfigError(f"schedule: unknown schedule {schedule!r}; use one of {list(SCHEDULES)}")
+        raise ConfigError(f"{k['schedule']}: unknown schedule {schedule!r}; use one of {list(SCHEDULES)}")
     if world % (pp_size * tp):
         raise ConfigError(f"world size ({world}) must be pp_size ({pp_size}) x dp x tp ({tp}), "
                           f"but is not divisible by pp_size x tp ({pp_size * tp})")
     if virtual_stages > 1 and schedule != "interleaved_1f1b":
-        raise ConfigError(f"virtual_stages ({virtual_stages}) > 1 needs schedule='interleaved_1f1b', "
+        raise ConfigError(f"{k['virtual_stages']} ({virtual_stages}) > 1 needs {k['schedule']}='interleaved_1f1b', "
                           f"got {schedule!r}")
     if schedule == "interleaved_1f1b" and pp_size < 2:
-        raise ConfigError(f"schedule='interleaved_1f1b' needs pp_size >= 2, got {pp_size}")
+        raise ConfigError(f"{k['schedule']}='interleaved_1f1b' needs pp_size >= 2, got {pp_size}")
     stages = pp_size * virtual_stages
     if stages > n_layer:
-        raise ConfigError(f"pp_size ({pp_size}) x virtual_stages ({virtual_stages}) = {stages} stages, "
+        raise ConfigError(f"pp_size ({pp_size}) x {k['virtual_stages']} ({virtual_stages}) = {stages} stages, "
                           f"more than n_layer ({n_layer})")
     if schedule != "gpipe" and n_microbatches < pp_size:
-        raise ConfigError(f"schedule={schedule!r} needs n_microbatches ({n_microbatches}) >= pp_size ({pp_size})")
+        raise ConfigError(f"{k['schedule']}={schedule!r} needs {k['n_microbatches']} ({n_microbatches}) >= "
+                          f"pp_size ({pp_size})")
     rounds = max(1, n_microbatches // pp_size)  # torch's interleaved schedule runs m in rounds of m // rounds
     if schedule == "interleaved_1f1b" and n_microbatches % rounds:
-        raise ConfigError(f"schedule='interleaved_1f1b' needs n_microbatches ({n_microbatches}) divisible by "
-                          f"n_microbatches // pp_size ({rounds}), e.g. a multiple of pp_size ({pp_size})")
+        raise ConfigError(f"{k['schedule']}='interleaved_1f1b' needs {k['n_microbatches']} ({n_microbatches}) "
+                          f"divisible by {k['n_microbatches']} // pp_size ({rounds}), e.g. a multiple of pp_size "
+                          f"({pp_size})")
     if batch_size is not None and batch_size % n_microbatches:
-        raise ConfigError(f"batch_size ({batch_size}) must be divisible by n_microbatches ({n_microbatches})")
+        raise ConfigError(f"batch_size ({batch_size}) must be divisible by {k['n_microbatches']} ({n_microbatches})")
     if pp_layers is not None:
         if (not isinstance(pp_layers, (list, tuple)) or len(pp_layers) != stages
                 or not all(isinstance(n, int) and not isinstance(n, bool) for n in pp_layers)):
-            raise ConfigError(f"pp_layers must be a list of {stages} ints (layers per stage), got {pp_layers!r}")
+            raise ConfigError(f"{k['pp_layers']} must be a list of {stages} ints (layers per stage), got {pp_layers!r}")
         if sum(pp_layers) != n_layer:
-            raise ConfigError(f"pp_layers {list(pp_layers)} sums to {sum(pp_layers)}, not n_layer ({n_layer})")
+            raise ConfigError(f"{k['pp_layers']} {list(pp_layers)} sums to {sum(pp_layers)}, not n_layer ({n_layer})")
         if min(pp_layers) < 1:
-            raise ConfigError(f"pp_layers {list(pp_layers)} has an empty stage; every stage needs >= 1 layer")
+            raise ConfigError(f"{k['pp_layers']} {list(pp_layers)} has an empty stage; every stage needs >= 1 layer")
 
 
 def stage_layers(n_layer, n_stages, pp_layers=None):
@@ -91,55 +97,6 @@ def stage_layers(n_layer, n_stages, pp_layers=None):
         n_layer // n_stages + (s < n_layer % n_stages) for s in range(n_stages)]
     ends = [sum(sizes[:s + 1]) for s in range(n_stages)]
     return [(end - size, end) for size, end in zip(sizes, ends)]
-
-
-@dataclass
-class PPDims:
-    """The (pp, dp, tp) process grid and its groups. Has the attributes DistributedGPT reads from a ParallelDims
-    (tp, tp_group, tp_rank), so it can be passed as its `pd`. To merge into parallel.ParallelDims."""
-    pp: int = 1
-    dp: int = 1
-    tp: int = 1  # tensor-parallel *process* dimension (1 when tp is simulated)
-    rank: int = 0
-    mesh: Optional[object] = None  # DeviceMesh ("pp", "dp", "tp")
-    embedding_group: Optional[object] = None  # {first, last} pp rank of this (dp, tp) coordinate; None at pp=1
-
-    def _local(self, dim):
-        return self.mesh.get_local_rank(dim) if self.mesh is not None else 0
-
-    def _group(self, dim):
-        return self.mesh[dim].get_group() if self.mesh is not None else None
-
-    pp_rank = property(lambda self: self._local("pp"))
-    dp_rank = property(lambda self: self._local("dp"))
-    tp_rank = property(lambda self: self._local("tp"))
-    pp_group = property(lambda self: self._group("pp"))
-    dp_group = property(lambda self: self._group("dp"))
-    tp_group = property(lambda self: self._group("tp"))
-    is_master = property(lambda self: self.rank == 0)
-
-
-def init_pp_parallel(*, pp, tp, device_type, backend=None):
-    """Start torch.distributed (under torchrun) and build the ("pp", "dp", "tp") mesh; dp = world / (pp tp). Call
-    validate_pp_layout first: this one starts process groups."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    dp = world // (pp * tp)
-    if device_type == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    if not dist.is_initialized():
-        dist.init_process_group(backend=backend or ("nccl" if device_type == "cuda" else "gloo"))
-    mesh = init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
-    rank, embedding_group = dist.get_rank(), None
-    if pp > 1:  # every rank creates every group (new_group is collective), keeps its own
-        for d in range(dp):
-            for t in range(tp):
-                ranks = [p * dp * tp + d * tp + t for p in (0, pp - 1)]  # row-major (pp, dp, tp)
-                group = dist.new_group(ranks)
-                if rank in ranks:
-                    embedding_group = group
-    return PPDims(pp=pp, dp=dp, tp=tp, rank=rank, mesh=mesh, embedding_group=embedding_group)
 
 
 # ---------------------------------------------------------------- one stage: the model's own submodules
@@ -331,7 +288,7 @@ class Pipeline:
     def __init__(self, model, dims, *, schedule, n_microbatches, batch_size, seq_len, virtual_stages=1,
                  pp_layers=None, device="cpu"):
         n_layer = model.config.n_layer
-        self.model, self.dims, self.m = model, dims, n_microbatches
+        self.model, self.dims, self.m, self.device = model, dims, n_microbatches, torch.device(device)
         self.n_stages = dims.pp * virtual_stages
         self.layers = stage_layers(n_layer, self.n_stages, pp_layers)
         self.stage_ids = [dims.pp_rank + v * dims.pp for v in range(virtual_stages)]  # loop layout: s on s % pp
@@ -378,41 +335,51 @@ class Pipeline:
 
     # --- the training step ---
 
-    def step(self, micro_batches, *, dropout_key=None):
+    def step(self, micro_batches, *, dropout_key=None, ctx=contextlib.nullcontext()):
         """One forward and backward of this replica's micro-batches [(X, Y)] (each (mb, T)) through the schedule,
         then every gradient sync: afterwards each local parameter holds the gradient one process would have for the
         mean loss over the global batch. Returns that mean loss on every rank. dropout_key: (seed, iteration, global
-        index of this replica's first micro-batch), keys each micro-batch's masks as train.py does."""
+        index of this replica's first micro-batch), keys each micro-batch's masks as train.py does; ctx: autocast."""
         assert len(micro_batches) == self.m, (len(micro_batches), self.m)
         self.local.zero_grad(set_to_none=True)  # scale_grads divides whatever .grad holds
         self.recorder.start(dropout_key)
         X = torch.cat([x for x, _ in micro_batches])
         Y = torch.cat([y for _, y in micro_batches])
         losses = []
-        self.schedule.step(*((X,) if self.has_first else ()), target=Y if self.has_last else None,
-                           losses=losses if self.has_last else None, return_outputs=False)
+        with ctx:
+            self.schedule.step(*((X,) if self.has_first else ()), target=Y if self.has_last else None,
+                               losses=losses if self.has_last else None, return_outputs=False)
         self.sync_grads()
-        return self._mean_loss(losses, X.device)
+        return self._dp_mean(self._losses(losses, X.device).mean())
 
     @torch.no_grad()
-    def eval_loss(self, micro_batches):
-        """The mean loss over this replica's micro-batches (forward only, through the schedule), averaged over dp,
-        on every rank. The stages hold the only up-to-date weights of their layers: evaluate here, not with the
-        whole model of one rank. Train/eval mode: see train()."""
+    def eval_losses(self, micro_batches, *, ctx=contextlib.nullcontext()):
+        """The loss of each of this replica's micro-batches (forward only, through the schedule), on every rank of
+        the pp group: a float64 tensor (m,). The stages hold the only up-to-date weights of their layers: evaluate
+        here, not with the whole model of one rank. Train/eval mode: see train()."""
         X = torch.cat([x for x, _ in micro_batches])
         Y = torch.cat([y for _, y in micro_batches])
         losses = []
         self.recorder.start(None)
-        self.schedule.eval(*((X,) if self.has_first else ()), target=Y if self.has_last else None,
-                           losses=losses if self.has_last else None, return_outputs=False)
-        return self._mean_loss(losses, X.device)
+        with ctx:
+            self.schedule.eval(*((X,) if self.has_first else ()), target=Y if self.has_last else None,
+                               losses=losses if self.has_last else None, return_outputs=False)
+        return self._losses(losses, X.device)
 
-    def _mean_loss(self, losses, device):
-        """The mean of the last stage's micro-batch losses, broadcast over pp and averaged over dp."""
-        loss = torch.stack(losses).double().mean() if self.has_last else torch.zeros((), dtype=torch.float64)
-        loss = loss.detach().to(device)
+    def eval_loss(self, micro_batches):
+        """The mean of eval_losses, averaged over dp, on every rank."""
+        return self._dp_mean(self.eval_losses(micro_batches).mean())
+
+    def _losses(self, losses, device):
+        """The last stage's micro-batch losses (float64), broadcast over pp."""
+        out = torch.stack(losses).detach().double().to(device) if self.has_last else \
+            torch.zeros(self.m, dtype=torch.float64, device=device)
         if self.dims.pp > 1:
-            dist.broadcast(loss, group=self.dims.pp_group, group_src=self.dims.pp - 1)
+            dist.broadcast(out, group=self.dims.pp_group, group_src=self.dims.pp - 1)
+        return out
+
+    def _dp_mean(self, loss):
+        """A float64 scalar averaged over the dp replicas, as a float."""
         if self.dims.dp > 1:
             dist.all_reduce(loss, group=self.dims.dp_group)
             loss /= self.dims.dp
@@ -436,6 +403,14 @@ class Pipeline:
 
     # --- the whole model's view of this rank's parameters ---
 
+    @property
+    def config(self):
+        return self.model.config
+
+    def parameters(self):
+        """This rank's parameters (its stages'), each once."""
+        return self.local.parameters()
+
     def named_parameters(self):
         """(GPT name, parameter) of every local parameter, each once; the last stage's copy of the tied weight is
         named transformer.wte.weight as GPT's named_parameters() names it."""
@@ -448,32 +423,16 @@ class Pipeline:
                     out.append(("transformer.wte.weight" if name == "lm_head.weight" else name, p))
         return out
 
-    def _real_tp(self):
-        return getattr(self.model, "group", None) is not None and self.model.group.real
-
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm):
-        """Clip by the norm of the whole model's gradient (DistributedGPT.clip_grad_norm_'s rule): squares of
-        sharded gradients summed over tp, replicated ones counted once, the tied weight once (its first-stage copy);
-        then summed over the pp stages. Returns that norm."""
-        params = [(n, p) for n, p in self.named_parameters() if p.grad is not None]
-        acc = torch.promote_types(params[0][1].grad.dtype, torch.float32)  # fp32 at least, float64 kept
-        sharded, replicated = (torch.zeros((), dtype=acc, device=params[0][1].device) for _ in range(2))
-        for name, p in params:
-            if name == "transformer.wte.weight" and not self.has_first:
-                continue  # the last stage's copy of the tied weight: counted on the first stage
-            if self._real_tp() and self.model.sharding.is_sharded(name):
-                sharded += p.grad.to(acc).pow(2).sum()
-            else:
-                replicated += p.grad.to(acc).pow(2).sum()
-        total = replicated + (self.model.group.sum_over_shards(sharded) if self._real_tp() else sharded)
+        """Clip by the norm of the whole model's gradient: the model's own rule on each stage (model.grad_sq_norm:
+        tp shards summed, replicated parameters counted once), the tied weight once (its first-stage copy), summed
+        over the pp stages. Returns that norm."""
+        grads = [(n, p.grad) for n, p in self.named_parameters() if p.grad is not None]
+        total = self.model.grad_sq_norm([(n, g) for n, g in grads if n != "transformer.wte.weight" or self.has_first])
         if self.dims.pp > 1:
             dist.all_reduce(total, group=self.dims.pp_group)
-        total = total.sqrt()
-        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-        for _, p in params:
-            p.grad.mul_(coef.to(p.grad.dtype))
-        return total
+        return clip_to_norm_([g for _, g in grads], total.sqrt(), max_norm)
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """AdamW over this rank's parameters, grouped as GPT.configure_optimizers groups them."""
@@ -570,38 +529,84 @@ class Pipeline:
             dist.all_gather_object(events, self.recorder.events, group=self.dims.pp_group)
         return dict(enumerate(events))
 
-    def boundary_bytes(self, events):
-        """Per cut s -> s+1, per micro-batch and rank: bytes of activations sent forward (by s) and of gradients
-        sent back (by s+1), and what the stream was."""
-        sent = {}
-        for acts in events.values():
-            for kind, s, _, nbytes in acts:
-                sent[kind, s] = sent.get((kind, s), 0) + nbytes
+    def boundary_bytes(self):
+        """Per cut s -> s+1, per micro-batch and rank, in the last step: bytes of activations sent forward (by s) and
+        of gradients sent back (by s+1), and what the stream was (a small all-reduce over pp)."""
+        n = self.n_stages - 1
+        sent = torch.zeros(2, max(n, 1), dtype=torch.float64, device=self.device)
+        for kind, s, _, nbytes in self.recorder.events:
+            if kind in ("send_act", "send_grad"):
+                sent[0 if kind == "send_act" else 1, s if kind == "send_act" else s - 1] += nbytes
+        if self.dims.pp > 1:
+            dist.all_reduce(sent, group=self.dims.pp_group)
         return [dict(cut=f"{s}->{s + 1}", stream="xbar, r" if self.desynced_cut[s] else "xbar",
-                     fwd_bytes=sent.get(("send_act", s), 0) // self.m,
-                     bwd_bytes=sent.get(("send_grad", s + 1), 0) // self.m)
-                for s in range(self.n_stages - 1)]
+                     fwd_bytes=int(sent[0, s]) // self.m, bwd_bytes=int(sent[1, s]) // self.m) for s in range(n)]
 
     def reset_comm_counts(self):
         self.model.reset_comm_counts()
 
-    def comm_report(self, *, tokens, events=None):
-        """The model's comm_report summed over the pp stages (each stage counts its own blocks' all-reduces), per
-        micro-batch of `tokens` tokens, plus the pp boundaries' bytes (per rank) per micro-batch and per token."""
-        report = {}
-        counter = getattr(getattr(self.model, "group", None), "counter", None)
-        if counter is not None:
-            counts = torch.tensor([counter.fwd, counter.bwd, counter.fwd_bytes, counter.bwd_bytes], dtype=torch.float64)
+    def comm_report(self, *, tokens, micro_steps=None):
+        """The model's comm_report with the tp all-reduces summed over the pp stages (each stage counts its own
+        blocks'), per micro-batch of `tokens` tokens (micro_steps: the schedule's m, whatever is passed), plus the
+        pp boundaries' bytes per micro-batch and rank, and per token. comm_seconds: this rank's time in tp
+        collectives."""
+        report = self.model.comm_report(micro_steps=1, tokens=tokens)
+        if report:
+            keys = [k for k in ("fwd_allreduces", "bwd_allreduces", "comm_bytes_per_token", "vocab_allreduces",
+                                "vocab_bytes_per_token") if k in report]
+            counts = torch.tensor([float(report[k]) for k in keys], dtype=torch.float64, device=self.device)
             if self.dims.pp > 1:
                 dist.all_reduce(counts, group=self.dims.pp_group)
-            fwd, bwd, fwd_b, bwd_b = counts.tolist()
-            report = dict(fwd_allreduces=int(fwd) // self.m, bwd_allreduces=int(bwd) // self.m,
-                          comm_bytes_per_token=(fwd_b + bwd_b) / (self.m * tokens),
-                          grad_sync_allreduces=counter.grad_sync)
-        cuts = self.boundary_bytes(events if events is not None else self.gather_events())
+            for k, v in zip(keys, counts.tolist()):
+                report[k] = int(v) // self.m if k.endswith("allreduces") else v / self.m
+        cuts = self.boundary_bytes()
         report["pp_boundaries"] = cuts
         report["pp_bytes_per_token"] = sum(c["fwd_bytes"] + c["bwd_bytes"] for c in cuts) / tokens
         return report
+
+
+class ActivationMemory:
+    """Peak bytes of the tensors autograd saves for backward while a schedule runs (the activations of the
+    micro-batches in flight: GPipe holds all m, 1F1B at most p on the first stage), counted once per storage,
+    parameters excluded. Device-independent, so it works on CPU where torch keeps no memory statistics."""
+
+    def __init__(self, params):
+        self.params = {p.untyped_storage().data_ptr() for p in params}
+        self.live, self.bytes, self.peak = {}, 0, 0
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, lambda held: held.tensor)
+
+    def _pack(self, t):
+        key = t.untyped_storage().data_ptr()
+        if key in self.params or t.device.type == "meta":
+            return _Held(t, None)
+        count, nbytes = self.live.get(key, (0, t.untyped_storage().nbytes()))
+        if count == 0:
+            self.bytes += nbytes
+            self.peak = max(self.peak, self.bytes)
+        self.live[key] = (count + 1, nbytes)
+        return _Held(t, (self, key))
+
+    def release(self, key):
+        count, nbytes = self.live[key]
+        if count == 1:
+            del self.live[key]
+            self.bytes -= nbytes
+        else:
+            self.live[key] = (count - 1, nbytes)
+
+
+class _Held:
+    """A saved tensor; when autograd frees it (after its backward), its bytes leave the count."""
+
+    def __init__(self, tensor, owner):
+        self.tensor, self.owner = tensor, owner
+
+    def __del__(self):
+        if self.owner is not None:
+            tracker, key = self.owner
+            tracker.release(key)
 
 
 def _detached(examples):
@@ -614,6 +619,57 @@ def build_pipeline(model, dims, **kwargs):
     return Pipeline(model, dims, **kwargs)
 
 
+# ---------------------------------------------------------------- bench.py --mode=pipeline
+
+def bench(cfg, dims, *, new_model, device, ctx, say):
+    """Time training steps through each schedule of cfg['pp_schedules'] at each micro-batch count of
+    cfg['microbatches'] (micro-batches of cfg['batch_size'] rows): ms/iter and tokens/s of this replica, the bubble
+    of the recorded timeline next to (p-1)/(v m+p-1), the peak activation memory each pp rank holds (ActivationMemory)
+    and the pp boundary bytes. new_model() builds the model (the same weights each time). Returns the rows."""
+    B, T = cfg["batch_size"], cfg["block_size"]
+    rows = []
+    for schedule in cfg["pp_schedules"]:
+        v = cfg["pp_virtual_stages"] if schedule == "interleaved_1f1b" else 1
+        for m in cfg["microbatches"]:
+            model = new_model()
+            pipe = Pipeline(model, dims, schedule=schedule, n_microbatches=m, batch_size=m * B, seq_len=T,
+                            virtual_stages=v, device=device)
+            optimizer = pipe.configure_optimizers(0.1, 1e-4, (0.9, 0.95), torch.device(device).type)
+            g = torch.Generator().manual_seed(cfg["seed"])
+            data = torch.randint(cfg["vocab_size"], (m, 2, B, T), generator=g).to(device)
+            micro_batches = [(data[i, 0], data[i, 1]) for i in range(m)]
+            memory = ActivationMemory(pipe.parameters())
+            for i in range(cfg["warmup"] + cfg["iters"]):
+                if i == cfg["warmup"]:
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                with memory.hooks():
+                    pipe.step(micro_batches, ctx=ctx)
+                optimizer.step()
+            if torch.device(device).type == "cuda":
+                torch.cuda.synchronize()
+            dt = (time.perf_counter() - t0) / cfg["iters"]
+            events = pipe.gather_events()  # of the last step
+            actions = {r: [(k, s, mb) for k, s, mb, _ in ev if k in ("F", "B")] for r, ev in events.items()}
+            peaks = [None] * dims.pp
+            dist.all_gather_object(peaks, memory.peak, group=dims.pp_group)
+            report = pipe.comm_report(tokens=B * T)
+            rows.append(dict(schedule=schedule, pp=dims.pp, v=v, m=m, ms=dt * 1000, tokens_per_s=m * B * T / dt,
+                             bubble=bubble_fraction(actions), theory=theoretical_bubble(dims.pp, m, v),
+                             peak_mib=[p / 2**20 for p in peaks], pp_bytes_per_token=report["pp_bytes_per_token"]))
+            del pipe, model, optimizer
+    say(f"pp={dims.pp} x tp={dims.tp} ({dist.get_world_size()} processes), {B} x {T} tokens per micro-batch, "
+        f"layers per stage: balanced")
+    say("| schedule | pp | v | micro-batches | ms/iter | tokens/s | bubble (timeline) | theory (p-1)/(v m+p-1) | "
+        "peak activations per pp rank (MiB) | pp B/token |")
+    say("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+    for r in rows:
+        say(f"| {r['schedule']} | {r['pp']} | {r['v']} | {r['m']} | {r['ms']:.1f} | {r['tokens_per_s']:,.0f} | "
+            f"{r['bubble']:.3f} | {r['theory']:.3f} | {' / '.join(f'{p:.2f}' for p in r['peak_mib'])} | "
+            f"{r['pp_bytes_per_token']:,.0f} |")
+    return rows
+
+
 # ---------------------------------------------------------------- demo
 
 DEMO = dict(pp_size=4, tp_size=2, tp_mode="real", schedule="1f1b", virtual_stages=1, n_microbatches=8,
@@ -624,7 +680,7 @@ DEMO = dict(pp_size=4, tp_size=2, tp_mode="real", schedule="1f1b", virtual_stage
 @exit_on_config_error
 def main(argv):
     cfg = configure(DEMO, argv)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = world_size()
     tp = cfg["tp_size"] if cfg["tp_mode"] == "real" else 1
     if cfg["tp_mode"] not in ("real", "simulated"):
         raise ConfigError(f"tp_mode must be 'real' or 'simulated', got {cfg['tp_mode']!r}")
@@ -633,11 +689,14 @@ def main(argv):
     validate_pp_layout(world=world, pp_size=cfg["pp_size"], tp=tp, n_layer=cfg["n_layer"], schedule=cfg["schedule"],
                        n_microbatches=cfg["n_microbatches"], virtual_stages=cfg["virtual_stages"],
                        pp_layers=cfg["pp_layers"], batch_size=cfg["batch_size"])
-    dims = init_pp_parallel(pp=cfg["pp_size"], tp=tp, device_type="cpu", backend="gloo")
+    dims = init_parallel(dp=world // (cfg["pp_size"] * tp), tp=tp, pp=cfg["pp_size"], device_type="cpu",
+                         backend="gloo")
+    finished = False
     try:
         demo(cfg, dims)
+        finished = True
     finally:
-        dist.destroy_process_group()
+        shutdown(dims, finished=finished)
 
 
 def demo(cfg, dims):
@@ -663,7 +722,7 @@ def demo(cfg, dims):
         optimizer.step()
         say(f"step {it}: loss {loss:.4f}")
     events = pipe.gather_events()  # of the last step
-    report = pipe.comm_report(tokens=mb * cfg["block_size"], events=events)
+    report = pipe.comm_report(tokens=mb * cfg["block_size"])
     if not dims.is_master:
         return
     actions = {r: [(k, s, mb_) for k, s, mb_, _ in ev if k in ("F", "B")] for r, ev in events.items()}

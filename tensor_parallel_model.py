@@ -19,10 +19,11 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from configurator import ConfigError
-from model import (GPT, GPTConfig, DropoutRNG, LayerNorm, causal_attention, dropout, keep_mask, lm_head_and_loss,
-                   local, positions, replica_generators, whole)
+from model import (GPT, DropoutRNG, GPTConfig, LayerNorm, causal_attention, clip_to_norm_, dropout, grad_sq_sums,
+                   keep_mask, lm_head_and_loss, local, positions, replica_generators, whole)
 from sharding import TPSharding, is_block_replicated
-from tp_comm import copy_to_tp_region, reduce_from_tp_region, tp_group, vocab_parallel_cross_entropy
+from tp_comm import (FINAL_SYNC, VOCAB_EMBED, VOCAB_HEAD, copy_to_tp_region, reduce_from_tp_region, tp_group,
+                     vocab_parallel_cross_entropy)
 
 def validate_tp_args(*, n_layer, n_head, n_embd, tp_size, block_types):
     """Raise ConfigError naming the key and values for any impossible combination."""
@@ -164,6 +165,10 @@ class ShardedBlock(nn.Module):
     def __init__(self, config, group, rng):
         super().__init__()
         self.group, self.rng, self.p = group, rng, config.dropout
+        # where this block's collectives run, for their trace labels (tp_comm.traced): (layer, block type, site)
+        kind = next((name for name, cls in BLOCKS.items() if type(self) is cls), type(self).__name__)
+        layer = getattr(rng, "layer", None)
+        self.sites = {site: (layer, kind, site) for site in ("attn", "mlp")}
         self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
         self.attn = ShardedAttention(config, group.local)
         self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
@@ -213,7 +218,7 @@ class ShardedBlock(nn.Module):
     def shard_streams(self, xbar, r):
         """The shards' streams and LN1 of them: a synced stream fans out first (through f)."""
         if r is None:
-            return self.group.fan_out(xbar, lambda x: layer_norm(self.ln_1, x))
+            return self.group.fan_out(xbar, lambda x: layer_norm(self.ln_1, x), self.sites["attn"])
         return r, layer_norm(self.ln_1, r)
 
 
@@ -222,9 +227,9 @@ class TPBlock(ShardedBlock):
     x' = xbar + sum_i d_i + R1 * (sum_i A_i(LN1(r_i)) + b_A);  x'' = x' + R2 * (sum_i M_i(LN2(x')) + b_M)."""
 
     def forward(self, xbar, r, T, kv=None):
-        group = self.group
+        group, attn, mlp = self.group, self.sites["attn"], self.sites["mlp"]
         if r is None:
-            y = self.attn.heads(copy_to_tp_region(synced_layer_norm(self.ln_1, xbar, group), group), T,
+            y = self.attn.heads(copy_to_tp_region(synced_layer_norm(self.ln_1, xbar, group), group, site=attn), T,
                                 self.shard_generators(xbar.device), kv)
             R1 = self.replica_mask(xbar)
             a = self.attn.out(y, mask=R1)
@@ -232,10 +237,11 @@ class TPBlock(ShardedBlock):
             y = self.attn.heads(layer_norm(self.ln_1, r), T, self.shard_generators(xbar.device), kv)
             R1 = self.replica_mask(xbar)
             a = self.attn.out(y, acc=group.delta(r, xbar), own_acc=True, mask=R1)
-        x = self.add_synced_bias(xbar + reduce_from_tp_region(a, group), self.attn.c_proj, R1)
-        u = self.mlp.hidden(copy_to_tp_region(synced_layer_norm(self.ln_2, x, group), group))
+        x = self.add_synced_bias(xbar + reduce_from_tp_region(a, group, site=attn), self.attn.c_proj, R1)
+        u = self.mlp.hidden(copy_to_tp_region(synced_layer_norm(self.ln_2, x, group), group, site=mlp))
         R2 = self.replica_mask(x)
-        return self.add_synced_bias(x + reduce_from_tp_region(self.mlp.out(u, mask=R2), group), self.mlp.c_proj, R2), None
+        s = reduce_from_tp_region(self.mlp.out(u, mask=R2), group, site=mlp)
+        return self.add_synced_bias(x + s, self.mlp.c_proj, R2), None
 
 
 class SPDBlock(ShardedBlock):
@@ -261,7 +267,8 @@ class SPDBlock(ShardedBlock):
         u = self.mlp.hidden(layer_norm(self.ln_2, y))
         R = self.replica_mask(xbar)
         s = self.mlp.out(u, acc=acc, own_acc=True, mask=R)
-        return self.add_synced_bias(xbar + reduce_from_tp_region(s, group), self.mlp.c_proj, R), None
+        return self.add_synced_bias(xbar + reduce_from_tp_region(s, group, site=self.sites["mlp"]), self.mlp.c_proj,
+                                    R), None
 
 
 class ParallelBlock(ShardedBlock):
@@ -347,7 +354,8 @@ class DistributedGPT(GPT):
 
     def final_sync(self, xbar, r):
         """The stream before ln_f: xbar, or, when the last block left it desynced, one more sync xbar + sum_i d_i."""
-        return xbar if r is None else xbar + reduce_from_tp_region(self.group.delta(r, xbar), self.group)
+        return xbar if r is None else xbar + reduce_from_tp_region(self.group.delta(r, xbar), self.group,
+                                                                   site=FINAL_SYNC)
 
     # --- loss_parallel: the tied wte/lm_head split by vocabulary over the tp shards ---
 
@@ -368,7 +376,8 @@ class DistributedGPT(GPT):
         mine = (ids >= 0) & (ids < W.size(1))
         rows = ids.clamp(0, W.size(1) - 1) + torch.arange(W.size(0), device=idx.device).unsqueeze(1) * W.size(1)
         parts = W.reshape(-1, W.size(-1))[rows] * mine.unsqueeze(-1)  # (L, N, C)
-        x = reduce_from_tp_region(parts, self.group, vocab=True).view(*idx.shape, -1) + self.transformer.wpe(pos)
+        x = reduce_from_tp_region(parts, self.group, vocab=True, site=VOCAB_EMBED).view(*idx.shape, -1)
+        x = x + self.transformer.wpe(pos)
         return dropout(x, self.config.dropout, training=self.training,
                        generators=replica_generators(self.rng, x.device))
 
@@ -379,7 +388,7 @@ class DistributedGPT(GPT):
         b, t, C = x.shape
         if targets is None:
             x = x[:, [-1], :]
-        h = copy_to_tp_region(x.reshape(-1, C), self.group, vocab=True)  # (L, N, C)
+        h = copy_to_tp_region(x.reshape(-1, C), self.group, vocab=True, site=VOCAB_HEAD)  # (L, N, C)
         logits = torch.bmm(h, W.transpose(1, 2))  # (L, N, Vs)
         col = start + torch.arange(W.size(1), device=x.device)  # (L, Vs) vocabulary id of each column
         logits = logits.masked_fill((col >= self.config.vocab_size).unsqueeze(1), float("-inf"))
@@ -404,24 +413,18 @@ class DistributedGPT(GPT):
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm):
-        """Clip by the norm of the whole (unsharded) model's gradient. Real TP: the squares of tp-sharded parameters
-        are summed over the tp group, the tp-replicated ones' counted once; under FSDP both partial sums are first
-        summed over the data-parallel shards."""
+        """Clip by the norm of the whole (unsharded) model's gradient (see grad_sq_norm)."""
         if not self.group.real:
             return super().clip_grad_norm_(max_norm)
         grads = [(n, p.grad) for n, p in self.named_parameters() if p.grad is not None]
-        acc = torch.promote_types(grads[0][1].dtype, torch.float32)  # fp32 at least, float64 kept (as torch's)
-        sq = torch.zeros(2, dtype=acc, device=grads[0][1].device)  # [tp-sharded, tp-replicated]
-        for n, g in grads:
-            sq[0 if self.sharding.is_sharded(n) else 1] += local(g).to(acc).pow(2).sum()
-        mesh = getattr(grads[0][1], "device_mesh", None)  # FSDP: gradients are DTensors sharded over dp
-        if mesh is not None:
-            torch.distributed.all_reduce(sq, group=mesh.get_group())
-        total = (self.group.sum_over_shards(sq[0]) + sq[1]).sqrt()
-        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-        for _, g in grads:
-            g.mul_(coef.to(g.dtype))
-        return total
+        return clip_to_norm_([g for _, g in grads], self.grad_sq_norm(grads).sqrt(), max_norm)
+
+    def grad_sq_norm(self, named_grads):
+        """Real TP: the squares of tp-sharded parameters' gradients summed over the tp group, the tp-replicated ones'
+        counted once; under FSDP both partial sums are first summed over the data-parallel shards."""
+        real = self.group.real
+        sq = grad_sq_sums(named_grads, lambda n: 0 if real and self.sharding.is_sharded(n) else 1, 2)
+        return self.group.sum_over_shards(sq[0]) + sq[1]
 
     def get_num_params(self, non_embedding=True):
         """Parameter count of the whole (unsharded) model, whatever this rank holds."""

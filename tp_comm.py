@@ -10,8 +10,22 @@ A group is SimulatedTP (one process holds all tp shards as the leading dimension
 tensor; the all-reduce is a sum over that dimension) or RealTP (each rank holds its own shard, L = 1; the
 all-reduce is torch.distributed.all_reduce over the tp process group). The block code is the same for both.
 The operators count every collective they run (CommCounter), so communication is measured, not computed.
+
+While a profiler records (torch.profiler; comm_trace.trace_steps), every collective also runs inside a
+torch.profiler.record_function span named for a trace (comm_trace.collective_events parses it back):
+
+    allreduce <op> <fwd|bwd>[ L<layer> <block type>] <site> <bytes>B <sim|real>
+    e.g.  allreduce g fwd L3 spd mlp 24576B real      allreduce f bwd L0 tp attn 24576B sim
+
+op: f (its backward all-reduce), g (its forward all-reduce), max / sum (the vocab-parallel loss, the gradient
+syncs). site: attn or mlp inside a block (an 'spd' block's one all-reduce closes its MLP), final_sync (before
+ln_f), vocab_embed / vocab_head / vocab_loss (loss_parallel), grad_sync (real mode: the block-replicated
+gradients, once per step) and grad_norm (real mode: the clipping norm's scalar). Bytes: the tensor each rank
+contributes, as counted. Simulated TP has no real collective, but its sum over the shard dimension is the
+all-reduce: it is recorded too (sim). With no profiler recording nothing is formatted (one flag is read).
 """
 
+import contextlib
 import time
 
 import torch
@@ -78,10 +92,10 @@ class SimulatedTP:
         """d_i = r_i - xbar (see _Delta): the sum over shards of d's gradient is a sum over the L local shards."""
         return _Delta.apply(r, xbar, 1.0)
 
-    def fan_out(self, xbar, norm):
+    def fan_out(self, xbar, norm, site=None):
         """The synced stream on the shards, r_i = f(xbar), and norm(r_i). Every shard's value is the same, so the
         norm runs once on xbar; its gradient still reaches xbar once per shard (through the expand)."""
-        r = copy_to_tp_region(xbar, self)
+        r = copy_to_tp_region(xbar, self, site=site)
         return r, norm(xbar).unsqueeze(0).expand_as(r)
 
     def sync_replicated_grads(self, grads):
@@ -132,15 +146,17 @@ class RealTP:
         the same gradient), so the sum over shards is tp times the local one."""
         return _Delta.apply(r, xbar, float(self.tp))
 
-    def fan_out(self, xbar, norm):
-        r = copy_to_tp_region(xbar, self)
+    def fan_out(self, xbar, norm, site=None):
+        r = copy_to_tp_region(xbar, self, site=site)
         return r, norm(r)
 
     def sync_replicated_grads(self, grads):
         """Sum the given gradients over the tp group in one all-reduce (in place); counted as a gradient sync."""
         if not grads:
             return
-        flat = self.all_reduce(torch.cat([g.reshape(-1) for g in grads]))
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        with traced(self, "sum", "bwd", GRAD_SYNC, flat.numel() * flat.element_size()):
+            flat = self.all_reduce(flat)
         self.counter.grad_sync += 1
         offset = 0
         for g in grads:
@@ -148,7 +164,8 @@ class RealTP:
             offset += g.numel()
 
     def sum_over_shards(self, sq):
-        return self.all_reduce(sq.view(1)).view(())
+        with traced(self, "sum", "bwd", GRAD_NORM, sq.element_size()):
+            return self.all_reduce(sq.view(1)).view(())
 
 
 def tp_group(tp, pd=None):
@@ -167,47 +184,72 @@ def _in_autocast_dtype(x):
 
 
 def _count(group, direction, t, vocab=False):
+    """Count a collective of t (L, ...) and return the bytes each rank contributes (0: one rank, nothing moves)."""
     if group.tp > 1:  # a collective over one rank moves nothing (Megatron skips it)
-        group.counter.add(direction, t.numel() // group.local * t.element_size(), vocab=vocab)
+        nbytes = t.numel() // group.local * t.element_size()
+        group.counter.add(direction, nbytes, vocab=vocab)
+        return nbytes
+    return 0
+
+
+# Where a collective runs, for its trace label: (layer or None, block type or None, site). Blocks pass their own
+# (ShardedBlock.sites); these are the model-level ones.
+FINAL_SYNC, OTHER = (None, None, "final_sync"), (None, None, "other")
+VOCAB_EMBED, VOCAB_HEAD = (None, None, "vocab_embed"), (None, None, "vocab_head")
+VOCAB_LOSS = (None, None, "vocab_loss")
+GRAD_SYNC, GRAD_NORM = (None, None, "grad_sync"), (None, None, "grad_norm")
+_NOT_RECORDED = contextlib.nullcontext()  # stateless: one instance serves every untraced collective
+
+
+def traced(group, op, direction, site, nbytes):
+    """A profiler span labelled for this collective while a profiler records (see the module docstring), else a
+    context that does nothing: the label is formatted only while tracing. Not inside torch.compile'd code."""
+    if group.tp == 1 or torch.compiler.is_compiling() or not torch.autograd.profiler._is_profiler_enabled:
+        return _NOT_RECORDED
+    layer, block, where = site or OTHER
+    at = "" if layer is None else f" L{layer} {block}"
+    return torch.profiler.record_function(
+        f"allreduce {op} {direction}{at} {where} {nbytes}B {'real' if group.real else 'sim'}")
 
 
 class _CopyToTPRegion(torch.autograd.Function):
     """f: identity forward (fan-out), all-reduce backward."""
 
     @staticmethod
-    def forward(ctx, x, group, vocab):
-        ctx.group, ctx.vocab = group, vocab
+    def forward(ctx, x, group, vocab, site):
+        ctx.group, ctx.vocab, ctx.site = group, vocab, site
         return x.unsqueeze(0).expand(group.local, *x.shape)
 
     @staticmethod
     def backward(ctx, grad):
-        _count(ctx.group, "bwd", grad, ctx.vocab)
-        return ctx.group.sum_shards(grad), None, None
+        with traced(ctx.group, "f", "bwd", ctx.site, _count(ctx.group, "bwd", grad, ctx.vocab)):
+            return ctx.group.sum_shards(grad), None, None, None
 
 
 class _ReduceFromTPRegion(torch.autograd.Function):
     """g: all-reduce forward, identity backward (the gradient fans out to the shards)."""
 
     @staticmethod
-    def forward(ctx, x, group, vocab):
+    def forward(ctx, x, group, vocab, site):
         ctx.group = group
-        _count(group, "fwd", x, vocab)
-        return group.sum_shards(x)
+        with traced(group, "g", "fwd", site, _count(group, "fwd", x, vocab)):
+            return group.sum_shards(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad.unsqueeze(0).expand(ctx.group.local, *grad.shape), None, None
+        return grad.unsqueeze(0).expand(ctx.group.local, *grad.shape), None, None, None
 
 
-def copy_to_tp_region(x, group, *, vocab=False):
+def copy_to_tp_region(x, group, *, vocab=False, site=None):
     """f: (N, C) replicated -> (L, N, C) on the shards; backward all-reduces the shards' gradients.
-    vocab=True counts it with the vocab-parallel collectives instead of the residual-stream syncs."""
-    return _CopyToTPRegion.apply(_in_autocast_dtype(x), group, vocab)
+    vocab=True counts it with the vocab-parallel collectives instead of the residual-stream syncs.
+    site: where it runs, (layer, block type, site name), for its trace label only (see traced)."""
+    return _CopyToTPRegion.apply(_in_autocast_dtype(x), group, vocab, site)
 
 
-def reduce_from_tp_region(x, group, *, vocab=False):
+def reduce_from_tp_region(x, group, *, vocab=False, site=None):
     """g: (L, N, C) partial results -> (N, C), their sum over all tp shards; backward identity."""
-    return _ReduceFromTPRegion.apply(_in_autocast_dtype(x), group, vocab)
+    return _ReduceFromTPRegion.apply(_in_autocast_dtype(x), group, vocab, site)
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
@@ -218,15 +260,17 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets, group, vocab_start, ignore_index):
         # logits (L, N, Vs) float32; vocab_start (L, 1) first vocabulary id of each local shard; targets (N,)
-        m = group.max_shards(logits.amax(-1))  # (N,) the max over the whole vocabulary
+        def reduce(reduce_shards, op, x):  # (L, N) -> (N,) over the tp shards, counted and traced
+            with traced(group, op, "fwd", VOCAB_LOSS, _count(group, "fwd", x, vocab=True)):
+                return reduce_shards(x)
+
+        m = reduce(group.max_shards, "max", logits.amax(-1))  # (N,) the max over the whole vocabulary
         e = torch.exp(logits - m.unsqueeze(-1))
-        s = group.sum_shards(e.sum(-1))  # (N,)
+        s = reduce(group.sum_shards, "sum", e.sum(-1))  # (N,)
         local = targets.unsqueeze(0) - vocab_start  # (L, N) target's column on each shard
         mine = (local >= 0) & (local < logits.size(-1))
         t = logits.gather(-1, local.clamp(0, logits.size(-1) - 1).unsqueeze(-1)).squeeze(-1)
-        t = group.sum_shards(torch.where(mine, t, torch.zeros_like(t)))  # (N,) the target's logit
-        for x in (m, s, t):
-            _count(group, "fwd", x.unsqueeze(0).expand(group.local, *x.shape), vocab=True)
+        t = reduce(group.sum_shards, "sum", torch.where(mine, t, torch.zeros_like(t)))  # (N,) the target's logit
         valid = targets != ignore_index
         n = valid.sum().clamp(min=1)
         loss = ((s.log() + m - t) * valid).sum() / n.to(logits.dtype)

@@ -6,6 +6,9 @@ $ torchrun --standalone --nproc_per_node=4 train.py config/train_gpt2.py
 Real tensor parallel (dp=2 x tp=2 on CPU):
 $ torchrun --standalone --nproc_per_node=4 train.py config/train_shakespeare_char_spd.py --tp_mode=real
 Multi-node: torchrun --nnodes=2 --node_rank=0 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 ...
+Pipeline stages (pp x dp x tp; here pp 2 x dp 2 x tp 2 real, 1F1B over gradient_accumulation_steps/dp micro-batches):
+$ torchrun --standalone --nproc_per_node=8 train.py config/train_shakespeare_char_spd.py --tp_mode=real --tp_size=2 \
+      --pp_size=2 --pp_schedule=1f1b --gradient_accumulation_steps=8 --compile=False
 FSDP instead of DDP over the data-parallel ranks (parameters, gradients and AdamW state sharded over dp; composes
 with real tp), building on the meta device so no rank ever holds the whole model, vocabulary-parallel loss:
 $ torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2.py --model_type=distributed_gpt \
@@ -93,6 +96,12 @@ DEFAULTS = dict(
     # data parallelism and memory
     data_parallel="ddp",  # 'ddp' (replicas, gradients all-reduced) | 'fsdp' (FSDP2: params/grads/AdamW sharded over dp)
     init_device="default",  # 'default' (build whole, then shard) | 'meta' (each rank allocates only what it holds)
+    # pipeline parallelism (pipeline.py): world = pp_size x dp x tp, micro-batches per step = the dp rank's share
+    # of gradient_accumulation_steps
+    pp_size=1,  # pipeline stages of contiguous layers
+    pp_schedule="1f1b",  # 'gpipe' | '1f1b' | 'interleaved_1f1b'
+    pp_virtual_stages=1,  # stages per pp rank (interleaved_1f1b)
+    pp_layers=None,  # layers per stage, a list of pp_size x pp_virtual_stages ints; None: balanced by count
 )
 
 # what a checkpoint (or GPT-2) fixes about the model, and a command line may not contradict on resume
@@ -110,6 +119,7 @@ class Setup:
     data_dir: str
     dp: int
     tp: int
+    pp: int
     device: str
     device_type: str
     dtype: str
@@ -128,7 +138,7 @@ def explicit_keys(cfg, argv):
 
 def check_settings(cfg):
     """Ranges and choices of the plain settings."""
-    positive = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "tp_size",
+    positive = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "tp_size", "pp_size", "pp_virtual_stages",
                 "gradient_accumulation_steps", "eval_iters", "eval_interval", "log_interval")
     for key in positive:
         if cfg[key] < 1:
@@ -215,6 +225,34 @@ def check_model(cfg):
                           f"tensor-parallel shards), got model_type={cfg['model_type']!r}")
 
 
+def check_pipeline(cfg, explicit, *, dp, tp, dtype):
+    """pp_size > 1: the pipeline layout (pipeline.validate_pp_layout) and what does not run with it yet."""
+    from pipeline import SCHEDULES, validate_pp_layout
+
+    if cfg["pp_schedule"] not in SCHEDULES:
+        raise ConfigError(f"pp_schedule must be one of {list(SCHEDULES)}, got {cfg['pp_schedule']!r}")
+    if cfg["pp_size"] == 1:
+        if cfg["pp_virtual_stages"] != 1 or cfg["pp_layers"] is not None:
+            raise ConfigError(f"pp_virtual_stages ({cfg['pp_virtual_stages']}) and pp_layers ({cfg['pp_layers']}) "
+                              f"need pp_size > 1")
+        return
+    validate_pp_layout(world=cfg["pp_size"] * dp * tp, pp_size=cfg["pp_size"], tp=tp, n_layer=cfg["n_layer"],
+                       schedule=cfg["pp_schedule"], n_microbatches=cfg["gradient_accumulation_steps"] // dp,
+                       virtual_stages=cfg["pp_virtual_stages"], pp_layers=cfg["pp_layers"],
+                       keys=dict(schedule="pp_schedule", virtual_stages="pp_virtual_stages",
+                                 n_microbatches="micro-batches per replica (gradient_accumulation_steps / dp)"))
+    unsupported = dict(data_parallel=cfg["data_parallel"] == "fsdp", init_device=cfg["init_device"] == "meta",
+                       loss_parallel=bool(cfg["loss_parallel"]),
+                       checkpoint_format=cfg["checkpoint_format"] == "sharded", dtype=dtype == "float16",
+                       compile=cfg["compile"] and "compile" in explicit)
+    for key, bad in unsupported.items():
+        if bad:
+            value = dtype if key == "dtype" else cfg[key]
+            raise ConfigError(f"{key}={value!r} does not run with pp_size={cfg['pp_size']} (pipeline stages run "
+                              f"DDP, fp32/bf16, full checkpoints, no torch.compile)")
+    cfg["compile"] = False  # the default (True) is not applied to pipeline stages
+
+
 def check_data(cfg, data_dir, vocab_size):
     """train.bin and val.bin: present, whole uint16 tokens, longer than a block, every id < vocab_size. Files up to
     FULL_SCAN_TOKENS tokens are scanned whole for their largest id; larger ones (OpenWebText) in 1024 evenly spaced
@@ -278,7 +316,7 @@ def prepare(argv):
     else:
         vocab_size = meta_vocab if meta_vocab is not None else 50304  # GPT-2's 50257 padded to a multiple of 64
     check_model(cfg)
-    dp, tp = check_layout(tp_size=cfg["tp_size"], tp_mode=cfg["tp_mode"])
+    dp, tp = check_layout(tp_size=cfg["tp_size"], tp_mode=cfg["tp_mode"], pp_size=cfg["pp_size"])
     if checkpoint is not None and "layout" in checkpoint:  # a sharded checkpoint loads into its own tp layout only
         sharded_checkpoint.check_resumable(checkpoint["layout"], dict(
             tp_size=cfg["tp_size"] if cfg["model_type"] == "distributed_gpt" else 1, tp_real=tp > 1,
@@ -286,6 +324,7 @@ def prepare(argv):
     if cfg["gradient_accumulation_steps"] % dp:
         raise ConfigError(f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) must be divisible "
                           f"by the number of data-parallel ranks ({dp})")
+    check_pipeline(cfg, explicit, dp=dp, tp=tp, dtype=dtype)
     if meta_vocab is not None and meta_vocab > vocab_size:
         raise ConfigError(f"dataset {cfg['dataset']!r} has vocab_size {meta_vocab}, "
                           f"larger than the model's vocab_size {vocab_size}")
@@ -297,8 +336,9 @@ def prepare(argv):
                                       "gelu_approximate", "tp_size", "block_types", "loss_parallel")}
     model_args.update(vocab_size=vocab_size, block_size=spec["block_size"] if cfg["init_from"] != "scratch"
                       else cfg["block_size"])
-    setup = Setup(data_dir=data_dir, dp=dp, tp=tp, device=device, device_type=device_type, dtype=dtype,
-                  model_type=cfg["model_type"], model_args=model_args, checkpoint=checkpoint, pretrained=pretrained)
+    setup = Setup(data_dir=data_dir, dp=dp, tp=tp, pp=cfg["pp_size"], device=device, device_type=device_type,
+                  dtype=dtype, model_type=cfg["model_type"], model_args=model_args, checkpoint=checkpoint,
+                  pretrained=pretrained)
     return cfg, setup
 
 
@@ -391,6 +431,7 @@ class Run:
     device: str
     model: torch.nn.Module  # what runs forward: raw_model, compiled and/or wrapped in DDP (or FSDP-sharded)
     raw_model: GPT  # GPT or DistributedGPT: the interface at the end of class GPT
+    pipe: object  # pp_size > 1: this rank's pipeline.Pipeline (it runs the steps), else None
     sync_module: torch.nn.Module  # what gradient sync is switched on (DDP wrapper, FSDP module, or the model)
     model_type: str
     optimizer: torch.optim.Optimizer
@@ -431,7 +472,8 @@ def start_run(cfg, setup, pd):
     if pd.is_master:
         os.makedirs(cfg["out_dir"], exist_ok=True)
         save_config(cfg, cfg["out_dir"])
-        print(f"tokens per iteration: {tokens_per_iter:,} (dp={pd.dp}, tp={cfg['tp_size']} {cfg['tp_mode']}, "
+        pp = f"pp={pd.pp} {cfg['pp_schedule']}, " if pd.pp > 1 else ""
+        print(f"tokens per iteration: {tokens_per_iter:,} ({pp}dp={pd.dp}, tp={cfg['tp_size']} {cfg['tp_mode']}, "
               f"grad_accum per rank={grad_accum}, device={device}, dtype={setup.dtype}, "
               f"data_parallel={cfg['data_parallel']}, init_device={cfg['init_device']})")
     setup_runtime(setup.device_type, cfg["seed"])  # same seed on every rank: identical initial weights
@@ -451,8 +493,17 @@ def start_run(cfg, setup, pd):
         model.to(device)
     if cfg["compile"] and pd.is_master:
         print("compiling the model... (takes a ~minute)")
-    run_model, sync_module = parallelize(model, pd, kind=cfg["data_parallel"], device=device,
-                                         device_type=setup.device_type, meta=meta, compile=cfg["compile"])
+    pipe = None
+    if pd.pp > 1:  # every rank holds the whole model and runs its stages' part (DDP over dp per stage)
+        from pipeline import Pipeline
+
+        pipe = Pipeline(model, pd, schedule=cfg["pp_schedule"], n_microbatches=grad_accum,
+                        batch_size=cfg["batch_size"] * grad_accum, seq_len=cfg["block_size"],
+                        virtual_stages=cfg["pp_virtual_stages"], pp_layers=cfg["pp_layers"], device=device)
+        run_model = sync_module = None
+    else:
+        run_model, sync_module = parallelize(model, pd, kind=cfg["data_parallel"], device=device,
+                                             device_type=setup.device_type, meta=meta, compile=cfg["compile"])
     if weights is not None and meta:
         model.load_gpt_state_dict(cropped(weights, model.config.block_size))
     del weights
@@ -461,7 +512,8 @@ def start_run(cfg, setup, pd):
 
     # optimizer (over the sharded parameters under FSDP) and loss scaler; on resume also their state and the RNGs
     scaler = make_grad_scaler(setup.device_type, setup.dtype, pd, data_parallel=cfg["data_parallel"])
-    optimizer = model.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"],
+    state = pipe or model  # what holds this rank's parameters: GPT-layout state, optimizer, clipping
+    optimizer = state.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"],
                                            (cfg["beta1"], cfg["beta2"]), setup.device_type)
     iter_num, best_val_loss = 0, 1e9
     if sharded:
@@ -469,7 +521,7 @@ def start_run(cfg, setup, pd):
         for group, saved in zip(optimizer.param_groups, checkpoint["param_groups"]):
             group.update({k: v for k, v in saved.items() if k not in ("params", "fused", "foreach", "capturable")})
     elif checkpoint is not None:
-        load_optimizer_state(model, optimizer, checkpoint["optimizer"])
+        load_optimizer_state(state, optimizer, checkpoint["optimizer"])
     if checkpoint is not None:
         if checkpoint.get("scaler") and scaler.is_enabled():
             scaler.load_state_dict(checkpoint["scaler"])
@@ -482,7 +534,7 @@ def start_run(cfg, setup, pd):
 
     metrics = MetricsLog(cfg["out_dir"], enabled=pd.is_master)
     metrics.truncate(iter_num)  # a resumed run must not leave two records of one iteration
-    return Run(cfg=cfg, pd=pd, device=device, model=run_model, raw_model=model, sync_module=sync_module,
+    return Run(cfg=cfg, pd=pd, device=device, model=run_model, raw_model=model, pipe=pipe, sync_module=sync_module,
                model_type=setup.model_type, optimizer=optimizer, scaler=scaler,
                ctx=autocast_context(setup.device_type, setup.dtype),
                batches=Batches(setup.data_dir, block_size=cfg["block_size"], batch_size=cfg["batch_size"],
@@ -491,30 +543,47 @@ def start_run(cfg, setup, pd):
                iter_num=iter_num, best_val_loss=best_val_loss)
 
 
+def eval_losses(run, split, ks, n):
+    """(sum, count) of the losses of eval batches ks of a split; batches k >= n only keep the collectives in step
+    (repeated, not counted). Under pp the batches go through the schedule, m at a time."""
+    if run.pipe is None:
+        losses = [0.0, 0]
+        for k in ks:
+            X, Y = run.batches.get(split, -1, k if k < n else run.pd.dp_rank % n)
+            with run.ctx:
+                _, loss = run.model(X, Y)
+            if k < n:
+                losses[0] += loss.item()
+                losses[1] += 1
+        return losses
+    m = run.pipe.m
+    batches = [run.batches.get(split, -1, k if k < n else run.pd.dp_rank % n) for k in ks]
+    counted = torch.tensor([k < n for k in ks], dtype=torch.float64, device=run.device)
+    per_batch = torch.cat([run.pipe.eval_losses(batches[i:i + m], ctx=run.ctx) for i in range(0, len(ks), m)])
+    return [(per_batch * counted).sum().item(), int(counted.sum().item())]
+
+
 @torch.no_grad()
 def evaluate(run):
     """Mean loss over eval_iters batches of each split. Eval batch k is done by dp rank k % dp; the mean over ranks
     equals one process doing all of them. Under FSDP every forward is a collective over dp (the parameters are
-    gathered), so each rank runs as many: a rank out of batches repeats its first one and does not count it."""
+    gathered), so each rank runs as many: a rank out of batches repeats its first one and does not count it. Under
+    pp every schedule call runs m micro-batches and ends with collectives over pp: each rank runs as many rounds of
+    m, filled up the same way."""
     out = {}
-    run.model.eval()
+    state = run.pipe or run.model
+    state.train(False)
     dp, n = run.pd.dp, run.cfg["eval_iters"]
     rounds = -(-n // dp) if run.cfg["data_parallel"] == "fsdp" else None
+    if run.pipe is not None:
+        rounds = -(-(-(-n // dp)) // run.pipe.m) * run.pipe.m
     for split in ("train", "val"):
-        losses = [0.0, 0]
-        for k in range(run.pd.dp_rank, n if rounds is None else rounds * dp, dp):
-            X, Y = run.batches.get(split, -1, k if k < n else run.pd.dp_rank % n)
-            with run.ctx:
-                _, loss = run.model(X, Y)
-            if k >= n:
-                continue  # only kept the collectives in step
-            losses[0] += loss.item()
-            losses[1] += 1
-        t = torch.tensor(losses, dtype=torch.float64, device=run.device)
+        ks = range(run.pd.dp_rank, n if rounds is None else rounds * dp, dp)
+        t = torch.tensor(eval_losses(run, split, ks, n), dtype=torch.float64, device=run.device)
         if run.pd.dp > 1:
             torch.distributed.all_reduce(t, group=run.pd.dp_group)
         out[split] = (t[0] / t[1]).item()
-    run.model.train()
+    state.train(True)
     return out
 
 
@@ -523,7 +592,7 @@ def save(run):
     under real tp and under FSDP, whose shards are gathered whole), the master writes. 'sharded': every rank writes
     the shards it holds to out_dir/ckpt_sharded (sharded_checkpoint.py), nothing is gathered."""
     sharded = run.cfg["checkpoint_format"] == "sharded"
-    checkpoint = make_checkpoint(run.raw_model, run.optimizer, run.scaler, model_type=run.model_type,
+    checkpoint = make_checkpoint(run.pipe or run.raw_model, run.optimizer, run.scaler, model_type=run.model_type,
                                  iter_num=run.iter_num, best_val_loss=run.best_val_loss, config=run.cfg,
                                  tensors=not sharded)
     if sharded:
@@ -539,6 +608,8 @@ def save(run):
 def train_step(run):
     """One optimizer step over the global batch. Returns (mean loss, seconds the step took, collectives report)."""
     cfg, raw_model = run.cfg, run.raw_model
+    if run.pipe is not None:
+        return pipeline_step(run)
     t0 = time.perf_counter()
     raw_model.reset_comm_counts()
     # forward backward update, with gradient accumulation; DDP/FSDP sync gradients on the last micro-step only
@@ -564,6 +635,22 @@ def train_step(run):
     run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
     lossf = all_reduce_mean(loss_sum, run.pd, run.device)
+    return lossf, time.perf_counter() - t0, comm
+
+
+def pipeline_step(run):
+    """train_step under pp: this replica's micro-batches through the schedule (which also syncs the gradients: over
+    dp, the tied embedding, tp-replicated parameters), then clip and update as one process would."""
+    cfg, pipe = run.cfg, run.pipe
+    t0 = time.perf_counter()
+    pipe.reset_comm_counts()
+    batches = [run.batches.get("train", run.iter_num, run.micro_offset + j) for j in range(run.grad_accum)]
+    lossf = pipe.step(batches, dropout_key=(cfg["seed"], run.iter_num, run.micro_offset), ctx=run.ctx)
+    comm = pipe.comm_report(tokens=cfg["batch_size"] * cfg["block_size"])
+    if cfg["grad_clip"] != 0.0:
+        pipe.clip_grad_norm_(cfg["grad_clip"])
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
     return lossf, time.perf_counter() - t0, comm
 
 
@@ -617,12 +704,15 @@ def train(run):
             if local_iter_num >= 5:  # let the training loop settle a bit
                 mfu = run.raw_model.estimate_mfu(cfg["batch_size"] * run.grad_accum, dt, device=run.device)
                 if mfu is not None:
+                    mfu /= run.pd.pp  # a replica runs on pp times the devices of one stage group
                     running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
             mfu_str = f"{running_mfu * 100:.2f}%" if running_mfu >= 0 else "n/a"
             tok_s = tokens_per_iter / dt
             comm_str = f", all-reduces fwd {comm['fwd_allreduces']} bwd {comm['bwd_allreduces']}" if comm else ""
             if "vocab_allreduces" in comm:
                 comm_str += f", vocab {comm['vocab_allreduces']}"
+            if "pp_bytes_per_token" in comm:
+                comm_str += f", pp {comm['pp_bytes_per_token']:,.0f} B/token"
             print(f"iter {run.iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, tok/s {tok_s:,.0f}, "
                   f"mfu {mfu_str}{comm_str}")
             run.metrics.write(iter=run.iter_num, loss=lossf, lr=lr, dt_ms=dt * 1000, tokens_per_s=tok_s,
@@ -641,7 +731,7 @@ def train(run):
 @exit_on_run_error
 def main(argv):
     cfg, setup = prepare(argv)
-    pd = init_parallel(dp=setup.dp, tp=setup.tp, device_type=setup.device_type, backend=cfg["backend"])
+    pd = init_parallel(dp=setup.dp, tp=setup.tp, pp=setup.pp, device_type=setup.device_type, backend=cfg["backend"])
     finished = False
     try:
         # one run per out_dir: the master holds the directory's lock for the whole run, before writing anything

@@ -1,3 +1,4 @@
+import json
 import os
 import pickle
 import subprocess
@@ -45,3 +46,43 @@ def one_line_error(r, status=2):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     return lines[0]
+
+
+# ---------- train.py runs compared through their metrics.jsonl ----------
+
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone"]
+
+
+def metrics(out_dir):
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return list(map(json.loads, f))
+
+
+def losses(out_dir):
+    return {r["iter"]: r["loss"] for r in metrics(out_dir) if "loss" in r}
+
+
+def val_losses(out_dir):
+    return {r["iter"]: r["val_loss"] for r in metrics(out_dir) if "val_loss" in r}
+
+
+def train(out_dir, data, *extra, nproc=None):
+    """train.py [a config file: extra's first] TINY data_dir out_dir [the rest of extra]."""
+    config = [extra[0]] if extra and extra[0].endswith(".py") else []
+    args = ["train.py", *config, *TINY, f"--data_dir={data}", f"--out_dir={out_dir}", *extra[len(config):]]
+    if nproc:
+        args = [*TORCHRUN, f"--nproc_per_node={nproc}", *args]
+    r = run_script(*args, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
+    return r
+
+
+def assert_same(a, b, rel, what):
+    assert sorted(a) == sorted(b) and a, (what, sorted(a), sorted(b))
+    for it in a:
+        assert b[it] == pytest.approx(a[it], rel=rel), (what, it, a[it], b[it])
+
+
+def differs(a, b, rel):
+    """a and b are told apart at tolerance rel (the comparison above would fail)."""
+    return any(b[it] != pytest.approx(a[it], rel=rel) for it in a)

@@ -17,8 +17,9 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from model import GPT, GPTConfig  # noqa: E402
-from pipeline import (SCHEDULES, bubble_fraction, build_pipeline, init_pp_parallel,  # noqa: E402
+from pipeline import (SCHEDULES, bubble_fraction, build_pipeline,  # noqa: E402
                       theoretical_bubble)
+from parallel import init_parallel  # noqa: E402
 from real_tp_worker import ratio, worst  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
 
@@ -120,7 +121,7 @@ def pipelined(gpt, kind, dtype, batches, dims, schedule, *, tamper=None, rows=No
     opt_state = pipe.gpt_optimizer_state(optimizer)
     events = pipe.gather_events()
     actions = {r: [(k, s, m) for k, s, m, _ in ev if k in ("F", "B")] for r, ev in events.items()}
-    report = pipe.comm_report(tokens=MB * T, events=events)
+    report = pipe.comm_report(tokens=MB * T)
     return dict(losses=f64(losses), norms=f64(norms), grads=grads, weights=pipe.gpt_state_dict(),
                 moments=moments(opt_state), groups=opt_state["param_groups"], bubble=bubble_fraction(actions),
                 report=report, layers=pipe.layers)
@@ -254,7 +255,7 @@ def main(argv):
     dist.init_process_group(backend="gloo")
     try:
         for pp, dp, tp in LAYOUTS[world]:
-            dims = init_pp_parallel(pp=pp, tp=tp, device_type="cpu")
+            dims = init_parallel(dp=dp, tp=tp, pp=pp, device_type="cpu")
             assert (dims.pp, dims.dp, dims.tp) == (pp, dp, tp)
             for dtype, kinds, schedules, keys, broken in plan(pp, dp, tp):
                 check_layout(gpt, dims, results, kinds=kinds, schedules=schedules, dtype=dtype, keys=keys,

@@ -7,12 +7,11 @@ import re
 
 import pytest
 
-from conftest import run_script
+from conftest import TORCHRUN, one_line_error, run_script
 from configurator import ConfigError
 from pipeline import bubble_fraction, format_timeline, replay, stage_layers, theoretical_bubble, validate_pp_layout
 from pp_worker import CAN_FAIL, CLIP, M, MB, MODELS, N_EMBD, STEPS, T, TP_SIZE, VIRTUAL, plan
 
-TORCHRUN = ["-m", "torch.distributed.run", "--standalone"]
 FWD_ALLREDUCES = {"tp": 2, "spd": 1, "parallel": 0}  # docs/model.md, plus 1 when the model ends desynced
 
 
@@ -244,3 +243,41 @@ def test_demo_prints_timeline_and_bubble():
     assert "stage 0->1: xbar     forward 4096 B, backward 4096 B" in out, out  # after spd: (2, 16, 32) x 4 B
     assert "stage 1->2: xbar, r  forward 8192 B, backward 8192 B" in out, out  # after parallel: and (1, 2, 16, 32)
     assert "tp all-reduces per micro-batch (whole model): forward 3, backward 3" in out, out
+
+
+# ---------- bench.py --mode=pipeline ----------
+
+def test_bench_pipeline_bubble_and_activation_memory():
+    """pp 2, GPipe and 1F1B at m = 2 and 4: the recorded bubble is (p-1)/(m+p-1); GPipe's first stage holds the
+    activations of all m micro-batches (twice the bytes at m = 4), 1F1B's at most p = 2 whatever m."""
+    r = run_script(*TORCHRUN, "--nproc_per_node=2", "bench.py", "--mode=pipeline", "--pp_size=2", "--device=cpu",
+                   "--n_layer=4", "--n_head=4", "--n_embd=32", "--block_size=16", "--batch_size=2",
+                   "--vocab_size=64", "--iters=1", "--warmup=1", "--microbatches=[2,4]",
+                   "--model_type=distributed_gpt", "--tp_size=2", "--block_types=['spd','parallel']*2", timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    rows = {}
+    for line in r.stdout.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 10 and cells[0] in ("gpipe", "1f1b"):
+            rows[cells[0], int(cells[3])] = dict(bubble=float(cells[6]), theory=float(cells[7]),
+                                                 peaks=[float(x) for x in cells[8].split(" / ")],
+                                                 pp_bytes=int(cells[9].replace(",", "")))
+    assert sorted(rows) == [("1f1b", 2), ("1f1b", 4), ("gpipe", 2), ("gpipe", 4)], r.stdout
+    for row in rows.values():
+        assert row["bubble"] == row["theory"] and row["pp_bytes"] == 2 * 3 * 32 * 4  # (xbar, r of 2 shards), 2 ways
+    first = {k: row["peaks"][0] for k, row in rows.items()}
+    assert first["gpipe", 4] == pytest.approx(2 * first["gpipe", 2], rel=0.02)
+    assert first["1f1b", 4] == pytest.approx(first["1f1b", 2], rel=0.02) == pytest.approx(first["gpipe", 2], rel=0.02)
+    assert first["gpipe", 4] > 1.5 * first["1f1b", 4]  # the comparison can fail: the schedules differ at m > p
+    assert rows["1f1b", 4]["peaks"][1] < first["1f1b", 4]  # the last stage holds one micro-batch in flight
+
+
+def test_bench_pipeline_bad_input():
+    r = run_script("bench.py", "--mode=pipeline", "--pp_size=2", "--device=cpu", timeout=60)
+    assert "torchrun" in one_line_error(r)
+    env = dict(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT="29589")
+    r = run_script("bench.py", "--mode=pipeline", "--pp_size=2", "--device=cpu", "--microbatches=[1]",
+                   "--pp_schedules=['1f1b']", env=env, timeout=60)
+    line = one_line_error(r)
+    assert "microbatches (1)" in line and "pp_size (2)" in line, line

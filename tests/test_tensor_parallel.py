@@ -206,7 +206,8 @@ def test_autocast_all_reduces_bf16_and_stays_close_to_fp32(block_types, monkeypa
     model = DistributedGPT.from_gpt(gpt, 2, block_types)
     seen = []
     g = tensor_parallel_model.reduce_from_tp_region
-    monkeypatch.setattr(tensor_parallel_model, "reduce_from_tp_region", lambda x, group: seen.append(g(x, group).dtype) or g(x, group))
+    monkeypatch.setattr(tensor_parallel_model, "reduce_from_tp_region",
+                        lambda x, group, **kw: seen.append(g(x, group, **kw).dtype) or g(x, group, **kw))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits, loss = model(idx, tgt)
     ref_logits, ref_loss = reference_forward(gpt, idx, tgt, 2, block_types)

@@ -2,50 +2,11 @@
 each logs the losses of one plain process (fp32 tolerance), checkpoints move between FSDP, DDP and simulated runs,
 and bad combinations are one line, exit status 2. Every comparison is shown able to fail (another seed)."""
 
-import json
-import os
-
 import pytest
 
-from conftest import TINY, run_script
+from conftest import TINY, assert_same, differs, losses, metrics, run_script, train, val_losses
 
-TORCHRUN = ["-m", "torch.distributed.run", "--standalone"]
 SPD = "config/train_shakespeare_char_spd.py"  # distributed_gpt, tp_size 2, spd blocks (tiny sizes from TINY)
-
-
-def metrics(out_dir):
-    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
-        return list(map(json.loads, f))
-
-
-def losses(out_dir):
-    return {r["iter"]: r["loss"] for r in metrics(out_dir) if "loss" in r}
-
-
-def val_losses(out_dir):
-    return {r["iter"]: r["val_loss"] for r in metrics(out_dir) if "val_loss" in r}
-
-
-def train(out_dir, data, *extra, nproc=None):
-    """train.py [a config file: extra's first] TINY data_dir out_dir [the rest of extra]."""
-    config = [extra[0]] if extra and extra[0].endswith(".py") else []
-    args = ["train.py", *config, *TINY, f"--data_dir={data}", f"--out_dir={out_dir}", *extra[len(config):]]
-    if nproc:
-        args = [*TORCHRUN, f"--nproc_per_node={nproc}", *args]
-    r = run_script(*args, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
-    return r
-
-
-def assert_same(a, b, rel, what):
-    assert sorted(a) == sorted(b) and a, (what, sorted(a), sorted(b))
-    for it in a:
-        assert b[it] == pytest.approx(a[it], rel=rel), (what, it, a[it], b[it])
-
-
-def differs(a, b, rel):
-    """a and b are told apart at tolerance rel (the comparison above would fail)."""
-    return any(b[it] != pytest.approx(a[it], rel=rel) for it in a)
 
 
 # gradient accumulation (4 global micro-batches: 2 per rank at dp 2), clipping active (the tiny model's gradient

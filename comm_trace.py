@@ -1,0 +1,303 @@
+"""
+A trace of every tensor-parallel collective, with the compute around it: torch.profiler's Chrome trace (open it in
+https://ui.perfetto.dev or chrome://tracing), in which each collective that f and g run (and the vocab-parallel
+ones, and real TP's per-step gradient sync) is a span named for where it ran (tp_comm.traced):
+
+    allreduce g fwd L3 spd mlp 24576B real        allreduce f bwd L0 tp attn 24576B sim
+
+    with trace_steps("trace.json") as tracer:     # profiles, and writes the file on exit
+        for _ in range(2):
+            with tracer.step():                   # one "ProfilerStep#k" span per training step
+                train_step()
+    events = collective_events("trace.json")      # [{'op': 'g', 'direction': 'fwd', 'layer': 3, ...}, ...]
+
+`bench.py --trace=FILE` writes such a trace after its timed steps. From the command line:
+
+    python comm_trace.py plot OUT.png A.json [B.json ...] [--labels=a,b] [--step=0] [--title=T]
+        one step of each trace, a row each on one time axis (labels with commas: --labels="['a, b', 'c']")
+    python comm_trace.py summary A.json [B.json ...]
+        the collectives of each step, and the time in them
+
+Bad input (a missing or corrupt trace, a step the trace lacks, labels that do not match) is one line, exit 2.
+Under real TP each of these spans holds torch's own span of the collective (gloo:all_reduce, nccl:all_reduce).
+Inside torch.compile'd code the collectives are not labelled (their ops still appear in the trace).
+"""
+
+import ast
+import contextlib
+import gzip
+import json
+import re
+import sys
+
+import torch
+
+from configurator import exit_in_one_line
+
+STEP_PREFIX = "ProfilerStep#"  # the span of one training step (torch.profiler's own name for it)
+# tp_comm.traced's label, parsed back
+LABEL = re.compile(r"^allreduce (?P<op>\w+) (?P<direction>fwd|bwd)(?: L(?P<layer>\d+) (?P<block>\S+))? "
+                   r"(?P<site>\w+) (?P<bytes>\d+)B (?P<mode>sim|real)$")
+COMPUTE_CATEGORIES = ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset")  # drawn grey by plot_timeline
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read or used as asked: one line naming it, exit status 2."""
+
+
+class Tracer:
+    """What trace_steps yields: step() marks one training step (a no-op when tracing is disabled)."""
+
+    def __init__(self, enabled):
+        self.enabled, self.steps = enabled, 0
+
+    def step(self):
+        if not self.enabled:
+            return contextlib.nullcontext()
+        self.steps += 1
+        return torch.profiler.record_function(f"{STEP_PREFIX}{self.steps - 1}")
+
+
+@contextlib.contextmanager
+def trace_steps(path, *, enabled=True):
+    """Profile the enclosed steps (CPU, plus CUDA when available) and write a Chrome trace to `path` on exit (not
+    after an exception). Yields a Tracer: wrap each training step in `tracer.step()`. enabled=False: nothing is
+    profiled or written, and tracer.step() does nothing, so a training loop can keep the same code."""
+    tracer = Tracer(enabled)
+    if not enabled:
+        yield tracer
+        return
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        yield tracer
+    prof.export_chrome_trace(str(path))
+
+
+def load_trace(source):
+    """A trace: the dict itself, or read from a path (.json, or .json.gz as torch may write)."""
+    if isinstance(source, dict):
+        trace = source
+    else:
+        try:
+            opener = gzip.open if str(source).endswith(".gz") else open
+            with opener(source, "rt") as f:
+                trace = json.load(f)
+        except FileNotFoundError:
+            raise TraceError(f"no trace file {str(source)!r}") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, EOFError) as e:
+            raise TraceError(f"trace file {str(source)!r} is not readable JSON ({type(e).__name__})") from None
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise TraceError(f"{_name(source)} is not a Chrome trace (no 'traceEvents' list)")
+    return trace
+
+
+def _name(source):
+    return "the trace" if isinstance(source, dict) else f"trace file {str(source)!r}"
+
+
+def _spans(trace):
+    """Complete events ('ph': 'X') with a name, numeric ts and dur."""
+    return [e for e in trace["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"
+            and isinstance(e.get("name"), str) and isinstance(e.get("ts"), (int, float))
+            and isinstance(e.get("dur"), (int, float))]
+
+
+def step_spans(source):
+    """[(start, end)] in µs of the trace's training steps (its ProfilerStep#k spans), in time order."""
+    return sorted((e["ts"], e["ts"] + e["dur"]) for e in _spans(load_trace(source))
+                  if e["name"].startswith(STEP_PREFIX))
+
+
+def parse_label(name):
+    """A collective's span name -> dict(op, direction, layer, block, site, bytes, mode, category), or None for any
+    other span. category: 'stream' (the residual-stream syncs comm_report counts as fwd/bwd_allreduces),
+    'vocab' (loss_parallel's embedding, head and loss) or 'grad' (real TP's gradient sync and clipping norm)."""
+    m = LABEL.match(name)
+    if m is None:
+        return None
+    site = m["site"]
+    category = "vocab" if site.startswith("vocab") else "grad" if site.startswith("grad") else "stream"
+    return {"op": m["op"], "direction": m["direction"], "layer": None if m["layer"] is None else int(m["layer"]),
+            "block": m["block"], "site": site, "bytes": int(m["bytes"]), "mode": m["mode"], "category": category}
+
+
+def collective_events(source):
+    """The collectives of a trace (a path or a loaded trace), in time order: dicts of parse_label's fields plus
+    name, ts and dur (µs, the trace's clock), pid, tid and step (the index of the training step whose span holds
+    it, None outside every step)."""
+    trace = load_trace(source)
+    steps = step_spans(trace)
+    events = []
+    for e in _spans(trace):
+        parsed = parse_label(e["name"])
+        if parsed is None:
+            continue
+        step = next((i for i, (a, b) in enumerate(steps) if a <= e["ts"] <= b), None)
+        events.append(dict(parsed, name=e["name"], ts=e["ts"], dur=e["dur"], pid=e.get("pid"), tid=e.get("tid"),
+                           step=step))
+    return sorted(events, key=lambda ev: ev["ts"])
+
+
+def count(events):
+    """How many collectives of each kind among `events`: fwd and bwd (residual-stream syncs, comparable with
+    comm_report's fwd_allreduces / bwd_allreduces), grad_sync, grad_norm, vocab, and all of them."""
+    out = {"fwd": 0, "bwd": 0, "grad_sync": 0, "grad_norm": 0, "vocab": 0, "all": len(events)}
+    for ev in events:
+        key = ev["direction"] if ev["category"] == "stream" else ev["site"] if ev["category"] == "grad" else "vocab"
+        out[key] += 1
+    return out
+
+
+def per_step_counts(source):
+    """count() of each training step of a trace, in step order."""
+    trace = load_trace(source)
+    events = collective_events(trace)
+    return [count([ev for ev in events if ev["step"] == i]) for i in range(len(step_spans(trace)))]
+
+
+def step_timeline(source, step=0):
+    """One step of a trace: (start µs, end µs, compute intervals, collective events), the compute intervals merged
+    (the union of the step's CPU ops and GPU kernels), both as (start, end) relative to the step's start. A trace
+    without step spans is taken whole, as one step."""
+    trace = load_trace(source)
+    spans = _spans(trace)
+    steps = step_spans(trace)
+    if steps:
+        if not -len(steps) <= step < len(steps):
+            raise TraceError(f"{_name(source)} has {len(steps)} step(s); there is no step {step}")
+        start, end = steps[step]
+    elif spans:
+        start, end = min(e["ts"] for e in spans), max(e["ts"] + e["dur"] for e in spans)
+    else:
+        raise TraceError(f"{_name(source)} has no timed events")
+    busy = sorted((max(e["ts"], start), min(e["ts"] + e["dur"], end)) for e in spans
+                  if e.get("cat") in COMPUTE_CATEGORIES and e["ts"] < end and e["ts"] + e["dur"] > start)
+    merged = []
+    for a, b in busy:
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    events = [dict(ev, ts=ev["ts"] - start) for ev in collective_events(trace) if start <= ev["ts"] <= end]
+    return start, end, [(a - start, b - start) for a, b in merged], events
+
+
+COLOURS = {"fwd": "tab:blue", "bwd": "tab:orange", "grad": "tab:green"}
+
+
+def plot_timeline(sources, out_png, labels=None, *, step=0, title=None):
+    """One training step of each trace (paths or loaded traces), one row each on a common time axis in ms: the
+    compute grey, the collectives coloured (forward all-reduces, backward all-reduces, gradient sync)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    sources = list(sources)
+    if not sources:
+        raise TraceError("no trace to plot")
+    labels = list(labels) if labels is not None else [str(s) if not isinstance(s, dict) else f"trace {i}"
+                                                      for i, s in enumerate(sources)]
+    if len(labels) != len(sources):
+        raise TraceError(f"{len(labels)} label(s) for {len(sources)} trace(s)")
+    rows = [step_timeline(s, step) for s in sources]
+    fig, ax = plt.subplots(figsize=(11, 0.9 + 0.75 * len(rows)))
+    longest = max((end - start) / 1e3 for start, end, _, _ in rows)
+    for i, (start, end, compute, events) in enumerate(rows):
+        y = len(rows) - 1 - i
+        ax.broken_barh([(a / 1e3, (b - a) / 1e3) for a, b in compute], (y - 0.3, 0.6), color="0.75", lw=0)
+        in_coll = 0.0
+        for ev in events:
+            colour = COLOURS["grad" if ev["category"] == "grad" else ev["direction"]]
+            ax.broken_barh([(ev["ts"] / 1e3, ev["dur"] / 1e3)], (y - 0.38, 0.76), facecolor=colour,
+                           edgecolor=colour, lw=0.6)  # the edge keeps a short collective visible
+            in_coll += ev["dur"]
+        step_ms = (end - start) / 1e3
+        ax.text(step_ms + 0.01 * longest, y, f"{step_ms:.1f} ms, {len(events)} collectives, "
+                f"{in_coll / 1e3:.1f} ms in them", va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)), labels[::-1], fontsize=9)
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.set_xlim(0, longest * 1.45)
+    ax.set_xlabel("time within the training step (ms)")
+    ax.set_title(title or "one training step (forward, backward, AdamW) of one rank", fontsize=10, loc="left",
+                 pad=20)  # room for the legend between the title and the axes
+    ax.legend(handles=[Patch(color="0.75", label="compute (ops)"),
+                       Patch(color=COLOURS["fwd"], label="forward all-reduce"),
+                       Patch(color=COLOURS["bwd"], label="backward all-reduce"),
+                       Patch(color=COLOURS["grad"], label="gradient sync")],
+              loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, ncol=4, frameon=False)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    try:
+        fig.savefig(out_png, dpi=130, bbox_inches="tight")
+    except OSError as e:
+        raise TraceError(f"cannot write {str(out_png)!r} ({e.strerror or type(e).__name__})") from None
+    finally:
+        plt.close(fig)
+
+
+def summary(source):
+    """One line per step: its collectives by kind, and its time in them."""
+    lines = []
+    trace = load_trace(source)
+    events = collective_events(trace)
+    for i, (a, b) in enumerate(step_spans(trace)):
+        mine = [ev for ev in events if ev["step"] == i]
+        c = count(mine)
+        spent = sum(ev["dur"] for ev in mine) / 1e3
+        lines.append(f"step {i}: {c['fwd']} fwd + {c['bwd']} bwd all-reduces, {c['grad_sync']} grad sync, "
+                     f"{c['grad_norm']} grad norm, {c['vocab']} vocab; {spent:.2f} of {(b - a) / 1e3:.2f} ms in "
+                     f"collectives")
+    return lines or [f"no steps; {len(events)} collectives"]
+
+
+USAGE = ("usage: python comm_trace.py plot OUT.png TRACE.json [TRACE.json ...] [--labels=a,b] [--step=N] "
+         "[--title=T] | "
+         "python comm_trace.py summary TRACE.json [...]")
+
+
+def parse_labels(text):
+    """--labels: 'a,b' or, for labels with commas, a Python list of strings: "['tp']*12", "['parallel','spd']*6"."""
+    if not text.lstrip().startswith("["):
+        return text.split(",")
+    try:
+        labels = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        labels = None
+    if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+        raise TraceError(f"--labels must be a,b or a list of strings ['a', 'b'], got {text!r}")
+    return labels
+
+
+@exit_in_one_line(TraceError, 2)
+def main(argv):
+    options = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+    args = [a for a in argv if not a.startswith("--")]
+    unknown = sorted({a.split("=", 1)[0] for a in argv if a.startswith("--")} - {"--labels", "--step", "--title"})
+    if not args or args[0] not in ("plot", "summary") or unknown or any(a.startswith("--") and "=" not in a
+                                                                         for a in argv):
+        raise TraceError(USAGE)
+    if args[0] == "summary":
+        if len(args) < 2:
+            raise TraceError(USAGE)
+        for path in args[1:]:
+            for line in summary(path):
+                print(f"{path}: {line}")
+        return
+    if len(args) < 3:
+        raise TraceError(USAGE)
+    out, paths = args[1], args[2:]
+    try:
+        step = int(options.get("--step", "0"))
+    except ValueError:
+        raise TraceError(f"--step must be an int, got {options['--step']!r}") from None
+    labels = parse_labels(options["--labels"]) if "--labels" in options else None
+    plot_timeline(paths, out, labels, step=step, title=options.get("--title"))
+    print(f"plot: {out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
