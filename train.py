@@ -33,6 +33,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+import comm_trace
 import sharded_checkpoint
 from common import (MODEL_TYPES, RunError, RunLock, autocast_context, build_model, checkpoint_model,
                     clean_state_dict, exit_on_run_error, load_checkpoint, make_checkpoint, make_grad_scaler,
@@ -51,6 +52,8 @@ DEFAULTS = dict(
     eval_iters=200,
     eval_only=False,
     always_save_checkpoint=True,
+    trace=None,  # a file path: profile step trace_iter into a Chrome trace of every collective (comm_trace.py)
+    trace_iter=5,  # the step traced (after a few, so start-up is not in it)
     checkpoint_format="full",  # 'full': out_dir/ckpt.pt, GPT layout, gathered | 'sharded': out_dir/ckpt_sharded (DCP)
     init_from="scratch",  # 'scratch' | 'resume' | 'gpt2' | 'gpt2-medium' | 'gpt2-large' | 'gpt2-xl'
     # wandb
@@ -165,6 +168,13 @@ def check_settings(cfg):
                           f"got {cfg['init_from']!r}")
     if os.path.exists(cfg["out_dir"]) and not os.path.isdir(cfg["out_dir"]):
         raise ConfigError(f"out_dir {cfg['out_dir']!r} exists and is not a directory")
+    if cfg["trace"] is not None:
+        folder = os.path.dirname(os.path.abspath(str(cfg["trace"])))
+        if not isinstance(cfg["trace"], str) or not cfg["trace"] or not os.path.isdir(folder):
+            raise ConfigError(f"trace must be a file path in an existing folder, got {cfg['trace']!r}")
+        if not isinstance(cfg["trace_iter"], int) or not 0 <= cfg["trace_iter"] <= cfg["max_iters"]:
+            raise ConfigError(f"trace_iter must be an iteration in 0..max_iters ({cfg['max_iters']}), "
+                              f"got {cfg['trace_iter']!r}")
     if cfg["checkpoint_format"] not in CHECKPOINT_FORMATS:
         raise ConfigError(f"checkpoint_format must be one of {CHECKPOINT_FORMATS}, got {cfg['checkpoint_format']!r}")
     if cfg["init_from"] == "resume":
@@ -654,6 +664,14 @@ def pipeline_step(run):
     return lossf, time.perf_counter() - t0, comm
 
 
+def trace_path(path, rank):
+    """The trace file of a rank: `path` on rank 0, `.rank<r>` before the extension on the others (bench.py's)."""
+    if path is None or rank == 0:
+        return path
+    root, ext = os.path.splitext(path)
+    return f"{root}.rank{rank}{ext}"
+
+
 def stop_if_not_finite(run, what, value):
     """A non-finite loss stops the run before anything is saved: the last good checkpoint stays as it is."""
     if not math.isfinite(value):
@@ -696,7 +714,12 @@ def train(run):
             break
 
         # one training step: forward/backward with gradient accumulation, clip, update; timed on its own
-        lossf, dt, comm = train_step(run)
+        traced = cfg["trace"] is not None and run.iter_num == cfg["trace_iter"]
+        with comm_trace.trace_steps(trace_path(cfg["trace"], run.pd.rank), enabled=traced) as tracer, tracer.step():
+            lossf, dt, comm = train_step(run)
+        if traced and master:
+            print(f"trace of step {run.iter_num}: {trace_path(cfg['trace'], 0)}"
+                  + (" (rank r: .rank<r> before the extension)" if run.pd.distributed else ""))
         stop_if_not_finite(run, "training", lossf)
 
         # logging

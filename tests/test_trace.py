@@ -8,14 +8,14 @@ import json
 
 import pytest
 import torch
-from conftest import one_line_error, run_script
+from conftest import TINY as TRAIN_TINY
+from conftest import TORCHRUN, metrics, one_line_error, run_script, train
 
 import bench
 import comm_trace
 import tp_comm
 from tensor_parallel_model import DistributedGPT, TPConfig
 
-TORCHRUN = ["-m", "torch.distributed.run", "--standalone"]
 SIZES = {"n_layer": 4, "n_head": 4, "n_embd": 32, "block_size": 16, "vocab_size": 64}
 BATCH, STEPS = 2, 2
 TINY = ["--device=cpu", "--dtype=float32", *(f"--{k}={v}" for k, v in SIZES.items()), f"--batch_size={BATCH}",
@@ -231,3 +231,22 @@ def test_trace_paths():
     assert bench.trace_paths("d/t.json", {"a": 24, "b": 6, "c": 6}, rank=1) == {
         "a": "d/t-24comm.rank1.json", "b": "d/t-6comm.rank1.json", "c": "d/t-6comm-2.rank1.json"}
     assert bench.trace_paths("t.json.gz", {"a": 1}, rank=3) == {"a": "t.rank3.json.gz"}
+
+
+def test_train_py_traces_one_step_with_the_logged_counts(tmp_path, char_data):
+    """train.py --trace: step trace_iter is traced; its collectives are the counts train.py logs for that step (2
+    micro-batches: twice the per-pass counts). Under pp 2 each rank traces its own stages: together they make the
+    whole model's counts."""
+    common = ["config/train_shakespeare_char_spd.py", *TRAIN_TINY[1:], "--n_layer=4",
+              "--block_types=['tp','spd','parallel','spd']", "--max_iters=3", "--eval_interval=3",
+              "--gradient_accumulation_steps=2", "--trace_iter=2"]
+    for name, extra, nproc in (("one", [], None), ("pp", ["--pp_size=2"], 2)):
+        out = tmp_path / name
+        r = train(out, char_data, *common, f"--trace={tmp_path / name}.json", *extra, nproc=nproc)
+        assert f"trace of step 2: {tmp_path / name}.json" in r.stdout, r.stdout
+        logged = next(rec for rec in metrics(out) if rec["iter"] == 2 and "loss" in rec)
+        files = [tmp_path / f"{name}.json"] + ([tmp_path / f"{name}.rank1.json"] if nproc else [])
+        counts = [comm_trace.per_step_counts(str(f)) for f in files]
+        assert all(len(c) == 1 for c in counts)  # one traced step
+        for key in ("fwd", "bwd"):
+            assert sum(c[0][key] for c in counts) == 2 * logged[f"{key}_allreduces"] == 2 * 4, counts
