@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from conftest import run_script
+from conftest import TORCHRUN, run_script
 
-TORCHRUN = ["-m", "torch.distributed.run", "--standalone"]
 
 
 @pytest.fixture(scope="module", params=[(2, 1), (4, 2)], ids=["dp2", "dp2xtp2"])

@@ -8,10 +8,9 @@ import re
 
 import pytest
 
-from conftest import ROOT, TINY, run_script
+from conftest import ROOT, TINY, TORCHRUN, run_script
 from real_tp_worker import CLIP, PATTERNS, STEPS, name
 
-TORCHRUN = ["-m", "torch.distributed.run", "--standalone"]
 FWD_ALLREDUCES = {"tp": 2, "spd": 1, "parallel": 0}  # docs/model.md, plus 1 when the model ends desynced
 
 
