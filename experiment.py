@@ -8,15 +8,18 @@ $ python experiment.py cpu --max_iters=20 --eval_interval=10 --lr_decay_iters=20
 $ python experiment.py cpu --report-only               # table and plots again from the finished runs
 $ python experiment.py gpt2 --nproc=8                  # GPT-2 124M on OpenWebText, 20k steps per run (GPUs)
 $ python experiment.py cpu-real                        # real TP over 2 processes (gloo): does wall time drop?
+$ python experiment.py cpu-long --seeds=1337,1338,1339  # 3 patterns trained 10x longer (~75 min on 1 free core)
 $ python experiment.py gpt2 --counts                   # measured all-reduces and bytes/token of each config
 
 Runner options: --seeds=S1,S2  --nproc=N (torchrun when > 1)  --out=DIR  --report-only  --dry-run  --counts.
 Every other --key=value goes to train.py (and names the sweep directory, so a quick try never touches the
 real runs). Runs live in experiments/<sweep>[+overrides]/<run>-seed<S>/ with train.py's config.json and
 metrics.jsonl, the run's train.log (written line by line as train.py prints, so it is complete up to a kill),
-and done.json once it finished; a run without a readable done.json (interrupted) is started again from scratch.
-A sweep holds a lock on its directory while it runs: a second sweep there refuses to start. Results:
-results.md/.csv/.json and three PNGs in the sweep directory. Runner options and every run's train.py config are
+and done.json once it finished; a run without a readable done.json (interrupted) is started again from scratch,
+or, when its config checkpoints at every eval (always_save_checkpoint, as cpu-long), goes on from its ckpt.pt.
+Ctrl-C or kill stops the sweep and its train.py. A sweep holds a lock on its directory while it runs: a second
+sweep there refuses to start. Results: results.md/.csv/.json and three PNGs in the sweep directory; with 2+
+seeds also paired.md and paired_difference_vs_tokens.png (differences to the baseline seed by seed, 95% CIs). Runner options and every run's train.py config are
 checked before the first run starts; a user error (a bad value, a corrupt metrics file of a finished run, a
 locked directory) is one line naming it, exit status 2.
 """
