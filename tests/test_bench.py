@@ -35,7 +35,7 @@ def error_line(capsys, argv):
     ("--n_embd=30", "n_embd (30) must be divisible by n_head (4)"),
     ("--dtype=float8", "dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got 'float8'"),
     ("--device=tpu", "'tpu'"),
-    ("--mode=infer", "mode must be 'train', 'decode' or 'memory', got 'infer'"),
+    ("--mode=infer", "mode must be 'train', 'decode', 'memory' or 'pipeline', got 'infer'"),
     ("--mode=decode --batch_sizes=[0]", "batch_sizes must be a non-empty list of ints >= 1, got [0]"),
     ("--mode=decode --prompt_len=10 --new_tokens=10", "prompt_len + new_tokens <= block_size (16)"),
 ])
