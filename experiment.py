@@ -8,7 +8,7 @@ $ python experiment.py cpu --max_iters=20 --eval_interval=10 --lr_decay_iters=20
 $ python experiment.py cpu --report-only               # table and plots again from the finished runs
 $ python experiment.py gpt2 --nproc=8                  # GPT-2 124M on OpenWebText, 20k steps per run (GPUs)
 $ python experiment.py cpu-real                        # real TP over 2 processes (gloo): does wall time drop?
-$ python experiment.py cpu-long --seeds=1337,1338,1339  # 3 patterns trained 10x longer (~75 min on 1 free core)
+$ python experiment.py cpu-long --seeds=1337,1338,1339  # 4 patterns trained 10x longer (~100 min, 1 free core)
 $ python experiment.py gpt2 --counts                   # measured all-reduces and bytes/token of each config
 
 Runner options: --seeds=S1,S2  --nproc=N (torchrun when > 1)  --out=DIR  --report-only  --dry-run  --counts.
@@ -63,9 +63,10 @@ SWEEPS = {
     # the CPU configs with real tensor parallelism: 2 processes, one shard each, all-reduces through gloo
     "cpu-real": comm_runs("config/train_shakespeare_char_{}comm.py", (24, 18, 16, 12, 8, 6, 4, 3, 2, 1),
                           overrides=("--tp_size=2", "--tp_mode=real"), nproc=2),
-    # past the early phase: three 12-layer patterns (all tp, all spd, all parallel) trained 10x longer than "cpu",
-    # evaluated every 250 steps; checkpoints every eval, so an interrupted run resumes. ~8 min a run on 1 free core
-    "cpu-long": comm_runs("config/train_shakespeare_char_{}comm.py", (24, 12, 1),
+    # past the early phase: four 12-layer patterns (all tp, all spd, half parallel, all parallel) trained 10x longer
+    # than "cpu", evaluated every 250 steps; checkpoints every eval, so an interrupted run resumes. ~8 min a run on
+    # one free core
+    "cpu-long": comm_runs("config/train_shakespeare_char_{}comm.py", (24, 12, 6, 1),
                           overrides=("--max_iters=5000", "--lr_decay_iters=5000", "--eval_interval=250",
                                      "--eval_iters=50", "--always_save_checkpoint=True")),
 }

@@ -356,6 +356,12 @@ class GPT(nn.Module):
     # DistributedGPT overrides these; for GPT they are the plain operations or no-ops.
 
     devices_per_replica = 1
+    group = None  # the tensor-parallel group (tp_comm.SimulatedTP / RealTP): DistributedGPT's; GPT has none
+    sharding = None  # how parameters are split over that group (sharding.TPSharding): none for GPT
+
+    def desynced_after(self, layer):
+        """Whether the residual stream leaving block `layer` is desynced (a 'parallel' block): never for GPT."""
+        return False
 
     def seed_dropout(self, *key):
         """Key the dropout masks of the next forward passes, e.g. (seed, iteration, micro_batch); no key: torch's

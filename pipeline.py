@@ -101,11 +101,6 @@ def stage_layers(n_layer, n_stages, pp_layers=None):
 
 # ---------------------------------------------------------------- one stage: the model's own submodules
 
-def desynced_after(model, layer):
-    """Whether the stream leaving `layer` is desynced (a 'parallel' block); GPT's is always synced."""
-    return getattr(model.config, "block_types", None) is not None and model.config.block_types[layer] == "parallel"
-
-
 class StageModule(nn.Module):
     """Layers [first, end) of a GPT or DistributedGPT, with the embedding on the first stage and the final sync,
     ln_f and lm_head on the last. It holds the model's own submodules (no copies), under GPT's names with stage-local
@@ -115,8 +110,8 @@ class StageModule(nn.Module):
         super().__init__()
         self.config, self.rng, self.first = model.config, model.rng, first
         self.is_first, self.is_last = is_first, is_last
-        self.group = getattr(model, "group", None)  # DistributedGPT's tp group (SimulatedTP/RealTP); None for GPT
-        self.final_sync = getattr(model, "final_sync", None)  # DistributedGPT's sync before ln_f
+        self.group = model.group  # DistributedGPT's tp group (SimulatedTP/RealTP); None for GPT
+        self.final_sync = model.final_sync if model.group is not None else None  # DistributedGPT's sync before ln_f
         parts = dict(h=nn.ModuleList(model.transformer.h[first:end]))
         if is_first:
             parts.update(wte=model.transformer.wte, wpe=model.transformer.wpe)
@@ -296,7 +291,7 @@ class Pipeline:
                         for s in self.stage_ids]
         self.local = nn.ModuleList(self.modules)  # for the optimizer: every local parameter once
         self.recorder = Recorder(model)
-        self.desynced_cut = [desynced_after(model, end - 1) for _, end in self.layers[:-1]]
+        self.desynced_cut = [model.desynced_after(end - 1) for _, end in self.layers[:-1]]
         mb, dtype = batch_size // n_microbatches, next(model.parameters()).dtype
         stages = []
         for s, module in zip(self.stage_ids, self.modules):
@@ -444,7 +439,7 @@ class Pipeline:
         """{key: this rank's tensor} -> the whole model's {key: tensor} on every rank: tensors of sharded parameters
         (name(key) is the parameter's GPT name) gathered over tp, then every pp stage's entries (collectives over tp
         and pp; dp replicas hold the same). The first pp rank's entry wins: its copy of the tied weight."""
-        sharding = getattr(self.model, "sharding", None)
+        sharding = self.model.sharding
         if sharding is not None:
             local = {k: sharding.gather(name(k), t) if t.dim() > 0 else t for k, t in local.items()}
         if self.dims.pp == 1:
@@ -506,7 +501,7 @@ class Pipeline:
     def load_gpt_optimizer_state(self, optimizer, state_dict):
         """Inverse of gpt_optimizer_state: each local parameter takes its GPT entry (its tp slice of the moments)."""
         index = {n: i for i, n in enumerate(self._gpt_param_order())}
-        sharding = getattr(self.model, "sharding", None)
+        sharding = self.model.sharding
         local = {}
         for j, name in enumerate(self._local_param_names(optimizer)):
             entry = state_dict["state"].get(index[name])

@@ -457,8 +457,9 @@ def paired_markdown(rows, *, early_iter=500):
         mean, ci, per_seed = p["final"]
         early = next(((m, c) for i, m, c in p["curve"] if i == early_iter), None)
         fmt = (lambda m, c: f"{m:+.4f}" + (f" [{m - c:+.4f}, {m + c:+.4f}]" if c is not None else ""))
+        loss = f"{r['val_loss_mean']:.4f}" + (f" ± {r['val_loss_std']:.4f}" if r["n_seeds"] > 1 else "")
         lines.append(f"| {r['config']} | `{r['block_pattern']}` | {_fmt(r['fwd_allreduces'], 'd')} | "
-                     f"{r['val_loss_mean']:.4f} ± {r['val_loss_std']:.4f} | {fmt(mean, ci)} | "
+                     f"{loss} | {fmt(mean, ci)} | "
                      f"{', '.join(f'{d:+.4f}' for d in per_seed)} | {fmt(*early) if early else 'n/a'} | "
                      f"{ordering(p['curve'], tokens_per_iter)} |")
     return "\n".join(lines)

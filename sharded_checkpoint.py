@@ -36,14 +36,14 @@ META_NAME = "meta.pt"
 def layout_of(raw_model):
     """What fixes the keys and shapes of a sharded checkpoint: tp_size, whether tp is real, loss_parallel."""
     c = raw_model.config
-    group = getattr(raw_model, "group", None)
+    group = raw_model.group
     return dict(tp_size=getattr(c, "tp_size", 1), tp_real=bool(group is not None and group.real),
                 loss_parallel=bool(getattr(c, "loss_parallel", False)), block_size=c.block_size)
 
 
 def _tp_suffix(raw_model, name):
     """'/tpRofT' for a parameter this rank holds a real-TP part of, '' for one it holds whole (or simulated)."""
-    group, sharding = getattr(raw_model, "group", None), getattr(raw_model, "sharding", None)
+    group, sharding = raw_model.group, raw_model.sharding
     if group is None or not group.real or not sharding.is_sharded(name):
         return ""
     return f"/tp{group.first_shard}of{raw_model.config.tp_size}"

@@ -352,6 +352,9 @@ class DistributedGPT(GPT):
             return self.vocab_parallel_head(x, targets)
         return lm_head_and_loss(self.lm_head, x, targets)
 
+    def desynced_after(self, layer):
+        return self.config.block_types[layer] == "parallel"
+
     def final_sync(self, xbar, r):
         """The stream before ln_f: xbar, or, when the last block left it desynced, one more sync xbar + sum_i d_i."""
         return xbar if r is None else xbar + reduce_from_tp_region(self.group.delta(r, xbar), self.group,
