@@ -25,6 +25,12 @@ GPT of a simulated run is not traced). Under real TP rank 0 writes those names a
 $ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 bench.py --model_type=distributed_gpt --tp_size=2 \
       --tp_mode=real --device=cpu --n_layer=12 --n_head=8 --n_embd=128 --block_size=64 --vocab_size=65 \
       --patterns="['tp', ['parallel','spd']*6]" --iters=3 --warmup=2 --trace=/tmp/trace.json
+--mode=pipeline times training steps through pipeline stages (pipeline.py) under torchrun with pp_size x tp
+processes, for each of --pp_schedules at each of --microbatches (micro-batches of batch_size rows): ms/iter,
+tokens/s, the bubble of the recorded timeline next to (p-1)/(v m+p-1), each pp rank's peak activation memory (bytes
+autograd saves for backward, live at once) and the stage-boundary bytes per token:
+$ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 bench.py --mode=pipeline --pp_size=2 --device=cpu \
+      --n_layer=12 --n_head=8 --n_embd=128 --block_size=64 --batch_size=4 --vocab_size=65 --microbatches=[4,8,16]
 """
 
 import os
