@@ -8,17 +8,23 @@ import pytest
 from conftest import assert_same, differs, losses, one_line_error, run_script, train, val_losses
 
 # 4 layers: a pp2 cut after layer 1 ('parallel', so the pair (xbar, r) crosses) and the model ends desynced;
-# 4 micro-batches per step (the pipeline's m), clipping active, dropout on (masks keyed per micro-batch), eval_iters 5
-# (not a multiple of m: the last round of the schedule is filled up and not counted)
+# 8 micro-batches per step (the pipeline's m; 4 per replica at dp 2), clipping active, dropout on (masks keyed per
+# micro-batch), eval_iters 5 (not a multiple of m: the last round of the schedule is filled up and not counted)
 DESYNCED = "--block_types=['spd','parallel','spd','parallel']"
-COMMON = ["config/train_shakespeare_char_spd.py", "--n_layer=4", DESYNCED, "--gradient_accumulation_steps=4",
+COMMON = ["config/train_shakespeare_char_spd.py", "--n_layer=4", DESYNCED, "--gradient_accumulation_steps=8",
           "--grad_clip=0.1", "--eval_iters=5", "--dropout=0.1", "--max_iters=6", "--lr_decay_iters=6",
           "--eval_interval=3"]
 
 
-def test_pp2_equals_one_process_with_every_schedule(tmp_path, char_data):
-    one = tmp_path / "one"
-    train(one, char_data, *COMMON)
+@pytest.fixture(scope="module")
+def one(tmp_path_factory, char_data):
+    """The reference: one plain process, 6 steps."""
+    out = tmp_path_factory.mktemp("pp_reference") / "one"
+    train(out, char_data, *COMMON)
+    return out
+
+
+def test_pp2_equals_one_process_with_every_schedule(tmp_path, char_data, one):
     a = losses(one)
     assert sorted(a) == list(range(7)) and abs(a[6] - a[0]) > 1e-2  # it trained
     for schedule in ("gpipe", "1f1b"):
@@ -33,29 +39,21 @@ def test_pp2_equals_one_process_with_every_schedule(tmp_path, char_data):
     assert differs(a, losses(tmp_path / "seed"), 1e-5)
 
 
-def test_pp2_x_real_tp2_and_interleaved_pp2_x_dp2(tmp_path, char_data):
+def test_pp2_x_real_tp2_and_interleaved_pp2_x_dp2(tmp_path, char_data, one):
     """4 processes: pp 2 x tp 2 (real), and pp 2 x dp 2 with interleaved 1F1B (2 virtual stages of one layer)."""
-    one = tmp_path / "one"
-    train(one, char_data, *COMMON)
-    a = losses(one)
-    layouts = {"pp_tp": ["--tp_mode=real"],
-               "pp_dp": ["--pp_schedule=interleaved_1f1b", "--pp_virtual_stages=2", "--gradient_accumulation_steps=8"]}
-    train(tmp_path / "one8", char_data, *COMMON, "--gradient_accumulation_steps=8")
+    layouts = {"pp_tp": ["--tp_mode=real"], "pp_dp": ["--pp_schedule=interleaved_1f1b", "--pp_virtual_stages=2"]}
     for name, extra in layouts.items():
         out = tmp_path / name
         r = train(out, char_data, *COMMON, "--pp_size=2", *extra, nproc=4)
         assert ("tp=2 real" if name == "pp_tp" else "dp=2") in r.stdout, r.stdout
-        ref = one if name == "pp_tp" else tmp_path / "one8"
-        assert_same(losses(ref), losses(out), 1e-5, name)
-        assert_same(val_losses(ref), val_losses(out), 1e-5, name)
-    assert differs(a, losses(tmp_path / "one8"), 1e-5)  # 8 micro-batches are not 4: the comparison can fail
+        assert_same(losses(one), losses(out), 1e-5, name)
+        assert_same(val_losses(one), val_losses(out), 1e-5, name)
 
 
-def test_checkpoints_move_between_pp_and_one_process(tmp_path, char_data):
+def test_checkpoints_move_between_pp_and_one_process(tmp_path, char_data, one):
     """A pp2 run's checkpoint (gathered from both stages, GPT layout) resumes in one process and vice versa; either
     way the losses after the resume are those of one uninterrupted run. sample.py reads the pp2 checkpoint."""
-    whole = tmp_path / "whole"
-    train(whole, char_data, *COMMON, "--max_iters=6")
+    whole = one
     for first, then in ((["--pp_size=2"], []), ([], ["--pp_size=2"])):
         out = tmp_path / ("pp_then_one" if first else "one_then_pp")
         train(out, char_data, *COMMON, "--max_iters=3", *first, nproc=2 if first else None)
