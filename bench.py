@@ -123,21 +123,16 @@ def traced_steps(model, cfg, device, device_type, dtype, path):
     return per_step_counts(path)
 
 
-def split_extension(path):
-    """'a/trace.json' -> ('a/trace', '.json'); a torch-gzipped '.json.gz' stays one extension."""
-    if path.endswith(".json.gz"):
-        return path[:-len(".json.gz")], ".json.gz"
-    return os.path.splitext(path)
-
-
 def trace_paths(path, fwd_allreduces, rank=0):
     """{model name: its trace file}. fwd_allreduces: {name: forward all-reduces, None for GPT}, the traced models
     in order. One model: `path`; several: `-<N>comm` (or `-gpt`) before the extension, `-<N>comm-2`, ... for
     later patterns of the same count. Rank r > 0 adds `.rank<r>` before the extension."""
+    from comm_trace import rank_path, split_extension
+
+    if len(fwd_allreduces) == 1:
+        return {name: rank_path(path, rank) for name in fwd_allreduces}
     root, ext = split_extension(path)
     rank_tag = f".rank{rank}" if rank else ""
-    if len(fwd_allreduces) == 1:
-        return {name: f"{root}{rank_tag}{ext}" for name in fwd_allreduces}
     paths, seen = {}, {}
     for name, n in fwd_allreduces.items():
         tag = "-gpt" if n is None else f"-{n}comm"
@@ -182,6 +177,8 @@ def main(argv):
     elif cfg["model_type"] != "gpt":
         raise ConfigError(f"model_type must be 'gpt' or 'distributed_gpt', got {cfg['model_type']!r}")
     pp = cfg["pp_size"] if cfg["mode"] == "pipeline" else 1
+    if pp < 1:
+        raise ConfigError(f"pp_size must be >= 1, got {pp}")
     if cfg["mode"] == "pipeline" and not launched_by_torchrun():
         raise ConfigError(f"mode='pipeline' runs under torchrun with pp_size x tp processes, e.g. torchrun "
                           f"--standalone --nproc_per_node={pp * (cfg['tp_size'] if cfg['tp_mode'] == 'real' else 1)} "

@@ -27,6 +27,7 @@ import ast
 import contextlib
 import gzip
 import json
+import os
 import re
 import sys
 
@@ -56,6 +57,21 @@ class Tracer:
             return contextlib.nullcontext()
         self.steps += 1
         return torch.profiler.record_function(f"{STEP_PREFIX}{self.steps - 1}")
+
+
+def split_extension(path):
+    """'a/trace.json' -> ('a/trace', '.json'); a torch-gzipped '.json.gz' stays one extension."""
+    if path.endswith(".json.gz"):
+        return path[:-len(".json.gz")], ".json.gz"
+    return os.path.splitext(path)
+
+
+def rank_path(path, rank):
+    """The trace file of a rank: `path` on rank 0, `.rank<r>` before the extension on rank r > 0."""
+    if rank == 0:
+        return path
+    root, ext = split_extension(path)
+    return f"{root}.rank{rank}{ext}"
 
 
 @contextlib.contextmanager

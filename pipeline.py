@@ -540,9 +540,9 @@ class Pipeline:
     def reset_comm_counts(self):
         self.model.reset_comm_counts()
 
-    def comm_report(self, *, tokens, micro_steps=None):
+    def comm_report(self, *, tokens):
         """The model's comm_report with the tp all-reduces summed over the pp stages (each stage counts its own
-        blocks'), per micro-batch of `tokens` tokens (micro_steps: the schedule's m, whatever is passed), plus the
+        blocks'), per micro-batch of `tokens` tokens (the schedule's m per step), plus the
         pp boundaries' bytes per micro-batch and rank, and per token. comm_seconds: this rank's time in tp
         collectives."""
         report = self.model.comm_report(micro_steps=1, tokens=tokens)

@@ -584,9 +584,10 @@ def evaluate(run):
     state = run.pipe or run.model
     state.train(False)
     dp, n = run.pd.dp, run.cfg["eval_iters"]
-    rounds = -(-n // dp) if run.cfg["data_parallel"] == "fsdp" else None
-    if run.pipe is not None:
-        rounds = -(-(-(-n // dp)) // run.pipe.m) * run.pipe.m
+    per_rank = -(-n // dp)  # ceil(n / dp) batches on the busiest rank
+    rounds = per_rank if run.cfg["data_parallel"] == "fsdp" else None
+    if run.pipe is not None:  # whole schedule calls of m micro-batches
+        rounds = -(-per_rank // run.pipe.m) * run.pipe.m
     for split in ("train", "val"):
         ks = range(run.pd.dp_rank, n if rounds is None else rounds * dp, dp)
         t = torch.tensor(eval_losses(run, split, ks, n), dtype=torch.float64, device=run.device)
@@ -664,14 +665,6 @@ def pipeline_step(run):
     return lossf, time.perf_counter() - t0, comm
 
 
-def trace_path(path, rank):
-    """The trace file of a rank: `path` on rank 0, `.rank<r>` before the extension on the others (bench.py's)."""
-    if path is None or rank == 0:
-        return path
-    root, ext = os.path.splitext(path)
-    return f"{root}.rank{rank}{ext}"
-
-
 def stop_if_not_finite(run, what, value):
     """A non-finite loss stops the run before anything is saved: the last good checkpoint stays as it is."""
     if not math.isfinite(value):
@@ -715,10 +708,11 @@ def train(run):
 
         # one training step: forward/backward with gradient accumulation, clip, update; timed on its own
         traced = cfg["trace"] is not None and run.iter_num == cfg["trace_iter"]
-        with comm_trace.trace_steps(trace_path(cfg["trace"], run.pd.rank), enabled=traced) as tracer, tracer.step():
+        trace = comm_trace.rank_path(cfg["trace"], run.pd.rank) if traced else None
+        with comm_trace.trace_steps(trace, enabled=traced) as tracer, tracer.step():
             lossf, dt, comm = train_step(run)
         if traced and master:
-            print(f"trace of step {run.iter_num}: {trace_path(cfg['trace'], 0)}"
+            print(f"trace of step {run.iter_num}: {cfg['trace']}"
                   + (" (rank r: .rank<r> before the extension)" if run.pd.distributed else ""))
         stop_if_not_finite(run, "training", lossf)
 

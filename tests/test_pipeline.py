@@ -275,6 +275,8 @@ def test_bench_pipeline_bubble_and_activation_memory():
 def test_bench_pipeline_bad_input():
     r = run_script("bench.py", "--mode=pipeline", "--pp_size=2", "--device=cpu", timeout=60)
     assert "torchrun" in one_line_error(r)
+    r = run_script("bench.py", "--mode=pipeline", "--pp_size=0", "--device=cpu", timeout=60)
+    assert "pp_size must be >= 1, got 0" in one_line_error(r)
     env = dict(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                MASTER_PORT="29589")
     r = run_script("bench.py", "--mode=pipeline", "--pp_size=2", "--device=cpu", "--microbatches=[1]",
