@@ -16,7 +16,7 @@ data-parallel layout (--data_parallel=ddp|fsdp, --init_device=meta, --loss_paral
 $ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=4 bench.py --mode=memory --data_parallel=fsdp \
       --init_device=meta --device=cpu --block_size=128 --batch_size=1 --iters=2
 --trace=FILE (mode=train) then profiles --trace_steps more training steps of each model (after its timed ones) and
-writes a Chrome trace (comm_trace.py: open it in ui.perfetto.dev; `python comm_trace.py plot` draws it), every
+writes a Chrome trace (tpcomm/trace.py: open it in ui.perfetto.dev; `python -m tpcomm.trace plot` draws it), every
 tensor-parallel collective a labelled span, and prints how many collectives each step holds. One model writes
 FILE; several (--patterns) write one file each, FILE with `-<N>comm` before its extension, N the pattern's forward
 all-reduces (trace-24comm.json, trace-6comm.json; -<N>comm-2 for a second pattern of the same count; the comparison
@@ -25,7 +25,7 @@ GPT of a simulated run is not traced). Under real TP rank 0 writes those names a
 $ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 bench.py --model_type=distributed_gpt --tp_size=2 \
       --tp_mode=real --device=cpu --n_layer=12 --n_head=8 --n_embd=128 --block_size=64 --vocab_size=65 \
       --patterns="['tp', ['parallel','spd']*6]" --iters=3 --warmup=2 --trace=/tmp/trace.json
---mode=pipeline times training steps through pipeline stages (pipeline.py) under torchrun with pp_size x tp
+--mode=pipeline times training steps through pipeline stages (tpcomm/pipeline.py) under torchrun with pp_size x tp
 processes, for each of --pp_schedules at each of --microbatches (micro-batches of batch_size rows): ms/iter,
 tokens/s, the bubble of the recorded timeline next to (p-1)/(v m+p-1), each pp rank's peak activation memory (bytes
 autograd saves for backward, live at once) and the stage-boundary bytes per token:
@@ -39,9 +39,10 @@ import time
 
 import torch
 
-from common import autocast_context, build_model, pick_device, pick_dtype, setup_runtime
+from tpcomm.runtime import autocast_context, pick_device, pick_dtype, setup_runtime
+from tpcomm.models import build_model
 from configurator import ConfigError, configure, exit_on_config_error
-from parallel import check_layout, init_parallel, launched_by_torchrun, shutdown
+from tpcomm.parallel_dims import check_layout, init_parallel, launched_by_torchrun, shutdown
 
 DEFAULTS = dict(
     model_type="gpt",
@@ -112,7 +113,7 @@ def timed_steps(model, cfg, device, device_type, dtype, n):
 def traced_steps(model, cfg, device, device_type, dtype, path):
     """cfg['trace_steps'] training steps under torch.profiler, written to `path` as a Chrome trace
     (comm_trace.trace_steps); returns the counts of collectives of each step, as read back from the file."""
-    from comm_trace import per_step_counts, trace_steps
+    from tpcomm.trace import per_step_counts, trace_steps
 
     run, optimizer, ctx, X, Y = training_setup(model, cfg, device, device_type, dtype)
     step(run, model, optimizer, ctx, X, Y)  # not traced: AdamW creates its state in its first step
@@ -127,7 +128,7 @@ def trace_paths(path, fwd_allreduces, rank=0):
     """{model name: its trace file}. fwd_allreduces: {name: forward all-reduces, None for GPT}, the traced models
     in order. One model: `path`; several: `-<N>comm` (or `-gpt`) before the extension, `-<N>comm-2`, ... for
     later patterns of the same count. Rank r > 0 adds `.rank<r>` before the extension."""
-    from comm_trace import rank_path, split_extension
+    from tpcomm.trace import rank_path, split_extension
 
     if len(fwd_allreduces) == 1:
         return {name: rank_path(path, rank) for name in fwd_allreduces}
@@ -250,8 +251,8 @@ def validate(cfg):
 
 def validate_pipeline(cfg, tp):
     """mode='pipeline': under torchrun, one replica, and every (schedule, micro-batch count) a valid layout."""
-    import pipeline
-    from parallel import world_size
+    from tpcomm import pipeline
+    from tpcomm.parallel_dims import world_size
 
     for key in ("pp_schedules", "microbatches"):
         if not isinstance(cfg[key], list) or not cfg[key]:
@@ -268,8 +269,7 @@ def validate_pipeline(cfg, tp):
 
 def pipeline_bench(cfg, pd, device, device_type, dtype):
     """--mode=pipeline: pipeline.bench on the model of the command line (its block_types)."""
-    import pipeline
-
+    from tpcomm import pipeline
     args = dict(cfg, dropout=0.0)
 
     def new_model():
@@ -296,8 +296,8 @@ def peak_memory_mb(device):
 def memory_bench(cfg, pd, device, device_type, dtype):
     """Peak memory per rank: before the model, after building it (and sharding, and the optimizer), and after
     cfg['iters'] training steps; plus the parameter bytes each rank holds. One table row per rank."""
-    from data_parallel import parallelize
-    from model import local
+    from tpcomm.data_parallel import parallelize
+    from tpcomm.models import local
 
     torch.manual_seed(cfg["seed"])  # not setup_runtime: keeping freed memory in the process would inflate the peaks
     args = dict(cfg, dropout=0.0, block_types=cfg["block_types"])
@@ -475,7 +475,7 @@ def bench(cfg, pd, device, device_type, dtype):
 
 def pattern_name(block_types):
     """'distributed_gpt' for a single default model; a short label per pattern: 'spd', ['parallel','spd']*6."""
-    from results import compact_list
+    from tpcomm.results import compact_list
 
     if block_types is None or isinstance(block_types, str):
         return "distributed_gpt" if block_types is None else block_types

@@ -1,91 +1,13 @@
 """
-Export a checkpoint to a Hugging Face GPT2LMHeadModel folder (save_pretrained format), with no network:
-$ python export_hf.py --out_dir=out-shakespeare-char --hf_dir=out-shakespeare-char/hf
-then transformers.GPT2LMHeadModel.from_pretrained("out-shakespeare-char/hf").
+Export a checkpoint (GPT layout, any model type) as a Hugging Face GPT2LMHeadModel folder (the machinery:
+tpcomm/hf_export.py).
 
-Any checkpoint of GPT form exports: model_type 'gpt', or 'distributed_gpt' whose blocks are all 'tp' (Megatron
-tensor parallelism computes GPT exactly). Sync-Point-Drop and parallel blocks compute something else than GPT-2's
-block, so their checkpoints are refused. A model without biases (bias=False) exports with zero biases, which is
-the same function; the GELU form maps to HF's activation_function ('none' -> 'gelu', 'tanh' -> 'gelu_new').
+$ python export_hf.py --out_dir=out-shakespeare-char                # writes out-shakespeare-char/hf
 """
 
-import os
 import sys
 
-import torch
-
-from common import checkpoint_model, clean_state_dict, load_checkpoint
-from configurator import ConfigError, configure, exit_on_config_error
-
-DEFAULTS = dict(
-    out_dir="out",  # the run whose ckpt.pt is exported
-    hf_dir=None,  # the folder to write; None: <out_dir>/hf
-)
-
-HF_ACTIVATION = {"none": "gelu", "tanh": "gelu_new"}  # our GELU form -> GPT2Config.activation_function
-# Hugging Face's GPT-2 uses Conv1D, whose weight is the transpose of nn.Linear's
-CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-
-
-def exportable_spec(checkpoint):
-    """The checkpoint's GPT spec, or a ConfigError saying why it is not GPT-2 architecture."""
-    model_type, spec = checkpoint_model(checkpoint)
-    if model_type == "distributed_gpt":
-        other = sorted(set(spec["block_types"]) - {"tp"})
-        if other:
-            raise ConfigError(f"cannot export: block_types {spec['block_types']} include {other}, which are not "
-                              f"GPT-2 blocks (only model_type 'gpt' or all-'tp' distributed_gpt checkpoints are)")
-    return spec
-
-
-def hf_config(spec):
-    from transformers import GPT2Config
-
-    return GPT2Config(vocab_size=spec["vocab_size"], n_positions=spec["block_size"], n_embd=spec["n_embd"],
-                      n_layer=spec["n_layer"], n_head=spec["n_head"], n_inner=4 * spec["n_embd"],
-                      activation_function=HF_ACTIVATION[spec["gelu_approximate"]], layer_norm_epsilon=1e-5,
-                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True)
-
-
-def to_hf_state_dict(state_dict, hf_keys):
-    """Our GPT state dict -> GPT2LMHeadModel's: Conv1D weights transposed; the biases a bias=False model lacks
-    (Linear and LayerNorm) are zeros of the shape Hugging Face expects."""
-    out = {}
-    for k, shape in hf_keys.items():
-        if k in state_dict:
-            v = state_dict[k].float()
-            out[k] = v.t().contiguous() if k.endswith(CONV1D_WEIGHTS) else v
-        elif k.endswith(".bias"):
-            out[k] = torch.zeros(shape)
-    return out
-
-
-def export(checkpoint, hf_dir):
-    """Write the checkpoint as a GPT2LMHeadModel folder; returns the model."""
-    from transformers import GPT2LMHeadModel
-
-    spec = exportable_spec(checkpoint)
-    model = GPT2LMHeadModel(hf_config(spec))
-    hf_keys = {k: v.shape for k, v in model.state_dict().items()}
-    sd = to_hf_state_dict(clean_state_dict(checkpoint["model"]), hf_keys)
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))]  # causal-mask buffers
-    assert not missing and not unexpected, (missing, unexpected)
-    model.save_pretrained(hf_dir)
-    return model
-
-
-@exit_on_config_error
-def main(argv):
-    cfg = configure(DEFAULTS, argv)
-    hf_dir = cfg["hf_dir"] or os.path.join(cfg["out_dir"], "hf")
-    if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
-        raise ConfigError(f"hf_dir {hf_dir!r} exists and is not a directory")
-    checkpoint = load_checkpoint(cfg["out_dir"])
-    exportable_spec(checkpoint)  # refuse before writing anything
-    export(checkpoint, hf_dir)
-    print(f"exported {os.path.join(cfg['out_dir'], 'ckpt.pt')} (iter {checkpoint['iter_num']}) to {hf_dir}")
-
+from tpcomm.hf_export import main
 
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -13,12 +13,13 @@ import sys
 
 import torch
 
-from common import (autocast_context, build_model_from_checkpoint, load_checkpoint, pick_device, pick_dtype,
-                    setup_runtime)
+from tpcomm.runtime import autocast_context, pick_device, pick_dtype, setup_runtime
+from tpcomm.checkpoint import build_model_from_checkpoint, load_checkpoint
 from configurator import ConfigError, configure, exit_on_config_error
 from data.vocab import load_vocab
-from model import GPT, PRETRAINED_SIZES
-from parallel import check_layout, init_parallel, shutdown
+from model import PRETRAINED_SIZES
+from tpcomm.models import PlainGPT
+from tpcomm.parallel_dims import check_layout, init_parallel, shutdown
 
 DEFAULTS = dict(
     init_from="resume",  # 'resume' (from out_dir) or a GPT-2 variant: 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl'
@@ -82,7 +83,7 @@ def load_model(cfg, pd=None):
     """(model, encode, decode) for the run in cfg; pd: the process grid (real tensor parallelism)."""
     if cfg["init_from"] in PRETRAINED_SIZES:
         try:
-            model = GPT.from_pretrained(cfg["init_from"], dict(dropout=0.0))
+            model = PlainGPT.from_pretrained(cfg["init_from"], dict(dropout=0.0))
         except OSError as e:  # no network and no Hugging Face cache
             raise ConfigError(f"init_from={cfg['init_from']!r}: cannot load the pretrained weights "
                               f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
@@ -140,7 +141,7 @@ def main(argv):
 
 def checkpoint_tp_size(cfg):
     """The tp_size of the distributed_gpt checkpoint that real tensor parallelism samples."""
-    from common import checkpoint_model
+    from tpcomm.checkpoint import checkpoint_model
 
     if cfg["init_from"] != "resume":
         raise ConfigError(f"tp_mode='real' samples a distributed_gpt checkpoint (init_from='resume'), "

@@ -7,8 +7,8 @@ Shard-side tensors carry a leading shard dimension L: L = tp when simulated (one
 L = 1 in real mode (each rank holds its own). Inside the blocks the stream is flat over tokens: synced (N, C),
 per shard (L, N, C), N = B*T, so no view sits between a tensor and its uses (autograd can then accumulate a
 stream's two gradients in place). Parameters keep GPT's names and, simulated, GPT's exact shapes, so a GPT state
-dict loads as it is; in real mode each rank holds its slice (sharding.py). All communication goes through f and
-g (tp_comm.py), which count every collective they run.
+dict loads as it is; in real mode each rank holds its slice (tpcomm/sharding.py). All communication goes through f and
+g (tpcomm/collectives.py), which count every collective they run.
 """
 
 from dataclasses import dataclass
@@ -19,10 +19,11 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from configurator import ConfigError
-from model import (GPT, DropoutRNG, GPTConfig, LayerNorm, causal_attention, clip_to_norm_, dropout, grad_sq_sums,
-                   keep_mask, lm_head_and_loss, local, positions, replica_generators, whole)
-from sharding import TPSharding, is_block_replicated
-from tp_comm import (FINAL_SYNC, VOCAB_EMBED, VOCAB_HEAD, copy_to_tp_region, reduce_from_tp_region, tp_group,
+from model import GPT, GPTConfig, LayerNorm, causal_attention, lm_head_and_loss, positions
+from tpcomm.dropout import ATTN_OUT, ATTN_PROBS, EMBED, MLP_OUT, DropoutKey, KeyedDropout, mask_or_none
+from tpcomm.models import ModelInterface, clip_to_norm_, grad_sq_sums, local, whole
+from tpcomm.sharding import TPSharding, is_block_replicated
+from tpcomm.collectives import (FINAL_SYNC, VOCAB_EMBED, VOCAB_HEAD, copy_to_tp_region, reduce_from_tp_region, tp_group,
                      vocab_parallel_cross_entropy)
 
 def validate_tp_args(*, n_layer, n_head, n_embd, tp_size, block_types):
@@ -98,9 +99,8 @@ class ShardedAttention(nn.Module):
         self.Cs, self.nh = C // tp, config.n_head // tp  # width and heads per shard
         self.c_attn = nn.Linear(C, 3 * local * self.Cs, bias=config.bias)  # rows: [q | k | v], each (L, Cs)
         self.c_proj = nn.Linear(local * self.Cs, C, bias=config.bias)  # columns sharded, bias b_A replicated
-        self.dropout = config.dropout  # of the attention probabilities (each shard's own mask)
 
-    def heads(self, h, T, generators=None, kv=None):  # h: (L, N, C), N = B*T tokens -> (L, N, Cs)
+    def heads(self, h, T, drop=None, kv=None):  # h: (L, N, C), N = B*T tokens -> (L, N, Cs)
         L, N, C = h.shape
         B, Cs, nh = N // T, self.Cs, self.nh
         w = self.c_attn.weight.view(3, L, Cs, C).transpose(0, 1).reshape(L, 3 * Cs, C)  # shard i: its q, k, v
@@ -113,7 +113,7 @@ class ShardedAttention(nn.Module):
         q, k, v = qkv.view(L * B, T, 3, nh, Cs // nh).permute(2, 0, 3, 1, 4).unbind(0)  # (L*B, nh, T, hs)
         if kv is not None:
             k, v = kv.update(k, v)  # each shard's heads' keys/values of every token so far
-        y = causal_attention(q, k, v, p=self.dropout, training=self.training, generators=generators)
+        y = causal_attention(q, k, v, drop)  # drop: the attention probabilities' dropout (each shard its own mask)
         return y.transpose(1, 2).reshape(L, N, Cs)  # each shard's heads side by side
 
     def out(self, y, **kw):
@@ -162,45 +162,35 @@ class ShardedBlock(nn.Module):
     dropped output includes its bias share, as GPT drops c_proj(y) with its bias. Masks are drawn in GPT's order
     (attention probabilities, attention output, MLP output), so at tp_size 1 every block is GPT's block."""
 
-    def __init__(self, config, group, rng):
+    def __init__(self, config, group, key, layer):
         super().__init__()
-        self.group, self.rng, self.p = group, rng, config.dropout
-        # where this block's collectives run, for their trace labels (tp_comm.traced): (layer, block type, site)
+        self.group, self.key, self.layer, self.p = group, key, layer, config.dropout
+        # where this block's collectives run, for their trace labels (collectives.traced): (layer, block type, site)
         kind = next((name for name, cls in BLOCKS.items() if type(self) is cls), type(self).__name__)
-        layer = getattr(rng, "layer", None)
         self.sites = {site: (layer, kind, site) for site in ("attn", "mlp")}
         self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
         self.attn = ShardedAttention(config, group.local)
         self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = ShardedMLP(config, group.local)
+        # the tp shards' dropout streams (tpcomm.dropout): at tp_size 1 the one shard's stream is the replica's (0)
+        tp, first = group.tp, group.first_shard
+        self.streams = tuple(0 if tp == 1 else 1 + first + i for i in range(group.local))
 
-    def dropping(self):
-        return self.training and self.p > 0.0
-
-    def shard_generators(self, device):
-        """Keyed dropout generators of the L local shards (None: unkeyed, or no dropout). At tp_size 1 the one
-        shard's stream is the replica's (stream 0)."""
-        if not self.dropping() or self.rng.key is None:
+    def probs_dropout(self):
+        """The attention probabilities' dropout, each shard's heads with that shard's mask; None without dropout."""
+        if not (self.training and self.p > 0.0):
             return None
-        tp, first = self.group.tp, self.group.first_shard
-        return [self.rng.generator(0 if tp == 1 else 1 + first + i, device) for i in range(self.group.local)]
+        return lambda att: att * mask_or_none(att, self.p, self.key, training=True, layer=self.layer, site=ATTN_PROBS,
+                                              streams=self.streams).to(att.dtype)
 
-    def shard_mask(self, like, generators):
+    def shard_mask(self, like, site):
         """Keep-mask (L, N, C) for an output added to the shards' own streams, or None without dropout."""
-        if not self.dropping():
-            return None
-        if generators is None:  # unkeyed: torch's global RNG, as nn.Dropout
-            return F.dropout(torch.ones(like.shape, device=like.device), self.p)
-        return keep_mask(like.shape, self.p, generators, like.device)
+        return mask_or_none(like, self.p, self.key, training=self.training, layer=self.layer, site=site,
+                            streams=self.streams)
 
-    def replica_mask(self, like):
+    def replica_mask(self, like, site):
         """Keep-mask (N, C) for an output added to the synced stream after its all-reduce, or None."""
-        if not self.dropping():
-            return None
-        g = self.rng.generator(0, like.device)
-        if g is None:
-            return F.dropout(torch.ones(like.shape, device=like.device), self.p)
-        return keep_mask(like.shape, self.p, [g], like.device)
+        return mask_or_none(like, self.p, self.key, training=self.training, layer=self.layer, site=site)
 
     def add_synced_bias(self, x, linear, mask):
         """x + a c_proj bias, added once to the synced stream (after g), dropped with the replica mask."""
@@ -230,16 +220,16 @@ class TPBlock(ShardedBlock):
         group, attn, mlp = self.group, self.sites["attn"], self.sites["mlp"]
         if r is None:
             y = self.attn.heads(copy_to_tp_region(synced_layer_norm(self.ln_1, xbar, group), group, site=attn), T,
-                                self.shard_generators(xbar.device), kv)
-            R1 = self.replica_mask(xbar)
+                                self.probs_dropout(), kv)
+            R1 = self.replica_mask(xbar, ATTN_OUT)
             a = self.attn.out(y, mask=R1)
         else:  # the desynced d_i join the same all-reduce
-            y = self.attn.heads(layer_norm(self.ln_1, r), T, self.shard_generators(xbar.device), kv)
-            R1 = self.replica_mask(xbar)
+            y = self.attn.heads(layer_norm(self.ln_1, r), T, self.probs_dropout(), kv)
+            R1 = self.replica_mask(xbar, ATTN_OUT)
             a = self.attn.out(y, acc=group.delta(r, xbar), own_acc=True, mask=R1)
         x = self.add_synced_bias(xbar + reduce_from_tp_region(a, group, site=attn), self.attn.c_proj, R1)
         u = self.mlp.hidden(copy_to_tp_region(synced_layer_norm(self.ln_2, x, group), group, site=mlp))
-        R2 = self.replica_mask(x)
+        R2 = self.replica_mask(x, MLP_OUT)
         s = reduce_from_tp_region(self.mlp.out(u, mask=R2), group, site=mlp)
         return self.add_synced_bias(x + s, self.mlp.c_proj, R2), None
 
@@ -251,10 +241,9 @@ class SPDBlock(ShardedBlock):
 
     def forward(self, xbar, r, T, kv=None):
         group, tp, proj = self.group, self.group.tp, self.attn.c_proj
-        gens = self.shard_generators(xbar.device)
         r, h = self.shard_streams(xbar, r)
-        heads = self.attn.heads(h, T, gens, kv)
-        D = self.shard_mask(r, gens)
+        heads = self.attn.heads(h, T, self.probs_dropout(), kv)
+        D = self.shard_mask(r, ATTN_OUT)
         if D is None:  # y_i = r_i + A_i + b_A in one step
             y = self.attn.out(heads, acc=r, bias=proj.bias)
         else:
@@ -265,7 +254,7 @@ class SPDBlock(ShardedBlock):
         if tp > 1 and proj.bias is not None:
             acc = acc - self.bias_share(proj, (tp - 1) / tp)
         u = self.mlp.hidden(layer_norm(self.ln_2, y))
-        R = self.replica_mask(xbar)
+        R = self.replica_mask(xbar, MLP_OUT)
         s = self.mlp.out(u, acc=acc, own_acc=True, mask=R)
         return self.add_synced_bias(xbar + reduce_from_tp_region(s, group, site=self.sites["mlp"]), self.mlp.c_proj,
                                     R), None
@@ -276,12 +265,12 @@ class ParallelBlock(ShardedBlock):
     r_i += D_i * (A_i(LN1(r_i)) + b_A/tp);  r_i += E_i * (M_i(LN2(r_i)) + b_M/tp)."""
 
     def forward(self, xbar, r, T, kv=None):
-        tp, gens = self.group.tp, self.shard_generators(xbar.device)
+        tp = self.group.tp
         r, h = self.shard_streams(xbar, r)
-        y = self.attn.heads(h, T, gens, kv)
-        r = self.attn.out(y, acc=r, bias=self.bias_share(self.attn.c_proj, 1 / tp), mask=self.shard_mask(r, gens))
+        y = self.attn.heads(h, T, self.probs_dropout(), kv)
+        r = self.attn.out(y, acc=r, bias=self.bias_share(self.attn.c_proj, 1 / tp), mask=self.shard_mask(r, ATTN_OUT))
         u = self.mlp.hidden(layer_norm(self.ln_2, r))
-        r = self.mlp.out(u, acc=r, bias=self.bias_share(self.mlp.c_proj, 1 / tp), mask=self.shard_mask(r, gens))
+        r = self.mlp.out(u, acc=r, bias=self.bias_share(self.mlp.c_proj, 1 / tp), mask=self.shard_mask(r, MLP_OUT))
         return xbar, r
 
 
@@ -290,7 +279,7 @@ BLOCKS = {"tp": TPBlock, "spd": SPDBlock, "parallel": ParallelBlock}
 BLOCK_TYPES = tuple(BLOCKS)
 
 
-class DistributedGPT(GPT):
+class DistributedGPT(ModelInterface, GPT):
     """GPT with tensor-parallel blocks. `pd` (parallel.ParallelDims) with pd.tp > 1 selects real mode: this rank
     holds the shards of its tp rank and f/g all-reduce over the tp group."""
 
@@ -307,12 +296,13 @@ class DistributedGPT(GPT):
         # rows of the tied wte/lm_head held here: all of them, or (loss_parallel) the local shards' padded share
         V_local = self.sharding.V_pad // config.tp_size * self.group.local if config.loss_parallel else config.vocab_size
         self.devices_per_replica = config.tp_size if self.group.real else 1
-        self.rng = DropoutRNG()
+        self.dropout_key = DropoutKey()
         init_rng = torch.get_rng_state()  # the modules' default init is overwritten below; GPT's draws from here
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(V_local, config.n_embd),
             wpe=nn.Embedding(config.block_size, config.n_embd),
-            h=nn.ModuleList([BLOCKS[kind](config, self.group, self.rng.for_layer(i))
+            drop=KeyedDropout(config.dropout, self.dropout_key, layer=-1, site=EMBED),  # the replica's mask
+            h=nn.ModuleList([BLOCKS[kind](config, self.group, self.dropout_key, i)
                              for i, kind in enumerate(config.block_types)]),
             ln_f=LayerNorm(config.n_embd, bias=config.bias),
         ))
@@ -380,9 +370,7 @@ class DistributedGPT(GPT):
         rows = ids.clamp(0, W.size(1) - 1) + torch.arange(W.size(0), device=idx.device).unsqueeze(1) * W.size(1)
         parts = W.reshape(-1, W.size(-1))[rows] * mine.unsqueeze(-1)  # (L, N, C)
         x = reduce_from_tp_region(parts, self.group, vocab=True, site=VOCAB_EMBED).view(*idx.shape, -1)
-        x = x + self.transformer.wpe(pos)
-        return dropout(x, self.config.dropout, training=self.training,
-                       generators=replica_generators(self.rng, x.device))
+        return self.transformer.drop(x + self.transformer.wpe(pos))
 
     def vocab_parallel_head(self, x, targets):
         """Logits of the local vocabulary shards and the loss from them; without targets (generation), the last

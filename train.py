@@ -33,16 +33,16 @@ from typing import Optional
 import numpy as np
 import torch
 
-import comm_trace
-import sharded_checkpoint
-from common import (MODEL_TYPES, RunError, RunLock, autocast_context, build_model, checkpoint_model,
-                    clean_state_dict, exit_on_run_error, load_checkpoint, make_checkpoint, make_grad_scaler,
-                    pick_device, pick_dtype, save_checkpoint, setup_runtime)
+from tpcomm import trace as comm_trace
+from tpcomm import sharded_checkpoint
+from tpcomm.runtime import RunError, RunLock, autocast_context, exit_on_run_error, make_grad_scaler, pick_device, pick_dtype, setup_runtime
+from tpcomm.checkpoint import checkpoint_model, clean_state_dict, load_checkpoint, make_checkpoint, save_checkpoint
+from tpcomm.models import MODEL_TYPES, build_model
 from configurator import ConfigError, configure, exit_on_config_error, save_config
-from data_parallel import DATA_PARALLEL, INIT_DEVICES, parallelize, set_gradient_sync
+from tpcomm.data_parallel import DATA_PARALLEL, INIT_DEVICES, parallelize, set_gradient_sync
 from data.vocab import load_vocab
 from model import GELU_FORMS, GPT2_FIXED, PRETRAINED_SIZES, GPT
-from parallel import ParallelDims, check_layout, init_parallel, shutdown
+from tpcomm.parallel_dims import ParallelDims, check_layout, init_parallel, shutdown
 
 DEFAULTS = dict(
     # I/O
@@ -52,7 +52,7 @@ DEFAULTS = dict(
     eval_iters=200,
     eval_only=False,
     always_save_checkpoint=True,
-    trace=None,  # a file path: profile step trace_iter into a Chrome trace of every collective (comm_trace.py)
+    trace=None,  # a file path: profile step trace_iter into a Chrome trace of every collective (tpcomm/trace.py)
     trace_iter=5,  # the step traced (after a few, so start-up is not in it)
     checkpoint_format="full",  # 'full': out_dir/ckpt.pt, GPT layout, gathered | 'sharded': out_dir/ckpt_sharded (DCP)
     init_from="scratch",  # 'scratch' | 'resume' | 'gpt2' | 'gpt2-medium' | 'gpt2-large' | 'gpt2-xl'
@@ -99,7 +99,7 @@ DEFAULTS = dict(
     # data parallelism and memory
     data_parallel="ddp",  # 'ddp' (replicas, gradients all-reduced) | 'fsdp' (FSDP2: params/grads/AdamW sharded over dp)
     init_device="default",  # 'default' (build whole, then shard) | 'meta' (each rank allocates only what it holds)
-    # pipeline parallelism (pipeline.py): world = pp_size x dp x tp, micro-batches per step = the dp rank's share
+    # pipeline parallelism (tpcomm/pipeline.py): world = pp_size x dp x tp, micro-batches per step = the dp rank's share
     # of gradient_accumulation_steps
     pp_size=1,  # pipeline stages of contiguous layers
     pp_schedule="1f1b",  # 'gpipe' | '1f1b' | 'interleaved_1f1b'
@@ -181,7 +181,7 @@ def check_settings(cfg):
         full = os.path.join(cfg["out_dir"], "ckpt.pt")
         if cfg["checkpoint_format"] == "full" and not os.path.isfile(full):
             hint = (" (there is a sharded one: resume with checkpoint_format='sharded', or convert it with python "
-                    "sharded_checkpoint.py OUT_DIR)" if sharded_checkpoint.has_sharded(cfg["out_dir"]) else "")
+                    "-m tpcomm.sharded_checkpoint OUT_DIR)" if sharded_checkpoint.has_sharded(cfg["out_dir"]) else "")
             raise ConfigError(f"init_from='resume' but there is no checkpoint at {full}{hint}")
         if cfg["checkpoint_format"] == "sharded" and not sharded_checkpoint.has_sharded(cfg["out_dir"]):
             raise ConfigError(f"init_from='resume' with checkpoint_format='sharded' but there is no sharded "
@@ -237,7 +237,7 @@ def check_model(cfg):
 
 def check_pipeline(cfg, explicit, *, dp, tp, dtype):
     """pp_size > 1: the pipeline layout (pipeline.validate_pp_layout) and what does not run with it yet."""
-    from pipeline import SCHEDULES, validate_pp_layout
+    from tpcomm.pipeline import SCHEDULES, validate_pp_layout
 
     if cfg["pp_schedule"] not in SCHEDULES:
         raise ConfigError(f"pp_schedule must be one of {list(SCHEDULES)}, got {cfg['pp_schedule']!r}")
@@ -505,7 +505,7 @@ def start_run(cfg, setup, pd):
         print("compiling the model... (takes a ~minute)")
     pipe = None
     if pd.pp > 1:  # every rank holds the whole model and runs its stages' part (DDP over dp per stage)
-        from pipeline import Pipeline
+        from tpcomm.pipeline import Pipeline
 
         pipe = Pipeline(model, pd, schedule=cfg["pp_schedule"], n_microbatches=grad_accum,
                         batch_size=cfg["batch_size"] * grad_accum, seq_len=cfg["block_size"],
@@ -601,7 +601,7 @@ def evaluate(run):
 def save(run):
     """checkpoint_format='full': write out_dir/ckpt.pt in GPT layout: every rank joins the gather (a collective
     under real tp and under FSDP, whose shards are gathered whole), the master writes. 'sharded': every rank writes
-    the shards it holds to out_dir/ckpt_sharded (sharded_checkpoint.py), nothing is gathered."""
+    the shards it holds to out_dir/ckpt_sharded (tpcomm/sharded_checkpoint.py), nothing is gathered."""
     sharded = run.cfg["checkpoint_format"] == "sharded"
     checkpoint = make_checkpoint(run.pipe or run.raw_model, run.optimizer, run.scaler, model_type=run.model_type,
                                  iter_num=run.iter_num, best_val_loss=run.best_val_loss, config=run.cfg,

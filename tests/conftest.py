@@ -86,3 +86,8 @@ def assert_same(a, b, rel, what):
 def differs(a, b, rel):
     """a and b are told apart at tolerance rel (the comparison above would fail)."""
     return any(b[it] != pytest.approx(a[it], rel=rel) for it in a)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "fast: in `make test-fast`, the few-minute tier (README, Tests)")
+    config.addinivalue_line("markers", "slow: minutes on 2 cores; in the full suite only")

@@ -15,9 +15,10 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from data_parallel import apply_data_parallel, set_gradient_sync  # noqa: E402
+from tpcomm.data_parallel import apply_data_parallel, set_gradient_sync  # noqa: E402
 from model import GPT  # noqa: E402
-from parallel import init_parallel, shutdown  # noqa: E402
+from tpcomm.models import PlainGPT  # noqa: E402
+from tpcomm.parallel_dims import init_parallel, shutdown  # noqa: E402
 from real_tp_worker import VOCAB, make_gpt, ratio, write_results  # noqa: E402
 from tensor_parallel_model import DistributedGPT, TPConfig  # noqa: E402
 
@@ -38,7 +39,7 @@ def data(step):
 def build(kind, gpt, pd, *, meta=False):
     """GPT, or DistributedGPT with tp_size 2 (real when the grid has a tp dimension), as a float64 copy of gpt."""
     if kind == "gpt":
-        model = GPT(gpt.config)
+        model = PlainGPT(gpt.config)
         model.load_state_dict(gpt.state_dict())
         return model.double()
     return DistributedGPT.from_gpt(gpt, 2, PATTERN, pd=pd).double()

@@ -17,9 +17,10 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from model import GPT, GPTConfig  # noqa: E402
-from pipeline import (SCHEDULES, bubble_fraction, build_pipeline,  # noqa: E402
+from tpcomm.models import PlainGPT  # noqa: E402
+from tpcomm.pipeline import (SCHEDULES, bubble_fraction, build_pipeline,  # noqa: E402
                       theoretical_bubble)
-from parallel import init_parallel  # noqa: E402
+from tpcomm.parallel_dims import init_parallel  # noqa: E402
 from real_tp_worker import ratio, worst  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
 
@@ -63,7 +64,7 @@ def make_gpt():
 def make_model(gpt, kind, dtype, dims=None):
     """A fresh copy of the reference weights: GPT, or DistributedGPT of the pattern (real tp when dims.tp > 1)."""
     if MODELS[kind] is None:
-        model = GPT(gpt.config)
+        model = PlainGPT(gpt.config)
         model.load_state_dict(gpt.state_dict())
     else:
         real = dims is not None and dims.tp > 1
@@ -220,7 +221,7 @@ def check_resume(gpt, dims, results):
         optimizer.step()
     weights, opt_state = pipe.gpt_state_dict(), pipe.gpt_optimizer_state(optimizer)
     torch.manual_seed(123)  # the fresh model's own init differs: only the loaded state can make it match
-    fresh = make_model(GPT(gpt.config), kind, dtype, dims)
+    fresh = make_model(PlainGPT(gpt.config), kind, dtype, dims)
     pipe = build_pipeline(fresh, dims, schedule=schedule, n_microbatches=M, batch_size=M * MB, seq_len=T)
     optimizer = pipe.configure_optimizers(0.1, LR, (0.9, 0.95), "cpu")
     pipe.load_gpt_state_dict(weights)

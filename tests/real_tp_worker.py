@@ -18,9 +18,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import make_grad_scaler  # noqa: E402
+from tpcomm.runtime import make_grad_scaler  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from parallel import init_parallel, shutdown  # noqa: E402
+from tpcomm.models import PlainGPT  # noqa: E402
+from tpcomm.parallel_dims import init_parallel, shutdown  # noqa: E402
 from tensor_parallel_model import DistributedGPT, TPConfig  # noqa: E402
 
 VOCAB, N_LAYER, N_HEAD, N_EMBD = 61, 4, 8, 32
@@ -133,7 +134,7 @@ def check_forward_backward(pd, gpt, results):
 
 def with_dropout(gpt, p):
     """A copy of gpt whose config has dropout p, in training mode."""
-    model = GPT(GPTConfig(**dict(vars(gpt.config), dropout=p)))
+    model = PlainGPT(GPTConfig(**dict(vars(gpt.config), dropout=p)))
     model.load_state_dict(gpt.state_dict())
     return model
 

@@ -7,6 +7,7 @@ import torch
 import bench
 from conftest import run_script
 from model import GPT, GPTConfig
+from tpcomm.models import PlainGPT
 
 TINY = ["--device=cpu", "--dtype=float32", "--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16",
         "--batch_size=2", "--vocab_size=65", "--iters=3", "--warmup=1"]
@@ -57,7 +58,7 @@ def test_cli_error_has_no_traceback():
     assert r.returncode == 2 and r.stderr.strip() == "error: n_layer must be an int >= 1, got 0", r.stderr
 
 
-class CountingGPT(GPT):
+class CountingGPT(PlainGPT):
     """GPT that reports made-up collective time through the model interface, and counts the calls."""
 
     def __init__(self, config):
@@ -80,7 +81,7 @@ def test_timing_reads_collectives_through_the_model_interface():
     dt, comm = bench.timed_steps(model, cfg, "cpu", "cpu", "float32", 3)
     assert dt > 0 and comm == pytest.approx(0.1)  # 0.3 s over 3 steps; exact up to float division
     assert model.calls == {"reset_comm_counts": 1, "sync_replicated_grads": 4}  # after warm-up; every step
-    dt, comm = bench.timed_steps(GPT(model.config), cfg, "cpu", "cpu", "float32", 2)
+    dt, comm = bench.timed_steps(PlainGPT(model.config), cfg, "cpu", "cpu", "float32", 2)
     assert comm == 0.0  # GPT's report is empty: no collectives
 
 

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-import experiment
-import results
+from tpcomm import sweep as experiment
+from tpcomm import results
 from configurator import ConfigError, _literal
 from conftest import TINY, run_script
 
@@ -320,9 +320,9 @@ def test_report_only_cli_names_a_corrupt_metrics_file(tmp_path):
 
 
 def test_a_second_sweep_in_the_same_directory_refuses(tmp_path, char_data, monkeypatch):
-    """The sweep holds common.RunLock on its directory while it runs and reports; another process (here: the
+    """The sweep holds runtime.RunLock on its directory while it runs and reports; another process (here: the
     test holding the lock, then a real second experiment.py) is refused in one line before touching a run."""
-    from common import RunLock
+    from tpcomm.runtime import RunLock
 
     sweep_dir = str(tmp_path / "sweep")
     argv = ["cpu", f"--out={sweep_dir}", f"--data_dir={char_data}"]

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import TORCHRUN, one_line_error, run_script
 from configurator import ConfigError
-from pipeline import bubble_fraction, format_timeline, replay, stage_layers, theoretical_bubble, validate_pp_layout
+from tpcomm.pipeline import bubble_fraction, format_timeline, replay, stage_layers, theoretical_bubble, validate_pp_layout
 from pp_worker import CAN_FAIL, CLIP, M, MB, MODELS, N_EMBD, STEPS, T, TP_SIZE, VIRTUAL, plan
 
 FWD_ALLREDUCES = {"tp": 2, "spd": 1, "parallel": 0}  # docs/model.md, plus 1 when the model ends desynced
@@ -207,7 +207,7 @@ def test_good_layouts_pass():
 
 def test_bad_launch_outside_torchrun():
     """World 1 cannot hold pp 4 x tp 2: one line, exit 2, no traceback."""
-    r = run_script("pipeline.py", "--pp_size=4", "--tp_size=2", timeout=60)
+    r = run_script("-m", "tpcomm.pipeline", "--pp_size=4", "--tp_size=2", timeout=60)
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
@@ -219,7 +219,7 @@ def test_bad_launch_one_rank_exits_by_itself():
     at once; had it reached the rendezvous it would wait for ranks that never come and the timeout would fail it."""
     env = dict(RANK="1", LOCAL_RANK="1", WORLD_SIZE="6", LOCAL_WORLD_SIZE="6", MASTER_ADDR="127.0.0.1",
                MASTER_PORT="29583")
-    r = run_script("pipeline.py", "--pp_size=4", "--tp_size=2", "--schedule=1f1b", env=env, timeout=60)
+    r = run_script("-m", "tpcomm.pipeline", "--pp_size=4", "--tp_size=2", "--schedule=1f1b", env=env, timeout=60)
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
@@ -231,7 +231,7 @@ def test_bad_launch_one_rank_exits_by_itself():
 def test_demo_prints_timeline_and_bubble():
     """pp 2 x tp 2 (real), interleaved 1F1B with 2 virtual stages: the timeline of each pp rank, its sends and
     receives, and the measured bubble equal to (p-1)/(v m+p-1) = 1/(2*4+1)."""
-    r = run_script(*TORCHRUN, "--nproc_per_node=4", "pipeline.py", "--tp_size=2", "--pp_size=2",
+    r = run_script(*TORCHRUN, "--nproc_per_node=4", "-m", "tpcomm.pipeline", "--tp_size=2", "--pp_size=2",
                    "--schedule=interleaved_1f1b", "--virtual_stages=2", "--n_microbatches=4", "--batch_size=8",
                    "--n_layer=4", "--block_types=['spd','parallel']*2", timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr[-5000:]

@@ -10,7 +10,7 @@ from tqdm import tqdm
 from conftest import TINY, run_script
 from model import GPT, GPTConfig
 from configurator import ConfigError
-from spd import (Evaluator, distill_block, distill_kl, distributed, group_heads, head_grouping, mean_loss,
+from tpcomm.sync_point_drop import (Evaluator, distill_block, distill_kl, distributed, group_heads, head_grouping, mean_loss,
                  permute_heads_and_units, read_latencies, sensitivities, spd_pattern)
 
 # fp32, tiny model: a reordered sum differs from GPT's by ~1e-7 relative; 1e-5 leaves room and is far below the

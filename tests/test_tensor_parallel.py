@@ -7,6 +7,7 @@ from torch.nn import functional as F
 
 import tensor_parallel_model
 from model import GPT, GPTConfig
+from tpcomm.models import PlainGPT
 from tensor_parallel_model import DistributedGPT
 
 # fp32 tiny models: the sharded path sums partial products in another order than one matmul, and SDPA's fused
@@ -227,7 +228,8 @@ def test_autocast_all_reduces_bf16_and_stays_close_to_fp32(block_types, monkeypa
 
 
 def with_dropout(gpt, p):
-    model = GPT(GPTConfig(**dict(vars(gpt.config), dropout=p)))
+    """gpt as a PlainGPT (model.py's GPT with keyed dropout masks) with dropout p."""
+    model = PlainGPT(GPTConfig(**dict(vars(gpt.config), dropout=p)))
     model.load_state_dict(gpt.state_dict())
     return model
 
@@ -268,13 +270,17 @@ def test_dropout_keyed_masks_are_reproducible_and_eval_ignores_them():
 
 def test_dropout_rate_is_p_per_stream():
     """Each mask keeps ~(1-p) of its elements and scales them by 1/(1-p); shards draw different masks."""
-    from model import DropoutRNG, keep_mask
-    rng = DropoutRNG()
-    rng.set_key((1, 2, 3))
-    gens = [rng.generator(1 + i, "cpu") for i in range(2)]
-    m = keep_mask((2, 4000, 8), 0.25, gens, "cpu")
+    from tpcomm.dropout import DropoutKey, keep_mask
+    key = DropoutKey()
+    key.set((1, 2, 3), "cpu")
+    m = keep_mask((2, 4000, 8), 0.25, key.tensor, layer=0, site=1, streams=(1, 2), device="cpu")
     assert abs((m > 0).float().mean().item() - 0.75) < 0.01 and m.max().item() == pytest.approx(1 / 0.75)
     assert not torch.equal(m[0], m[1])
+    # the second stream's part is the mask that stream draws alone (real TP: each rank draws its own part)
+    assert torch.equal(m[1:], keep_mask((1, 4000, 8), 0.25, key.tensor, layer=0, site=1, streams=(2,), device="cpu"))
+    # another key, layer or site draws another mask
+    key.set((1, 2, 4), "cpu")
+    assert not torch.equal(m, keep_mask((2, 4000, 8), 0.25, key.tensor, layer=0, site=1, streams=(1, 2), device="cpu"))
 
 
 def test_one_block_type_for_every_layer():
@@ -350,6 +356,6 @@ def test_meta_init_equals_gpt_init_bitwise(tp, loss_parallel):
     assert sd.keys() == ref.keys() and all(torch.equal(sd[k], ref[k]) for k in ref)
     torch.manual_seed(6)  # another seed gives other weights: the equality above is not vacuous
     with torch.device("meta"):
-        other = GPT(GPTConfig(**cfg))
+        other = PlainGPT(GPTConfig(**cfg))
     other.materialize_("cpu")
     assert not torch.equal(other.state_dict()["transformer.h.0.attn.c_attn.weight"], ref["transformer.h.0.attn.c_attn.weight"])

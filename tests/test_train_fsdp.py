@@ -113,7 +113,7 @@ def test_sharded_checkpoint_converts_exactly_and_resumes(tmp_path, char_data):
     train(full, char_data, *common, *real, "--max_iters=3", nproc=4)
     train(sharded, char_data, *common, *real, "--max_iters=3", "--checkpoint_format=sharded", nproc=4)
     assert not (sharded / "ckpt.pt").exists() and (sharded / "ckpt_sharded").is_symlink()
-    r = run_script("sharded_checkpoint.py", str(sharded), timeout=120)
+    r = run_script("-m", "tpcomm.sharded_checkpoint", str(sharded), timeout=120)
     assert r.returncode == 0 and r.stderr == "", r.stdout + r.stderr
     a, b = (torch.load(d / "ckpt.pt", weights_only=True) for d in (full, sharded))
     assert sorted(a) == sorted(b) and a["model_options"] == b["model_options"] and b["iter_num"] == 3
@@ -135,4 +135,4 @@ def test_sharded_checkpoint_converts_exactly_and_resumes(tmp_path, char_data):
     r = run_script("train.py", SPD, *TINY, f"--data_dir={char_data}", f"--out_dir={sharded}", "--init_from=resume",
                    "--checkpoint_format=sharded", "--max_iters=8", timeout=60)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "tp_real=True (this run: False)" in r.stderr and "sharded_checkpoint.py" in r.stderr
+    assert "tp_real=True (this run: False)" in r.stderr and "tpcomm.sharded_checkpoint" in r.stderr

@@ -44,7 +44,10 @@ class CommCounter:
         self.vocab = self.vocab_bytes = 0  # the vocab-parallel embedding and loss, counted apart (loss_parallel)
         self.seconds = 0.0  # wall time inside real collectives (RealTP only), waiting for the other ranks included
 
+    @torch.compiler.disable
     def add(self, direction, nbytes, *, vocab=False):
+        """Runs eagerly even inside torch.compile'd code, so dynamo never guards on the counts (which change every
+        step and would make it trace again) and a compiled step counts what it runs."""
         if vocab:
             self.vocab, self.vocab_bytes = self.vocab + 1, self.vocab_bytes + nbytes
         elif direction == "fwd":

@@ -13,9 +13,9 @@ ones, and real TP's per-step gradient sync) is a span named for where it ran (tp
 
 `bench.py --trace=FILE` writes such a trace after its timed steps. From the command line:
 
-    python comm_trace.py plot OUT.png A.json [B.json ...] [--labels=a,b] [--step=0] [--title=T]
+    python -m tpcomm.trace plot OUT.png A.json [B.json ...] [--labels=a,b] [--step=0] [--title=T]
         one step of each trace, a row each on one time axis (labels with commas: --labels="['a, b', 'c']")
-    python comm_trace.py summary A.json [B.json ...]
+    python -m tpcomm.trace summary A.json [B.json ...]
         the collectives of each step, and the time in them
 
 Bad input (a missing or corrupt trace, a step the trace lacks, labels that do not match) is one line, exit 2.
@@ -270,9 +270,9 @@ def summary(source):
     return lines or [f"no steps; {len(events)} collectives"]
 
 
-USAGE = ("usage: python comm_trace.py plot OUT.png TRACE.json [TRACE.json ...] [--labels=a,b] [--step=N] "
+USAGE = ("usage: python -m tpcomm.trace plot OUT.png TRACE.json [TRACE.json ...] [--labels=a,b] [--step=N] "
          "[--title=T] | "
-         "python comm_trace.py summary TRACE.json [...]")
+         "python -m tpcomm.trace summary TRACE.json [...]")
 
 
 def parse_labels(text):

@@ -23,7 +23,7 @@ group), so both copies take the same AdamW steps and stay equal.
 Every rank builds the whole model (so the GPT-2 init is the full model's, whatever the layout) and keeps its stages'
 parts; the rest is unused memory for now.
 
-Demo: torchrun --standalone --nproc_per_node=8 pipeline.py --tp_size=2 --pp_size=4 --schedule=1f1b
+Demo: torchrun --standalone --nproc_per_node=8 -m tpcomm.pipeline --tp_size=2 --pp_size=4 --schedule=1f1b
 """
 
 import contextlib
@@ -37,8 +37,9 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from torch.nn import functional as F
 
 from configurator import ConfigError, configure, exit_on_config_error
-from model import GPT, clip_to_norm_, configure_adamw, positions
-from parallel import init_parallel, shutdown, world_size
+from model import GPT, configure_adamw, positions
+from tpcomm.models import clip_to_norm_
+from tpcomm.parallel_dims import init_parallel, shutdown, world_size
 from tensor_parallel_model import DistributedGPT, TPConfig, validate_tp_args
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
@@ -108,13 +109,13 @@ class StageModule(nn.Module):
 
     def __init__(self, model, first, end, *, is_first, is_last):
         super().__init__()
-        self.config, self.rng, self.first = model.config, model.rng, first
+        self.config, self.first = model.config, first
         self.is_first, self.is_last = is_first, is_last
         self.group = model.group  # DistributedGPT's tp group (SimulatedTP/RealTP); None for GPT
         self.final_sync = model.final_sync if model.group is not None else None  # DistributedGPT's sync before ln_f
         parts = dict(h=nn.ModuleList(model.transformer.h[first:end]))
         if is_first:
-            parts.update(wte=model.transformer.wte, wpe=model.transformer.wpe)
+            parts.update(wte=model.transformer.wte, wpe=model.transformer.wpe, drop=model.transformer.drop)
         if is_last:
             parts.update(ln_f=model.transformer.ln_f)
             self.lm_head = model.lm_head  # on a stage without wte this is the tied weight's second copy

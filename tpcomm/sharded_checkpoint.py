@@ -2,7 +2,7 @@
 Sharded checkpoints (train.py --checkpoint_format=sharded), for models too large to gather on one rank: written with
 torch.distributed.checkpoint (DCP), every rank writing the shards it holds, nothing gathered. Converted to the
 single GPT-layout ckpt.pt (what sample.py, export_hf.py and a full-format resume read) on one process:
-$ python sharded_checkpoint.py OUT_DIR        # OUT_DIR/ckpt_sharded -> OUT_DIR/ckpt.pt
+$ python -m tpcomm.sharded_checkpoint OUT_DIR        # OUT_DIR/ckpt_sharded -> OUT_DIR/ckpt.pt
 
 Layout on disk: OUT_DIR/ckpt_sharded is a symlink to OUT_DIR/ckpt_sharded.<iter>/, swapped atomically (os.replace of a
 new link) once a save is complete, so a crash mid-save leaves the previous checkpoint in place. The directory holds
@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from configurator import ConfigError, exit_on_config_error
-from sharding import padded_vocab, shard_rule
+from tpcomm.sharding import padded_vocab, shard_rule
 
 SHARDED_NAME = "ckpt_sharded"
 META_NAME = "meta.pt"
@@ -149,7 +149,7 @@ def check_resumable(theirs, ours, out_dir):
     if theirs != ours:
         diff = ", ".join(f"{k}={theirs[k]} (this run: {ours.get(k)})" for k in theirs if theirs[k] != ours.get(k))
         raise ConfigError(f"the sharded checkpoint in {out_dir!r} was written with {diff}; resume with its layout, "
-                          f"or convert it (python sharded_checkpoint.py {out_dir}) and resume with "
+                          f"or convert it (python -m tpcomm.sharded_checkpoint {out_dir}) and resume with "
                           f"checkpoint_format='full'")
 
 
@@ -226,7 +226,7 @@ def to_full_checkpoint(meta, state):
 
 def convert(out_dir):
     """OUT_DIR/ckpt_sharded -> OUT_DIR/ckpt.pt (atomic), GPT layout."""
-    from common import save_checkpoint
+    from tpcomm.checkpoint import save_checkpoint
 
     meta, state = read_sharded(out_dir)
     save_checkpoint(to_full_checkpoint(meta, state), out_dir)
@@ -236,7 +236,7 @@ def convert(out_dir):
 @exit_on_config_error
 def main(argv):
     if len(argv) != 1 or argv[0].startswith("-"):
-        raise ConfigError("usage: python sharded_checkpoint.py OUT_DIR (converts OUT_DIR/ckpt_sharded to "
+        raise ConfigError("usage: python -m tpcomm.sharded_checkpoint OUT_DIR (converts OUT_DIR/ckpt_sharded to "
                           "OUT_DIR/ckpt.pt)")
     with contextlib.redirect_stdout(sys.stderr):
         path = convert(argv[0])

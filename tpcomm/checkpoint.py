@@ -1,0 +1,156 @@
+"""
+Checkpoint files: the format (GPT layout, nanoGPT-compatible both ways), atomic writes, weights_only loads, and
+one-line errors for anything unreadable.
+"""
+
+import contextlib
+import os
+import pickle
+import tempfile
+
+import torch
+
+from configurator import ConfigError
+from model import NANOGPT_ARGS
+from tpcomm.models import MODEL_TYPES, build_model
+from tpcomm.runtime import RunError
+
+# out_dir/ckpt.pt is a dict:
+#   model, optimizer      GPT-layout state dicts, whatever model (and process layout) wrote them
+#   model_args            exactly nanoGPT's GPTConfig fields (model.NANOGPT_ARGS): nanoGPT's scripts read it
+#   model_type            'gpt' | 'distributed_gpt'
+#   model_options         {gelu_approximate} and, for distributed_gpt, {tp_size, block_types (one per layer)} and
+#                         loss_parallel: True when the run sharded wte/lm_head by vocabulary (absent: False; a
+#                         training choice like tp_size: the weights are GPT-layout either way)
+#   iter_num, best_val_loss, config (the run's resolved configuration)
+#   rng_state             CPU RNG; cuda_rng_state when the model was on CUDA; scaler (GradScaler state dict)
+# Also read: nanoGPT's own checkpoints (no model_type/model_options/rng_state/scaler: a GPT with the exact GELU) and
+# this repo's older ones (tp_size and block_types inside model_args).
+
+CHECKPOINT_NAME = "ckpt.pt"
+
+
+def model_spec(model_type, model):
+    """(model_args, model_options) of a checkpoint of `model`: see the format above."""
+    c = model.config
+    model_args = {k: getattr(c, k) for k in NANOGPT_ARGS}
+    model_options = {"gelu_approximate": c.gelu_approximate}
+    if model_type == "distributed_gpt":
+        model_options.update(tp_size=c.tp_size, block_types=list(c.block_types))
+        if getattr(c, "loss_parallel", False):
+            model_options["loss_parallel"] = True
+    return model_args, model_options
+
+
+def make_checkpoint(raw_model, optimizer, scaler, *, model_type, iter_num, best_val_loss, config, tensors=True):
+    """The checkpoint dict of a training run. With real tensor parallelism or FSDP gathering the GPT-layout state
+    is a collective, so every rank calls this (and only the master saves). tensors=False: everything but the model
+    and optimizer state, gathering nothing (a sharded checkpoint's meta.pt, see tpcomm/sharded_checkpoint.py)."""
+    model_args, model_options = model_spec(model_type, raw_model)
+    checkpoint = {
+        "model": raw_model.gpt_state_dict() if tensors else None,
+        "optimizer": raw_model.gpt_optimizer_state(optimizer) if tensors else None,
+        "model_args": model_args,
+        "model_type": model_type,
+        "model_options": model_options,
+        "iter_num": iter_num,
+        "best_val_loss": best_val_loss,
+        "config": config,
+        "rng_state": torch.get_rng_state(),
+        "scaler": scaler.state_dict(),  # {} unless fp16
+    }
+    if not tensors:
+        del checkpoint["model"], checkpoint["optimizer"]
+    device = next(raw_model.parameters()).device
+    if device.type == "cuda":
+        checkpoint["cuda_rng_state"] = torch.cuda.get_rng_state(device)
+    return checkpoint
+
+
+def checkpoint_model(checkpoint):
+    """(model_type, spec) of a checkpoint in any of the formats above; spec holds nanoGPT's 7 fields,
+    gelu_approximate and, for distributed_gpt, tp_size and block_types (expanded to one per layer)."""
+    model_args = checkpoint["model_args"]
+    model_type = checkpoint.get("model_type", "gpt")  # nanoGPT's checkpoints are GPTs
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"model_type {model_type!r} is not one of {MODEL_TYPES}")
+    options = checkpoint.get("model_options")
+    if options is None:  # nanoGPT's (exact GELU) or this repo's older format (tp options inside model_args)
+        options = {k: model_args[k] for k in ("tp_size", "block_types") if k in model_args}
+    spec = {k: model_args[k] for k in NANOGPT_ARGS if k != "dropout"}
+    spec["dropout"] = model_args.get("dropout", 0.0)
+    spec["gelu_approximate"] = options.get("gelu_approximate", "none")
+    if model_type == "distributed_gpt":
+        kinds = options.get("block_types")
+        kinds = "tp" if kinds is None else kinds
+        spec["tp_size"] = options.get("tp_size", 1)
+        spec["block_types"] = [kinds] * spec["n_layer"] if isinstance(kinds, str) else list(kinds)
+        spec["loss_parallel"] = bool(options.get("loss_parallel", False))
+    return model_type, spec
+
+
+def build_model_from_checkpoint(checkpoint, *, pd=None, dropout=None, tp_size=None, loss_parallel=False):
+    """The checkpoint's model with its weights: its own type, sizes, GELU and block pattern; dropout and (for
+    distributed_gpt) tp_size and loss_parallel may be changed, since checkpoints are GPT-layout whatever tp_size
+    wrote them. loss_parallel is off unless asked for (None: the checkpoint's), so a sampled or evaluated model
+    returns (B, T, V) logits whatever the training run used."""
+    model_type, spec = checkpoint_model(checkpoint)
+    if dropout is not None:
+        spec["dropout"] = dropout
+    if tp_size is not None and model_type == "distributed_gpt":
+        spec["tp_size"] = tp_size
+    if loss_parallel is not None:
+        spec["loss_parallel"] = loss_parallel
+    model = build_model(model_type, spec, pd=pd)
+    model.load_gpt_state_dict(clean_state_dict(checkpoint["model"]))
+    return model
+
+
+def save_checkpoint(checkpoint, out_dir):
+    """Write ckpt.pt atomically: a temp file of this process's own, then a rename, so a crash or a full disk
+    mid-write leaves the previous checkpoint intact. A failed write is a RunError (one line)."""
+    path = os.path.join(out_dir, CHECKPOINT_NAME)
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f"{CHECKPOINT_NAME}.{os.getpid()}.", suffix=".tmp")
+        os.close(fd)
+        torch.save(checkpoint, tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:  # torch's writer reports a failed write (e.g. ENOSPC) as a RuntimeError
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:120]
+        raise RunError(f"could not write checkpoint {path}: {reason}; "
+                       f"the previous checkpoint (if any) is kept") from None
+
+
+def load_checkpoint(out_dir, map_location="cpu"):
+    """out_dir/ckpt.pt, read with weights_only (plain data and tensors only). Any unreadable, truncated, empty or
+    foreign file is a ConfigError naming the path."""
+    path = os.path.join(out_dir, CHECKPOINT_NAME)
+    if not os.path.isfile(path):
+        raise ConfigError(f"no checkpoint at {path} (out_dir={out_dir!r})")
+    if os.path.getsize(path) == 0:
+        raise ConfigError(f"checkpoint {path} is empty")
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:  # weights_only refused a Python object
+        raise ConfigError(f"checkpoint {path} holds Python objects other than plain data and tensors; "
+                          f"refusing to load it") from None
+    except Exception as e:  # truncated zip, junk bytes, I/O error: torch reports these with many types
+        raise ConfigError(f"checkpoint {path} is corrupt or truncated, or not a PyTorch checkpoint "
+                          f"({type(e).__name__})") from None
+    try:
+        if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("model"), dict):
+            raise ValueError("no 'model' state dict")
+        checkpoint_model(checkpoint)
+    except (KeyError, ValueError, TypeError, AttributeError) as e:
+        raise ConfigError(f"checkpoint {path} is not a training checkpoint ({type(e).__name__}: {e})") from None
+    return checkpoint
+
+
+def clean_state_dict(state_dict):
+    """Drop the prefix torch.compile adds, and the causal-mask buffers of nanoGPT's non-flash attention
+    (attn.bias), so checkpoints load into plain models."""
+    return {k.removeprefix("_orig_mod."): v for k, v in state_dict.items() if not k.endswith(".attn.bias")}

@@ -1,0 +1,141 @@
+"""
+Run-time set-up shared by the scripts: device and precision, autocast, CPU memory, seeds, the fp16 loss scaler, run
+errors and the run-directory lock.
+"""
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import sys
+
+import torch
+
+from configurator import ConfigError, exit_in_one_line
+
+def pick_device(device="auto"):
+    """'auto' -> cuda, mps or cpu, whichever is there; a named device must exist (ConfigError otherwise)."""
+    if device == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise ConfigError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got {device!r}") from None
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise ConfigError(f"device={device!r} but CUDA is not available here; use --device=cpu or auto")
+        if dev.index is not None and dev.index >= n:
+            raise ConfigError(f"device={device!r} but there are only {n} CUDA device(s) (cuda:0..cuda:{n - 1})")
+    elif dev.type == "mps":
+        if getattr(torch.backends, "mps", None) is None or not torch.backends.mps.is_available():
+            raise ConfigError(f"device={device!r} but MPS is not available here; use --device=cpu or auto")
+    elif dev.type != "cpu":
+        raise ConfigError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got {device!r}")
+    return device
+
+
+def pick_dtype(dtype, device_type):
+    """'auto' -> bf16 on GPUs that have it, else fp16 on GPUs, fp32 elsewhere."""
+    if dtype == "auto":
+        if device_type == "cuda":
+            return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        return "float32"
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ConfigError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {dtype!r}")
+    return dtype
+
+
+def autocast_context(device_type, dtype):
+    """Mixed precision context; a no-op for fp32."""
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    ptdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    return torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+
+
+def keep_freed_memory():
+    """glibc only: keep freed memory in the process instead of returning it to the OS. A CPU training step
+    frees and re-allocates the same MB-sized activations every step; with glibc's default trimming each
+    re-allocation faults its pages in afresh (thousands of page faults per step, 10-25% of a small model's
+    step time on CPU). This is what PyTorch's CPU performance guide gets from jemalloc/tcmalloc."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError):  # not glibc
+        return
+    M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+    mallopt(M_MMAP_THRESHOLD, 32 << 20)  # glibc's maximum: blocks up to 32 MiB come from the heap...
+    mallopt(M_TRIM_THRESHOLD, 1 << 30)  # ...which is not trimmed while it holds less than 1 GiB free
+    mallopt(M_TOP_PAD, 64 << 20)
+
+
+def setup_runtime(device_type, seed):
+    torch.manual_seed(seed)
+    if device_type == "cpu":
+        keep_freed_memory()
+    if device_type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def make_grad_scaler(device_type, dtype, pd=None, *, data_parallel="ddp"):
+    """fp16's loss scaler (a no-op for other dtypes). When ranks hold different gradients, an inf/nan on one rank
+    must skip the step on all of them: FSDP's ShardedGradScaler all-reduces the found-inf flag over the ranks that
+    hold different gradients. Real tensor parallelism: the tp group (DDP already makes gradients agree across dp);
+    FSDP: every rank (its gradients are sharded over dp, and over tp too with real TP)."""
+    enabled = dtype == "float16"
+    if pd is not None and pd.distributed and (pd.tp > 1 or (data_parallel == "fsdp" and pd.dp > 1)):
+        import torch.distributed as dist
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        group = dist.group.WORLD if data_parallel == "fsdp" and pd.dp > 1 else pd.tp_group
+        return ShardedGradScaler(device_type, enabled=enabled, process_group=group)
+    return torch.amp.GradScaler(device_type, enabled=enabled)
+
+
+class RunError(Exception):
+    """A run that cannot go on, for a reason shown as one line with exit status 1 (a non-finite loss, a checkpoint
+    that could not be written); unlike a ConfigError it is found while the run works."""
+
+
+exit_on_run_error = exit_in_one_line(RunError, 1)  # a run that cannot go on: one line, exit status 1
+
+
+class RunLock:
+    """An exclusive lock on a run (or sweep) directory, held while the run works in it: a second run in the same
+    directory refuses at start, in one line, instead of interleaving its files with the first. It is an OS lock
+    (flock on DIR/.lock), released by the kernel when the holding process ends, so a killed run never leaves a
+    stuck lock behind."""
+
+    def __init__(self, directory, *, what="run"):
+        self.directory, self.what, self.fd = directory, what, None
+
+    def __enter__(self):
+        os.makedirs(self.directory, exist_ok=True)
+        path = os.path.join(self.directory, ".lock")
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(self.fd)
+            self.fd = None
+            if e.errno in (errno.EAGAIN, errno.EACCES):
+                raise ConfigError(f"{self.directory!r} is in use by another {self.what} (lock {path}); wait for it "
+                                  f"or use another directory") from None
+            raise
+        os.ftruncate(self.fd, 0)
+        os.write(self.fd, f"{os.getpid()}\n".encode())
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
