@@ -1,0 +1,74 @@
+"""torch.compile traces the models once: no recompile after warm-up (the dropout key is a tensor updated in place,
+never a Python value or a new torch.Generator dynamo would guard on), and compiled losses equal eager ones.
+
+Backends: 'aot_eager' traces exactly what inductor receives (dynamo's guards and recompiles are the backend's
+inputs, not its outputs) in seconds; one case compiles with inductor to check the generated code's masks (the
+int64 hash) equal eager's."""
+
+import json
+
+import pytest
+import torch
+import torch._dynamo
+
+from compile_check import STEPS, WARMUP, run_steps
+from conftest import TORCHRUN, run_script
+
+# aot_eager runs the same aten ops as eager: measured bitwise equal; 1e-6 leaves room for op reordering.
+# inductor fuses and reorders float reductions: ~1e-7 relative per op in fp32, measured < 2e-6 on these losses.
+TOL = {"aot_eager": 1e-6, "inductor": 1e-5}
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+@pytest.mark.parametrize("model_type", ["gpt", "distributed_gpt"])
+def test_compiled_traces_once_and_equals_eager(model_type, dropout):
+    r = run_steps(model_type, dropout)
+    assert not r["recompiled"]
+    assert len(r["compiled"]) == WARMUP + STEPS
+    assert r["compiled"] == pytest.approx(r["eager"], rel=TOL["aot_eager"])
+    assert r["compiled_counts"] == r["eager_counts"]  # a compiled step counts the collectives it runs
+    if model_type == "distributed_gpt":
+        assert r["eager_counts"][0][:2] == [3, 3]  # ['tp', 'spd']: forward g 2 + 1, backward f 2 + 1
+    if dropout > 0:  # the keys matter: successive steps draw other masks, so the equality is not vacuous
+        assert len({round(x, 6) for x in r["eager"]}) == len(r["eager"])
+
+
+def test_recompile_detection_can_fail():
+    """A forward that reads a Python value changing every step (as a per-step generator seed did) recompiles,
+    and the check above would see it."""
+    class Stepped(torch.nn.Module):
+        step = 0
+
+        def forward(self, x):
+            return x * self.step
+
+    m = Stepped()
+    run = torch.compile(m, backend="aot_eager")
+    torch._dynamo.reset()
+    run(torch.ones(2))
+    m.step = 1
+    run(torch.ones(2))  # the first change specializes the int dynamically or recompiles once; allowed in warm-up
+    torch._dynamo.config.error_on_recompile = True
+    try:
+        with pytest.raises(torch._dynamo.exc.RecompileError):
+            m.step = 2.5  # a float where an int was: a guard fails, so dynamo would trace again
+            run(torch.ones(2))
+    finally:
+        torch._dynamo.config.error_on_recompile = False
+
+
+@pytest.mark.slow
+def test_inductor_masks_equal_eager():
+    r = run_steps("gpt", 0.1, backend="inductor")
+    assert not r["recompiled"]
+    assert r["compiled"] == pytest.approx(r["eager"], rel=TOL["inductor"])
+
+
+def test_real_tp_compiled_traces_once_and_equals_eager(tmp_path):
+    out = tmp_path / "compile.json"
+    r = run_script(*TORCHRUN, "--nproc_per_node=2", "tests/compile_worker.py", str(out), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
+    result = json.loads(out.read_text())
+    assert not result["recompiled"]
+    assert result["compiled"] == pytest.approx(result["eager"], rel=TOL["aot_eager"])
+    assert result["compiled_counts"] == result["eager_counts"]
