@@ -1,13 +1,18 @@
 # `make test` is the README's test command; `make setup` installs what it needs.
 PY ?= python
 
-.PHONY: setup test experiment
+.PHONY: setup test test-fast experiment
 setup:
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0 || $(PY) -m pip install -q "torch>=2.4"
 	$(PY) -m pip install -q -r requirements.txt
 
+# the full suite (CI runs it): ~15 min on 2 CPU cores
 test: setup
 	OMP_NUM_THREADS=2 $(PY) -m pytest -q tests test_20k_experiment.py
+
+# the fast tier while working (tests/conftest.py FAST): a few minutes on 2 CPU cores
+test-fast: setup
+	OMP_NUM_THREADS=2 $(PY) -m pytest -q -m fast tests
 
 # The communication sweep on Shakespeare-char (10 configs, one token budget): ~6 min on 2 CPU cores.
 # Results: experiments/cpu/results.md (.csv, .json) and three PNG plots next to it.

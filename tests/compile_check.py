@@ -23,6 +23,9 @@ def run_steps(model_type, dropout, *, pd=None, backend="aot_eager"):
     g = torch.Generator().manual_seed(1)
     data = [(torch.randint(48, (4, 16), generator=g), torch.randint(48, (4, 16), generator=g))
             for _ in range(WARMUP + STEPS)]
+    from torch._dynamo.utils import counters
+
+    counters.clear()
     out = {}
     for mode in ("eager", "compiled"):
         model = make(model_type, dropout, pd)
@@ -52,4 +55,5 @@ def run_steps(model_type, dropout, *, pd=None, backend="aot_eager"):
             losses.append(loss.item())
         out[mode], out[f"{mode}_counts"] = losses, counts
         out["recompiled"] = out.get("recompiled", False) or recompiled
+    out["graph_breaks"] = sum(counters["graph_break"].values())
     return out

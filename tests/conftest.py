@@ -91,3 +91,32 @@ def differs(a, b, rel):
 def pytest_configure(config):
     config.addinivalue_line("markers", "fast: in `make test-fast`, the few-minute tier (README, Tests)")
     config.addinivalue_line("markers", "slow: minutes on 2 cores; in the full suite only")
+
+
+# `make test-fast` (pytest -m fast): each block type against the reference, sim == real at tp 2, torch.compile
+# tracing once, one train / resume / sample round, the documented commands, bad input at tiny sizes. A file
+# maps to None (all its tests) or to the test names (a parametrized test: all its cases, or those whose id holds
+# the given text after '['). Names are matched exactly (a parametrized test by its function name), or by
+# prefix when they hold '['.
+FAST = {
+    "test_model.py": None,
+    "test_tensor_parallel.py": None,
+    "test_generate.py": None,
+    "test_configurator.py": None,
+    "test_docs.py": None,
+    "test_compile.py": ["test_compiled_traces_once_and_equals_eager", "test_recompile_detection_can_fail"],
+    "test_real_tp.py": ["test_logits_loss_and_gradients_match_simulation[tp2", "test_dropout_masks_match_simulation[tp2",
+                        "test_comparisons_can_fail[tp2", "test_bad_launch_outside_torchrun"],
+    "test_train.py": ["test_resume_reproduces_uninterrupted_run", "test_bad_input_one_line_exit_2",
+                      "test_bad_input_keeps_checkpoint"],
+    "test_sample.py": ["test_sample_from_a_checkpoint", "test_sample_bad_input", "test_sample_bad_settings"],
+    "test_bench.py": ["test_bad_values_are_one_line", "test_cli_error_has_no_traceback"],
+    "test_checkpoints.py": ["test_unreadable_checkpoint_is_one_line", "test_nanogpt_reads_our_checkpoint"],
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        names = FAST.get(os.path.basename(str(item.fspath)), ())
+        if names is None or any(item.name.startswith(n) if "[" in n else item.originalname == n for n in names):
+            item.add_marker("fast")

@@ -43,11 +43,16 @@ class CommCounter:
         self.fwd_bytes = self.bwd_bytes = 0
         self.vocab = self.vocab_bytes = 0  # the vocab-parallel embedding and loss, counted apart (loss_parallel)
         self.seconds = 0.0  # wall time inside real collectives (RealTP only), waiting for the other ranks included
+        # what torch.compile'd code counted (see add): fwd, fwd bytes, bwd, bwd bytes, vocab, vocab bytes
+        self.compiled = torch.zeros(6, dtype=torch.int64)
 
-    @torch.compiler.disable
     def add(self, direction, nbytes, *, vocab=False):
-        """Runs eagerly even inside torch.compile'd code, so dynamo never guards on the counts (which change every
-        step and would make it trace again) and a compiled step counts what it runs."""
+        """Count one collective. Inside torch.compile'd code Python counts would make dynamo guard on their values
+        (and trace again every step), so there the counts go into a tensor that the graph updates in place."""
+        if torch.compiler.is_compiling():
+            slot = 4 if vocab else 0 if direction == "fwd" else 2
+            self.compiled.add_(torch.tensor([1 if i == slot else nbytes if i == slot + 1 else 0 for i in range(6)]))
+            return
         if vocab:
             self.vocab, self.vocab_bytes = self.vocab + 1, self.vocab_bytes + nbytes
         elif direction == "fwd":
@@ -59,10 +64,13 @@ class CommCounter:
         """Per forward/backward pass (one micro-batch of `tokens` tokens); gradient syncs per optimizer step. The
         residual-stream syncs (fwd/bwd_allreduces) never include the vocab-parallel collectives, reported apart."""
         n = max(1, micro_steps)
-        out = dict(fwd_allreduces=self.fwd // n, bwd_allreduces=self.bwd // n, grad_sync_allreduces=self.grad_sync,
-                   comm_bytes_per_token=(self.fwd_bytes + self.bwd_bytes) / (n * tokens), comm_seconds=self.seconds)
-        if self.vocab:
-            out.update(vocab_allreduces=self.vocab // n, vocab_bytes_per_token=self.vocab_bytes / (n * tokens))
+        c = self.compiled.tolist()
+        fwd, fwd_bytes, bwd, bwd_bytes = self.fwd + c[0], self.fwd_bytes + c[1], self.bwd + c[2], self.bwd_bytes + c[3]
+        vocab, vocab_bytes = self.vocab + c[4], self.vocab_bytes + c[5]
+        out = dict(fwd_allreduces=fwd // n, bwd_allreduces=bwd // n, grad_sync_allreduces=self.grad_sync,
+                   comm_bytes_per_token=(fwd_bytes + bwd_bytes) / (n * tokens), comm_seconds=self.seconds)
+        if vocab:
+            out.update(vocab_allreduces=vocab // n, vocab_bytes_per_token=vocab_bytes / (n * tokens))
         return out
 
 
@@ -70,6 +78,7 @@ class SimulatedTP:
     """All tp shards in this process: shard-side tensors are (L, N, C) with L = tp."""
 
     real = False
+    traceable = True  # torch.compile traces f and g (sums and expands) into its graph, backward included
 
     def __init__(self, tp):
         self.tp, self.local, self.first_shard = tp, tp, 0
@@ -113,6 +122,7 @@ class RealTP:
     """One shard per rank of a tp process group: shard-side tensors are (1, N, C)."""
 
     real = True
+    traceable = False  # torch.compile runs f and g (c10d calls) eagerly between its graphs
 
     def __init__(self, tp, *, group, rank):
         self.tp, self.local, self.first_shard = tp, 1, rank
@@ -225,7 +235,9 @@ class _CopyToTPRegion(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        with traced(ctx.group, "f", "bwd", ctx.site, _count(ctx.group, "bwd", grad, ctx.vocab)):
+        # compiled, this backward runs no Python per step: copy_to_tp_region counted it when tracing the forward
+        nbytes = 0 if torch.compiler.is_compiling() else _count(ctx.group, "bwd", grad, ctx.vocab)
+        with traced(ctx.group, "f", "bwd", ctx.site, nbytes):
             return ctx.group.sum_shards(grad), None, None, None
 
 
@@ -247,7 +259,10 @@ def copy_to_tp_region(x, group, *, vocab=False, site=None):
     """f: (N, C) replicated -> (L, N, C) on the shards; backward all-reduces the shards' gradients.
     vocab=True counts it with the vocab-parallel collectives instead of the residual-stream syncs.
     site: where it runs, (layer, block type, site name), for its trace label only (see traced)."""
-    return _CopyToTPRegion.apply(_in_autocast_dtype(x), group, vocab, site)
+    x = _in_autocast_dtype(x)
+    if group.traceable and torch.compiler.is_compiling() and torch.is_grad_enabled() and x.requires_grad:
+        _count(group, "bwd", x.unsqueeze(0).expand(group.local, *x.shape), vocab)  # the backward all-reduce to come
+    return _CopyToTPRegion.apply(x, group, vocab, site)
 
 
 def reduce_from_tp_region(x, group, *, vocab=False, site=None):
