@@ -224,14 +224,8 @@ def check_experiment(args):
 
 
 def pipeline_demo_defaults():
-    """tpcomm/pipeline_demo.py's DEMO; while that module is not split out yet, tpcomm/pipeline.py's (the existence
-    check reports the missing module either way)."""
-    for name in ("tpcomm.pipeline_demo", "tpcomm.pipeline"):
-        if importlib.util.find_spec(name) is not None:
-            module = importlib.import_module(name)
-            if hasattr(module, "DEMO"):
-                return module.DEMO
-    raise AssertionError("no DEMO in tpcomm/pipeline_demo.py or tpcomm/pipeline.py")
+    """tpcomm/pipeline_demo.py's DEMO (the demo's keys)."""
+    return importlib.import_module("tpcomm.pipeline_demo").DEMO
 
 
 def check_pipeline_demo(args):

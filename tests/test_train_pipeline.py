@@ -1,11 +1,12 @@
 """train.py with pipeline stages (pp_size > 1) under torchrun (CPU, gloo): the logged losses (training steps and
 evaluations) equal one plain process's within fp32 tolerance, with dropout on, for a stage cut on a desynced stream
 and a model that ends desynced; checkpoints move between pp and one process both ways and sample.py reads them;
-bad layouts are one line, exit status 2, before any process group starts. Each comparison is shown able to fail."""
+bad layouts are one line, exit status 2, before any process group starts; a plain GPT (no tp collectives) trains
+under pp as in one process. Each comparison is shown able to fail."""
 
 import pytest
 
-from conftest import assert_same, differs, losses, one_line_error, run_script, train, val_losses
+from conftest import assert_same, differs, losses, metrics, one_line_error, run_script, train, val_losses
 
 # 4 layers: a pp2 cut after layer 1 ('parallel', so the pair (xbar, r) crosses) and the model ends desynced;
 # 8 micro-batches per step (the pipeline's m; 4 per replica at dp 2), clipping active, dropout on (masks keyed per
@@ -36,6 +37,27 @@ def test_pp2_equals_one_process_with_every_schedule(tmp_path, char_data, one):
         assert_same(val_losses(one), val_losses(out), 1e-5, schedule)
     # the comparison can fail: another seed (other weights, batches and dropout masks)
     train(tmp_path / "seed", char_data, *COMMON, "--seed=7")
+    assert differs(a, losses(tmp_path / "seed"), 1e-5)
+
+
+def test_pp2_trains_a_plain_gpt_as_one_process(tmp_path, char_data):
+    """model_type='gpt' under pp 2 (issue 22: it crashed at iteration 0 on the pipeline's comm report): losses and
+    evaluations equal one process's (fp32, 1e-5, as above), dropout on; its tp all-reduces are reported as 0 in the
+    log line and the metrics, next to the cut's bytes: x (b, T, C) crosses, 32 floats a token both ways."""
+    gpt = ["config/train_shakespeare_char.py", "--gradient_accumulation_steps=4", "--grad_clip=0.1",
+           "--dropout=0.1", "--max_iters=3", "--lr_decay_iters=3", "--eval_interval=3", "--warmup_iters=0",
+           "--learning_rate=1e-2"]
+    train(tmp_path / "one", char_data, *gpt)
+    r = train(tmp_path / "pp", char_data, *gpt, "--pp_size=2", nproc=2)
+    assert "model: gpt," in r.stdout and "pp=2" in r.stdout, r.stdout
+    assert "all-reduces fwd 0 bwd 0, pp 256 B/token" in r.stdout, r.stdout
+    steps = [m for m in metrics(tmp_path / "pp") if "loss" in m]
+    assert len(steps) == 4 and all(m["fwd_allreduces"] == m["bwd_allreduces"] == 0 for m in steps), steps
+    a = losses(tmp_path / "one")
+    assert abs(a[3] - a[0]) > 1e-2  # it trained: the comparison covers updated weights
+    assert_same(a, losses(tmp_path / "pp"), 1e-5, "gpt pp2")
+    assert_same(val_losses(tmp_path / "one"), val_losses(tmp_path / "pp"), 1e-5, "gpt pp2")
+    train(tmp_path / "seed", char_data, *gpt, "--seed=7")  # the comparison can fail: other weights, batches, masks
     assert differs(a, losses(tmp_path / "seed"), 1e-5)
 
 

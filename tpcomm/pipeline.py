@@ -23,12 +23,12 @@ group), so both copies take the same AdamW steps and stay equal.
 Every rank builds the whole model (so the GPT-2 init is the full model's, whatever the layout) and keeps its stages'
 parts; the rest is unused memory for now.
 
-Demo: torchrun --standalone --nproc_per_node=8 -m tpcomm.pipeline --tp_size=2 --pp_size=4 --schedule=1f1b
+This module is the library (layout checks, stages, the recorded schedule and its replay, the Pipeline runner that
+train.py uses); the benchmark of bench.py --mode=pipeline and the demo are in tpcomm/pipeline_demo.py:
+    torchrun --standalone --nproc_per_node=8 -m tpcomm.pipeline_demo --tp_size=2 --pp_size=4 --schedule=1f1b
 """
 
 import contextlib
-import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -36,11 +36,9 @@ import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.nn import functional as F
 
-from configurator import ConfigError, configure, exit_on_config_error
+from configurator import ConfigError
 from model import GPT, configure_adamw, positions
 from tpcomm.models import clip_to_norm_
-from tpcomm.parallel_dims import init_parallel, shutdown, world_size
-from tensor_parallel_model import DistributedGPT, TPConfig, validate_tp_args
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
 
@@ -279,14 +277,14 @@ def format_events(events, pp):
 
 class Pipeline:
     """This rank's stages of `model` (built whole on every rank), their torch PipelineStages and the schedule, plus
-    what train.py needs around a step: gradient sync, clipping over the whole model, GPT-layout state."""
+    what train.py needs around a step: gradient sync, clipping over the whole model; GPT-layout state (GPTLayout)
+    and the communication report (PipelineComm) are delegated."""
 
     def __init__(self, model, dims, *, schedule, n_microbatches, batch_size, seq_len, virtual_stages=1,
                  pp_layers=None, device="cpu"):
-        n_layer = model.config.n_layer
         self.model, self.dims, self.m, self.device = model, dims, n_microbatches, torch.device(device)
         self.n_stages = dims.pp * virtual_stages
-        self.layers = stage_layers(n_layer, self.n_stages, pp_layers)
+        self.layers = stage_layers(model.config.n_layer, self.n_stages, pp_layers)
         self.stage_ids = [dims.pp_rank + v * dims.pp for v in range(virtual_stages)]  # loop layout: s on s % pp
         self.modules = [StageModule(model, *self.layers[s], is_first=s == 0, is_last=s == self.n_stages - 1)
                         for s in self.stage_ids]
@@ -294,32 +292,38 @@ class Pipeline:
         self.recorder = Recorder(model)
         self.desynced_cut = [model.desynced_after(end - 1) for _, end in self.layers[:-1]]
         mb, dtype = batch_size // n_microbatches, next(model.parameters()).dtype
-        stages = []
-        for s, module in zip(self.stage_ids, self.modules):
-            # torch takes requires_grad of the received activations from these examples: without it no gradient
-            # would flow back across the cut (the previous stage would receive zeros)
-            inputs = (torch.zeros(mb, seq_len, dtype=torch.long, device=device),) if s == 0 else \
-                self._stream(s - 1, mb, seq_len, dtype, device, requires_grad=True)
-            outputs = (torch.empty(mb, seq_len, model.config.vocab_size, dtype=dtype, device=device),) \
-                if s == self.n_stages - 1 else self._stream(s, mb, seq_len, dtype, device, requires_grad=True)
-            submod = module
-            if dims.dp > 1:  # DDP over the dp group per stage; the schedule syncs on each stage's last backward
-                submod = nn.parallel.DistributedDataParallel(module, process_group=dims.dp_group)
-            stages.append(RecordedStage(
-                submod, s, self.n_stages, torch.device(device), recorder=self.recorder,
-                input_args=inputs, output_args=outputs,
-                output_grads=None if s == self.n_stages - 1 else _detached(outputs),  # the last's: from the loss
-                input_grads=(None,) if s == 0 else _detached(inputs),  # token ids have no gradient
-                group=dims.pp_group))
+        stages = [self._stage(s, module, mb, seq_len, dtype) for s, module in zip(self.stage_ids, self.modules)]
         kind = SCHEDULES[schedule]
         self.schedule = (kind(stages, n_microbatches, loss_fn=cross_entropy) if schedule == "interleaved_1f1b"
                          else kind(stages[0], n_microbatches, loss_fn=cross_entropy))
+        self.gpt_layout = GPTLayout(model, self.modules, dims)
+        self.comm = PipelineComm(model, dims, self.recorder, desynced_cut=self.desynced_cut, m=n_microbatches,
+                                 device=self.device)
 
-    def _stream(self, s, mb, T, dtype, device, *, requires_grad):
+    def _stage(self, s, module, mb, T, dtype):
+        """Stage s's RecordedStage (DDP over the dp group around its module when dp > 1)."""
+        device, last = self.device, s == self.n_stages - 1
+        # torch takes requires_grad of the received activations from these examples: without it no gradient would
+        # flow back across the cut (the previous stage would receive zeros)
+        inputs = (torch.zeros(mb, T, dtype=torch.long, device=device),) if s == 0 else \
+            self._stream(s - 1, mb, T, dtype, requires_grad=True)
+        outputs = (torch.empty(mb, T, self.model.config.vocab_size, dtype=dtype, device=device),) if last else \
+            self._stream(s, mb, T, dtype, requires_grad=True)
+        submod = module
+        if self.dims.dp > 1:  # DDP over the dp group per stage; the schedule syncs on each stage's last backward
+            submod = nn.parallel.DistributedDataParallel(module, process_group=self.dims.dp_group)
+        return RecordedStage(submod, s, self.n_stages, device, recorder=self.recorder,
+                             input_args=inputs, output_args=outputs,
+                             output_grads=None if last else _detached(outputs),  # the last's: from the loss
+                             input_grads=(None,) if s == 0 else _detached(inputs),  # token ids have no gradient
+                             group=self.dims.pp_group)
+
+    def _stream(self, s, mb, T, dtype, *, requires_grad):
         """Example tensors of the stream leaving stage s: xbar (mb, T, C), and r (L, mb, T, C) if desynced."""
         C = self.model.config.n_embd
         shapes = [(mb, T, C)] + ([(self.model.group.local, mb, T, C)] if self.desynced_cut[s] else [])
-        return tuple(torch.empty(shape, dtype=dtype, device=device, requires_grad=requires_grad) for shape in shapes)
+        return tuple(torch.empty(shape, dtype=dtype, device=self.device, requires_grad=requires_grad)
+                     for shape in shapes)
 
     @property
     def has_first(self):
@@ -408,16 +412,8 @@ class Pipeline:
         return self.local.parameters()
 
     def named_parameters(self):
-        """(GPT name, parameter) of every local parameter, each once; the last stage's copy of the tied weight is
-        named transformer.wte.weight as GPT's named_parameters() names it."""
-        seen, out = set(), []
-        for module in self.modules:
-            for name, p in module.named_parameters():
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    name = module.gpt_name(name)
-                    out.append(("transformer.wte.weight" if name == "lm_head.weight" else name, p))
-        return out
+        """(GPT name, parameter) of every local parameter, each once (see stage_named_parameters)."""
+        return stage_named_parameters(self.modules)
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm):
@@ -434,9 +430,62 @@ class Pipeline:
         """AdamW over this rank's parameters, grouped as GPT.configure_optimizers groups them."""
         return configure_adamw(self.local, weight_decay, learning_rate, betas, device_type)
 
-    # --- GPT-layout state: gathered from every stage (and tp rank), so checkpoints stay unsharded GPT layout ---
+    # --- GPT-layout state (checkpoints), delegated to GPTLayout ---
 
-    def _gather(self, local, name=lambda key: key):
+    def gpt_state_dict(self):
+        return self.gpt_layout.state_dict()
+
+    def gpt_grads(self):
+        return self.gpt_layout.grads()
+
+    def load_gpt_state_dict(self, state_dict):
+        self.gpt_layout.load_state_dict(state_dict)
+
+    def gpt_optimizer_state(self, optimizer):
+        return self.gpt_layout.optimizer_state(optimizer)
+
+    def load_gpt_optimizer_state(self, optimizer, state_dict):
+        self.gpt_layout.load_optimizer_state(optimizer, state_dict)
+
+    # --- what crossed the stage boundaries, next to the tp all-reduces, delegated to PipelineComm ---
+
+    def gather_events(self):
+        return self.comm.gather_events()
+
+    def boundary_bytes(self):
+        return self.comm.boundary_bytes()
+
+    def reset_comm_counts(self):
+        self.model.reset_comm_counts()
+
+    def comm_report(self, *, tokens):
+        return self.comm.report(tokens=tokens)
+
+
+def stage_named_parameters(modules):
+    """(GPT name, parameter) of every parameter of the stage modules, each once; the last stage's copy of the tied
+    weight is named transformer.wte.weight as GPT's named_parameters() names it."""
+    seen, out = set(), []
+    for module in modules:
+        for name, p in module.named_parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                name = module.gpt_name(name)
+                out.append(("transformer.wte.weight" if name == "lm_head.weight" else name, p))
+    return out
+
+
+# ---------------------------------------------------------------- GPT-layout state of this rank's stages
+
+class GPTLayout:
+    """The whole model's GPT-layout state (weights, gradients, AdamW state) gathered from every stage (and tp rank)
+    of a pipeline, so checkpoints stay unsharded GPT layout; and the inverse for the optimizer state. Each gather is
+    a collective over tp and pp: every rank calls it."""
+
+    def __init__(self, model, modules, dims):
+        self.model, self.modules, self.dims = model, modules, dims
+
+    def gather(self, local, name=lambda key: key):
         """{key: this rank's tensor} -> the whole model's {key: tensor} on every rank: tensors of sharded parameters
         (name(key) is the parameter's GPT name) gathered over tp, then every pp stage's entries (collectives over tp
         and pp; dp replicas hold the same). The first pp rank's entry wins: its copy of the tied weight."""
@@ -453,7 +502,7 @@ class Pipeline:
                 merged.setdefault(k, t)
         return merged
 
-    def _local_named(self, value):
+    def local_named(self, value):
         """{GPT name: value(p)} for every local (name, parameter), the tied weight under both of GPT's names."""
         out = {}
         for module in self.modules:
@@ -461,16 +510,16 @@ class Pipeline:
                 out[module.gpt_name(name)] = value(p)
         return out
 
-    def gpt_state_dict(self):
+    def state_dict(self):
         """GPT's state dict of the whole model (both tied names), on every rank."""
-        full = self._gather(self._local_named(lambda p: p.detach()))
+        full = self.gather(self.local_named(lambda p: p.detach()))
         return {k: full[k] for k in self.model.state_dict()}  # GPT's key order
 
-    def gpt_grads(self):
+    def grads(self):
         """The whole model's gradients by GPT name (both tied names; the last stage's copy under lm_head.weight)."""
-        return self._gather(self._local_named(lambda p: p.grad))
+        return self.gather(self.local_named(lambda p: p.grad))
 
-    def load_gpt_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict):
         """The stages hold the model's own parameters: loading the model loads them."""
         self.model.load_gpt_state_dict(state_dict)
 
@@ -480,14 +529,14 @@ class Pipeline:
         return [n for n, p in named if p.dim() >= 2] + [n for n, p in named if p.dim() < 2]
 
     def _local_param_names(self, optimizer):
-        names = {id(p): n for n, p in self.named_parameters()}
+        names = {id(p): n for n, p in stage_named_parameters(self.modules)}
         return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
-    def gpt_optimizer_state(self, optimizer):
+    def optimizer_state(self, optimizer):
         """The optimizer state dict GPT's own optimizer would have (unsharded moments, GPT's parameter indices)."""
         sd, names = optimizer.state_dict(), self._local_param_names(optimizer)
         local = {(names[i], k): v for i, s in sd["state"].items() for k, v in s.items()}
-        full = self._gather(local, name=lambda key: key[0])  # moments are sharded like their parameters
+        full = self.gather(local, name=lambda key: key[0])  # moments are sharded like their parameters
         order = self._gpt_param_order()
         state = {}
         for i, name in enumerate(order):
@@ -499,8 +548,8 @@ class Pipeline:
                   for j, g in enumerate(sd["param_groups"])]
         return {"state": state, "param_groups": groups}
 
-    def load_gpt_optimizer_state(self, optimizer, state_dict):
-        """Inverse of gpt_optimizer_state: each local parameter takes its GPT entry (its tp slice of the moments)."""
+    def load_optimizer_state(self, optimizer, state_dict):
+        """Inverse of optimizer_state: each local parameter takes its GPT entry (its tp slice of the moments)."""
         index = {n: i for i, n in enumerate(self._gpt_param_order())}
         sharding = self.model.sharding
         local = {}
@@ -514,7 +563,25 @@ class Pipeline:
             g.update({k: v for k, v in src.items() if k != "params"})
         optimizer.load_state_dict({"state": local, "param_groups": groups})
 
-    # --- what crossed the stage boundaries, next to the tp all-reduces ---
+
+# ---------------------------------------------------------------- what crossed the cuts, next to the tp all-reduces
+
+# the model's per-micro-batch tp counts, summed over the pp stages (each stage counts its own blocks'); a GPT
+# communicates nothing in tp: 0 all-reduces (fwd, bwd) and 0 bytes, reported as such, not left out
+STAGE_SUMMED = ("fwd_allreduces", "bwd_allreduces", "async_allreduces", "comm_bytes_per_token", "vocab_allreduces",
+                "vocab_bytes_per_token")
+NO_TP = dict(fwd_allreduces=0, bwd_allreduces=0, comm_bytes_per_token=0.0)
+
+
+class PipelineComm:
+    """The communication of a Pipeline's last step: its recorded point-to-point transfers across the cuts and the
+    model's tp collectives, summed over the stages (collectives over pp: every rank calls them). It holds what it
+    reads, not the Pipeline: no reference cycle, so a Pipeline is freed (stages, p2p buffers) as soon as it is
+    dropped, before the process groups are destroyed."""
+
+    def __init__(self, model, dims, recorder, *, desynced_cut, m, device):
+        self.model, self.dims, self.recorder = model, dims, recorder
+        self.desynced_cut, self.m, self.device = desynced_cut, m, device
 
     def gather_events(self):
         """{pp rank: its recorded events of the last step}, on every rank of this pp group (a collective)."""
@@ -528,7 +595,7 @@ class Pipeline:
     def boundary_bytes(self):
         """Per cut s -> s+1, per micro-batch and rank, in the last step: bytes of activations sent forward (by s) and
         of gradients sent back (by s+1), and what the stream was (a small all-reduce over pp)."""
-        n = self.n_stages - 1
+        n = len(self.desynced_cut)  # cuts: stages - 1
         sent = torch.zeros(2, max(n, 1), dtype=torch.float64, device=self.device)
         for kind, s, _, nbytes in self.recorder.events:
             if kind in ("send_act", "send_grad"):
@@ -538,71 +605,23 @@ class Pipeline:
         return [dict(cut=f"{s}->{s + 1}", stream="xbar, r" if self.desynced_cut[s] else "xbar",
                      fwd_bytes=int(sent[0, s]) // self.m, bwd_bytes=int(sent[1, s]) // self.m) for s in range(n)]
 
-    def reset_comm_counts(self):
-        self.model.reset_comm_counts()
-
-    def comm_report(self, *, tokens):
-        """The model's comm_report with the tp all-reduces summed over the pp stages (each stage counts its own
-        blocks'), per micro-batch of `tokens` tokens (the schedule's m per step), plus the
-        pp boundaries' bytes per micro-batch and rank, and per token. comm_seconds: this rank's time in tp
-        collectives."""
-        report = self.model.comm_report(micro_steps=1, tokens=tokens)
-        if report:
-            keys = [k for k in ("fwd_allreduces", "bwd_allreduces", "comm_bytes_per_token", "vocab_allreduces",
-                                "vocab_bytes_per_token") if k in report]
-            counts = torch.tensor([float(report[k]) for k in keys], dtype=torch.float64, device=self.device)
-            if self.dims.pp > 1:
-                dist.all_reduce(counts, group=self.dims.pp_group)
-            for k, v in zip(keys, counts.tolist()):
+    def report(self, *, tokens):
+        """The model's comm_report with the tp counts (STAGE_SUMMED) summed over the pp stages, per micro-batch of
+        `tokens` tokens (the schedule's m per step), plus the pp boundaries' bytes per micro-batch and rank, and per
+        token. comm_seconds, grad_sync_allreduces: this rank's."""
+        report = self.model.comm_report(micro_steps=1, tokens=tokens) or dict(NO_TP)
+        # every key on every stage (a stage without vocab collectives has no vocab keys): one tensor shape over pp
+        counts = torch.tensor([float(report.get(k, 0)) for k in STAGE_SUMMED], dtype=torch.float64,
+                              device=self.device)
+        if self.dims.pp > 1:
+            dist.all_reduce(counts, group=self.dims.pp_group)
+        for k, v in zip(STAGE_SUMMED, counts.tolist()):
+            if k in report or v:
                 report[k] = int(v) // self.m if k.endswith("allreduces") else v / self.m
         cuts = self.boundary_bytes()
         report["pp_boundaries"] = cuts
         report["pp_bytes_per_token"] = sum(c["fwd_bytes"] + c["bwd_bytes"] for c in cuts) / tokens
         return report
-
-
-class ActivationMemory:
-    """Peak bytes of the tensors autograd saves for backward while a schedule runs (the activations of the
-    micro-batches in flight: GPipe holds all m, 1F1B at most p on the first stage), counted once per storage,
-    parameters excluded. Device-independent, so it works on CPU where torch keeps no memory statistics."""
-
-    def __init__(self, params):
-        self.params = {p.untyped_storage().data_ptr() for p in params}
-        self.live, self.bytes, self.peak = {}, 0, 0
-
-    def hooks(self):
-        return torch.autograd.graph.saved_tensors_hooks(self._pack, lambda held: held.tensor)
-
-    def _pack(self, t):
-        key = t.untyped_storage().data_ptr()
-        if key in self.params or t.device.type == "meta":
-            return _Held(t, None)
-        count, nbytes = self.live.get(key, (0, t.untyped_storage().nbytes()))
-        if count == 0:
-            self.bytes += nbytes
-            self.peak = max(self.peak, self.bytes)
-        self.live[key] = (count + 1, nbytes)
-        return _Held(t, (self, key))
-
-    def release(self, key):
-        count, nbytes = self.live[key]
-        if count == 1:
-            del self.live[key]
-            self.bytes -= nbytes
-        else:
-            self.live[key] = (count - 1, nbytes)
-
-
-class _Held:
-    """A saved tensor; when autograd frees it (after its backward), its bytes leave the count."""
-
-    def __init__(self, tensor, owner):
-        self.tensor, self.owner = tensor, owner
-
-    def __del__(self):
-        if self.owner is not None:
-            tracker, key = self.owner
-            tracker.release(key)
 
 
 def _detached(examples):
@@ -613,132 +632,3 @@ def _detached(examples):
 def build_pipeline(model, dims, **kwargs):
     """This rank's Pipeline of a whole model built on every rank (see Pipeline for the keyword arguments)."""
     return Pipeline(model, dims, **kwargs)
-
-
-# ---------------------------------------------------------------- bench.py --mode=pipeline
-
-def bench(cfg, dims, *, new_model, device, ctx, say):
-    """Time training steps through each schedule of cfg['pp_schedules'] at each micro-batch count of
-    cfg['microbatches'] (micro-batches of cfg['batch_size'] rows): ms/iter and tokens/s of this replica, the bubble
-    of the recorded timeline next to (p-1)/(v m+p-1), the peak activation memory each pp rank holds (ActivationMemory)
-    and the pp boundary bytes. new_model() builds the model (the same weights each time). Returns the rows."""
-    B, T = cfg["batch_size"], cfg["block_size"]
-    rows = []
-    for schedule in cfg["pp_schedules"]:
-        v = cfg["pp_virtual_stages"] if schedule == "interleaved_1f1b" else 1
-        for m in cfg["microbatches"]:
-            model = new_model()
-            pipe = Pipeline(model, dims, schedule=schedule, n_microbatches=m, batch_size=m * B, seq_len=T,
-                            virtual_stages=v, device=device)
-            optimizer = pipe.configure_optimizers(0.1, 1e-4, (0.9, 0.95), torch.device(device).type)
-            g = torch.Generator().manual_seed(cfg["seed"])
-            data = torch.randint(cfg["vocab_size"], (m, 2, B, T), generator=g).to(device)
-            micro_batches = [(data[i, 0], data[i, 1]) for i in range(m)]
-            memory = ActivationMemory(pipe.parameters())
-            for i in range(cfg["warmup"] + cfg["iters"]):
-                if i == cfg["warmup"]:
-                    dist.barrier()
-                    t0 = time.perf_counter()
-                with memory.hooks():
-                    pipe.step(micro_batches, ctx=ctx)
-                optimizer.step()
-            if torch.device(device).type == "cuda":
-                torch.cuda.synchronize()
-            dt = (time.perf_counter() - t0) / cfg["iters"]
-            events = pipe.gather_events()  # of the last step
-            actions = {r: [(k, s, mb) for k, s, mb, _ in ev if k in ("F", "B")] for r, ev in events.items()}
-            peaks = [None] * dims.pp
-            dist.all_gather_object(peaks, memory.peak, group=dims.pp_group)
-            report = pipe.comm_report(tokens=B * T)
-            rows.append(dict(schedule=schedule, pp=dims.pp, v=v, m=m, ms=dt * 1000, tokens_per_s=m * B * T / dt,
-                             bubble=bubble_fraction(actions), theory=theoretical_bubble(dims.pp, m, v),
-                             peak_mib=[p / 2**20 for p in peaks], pp_bytes_per_token=report["pp_bytes_per_token"]))
-            del pipe, model, optimizer
-    say(f"pp={dims.pp} x tp={dims.tp} ({dist.get_world_size()} processes), {B} x {T} tokens per micro-batch, "
-        f"layers per stage: balanced")
-    say("| schedule | pp | v | micro-batches | ms/iter | tokens/s | bubble (timeline) | theory (p-1)/(v m+p-1) | "
-        "peak activations per pp rank (MiB) | pp B/token |")
-    say("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
-    for r in rows:
-        say(f"| {r['schedule']} | {r['pp']} | {r['v']} | {r['m']} | {r['ms']:.1f} | {r['tokens_per_s']:,.0f} | "
-            f"{r['bubble']:.3f} | {r['theory']:.3f} | {' / '.join(f'{p:.2f}' for p in r['peak_mib'])} | "
-            f"{r['pp_bytes_per_token']:,.0f} |")
-    return rows
-
-
-# ---------------------------------------------------------------- demo
-
-DEMO = dict(pp_size=4, tp_size=2, tp_mode="real", schedule="1f1b", virtual_stages=1, n_microbatches=8,
-            pp_layers=None, batch_size=16, block_size=16, n_layer=8, n_head=4, n_embd=32, vocab_size=64,
-            block_types=["spd", "parallel"] * 4, steps=2, seed=1337, dtype="float32")
-
-
-@exit_on_config_error
-def main(argv):
-    cfg = configure(DEMO, argv)
-    world = world_size()
-    tp = cfg["tp_size"] if cfg["tp_mode"] == "real" else 1
-    if cfg["tp_mode"] not in ("real", "simulated"):
-        raise ConfigError(f"tp_mode must be 'real' or 'simulated', got {cfg['tp_mode']!r}")
-    validate_tp_args(n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"], tp_size=cfg["tp_size"],
-                     block_types=cfg["block_types"])
-    validate_pp_layout(world=world, pp_size=cfg["pp_size"], tp=tp, n_layer=cfg["n_layer"], schedule=cfg["schedule"],
-                       n_microbatches=cfg["n_microbatches"], virtual_stages=cfg["virtual_stages"],
-                       pp_layers=cfg["pp_layers"], batch_size=cfg["batch_size"])
-    dims = init_parallel(dp=world // (cfg["pp_size"] * tp), tp=tp, pp=cfg["pp_size"], device_type="cpu",
-                         backend="gloo")
-    finished = False
-    try:
-        demo(cfg, dims)
-        finished = True
-    finally:
-        shutdown(dims, finished=finished)
-
-
-def demo(cfg, dims):
-    torch.manual_seed(cfg["seed"])
-    sizes = {k: cfg[k] for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd")}
-    model = DistributedGPT(TPConfig(**sizes, tp_size=cfg["tp_size"], block_types=cfg["block_types"]),
-                           pd=dims if dims.tp > 1 else None).to(getattr(torch, cfg["dtype"]))
-    pipe = build_pipeline(model, dims, schedule=cfg["schedule"], n_microbatches=cfg["n_microbatches"],
-                          batch_size=cfg["batch_size"], seq_len=cfg["block_size"],
-                          virtual_stages=cfg["virtual_stages"], pp_layers=cfg["pp_layers"])
-    optimizer = pipe.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
-    m, mb = cfg["n_microbatches"], cfg["batch_size"] // cfg["n_microbatches"]
-    say = print if dims.is_master else (lambda *a, **k: None)
-    say(f"pp={dims.pp} x dp={dims.dp} x tp={dims.tp} ({dist.get_world_size()} processes), schedule "
-        f"{cfg['schedule']}, {dims.pp * cfg['virtual_stages']} stages of layers {pipe.layers}, {m} micro-batches of "
-        f"{mb} x {cfg['block_size']} tokens, blocks {cfg['block_types']}")
-    for it in range(cfg["steps"]):
-        g = torch.Generator().manual_seed(it)
-        data = torch.randint(cfg["vocab_size"], (dims.dp, m, 2, mb, cfg["block_size"]), generator=g)[dims.dp_rank]
-        pipe.reset_comm_counts()
-        loss = pipe.step([(data[i, 0], data[i, 1]) for i in range(m)])
-        pipe.clip_grad_norm_(1.0)
-        optimizer.step()
-        say(f"step {it}: loss {loss:.4f}")
-    events = pipe.gather_events()  # of the last step
-    report = pipe.comm_report(tokens=mb * cfg["block_size"])
-    if not dims.is_master:
-        return
-    actions = {r: [(k, s, mb_) for k, s, mb_, _ in ev if k in ("F", "B")] for r, ev in events.items()}
-    print("\ntimeline of the last step (one slot per forward F or backward B of micro-batch m on one stage, '.' idle):")
-    print(format_timeline(actions, dims.pp))
-    print("\nwhat each pp rank did, in order (>a3/<a3: activations of micro-batch 3 sent/received, >g3/<g3: "
-          "gradients):")
-    for r, ev in events.items():
-        print(f"pp{r}: {format_events(ev, dims.pp)}")
-    v = cfg["virtual_stages"]
-    formula = "(p-1)/(v m+p-1)" if cfg["schedule"] == "interleaved_1f1b" else "(p-1)/(m+p-1)"
-    print(f"\nbubble: measured {bubble_fraction(actions):.4f} (idle slots / all slots of the recorded timeline), "
-          f"theory {formula} = {theoretical_bubble(dims.pp, m, v):.4f} (p={dims.pp}, m={m}, v={v})")
-    print("\nper micro-batch and rank, across each stage boundary:")
-    for cut in report["pp_boundaries"]:
-        print(f"  stage {cut['cut']}: {cut['stream']:<8} forward {cut['fwd_bytes']} B, backward {cut['bwd_bytes']} B")
-    print(f"tp all-reduces per micro-batch (whole model): forward {report['fwd_allreduces']}, backward "
-          f"{report['bwd_allreduces']}, {report['comm_bytes_per_token']:.0f} B/token; pp boundaries "
-          f"{report['pp_bytes_per_token']:.0f} B/token")
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
