@@ -25,7 +25,7 @@ GPT of a simulated run is not traced). Under real TP rank 0 writes those names a
 $ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 bench.py --model_type=distributed_gpt --tp_size=2 \
       --tp_mode=real --device=cpu --n_layer=12 --n_head=8 --n_embd=128 --block_size=64 --vocab_size=65 \
       --patterns="['tp', ['parallel','spd']*6]" --iters=3 --warmup=2 --trace=/tmp/trace.json
---mode=pipeline times training steps through pipeline stages (tpcomm/pipeline.py) under torchrun with pp_size x tp
+--mode=pipeline times training steps through pipeline stages (tpcomm/pipeline_demo.py) under torchrun with pp_size x tp
 processes, for each of --pp_schedules at each of --microbatches (micro-batches of batch_size rows): ms/iter,
 tokens/s, the bubble of the recorded timeline next to (p-1)/(v m+p-1), each pp rank's peak activation memory (bytes
 autograd saves for backward, live at once) and the stage-boundary bytes per token:
@@ -220,6 +220,9 @@ def validate(cfg):
         raise ConfigError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg['dtype']!r}")
     if cfg["mode"] not in ("train", "decode", "memory", "pipeline"):
         raise ConfigError(f"mode must be 'train', 'decode', 'memory' or 'pipeline', got {cfg['mode']!r}")
+    if cfg["mode"] != "pipeline" and cfg["pp_size"] != 1:
+        raise ConfigError(f"pp_size applies to mode='pipeline' only, got pp_size={cfg['pp_size']!r} with "
+                          f"mode={cfg['mode']!r}; drop pp_size or give --mode=pipeline")
     if cfg["data_parallel"] not in ("ddp", "fsdp"):
         raise ConfigError(f"data_parallel must be 'ddp' or 'fsdp', got {cfg['data_parallel']!r}")
     if cfg["init_device"] not in ("default", "meta"):
@@ -268,8 +271,8 @@ def validate_pipeline(cfg, tp):
 
 
 def pipeline_bench(cfg, pd, device, device_type, dtype):
-    """--mode=pipeline: pipeline.bench on the model of the command line (its block_types)."""
-    from tpcomm import pipeline
+    """--mode=pipeline: pipeline_demo.bench on the model of the command line (its block_types)."""
+    from tpcomm import pipeline_demo
     args = dict(cfg, dropout=0.0)
 
     def new_model():
@@ -279,8 +282,8 @@ def pipeline_bench(cfg, pd, device, device_type, dtype):
     say = print if pd.is_master else (lambda *a, **k: None)
     say(f"device {device}, dtype {dtype}, {cfg['n_layer']}x{cfg['n_embd']} ({cfg['n_head']} heads), "
         f"{cfg['model_type']} {cfg['block_types'] or ''}, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    return pipeline.bench(cfg, pd, new_model=new_model, device=device, ctx=autocast_context(device_type, dtype),
-                          say=say)
+    return pipeline_demo.bench(cfg, pd, new_model=new_model, device=device, ctx=autocast_context(device_type, dtype),
+                               say=say)
 
 
 def peak_memory_mb(device):

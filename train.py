@@ -36,7 +36,8 @@ import torch
 from tpcomm import trace as comm_trace
 from tpcomm import sharded_checkpoint
 from tpcomm.runtime import RunError, RunLock, autocast_context, exit_on_run_error, make_grad_scaler, pick_device, pick_dtype, setup_runtime
-from tpcomm.checkpoint import checkpoint_model, clean_state_dict, load_checkpoint, make_checkpoint, save_checkpoint
+from tpcomm.checkpoint import (CHECKPOINT_NAME, checkpoint_model, clean_state_dict, load_checkpoint, make_checkpoint,
+                               remove_stale_temp_files, save_checkpoint)
 from tpcomm.models import MODEL_TYPES, build_model
 from configurator import ConfigError, configure, exit_on_config_error, save_config
 from tpcomm.data_parallel import DATA_PARALLEL, INIT_DEVICES, parallelize, set_gradient_sync
@@ -56,6 +57,8 @@ DEFAULTS = dict(
     trace_iter=5,  # the step traced (after a few, so start-up is not in it)
     checkpoint_format="full",  # 'full': out_dir/ckpt.pt, GPT layout, gathered | 'sharded': out_dir/ckpt_sharded (DCP)
     init_from="scratch",  # 'scratch' | 'resume' | 'gpt2' | 'gpt2-medium' | 'gpt2-large' | 'gpt2-xl'
+    overwrite=False,  # a fresh run (scratch, gpt2*) into an out_dir holding another run's checkpoint: refused unless
+    # True, which removes that checkpoint (ckpt.pt, ckpt_sharded) at the start so the folder holds one run
     # wandb
     wandb_log=False,
     wandb_project="owt",
@@ -178,7 +181,7 @@ def check_settings(cfg):
     if cfg["checkpoint_format"] not in CHECKPOINT_FORMATS:
         raise ConfigError(f"checkpoint_format must be one of {CHECKPOINT_FORMATS}, got {cfg['checkpoint_format']!r}")
     if cfg["init_from"] == "resume":
-        full = os.path.join(cfg["out_dir"], "ckpt.pt")
+        full = os.path.join(cfg["out_dir"], CHECKPOINT_NAME)
         if cfg["checkpoint_format"] == "full" and not os.path.isfile(full):
             hint = (" (there is a sharded one: resume with checkpoint_format='sharded', or convert it with python "
                     "-m tpcomm.sharded_checkpoint OUT_DIR)" if sharded_checkpoint.has_sharded(cfg["out_dir"]) else "")
@@ -186,6 +189,19 @@ def check_settings(cfg):
         if cfg["checkpoint_format"] == "sharded" and not sharded_checkpoint.has_sharded(cfg["out_dir"]):
             raise ConfigError(f"init_from='resume' with checkpoint_format='sharded' but there is no sharded "
                               f"checkpoint at {sharded_checkpoint.sharded_path(cfg['out_dir'])}")
+    elif not cfg["overwrite"]:
+        found = previous_checkpoints(cfg["out_dir"])
+        if found:
+            raise ConfigError(f"out_dir {cfg['out_dir']!r} holds another run's checkpoint ({found[0]}); a fresh run "
+                              f"(init_from={cfg['init_from']!r}) would leave it beside its own config and metrics: "
+                              f"continue that run with --init_from=resume, use another out_dir, or give "
+                              f"--overwrite=True to replace it")
+
+
+def previous_checkpoints(out_dir):
+    """The checkpoints an earlier run left in out_dir: ckpt.pt and the ckpt_sharded link (or folder)."""
+    paths = (os.path.join(out_dir, CHECKPOINT_NAME), sharded_checkpoint.sharded_path(out_dir))
+    return [p for p in paths if os.path.lexists(p)]
 
 
 def expand_block_types(block_types, n_layer):
@@ -253,6 +269,7 @@ def check_pipeline(cfg, explicit, *, dp, tp, dtype):
                                  n_microbatches="micro-batches per replica (gradient_accumulation_steps / dp)"))
     unsupported = dict(data_parallel=cfg["data_parallel"] == "fsdp", init_device=cfg["init_device"] == "meta",
                        loss_parallel=bool(cfg["loss_parallel"]),
+                       block_types="ladder" in expand_block_types(cfg["block_types"], cfg["n_layer"]),
                        checkpoint_format=cfg["checkpoint_format"] == "sharded", dtype=dtype == "float16",
                        compile=cfg["compile"] and "compile" in explicit)
     for key, bad in unsupported.items():
@@ -453,6 +470,7 @@ class Run:
     micro_offset: int  # global index of this rank's first micro-batch
     iter_num: int = 0
     best_val_loss: float = 1e9
+    saved_iter: Optional[int] = None  # the iteration of the last checkpoint this run wrote
 
 
 def load_optimizer_state(raw_model, optimizer, state):
@@ -471,6 +489,23 @@ def cropped(state_dict, block_size):
         else state_dict
 
 
+def tidy_out_dir(cfg):
+    """Before a run writes into out_dir (the master, holding its lock): the temp files of checkpoint writes that were
+    killed (their writer is dead) go, with a warning; a fresh run with overwrite=True removes the checkpoint of the
+    run it replaces, so the folder never holds one run's config beside another's checkpoint."""
+    stale = remove_stale_temp_files(cfg["out_dir"])
+    if stale:
+        sys.stderr.write(f"warning: removed {len(stale)} stale temporary checkpoint file(s) of killed writes: "
+                         f"{', '.join(stale)}\n")
+    if cfg["init_from"] != "resume" and cfg["overwrite"]:
+        previous = previous_checkpoints(cfg["out_dir"])
+        if previous:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(cfg["out_dir"], CHECKPOINT_NAME))
+            sharded_checkpoint.remove_sharded(cfg["out_dir"])
+            print(f"overwrite=True: removed the previous run's checkpoint ({', '.join(previous)})")
+
+
 def start_run(cfg, setup, pd):
     """Build the model (from scratch, a checkpoint or GPT-2), the optimizer and the data, as nanoGPT's train.py.
     The model is built whole on the device (init_device='default') or on the meta device and materialised after
@@ -481,6 +516,7 @@ def start_run(cfg, setup, pd):
     tokens_per_iter = cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
     if pd.is_master:
         os.makedirs(cfg["out_dir"], exist_ok=True)
+        tidy_out_dir(cfg)
         save_config(cfg, cfg["out_dir"])
         pp = f"pp={pd.pp} {cfg['pp_schedule']}, " if pd.pp > 1 else ""
         print(f"tokens per iteration: {tokens_per_iter:,} ({pp}dp={pd.dp}, tp={cfg['tp_size']} {cfg['tp_mode']}, "
@@ -610,10 +646,10 @@ def save(run):
         if run.pd.is_master:
             print(f"saving sharded checkpoint to {sharded_checkpoint.sharded_path(run.cfg['out_dir'])}")
         sharded_checkpoint.save_sharded(run.raw_model, run.optimizer, checkpoint, run.cfg["out_dir"], run.pd)
-        return
-    if run.pd.is_master:
+    elif run.pd.is_master:
         print(f"saving checkpoint to {run.cfg['out_dir']}")
         save_checkpoint(checkpoint, run.cfg["out_dir"])
+    run.saved_iter = run.iter_num
 
 
 def train_step(run):
@@ -673,7 +709,9 @@ def stop_if_not_finite(run, what, value):
 
 
 def train(run):
-    """The training loop, as nanoGPT's: evaluate and checkpoint every eval_interval, one step per iteration."""
+    """The training loop, as nanoGPT's: evaluate and checkpoint every eval_interval and at the last iteration
+    (max_iters, before its step, as nanoGPT does when max_iters is a multiple of eval_interval), one step per
+    iteration. Ends with a closing line."""
     cfg, master = run.cfg, run.pd.is_master
     tokens_per_iter = cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
     wandb = None
@@ -682,15 +720,18 @@ def train(run):
 
         wandb.init(project=cfg["wandb_project"], name=cfg["wandb_run_name"], config=cfg)
     local_iter_num, running_mfu = 0, -1.0
+    first_iter, last_eval = run.iter_num, None  # (iteration, losses) of the last evaluation
     while True:
         # determine and set the learning rate for this iteration
         lr = get_lr(run.iter_num, cfg)
         for group in run.optimizer.param_groups:
             group["lr"] = lr
 
-        # evaluate the loss on train/val sets and write checkpoints (never a non-finite model)
-        if run.iter_num % cfg["eval_interval"] == 0:
+        # evaluate the loss on train/val sets and write checkpoints (never a non-finite model); always at the last
+        # iteration, so a run ends evaluated and saved whatever eval_interval is
+        if run.iter_num % cfg["eval_interval"] == 0 or run.iter_num == cfg["max_iters"]:
             losses = evaluate(run)
+            last_eval = (run.iter_num, losses)
             if master:
                 print(f"step {run.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
                 run.metrics.write(iter=run.iter_num, train_loss=losses["train"], val_loss=losses["val"], lr=lr)
@@ -742,6 +783,27 @@ def train(run):
             break
     if wandb is not None:
         wandb.finish()
+    if master:
+        print(closing_line(run, first_iter, last_eval))
+
+
+def closing_line(run, first_iter, last_eval):
+    """'done: ...': the steps run, the last evaluation, and the checkpoint this run left (or why none)."""
+    cfg = run.cfg
+    path = (sharded_checkpoint.sharded_path(cfg["out_dir"]) if cfg["checkpoint_format"] == "sharded"
+            else os.path.join(cfg["out_dir"], CHECKPOINT_NAME))
+    evaluated = f"val loss {last_eval[1]['val']:.4f} at iter {last_eval[0]}" if last_eval else "not evaluated"
+    if cfg["eval_only"]:
+        return f"done: evaluation only (eval_only=True), {evaluated}"
+    if run.saved_iter is not None:
+        saved = f"checkpoint {path} (iter {run.saved_iter})"
+    elif last_eval is None or last_eval[0] == 0:
+        saved = "no checkpoint (iteration 0 is never saved, as in nanoGPT)"
+    else:
+        saved = (f"no checkpoint written: val loss never improved on {run.best_val_loss:.4f} "
+                 f"(always_save_checkpoint=False)")
+    steps = run.iter_num - first_iter
+    return f"done: {steps} step{'s' * (steps != 1)} (iters {first_iter}..{run.iter_num - 1}), {evaluated}, {saved}"
 
 
 @exit_on_config_error

@@ -233,3 +233,59 @@ def test_export_refuses_spd(runs, tmp_path):
     line = one_line_error(r)
     assert "spd" in line and "parallel" in line and "not GPT-2" in line, line
     assert not (tmp_path / "hf").exists()
+
+
+def test_export_hf_dir_that_cannot_be_created_is_one_line(runs, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for hf_dir in (afile / "hf", afile):  # under a file; a file itself
+        line = one_line_error(run_script("export_hf.py", f"--out_dir={runs('gpt')}", f"--hf_dir={hf_dir}"))
+        assert str(hf_dir) in line, line
+    assert afile.read_text() == "x"
+
+
+def test_export_refuses_a_non_empty_hf_dir_unless_overwrite(runs, tmp_path):
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    (hf_dir / "config.json").write_text("{}")
+    (hf_dir / "notes.txt").write_text("mine")
+    line = one_line_error(run_script("export_hf.py", f"--out_dir={runs('gpt')}", f"--hf_dir={hf_dir}"))
+    assert str(hf_dir) in line and "not empty" in line and "--overwrite=True" in line, line
+    assert sorted(p.name for p in hf_dir.iterdir()) == ["config.json", "notes.txt"]
+    assert (hf_dir / "config.json").read_text() == "{}"  # nothing was written over
+    r = run_script("export_hf.py", f"--out_dir={runs('gpt')}", f"--hf_dir={hf_dir}", "--overwrite=True")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (hf_dir / "config.json").read_text() != "{}" and (hf_dir / "model.safetensors").exists()
+    assert (hf_dir / "notes.txt").read_text() == "mine"  # written over, not cleared
+
+
+def test_export_special_tokens_follow_the_tokenizer(runs, tmp_path):
+    """A character-level model (vocab 65-ish) has no GPT-2 <|endoftext|>: bos/eos None, and transformers loads and
+    generates without a word about them; GPT-2 BPE vocabularies keep 50256."""
+    import json
+
+    from tpcomm.hf_export import hf_config
+
+    hf_dir = tmp_path / "hf"
+    r = run_script("export_hf.py", f"--out_dir={runs('gpt')}", f"--hf_dir={hf_dir}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    config = json.loads((hf_dir / "config.json").read_text())
+    assert config["vocab_size"] < 50257 and config["bos_token_id"] is None and config["eos_token_id"] is None
+
+    def load_and_generate(folder):
+        code = ("import torch; from transformers import GPT2LMHeadModel; "
+                f"m = GPT2LMHeadModel.from_pretrained({str(folder)!r}); "
+                "m.generate(torch.zeros(1, 2, dtype=torch.long), max_new_tokens=2, do_sample=False); print('ok')")
+        r = run_script("-W", "always", "-c", code)
+        assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+        return r.stderr
+
+    assert "token_id" not in load_and_generate(hf_dir)
+    # anti-vacuity: the old export (GPT-2's 50256 in a 65-token vocabulary) is warned about
+    config.update(bos_token_id=50256, eos_token_id=50256)
+    (hf_dir / "config.json").write_text(json.dumps(config))
+    assert "bos_token_id" in load_and_generate(hf_dir)
+    spec = dict(vocab_size=50304, block_size=32, n_embd=32, n_layer=1, n_head=4, gelu_approximate="none")
+    for vocab_size, eot in ((50257, 50256), (50304, 50256), (65, None), (50256, None)):
+        c = hf_config(dict(spec, vocab_size=vocab_size))
+        assert c.bos_token_id == c.eos_token_id == eot, vocab_size

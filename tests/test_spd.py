@@ -160,6 +160,7 @@ def test_spd_end_to_end(tiny_run):
     (["--bogus=1"], "unknown config key"),
     (["--order=random"], "order must be"),
     (["--latency_json=/no/such.json"], "latency_json"),
+    (["--tp_size=2", "--num_spd=3"], "num_spd (3) exceeds the checkpoint's number of blocks, n_layer (2)"),
 ])
 def test_spd_bad_input(tiny_run, args, message):
     r = run_script("spd.py", f"--out_dir={tiny_run}", *args)

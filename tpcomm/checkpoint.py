@@ -4,14 +4,17 @@ one-line errors for anything unreadable.
 """
 
 import contextlib
+import errno
+import glob
 import os
 import pickle
+import re
 import tempfile
 
 import torch
 
 from configurator import ConfigError
-from model import NANOGPT_ARGS
+from model import GPT, NANOGPT_ARGS, GPTConfig
 from tpcomm.models import MODEL_TYPES, build_model
 from tpcomm.runtime import RunError
 
@@ -125,6 +128,34 @@ def save_checkpoint(checkpoint, out_dir):
                        f"the previous checkpoint (if any) is kept") from None
 
 
+TEMP_PATTERN = re.compile(re.escape(CHECKPOINT_NAME) + r"\.(\d+)\..*\.tmp$")  # save_checkpoint's temp files
+
+
+def remove_stale_temp_files(out_dir):
+    """Remove the temp files save_checkpoint leaves when its process is killed mid-write (ckpt.pt.<pid>.*.tmp)
+    whose writer is no longer alive; a live process's file is never touched. Returns the paths removed."""
+    removed = []
+    for path in sorted(glob.glob(os.path.join(glob.escape(out_dir), f"{CHECKPOINT_NAME}.*.tmp"))):
+        m = TEMP_PATTERN.match(os.path.basename(path))
+        if m is None or pid_alive(int(m[1])):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+            removed.append(path)
+    return removed
+
+
+def pid_alive(pid):
+    """Whether a process `pid` exists on this machine (signal 0 checks without sending anything)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except OSError as e:
+        return e.errno == errno.EPERM  # it exists, owned by another user
+    return True
+
+
 def load_checkpoint(out_dir, map_location="cpu"):
     """out_dir/ckpt.pt, read with weights_only (plain data and tensors only). Any unreadable, truncated, empty or
     foreign file is a ConfigError naming the path."""
@@ -147,7 +178,39 @@ def load_checkpoint(out_dir, map_location="cpu"):
         checkpoint_model(checkpoint)
     except (KeyError, ValueError, TypeError, AttributeError) as e:
         raise ConfigError(f"checkpoint {path} is not a training checkpoint ({type(e).__name__}: {e})") from None
+    check_weights(checkpoint, path)
     return checkpoint
+
+
+def check_weights(checkpoint, path):
+    """A checkpoint's config (model_args) must describe its weights: the GPT-layout keys and shapes of a model of
+    that config (built on the meta device: no memory), and as many blocks as n_layer. Otherwise a ConfigError
+    naming the path, the key and both shapes, before any model is built. Every block type has GPT's layout."""
+    _, spec = checkpoint_model(checkpoint)
+    weights = clean_state_dict(checkpoint["model"])
+    shown = ", ".join(f"{k}={spec[k]}" for k in ("n_layer", "n_embd", "n_head", "vocab_size", "block_size", "bias"))
+    where = f"checkpoint {path} contradicts itself: its model_args ({shown})"
+    blocks = {int(m[1]) for k in weights for m in [re.match(r"transformer\.h\.(\d+)\.", k)] if m}
+    if len(blocks) != spec["n_layer"]:
+        raise ConfigError(f"{where} say n_layer={spec['n_layer']} but its weights hold {len(blocks)} blocks "
+                          f"(transformer.h.*); refusing to load it")
+    try:
+        with torch.device("meta"):
+            expected = GPT(GPTConfig(**{k: spec[k] for k in NANOGPT_ARGS})).state_dict()
+    except (TypeError, ValueError, RuntimeError, AssertionError) as e:  # sizes no GPT has, e.g. n_embd % n_head
+        raise ConfigError(f"{where} describe no GPT ({type(e).__name__}: {e})") from None
+    for key, want in expected.items():
+        have = weights.get(key)
+        if not torch.is_tensor(have):
+            raise ConfigError(f"{where} need {key} of shape {tuple(want.shape)}, which its weights lack; "
+                              f"refusing to load it")
+        if have.shape != want.shape:
+            raise ConfigError(f"{where} need {key} of shape {tuple(want.shape)}, its weights have "
+                              f"{tuple(have.shape)}; refusing to load it")
+    extra = sorted(set(weights) - set(expected))
+    if extra:
+        raise ConfigError(f"{where} have no place for {extra[0]} of its weights"
+                          f"{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}; refusing to load it")
 
 
 def clean_state_dict(state_dict):

@@ -20,9 +20,11 @@ from configurator import ConfigError, configure, exit_on_config_error
 DEFAULTS = dict(
     out_dir="out",  # the run whose ckpt.pt is exported
     hf_dir=None,  # the folder to write; None: <out_dir>/hf
+    overwrite=False,  # True: write into an hf_dir that already holds files (its config.json, model.safetensors)
 )
 
 HF_ACTIVATION = {"none": "gelu", "tanh": "gelu_new"}  # our GELU form -> GPT2Config.activation_function
+GPT2_EOT, GPT2_VOCAB = 50256, 50257  # GPT-2's <|endoftext|> id (its bos and eos), and its vocabulary size
 # Hugging Face's GPT-2 uses Conv1D, whose weight is the transpose of nn.Linear's
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
@@ -41,10 +43,14 @@ def exportable_spec(checkpoint):
 def hf_config(spec):
     from transformers import GPT2Config
 
+    # GPT-2's BPE (vocab_size 50257, or nanoGPT's 50304 padding of it) has <|endoftext|> as bos and eos; a
+    # character-level (or other) vocabulary has neither, and id 50256 would not even be a token of it
+    eot = GPT2_EOT if spec["vocab_size"] >= GPT2_VOCAB else None
     return GPT2Config(vocab_size=spec["vocab_size"], n_positions=spec["block_size"], n_embd=spec["n_embd"],
                       n_layer=spec["n_layer"], n_head=spec["n_head"], n_inner=4 * spec["n_embd"],
                       activation_function=HF_ACTIVATION[spec["gelu_approximate"]], layer_norm_epsilon=1e-5,
-                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True)
+                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True,
+                      bos_token_id=eot, eos_token_id=eot)
 
 
 def to_hf_state_dict(state_dict, hf_keys):
@@ -71,17 +77,42 @@ def export(checkpoint, hf_dir):
     missing, unexpected = model.load_state_dict(sd, strict=False)
     missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))]  # causal-mask buffers
     assert not missing and not unexpected, (missing, unexpected)
-    model.save_pretrained(hf_dir)
+    try:
+        os.makedirs(hf_dir, exist_ok=True)
+        model.save_pretrained(hf_dir)
+    except OSError as e:  # a full disk, a folder that went away or became read-only since check_hf_dir
+        raise ConfigError(f"could not write hf_dir {hf_dir!r}: {e.strerror or type(e).__name__}") from None
     return model
+
+
+def check_hf_dir(hf_dir, *, overwrite):
+    """hf_dir must be a folder that can be created (or is writable) and, unless overwrite, holds no files yet."""
+    if os.path.isdir(hf_dir):
+        names = sorted(os.listdir(hf_dir))
+        if names and not overwrite:
+            shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+            raise ConfigError(f"hf_dir {hf_dir!r} is not empty ({shown}); give --overwrite=True to write over "
+                              f"its files, or another hf_dir")
+        if not os.access(hf_dir, os.W_OK):
+            raise ConfigError(f"hf_dir {hf_dir!r} is not writable")
+        return
+    if os.path.lexists(hf_dir):
+        raise ConfigError(f"hf_dir {hf_dir!r} exists and is not a directory")
+    parent = os.path.dirname(os.path.abspath(hf_dir))
+    while not os.path.lexists(parent):  # the nearest existing folder is where makedirs starts
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ConfigError(f"hf_dir {hf_dir!r} cannot be created: {parent!r} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"hf_dir {hf_dir!r} cannot be created: {parent!r} is not writable")
 
 
 @exit_on_config_error
 def main(argv):
     cfg = configure(DEFAULTS, argv)
     hf_dir = cfg["hf_dir"] or os.path.join(cfg["out_dir"], "hf")
-    if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
-        raise ConfigError(f"hf_dir {hf_dir!r} exists and is not a directory")
-    checkpoint = load_checkpoint(cfg["out_dir"])
+    check_hf_dir(hf_dir, overwrite=cfg["overwrite"])
+    checkpoint = load_checkpoint(cfg["out_dir"])  # a config that contradicts its weights is refused there
     exportable_spec(checkpoint)  # refuse before writing anything
     export(checkpoint, hf_dir)
     print(f"exported {os.path.join(cfg['out_dir'], 'ckpt.pt')} (iter {checkpoint['iter_num']}) to {hf_dir}")

@@ -99,7 +99,20 @@ def sharded_path(out_dir):
 
 
 def has_sharded(out_dir):
-    return os.path.isfile(os.path.join(sharded_path(out_dir), META_NAME))
+    """Whether out_dir holds a sharded checkpoint, whole or not (load_sharded_meta tells a corrupt one)."""
+    return os.path.lexists(sharded_path(out_dir))
+
+
+def remove_sharded(out_dir):
+    """Remove out_dir's sharded checkpoint: the ckpt_sharded link and every ckpt_sharded.<iter> folder."""
+    link = sharded_path(out_dir)
+    if os.path.islink(link) or os.path.isfile(link):
+        os.remove(link)
+    elif os.path.isdir(link):
+        shutil.rmtree(link)
+    for name in os.listdir(out_dir) if os.path.isdir(out_dir) else ():
+        if name.startswith(f"{SHARDED_NAME}.") and name.removeprefix(f"{SHARDED_NAME}.").isdigit():
+            shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
 
 
 def save_sharded(raw_model, optimizer, meta, out_dir, pd):
@@ -132,15 +145,75 @@ def save_sharded(raw_model, optimizer, meta, out_dir, pd):
         dist.barrier()
 
 
+META_KEYS = ("model_args", "iter_num", "best_val_loss", "layout", "param_names", "aliases", "state_keys",
+             "unique_names", "param_groups")  # what save_sharded's meta.pt holds and loading reads
+
+
+def corrupt(out_dir, why):
+    return ConfigError(f"the sharded checkpoint {sharded_path(out_dir)} is corrupt or incomplete: {why}; resume "
+                       f"from another checkpoint, or start afresh")
+
+
 def load_sharded_meta(out_dir):
-    """meta.pt of OUT_DIR/ckpt_sharded (weights_only), or a ConfigError naming the path."""
-    path = os.path.join(sharded_path(out_dir), META_NAME)
+    """meta.pt of OUT_DIR/ckpt_sharded (weights_only), once the folder is checked whole: meta.pt readable, DCP's
+    .metadata readable and every file it points into long enough. A ConfigError naming the folder otherwise: none
+    there, or a corrupt or incomplete one."""
+    from tpcomm.checkpoint import checkpoint_model
+
+    folder = sharded_path(out_dir)
+    if not os.path.lexists(folder):
+        raise ConfigError(f"no sharded checkpoint at {folder} (out_dir={out_dir!r})")
+    if not os.path.isdir(folder):
+        raise corrupt(out_dir, "a link to nothing" if os.path.islink(folder) else "not a folder")
+    path = os.path.join(folder, META_NAME)
     if not os.path.isfile(path):
-        raise ConfigError(f"no sharded checkpoint at {sharded_path(out_dir)} (out_dir={out_dir!r})")
+        raise corrupt(out_dir, f"no {META_NAME}")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ConfigError(f"sharded checkpoint {path} is corrupt or not a checkpoint ({type(e).__name__})") from None
+        meta = torch.load(path, map_location="cpu", weights_only=True)
+        missing = [k for k in META_KEYS if k not in meta]
+        if missing:
+            raise KeyError(f"no {missing[0]!r}")
+        checkpoint_model(meta)
+    except Exception as e:  # truncated zip, junk bytes, a foreign file: torch reports these with many types
+        raise corrupt(out_dir, f"{META_NAME} does not load ({type(e).__name__})") from None
+    check_dcp_files(out_dir)
+    return meta
+
+
+def check_dcp_files(out_dir):
+    """DCP's .metadata loads, and each .distcp file holds the bytes it says (a truncated or missing file is found
+    here, before any process group starts; junk of the right length only when the tensors are read)."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = sharded_path(out_dir)
+    try:
+        md = dcp.FileSystemReader(folder).read_metadata()
+        ends = {}
+        for info in md.storage_data.values():
+            ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    except Exception as e:  # no .metadata, or junk: DCP reports these with many types
+        raise corrupt(out_dir, f"DCP's .metadata does not load ({type(e).__name__})") from None
+    for name, end in sorted(ends.items()):
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            raise corrupt(out_dir, f"{name} is missing")
+        if os.path.getsize(path) < end:
+            raise corrupt(out_dir, f"{name} is truncated ({os.path.getsize(path)} of at least {end} bytes)")
+
+
+def dcp_load(state, out_dir, *, no_dist):
+    """dcp.load into `state` in place; a file that does not read (junk where tensors should be) is a ConfigError."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: the ranks' failures
+
+    try:
+        with warnings.catch_warnings():  # "torch.distributed is ... uninitialized, assuming ... a single process"
+            if no_dist:
+                warnings.simplefilter("ignore", UserWarning)
+            dcp.load(state, checkpoint_id=sharded_path(out_dir), no_dist=no_dist)
+    except (Exception, CheckpointException) as e:
+        failures = [exc for exc, _ in e.failures.values()] if isinstance(e, CheckpointException) else [e]
+        raise corrupt(out_dir, f"its tensors do not read ({type((failures or [e])[0]).__name__})") from None
 
 
 def check_resumable(theirs, ours, out_dir):
@@ -155,11 +228,9 @@ def check_resumable(theirs, ours, out_dir):
 
 def load_sharded(raw_model, optimizer, out_dir, pd):
     """Load the weights and AdamW state in place, each rank reading what it holds (any dp, DDP or FSDP)."""
-    import torch.distributed.checkpoint as dcp
-
     init_optimizer_state(raw_model, optimizer)
     with torch.no_grad():
-        dcp.load(dcp_state(raw_model, optimizer), checkpoint_id=sharded_path(out_dir), no_dist=not pd.distributed)
+        dcp_load(dcp_state(raw_model, optimizer), out_dir, no_dist=not pd.distributed)
 
 
 # ---------- conversion to the GPT-layout ckpt.pt, on one process ----------
@@ -193,9 +264,7 @@ def read_sharded(out_dir):
     md = dcp.FileSystemReader(path).read_metadata()
     state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in md.state_dict_metadata.items()
              if isinstance(m, TensorStorageMetadata)}
-    with warnings.catch_warnings():  # "torch.distributed is ... uninitialized, assuming ... a single process": yes
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load(state, checkpoint_id=path, no_dist=True)
+    dcp_load(state, out_dir, no_dist=True)
     return meta, state
 
 
@@ -229,7 +298,11 @@ def convert(out_dir):
     from tpcomm.checkpoint import save_checkpoint
 
     meta, state = read_sharded(out_dir)
-    save_checkpoint(to_full_checkpoint(meta, state), out_dir)
+    try:
+        checkpoint = to_full_checkpoint(meta, state)
+    except (KeyError, IndexError, ValueError, RuntimeError, AssertionError) as e:  # meta.pt and the tensors disagree
+        raise corrupt(out_dir, f"{META_NAME} does not match its tensors ({type(e).__name__}: {e})") from None
+    save_checkpoint(checkpoint, out_dir)
     return os.path.join(out_dir, "ckpt.pt")
 
 

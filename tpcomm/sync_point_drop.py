@@ -105,13 +105,8 @@ def read_latencies(path, n_layer):
 
 def load_gpt(cfg):
     """(checkpoint, GPT): a 'gpt' checkpoint, or a 'distributed_gpt' one whose blocks are all 'tp' (exactly GPT)."""
-    checkpoint = load_checkpoint(cfg["out_dir"])
-    try:
-        model = build_model_from_checkpoint(checkpoint, dropout=0.0)
-    except (KeyError, RuntimeError, TypeError, ValueError) as e:  # missing keys, wrong shapes
-        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        path = os.path.join(cfg["out_dir"], CHECKPOINT_NAME)
-        raise ConfigError(f"checkpoint {path} does not load: {reason}") from None
+    checkpoint = load_checkpoint(cfg["out_dir"])  # a config that contradicts the weights: refused there
+    model = build_model_from_checkpoint(checkpoint, dropout=0.0)
     if isinstance(model, DistributedGPT):
         if any(kind != "tp" for kind in model.config.block_types):
             raise ConfigError(f"the checkpoint's blocks are {model.config.block_types}; spd.py converts a GPT "
@@ -120,6 +115,9 @@ def load_gpt(cfg):
     c = model.config
     if c.n_head % cfg["tp_size"]:
         raise ConfigError(f"n_head ({c.n_head}) must be divisible by tp_size ({cfg['tp_size']})")
+    if cfg["num_spd"] > c.n_layer:
+        raise ConfigError(f"num_spd ({cfg['num_spd']}) exceeds the checkpoint's number of blocks, n_layer "
+                          f"({c.n_layer}); give at most {c.n_layer}, or -1 to choose by max_loss_increase")
     return checkpoint, model.eval()
 
 
@@ -409,7 +407,7 @@ def distill_kl(gpt, state, tp_size, pattern, train_X, heldout_X, *, lr):
 
 def choose_num_spd(cfg, curve, base):
     if cfg["num_spd"] >= 0:
-        return min(cfg["num_spd"], len(curve) - 1)
+        return cfg["num_spd"]  # at most n_layer: load_gpt checked it
     ok = [row["spd_blocks"] for row in curve if row["recovered_loss"] <= base + cfg["max_loss_increase"]]
     return max(ok)
 
@@ -497,6 +495,89 @@ def converted_checkpoint(checkpoint, gpt, state, tp_size, pattern, spd_dir, loss
     return out
 
 
+def train_tokens(cfg, data_dir, *, n, seed, block_size, device):
+    """n batches of distillation inputs from train.bin (distill_batch_size x block_size), seeded."""
+    X, _ = token_batches(os.path.join(data_dir, "train.bin"), n=n, batch_size=cfg["distill_batch_size"],
+                         block_size=block_size, seed=seed)
+    return X.to(device)
+
+
+def classify_blocks(cfg, evaluate, state, n_layer, bar):
+    """Step 1: each block's sensitivity, the simple measure and the paper's backward sweep, and its class.
+    Returns (base loss, single, paper, the sensitivity that orders and classifies, classes)."""
+    base, single, paper = sensitivities(evaluate, state, n_layer)
+    by = paper if cfg["order"] == "paper" else single
+    classes = [classify(s, cfg["tau_isb"], cfg["tau_esb"]) for s in by]
+    n_grouped = sum(c == "ESB" for c in classes) if cfg["head_grouping"] else 0
+    bar.total += sum(c != "ISB" for c in classes) + n_grouped  # the per-block checks of step 2
+    bar.refresh()
+    return base, single, paper, by, classes
+
+
+def recover_blocks(cfg, gpt, state, evaluate, X, heldout, train_X, *, base, single, paper, classes):
+    """Step 2: recovery per block, independent of the other blocks (block-to-block targets are the original's):
+    head grouping for the extremely sensitive, then distillation for every sensitive one (train_X: None for none).
+    Returns (the per-block rows, the recovered GPT-layout weights)."""
+    n_layer, tp = gpt.config.n_layer, cfg["tp_size"]
+    recovered = dict(state)
+    blocks = []
+    for i in range(n_layer):
+        one = spd_pattern(n_layer, {i})
+        row = dict(block=i, single=single[i], paper=paper[i], **{"class": classes[i]}, grouped=None,
+                   recovered=None, mse_before=None, mse_after=None, b2b_kept=None, head_perm=None)
+        if classes[i] == "ESB" and cfg["head_grouping"]:
+            head_perm, unit_perm = head_grouping(gpt, i, tp, X[0])
+            recovered = permute_heads_and_units(recovered, {i: (head_perm, unit_perm)}, n_head=gpt.config.n_head)
+            row["head_perm"] = head_perm
+            row["grouped"] = evaluate(one, mixed(state, recovered, one), "grouped") - base
+        if classes[i] != "ISB" and train_X is not None:
+            new, row["mse_before"], row["mse_after"] = distill_block(
+                gpt, recovered, i, tp, train_X, heldout, lr=cfg["distill_lr"], desc=f"B2B block {i}")
+            row["b2b_kept"] = row["mse_after"] < row["mse_before"]  # never keep a block it made worse
+            if row["b2b_kept"]:
+                recovered.update(new)
+        if classes[i] != "ISB":
+            row["recovered"] = evaluate(one, mixed(state, recovered, one), "recovered") - base
+        blocks.append(row)
+    return blocks, recovered
+
+
+def greedy_curve(gpt, state, recovered, evaluate, tp, order, probe, latencies):
+    """Step 3: drop syncs in `order` (increasing sensitivity), k = 0..n_layer blocks: the all-reduces kept (counted
+    on `probe`), zero-shot and recovered losses, and the measured latency if given."""
+    curve = []
+    for k in range(gpt.config.n_layer + 1):
+        pattern = spd_pattern(gpt.config.n_layer, set(order[:k]))
+        model = distributed(gpt, state, tp, pattern)
+        curve.append(dict(spd_blocks=k, pattern=list(pattern), fwd_allreduces=fwd_allreduces(model, probe),
+                          zero_shot_loss=evaluate(pattern, state),
+                          recovered_loss=evaluate(pattern, mixed(state, recovered, pattern), "recovered"),
+                          ms_per_token=latencies.get(pattern)))
+    return curve
+
+
+def final_conversion(cfg, gpt, state, recovered, chosen, X, Y, heldout, kl_X, *, base):
+    """Step 4: the chosen curve point's weights, then optional KL distillation of the whole converted model (kl_X:
+    None for none). Returns (GPT-layout weights, their validation loss, the stages table, the KL before/after)."""
+    pattern = tuple(chosen["pattern"])
+    final, final_loss = mixed(state, recovered, pattern), chosen["recovered_loss"]
+    gap0 = chosen["zero_shot_loss"] - base
+
+    def stage(name, loss, recovery=True):
+        gap = loss - base
+        return dict(stage=name, loss=loss, gap=gap, closed=(1 - gap / gap0) if recovery and gap0 > 0 else None)
+
+    stages = [stage("original (all 'tp')", base, False), stage("zero-shot SPD", chosen["zero_shot_loss"], False),
+              stage("head grouping + block-to-block distillation", final_loss)]
+    kl = None
+    if kl_X is not None:
+        final, kl_before, kl_after = distill_kl(gpt, final, cfg["tp_size"], pattern, kl_X, heldout, lr=cfg["kl_lr"])
+        final_loss = mean_loss(distributed(gpt, final, cfg["tp_size"], pattern), X, Y)
+        stages.append(stage("+ KL distillation from the original's logits", final_loss))
+        kl = dict(before=kl_before, after=kl_after)
+    return final, final_loss, stages, kl
+
+
 @exit_on_config_error
 def main(argv):
     cfg = configure(DEFAULTS, argv)
@@ -515,86 +596,29 @@ def main(argv):
     X, Y = (t.to(device) for t in token_batches(os.path.join(data_dir, "val.bin"), n=cfg["eval_iters"],
                                                   batch_size=cfg["batch_size"], block_size=block_size,
                                                   seed=cfg["seed"]))
+    heldout = X[:max(1, min(4, len(X)))]
     state = {k: v.detach() for k, v in gpt.state_dict().items()}
 
     with RunLock(spd_dir, what="spd.py run"):
-        # evaluations: base, n single, n suffixes, per-block checks (added below), 2 (n + 1) curve points
+        # evaluations: base, n single, n suffixes, per-block checks (added in step 1), 2 (n + 1) curve points
         bar = tqdm(total=1 + 2 * n_layer + 2 * (n_layer + 1), desc="evaluations", file=sys.stderr)
         evaluate = Evaluator(gpt, tp, X, Y, bar)
-
-        # 1. sensitivity, the simple measure and the paper's backward sweep
-        base, single, paper = sensitivities(evaluate, state, n_layer)
-        by = paper if cfg["order"] == "paper" else single
-        classes = [classify(s, cfg["tau_isb"], cfg["tau_esb"]) for s in by]
-        n_grouped = sum(c == "ESB" for c in classes) if cfg["head_grouping"] else 0
-        bar.total += sum(c != "ISB" for c in classes) + n_grouped
-        bar.refresh()
-
-        # 2. recovery per block (independent of the other blocks: block-to-block targets are the original's)
-        heldout = X[:max(1, min(4, len(X)))]
-        recovered = dict(state)
-        blocks = []
-        train_X = None
-        if cfg["distill_steps"]:
-            train_X, _ = token_batches(os.path.join(data_dir, "train.bin"), n=cfg["distill_steps"],
-                                       batch_size=cfg["distill_batch_size"], block_size=block_size,
-                                       seed=cfg["seed"] + 1)
-            train_X = train_X.to(device)
-        for i in range(n_layer):
-            row = dict(block=i, single=single[i], paper=paper[i], **{"class": classes[i]}, grouped=None,
-                       recovered=None, mse_before=None, mse_after=None, b2b_kept=None, head_perm=None)
-            if classes[i] == "ESB" and cfg["head_grouping"]:
-                head_perm, unit_perm = head_grouping(gpt, i, tp, X[0])
-                recovered = permute_heads_and_units(recovered, {i: (head_perm, unit_perm)}, n_head=gpt.config.n_head)
-                row["head_perm"] = head_perm
-                row["grouped"] = evaluate(spd_pattern(n_layer, {i}), mixed(state, recovered, spd_pattern(n_layer, {i})),
-                                         "grouped") - base
-            if classes[i] != "ISB" and train_X is not None:
-                new, row["mse_before"], row["mse_after"] = distill_block(
-                    gpt, recovered, i, tp, train_X, heldout, lr=cfg["distill_lr"], desc=f"B2B block {i}")
-                row["b2b_kept"] = row["mse_after"] < row["mse_before"]  # never keep a block it made worse
-                if row["b2b_kept"]:
-                    recovered.update(new)
-            if classes[i] != "ISB":
-                one = spd_pattern(n_layer, {i})
-                row["recovered"] = evaluate(one, mixed(state, recovered, one), "recovered") - base
-            blocks.append(row)
-
-        # 3. the greedy curve: drop syncs in order of increasing sensitivity
+        base, single, paper, by, classes = classify_blocks(cfg, evaluate, state, n_layer, bar)
+        train_X = train_tokens(cfg, data_dir, n=cfg["distill_steps"], seed=cfg["seed"] + 1, block_size=block_size,
+                               device=device) if cfg["distill_steps"] else None
+        blocks, recovered = recover_blocks(cfg, gpt, state, evaluate, X, heldout, train_X, base=base, single=single,
+                                           paper=paper, classes=classes)
         order = sorted(range(n_layer), key=lambda i: by[i])
-        probe = X[0][:1, :8]
-        curve = []
-        for k in range(n_layer + 1):
-            pattern = spd_pattern(n_layer, set(order[:k]))
-            model = distributed(gpt, state, tp, pattern)
-            curve.append(dict(spd_blocks=k, pattern=list(pattern), fwd_allreduces=fwd_allreduces(model, probe),
-                              zero_shot_loss=evaluate(pattern, state),
-                              recovered_loss=evaluate(pattern, mixed(state, recovered, pattern), "recovered"),
-                              ms_per_token=latencies.get(pattern)))
+        curve = greedy_curve(gpt, state, recovered, evaluate, tp, order, X[0][:1, :8], latencies)
         bar.close()
 
-        # 4. the conversion written, with optional KL distillation of the whole converted model
         k = choose_num_spd(cfg, curve, base)
         chosen = curve[k]
+        kl_X = train_tokens(cfg, data_dir, n=cfg["kl_steps"], seed=cfg["seed"] + 2, block_size=block_size,
+                            device=device) if cfg["kl_steps"] and k > 0 else None
+        final, final_loss, stages, kl = final_conversion(cfg, gpt, state, recovered, chosen, X, Y, heldout, kl_X,
+                                                         base=base)
         pattern = tuple(chosen["pattern"])
-        final, final_loss = mixed(state, recovered, pattern), chosen["recovered_loss"]
-        gap0 = chosen["zero_shot_loss"] - base
-
-        def stage(name, loss, recovery=True):
-            gap = loss - base
-            return dict(stage=name, loss=loss, gap=gap, closed=(1 - gap / gap0) if recovery and gap0 > 0 else None)
-
-        stages = [stage("original (all 'tp')", base, False), stage("zero-shot SPD", chosen["zero_shot_loss"], False),
-                  stage("head grouping + block-to-block distillation", final_loss)]
-        kl = None
-        if cfg["kl_steps"] and k > 0:
-            kl_X, _ = token_batches(os.path.join(data_dir, "train.bin"), n=cfg["kl_steps"],
-                                    batch_size=cfg["distill_batch_size"], block_size=block_size, seed=cfg["seed"] + 2)
-            final, kl_before, kl_after = distill_kl(gpt, final, tp, pattern, kl_X.to(device), heldout, lr=cfg["kl_lr"])
-            final_loss = mean_loss(distributed(gpt, final, tp, pattern), X, Y)
-            stages.append(stage("+ KL distillation from the original's logits", final_loss))
-            kl = dict(before=kl_before, after=kl_after)
-
         result = dict(out_dir=cfg["out_dir"], tp_size=tp, order=cfg["order"], tau_isb=cfg["tau_isb"],
                       tau_esb=cfg["tau_esb"], eval_iters=cfg["eval_iters"],
                       eval_tokens=cfg["eval_iters"] * cfg["batch_size"] * block_size, base_loss=base,

@@ -5,6 +5,9 @@ ones, and real TP's per-step gradient sync) is a span named for where it ran (tp
 
     allreduce g fwd L3 spd mlp 24576B real        allreduce f bwd L0 tp attn 24576B sim
 
+An asynchronous all-reduce (op g_async: the ladder block's) is a span where it is issued, and the wait for its
+result a span of its own, the same label after 'wait ' (collective_events(..., waits=True) returns those too).
+
     with trace_steps("trace.json") as tracer:     # profiles, and writes the file on exit
         for _ in range(2):
             with tracer.step():                   # one "ProfilerStep#k" span per training step
@@ -39,6 +42,7 @@ STEP_PREFIX = "ProfilerStep#"  # the span of one training step (torch.profiler's
 # tp_comm.traced's label, parsed back
 LABEL = re.compile(r"^allreduce (?P<op>\w+) (?P<direction>fwd|bwd)(?: L(?P<layer>\d+) (?P<block>\S+))? "
                    r"(?P<site>\w+) (?P<bytes>\d+)B (?P<mode>sim|real)$")
+WAIT_PREFIX = "wait "  # tp_comm.traced(waiting=True): the wait for an asynchronous all-reduce, before its label
 COMPUTE_CATEGORIES = ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset")  # drawn grey by plot_timeline
 
 
@@ -106,7 +110,27 @@ def load_trace(source):
             raise TraceError(f"trace file {str(source)!r} is not readable JSON ({type(e).__name__})") from None
     if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
         raise TraceError(f"{_name(source)} is not a Chrome trace (no 'traceEvents' list)")
+    check_events(trace, source)
     return trace
+
+
+def check_events(trace, source):
+    """Every event a dict with a string 'ph' (its phase); a complete event ('X'), and any event named as a
+    collective or a training step, with a string name and numeric ts and dur. Otherwise a TraceError naming the
+    first bad event: a malformed trace would read as one with no collectives."""
+    def timed(e):
+        return all(isinstance(e.get(k), (int, float)) and not isinstance(e.get(k), bool) for k in ("ts", "dur"))
+
+    for i, e in enumerate(trace["traceEvents"]):
+        if not isinstance(e, dict) or not isinstance(e.get("ph"), str):
+            raise TraceError(f"{_name(source)}: traceEvents[{i}] is not a trace event (a dict with a 'ph' "
+                             f"string), got {str(e)[:80]}")
+        name = e.get("name")
+        named = isinstance(name, str) and (name.startswith((STEP_PREFIX, WAIT_PREFIX + "allreduce "))
+                                           or LABEL.match(name) is not None or name.startswith("allreduce "))
+        if (e["ph"] == "X" and not isinstance(name, str)) or ((e["ph"] == "X" or named) and not timed(e)):
+            raise TraceError(f"{_name(source)}: traceEvents[{i}] ({str(name)[:60]!r}, ph {e['ph']!r}) lacks a "
+                             f"string name and numeric ts and dur")
 
 
 def _name(source):
@@ -129,26 +153,30 @@ def step_spans(source):
 def parse_label(name):
     """A collective's span name -> dict(op, direction, layer, block, site, bytes, mode, category), or None for any
     other span. category: 'stream' (the residual-stream syncs comm_report counts as fwd/bwd_allreduces),
-    'vocab' (loss_parallel's embedding, head and loss) or 'grad' (real TP's gradient sync and clipping norm)."""
-    m = LABEL.match(name)
+    'vocab' (loss_parallel's embedding, head and loss), 'grad' (real TP's gradient sync and clipping norm), or
+    'wait' (the wait for an asynchronous all-reduce: the fields are those of the all-reduce waited for)."""
+    waiting = name.startswith(WAIT_PREFIX)
+    m = LABEL.match(name[len(WAIT_PREFIX):] if waiting else name)
     if m is None:
         return None
     site = m["site"]
     category = "vocab" if site.startswith("vocab") else "grad" if site.startswith("grad") else "stream"
+    if waiting:
+        category = "wait"
     return {"op": m["op"], "direction": m["direction"], "layer": None if m["layer"] is None else int(m["layer"]),
             "block": m["block"], "site": site, "bytes": int(m["bytes"]), "mode": m["mode"], "category": category}
 
 
-def collective_events(source):
+def collective_events(source, *, waits=False):
     """The collectives of a trace (a path or a loaded trace), in time order: dicts of parse_label's fields plus
     name, ts and dur (µs, the trace's clock), pid, tid and step (the index of the training step whose span holds
-    it, None outside every step)."""
+    it, None outside every step). waits=True: also the waits for asynchronous all-reduces (category 'wait')."""
     trace = load_trace(source)
     steps = step_spans(trace)
     events = []
     for e in _spans(trace):
         parsed = parse_label(e["name"])
-        if parsed is None:
+        if parsed is None or (parsed["category"] == "wait" and not waits):
             continue
         step = next((i for i, (a, b) in enumerate(steps) if a <= e["ts"] <= b), None)
         events.append(dict(parsed, name=e["name"], ts=e["ts"], dur=e["dur"], pid=e.get("pid"), tid=e.get("tid"),
