@@ -15,7 +15,9 @@ test-fast: setup
 	OMP_NUM_THREADS=2 $(PY) -m pytest -q -m fast tests
 
 # The communication sweep on Shakespeare-char (10 configs, one token budget): ~6 min on 2 CPU cores.
-# Results: experiments/cpu/results.md (.csv, .json) and three PNG plots next to it.
+# Results: one result file per run in experiments/cpu/runs/ (commit them: `python experiment.py report` makes the
+# docs' tables and plots from them), experiments/cpu/results.md (.csv, .json) and three PNG plots. 500 steps are
+# early training (fewer syncs give a lower loss there); the long runs are in docs/axes.md.
 experiment: setup
 	test -f data/shakespeare_char/train.bin -a -f data/shakespeare_char/val.bin || $(PY) data/shakespeare_char/prepare.py
 	$(PY) experiment.py cpu

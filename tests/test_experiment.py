@@ -2,10 +2,13 @@
 budgets); results.py turns metrics files into tables and plots whose numbers are the measured ones."""
 
 import csv
+import glob
 import json
 import os
 import re
+import shutil
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -13,9 +16,9 @@ import time
 import pytest
 
 from tpcomm import sweep as experiment
-from tpcomm import results
+from tpcomm import plots, results
 from configurator import ConfigError, _literal
-from conftest import TINY, run_script
+from conftest import ROOT, TINY, run_script
 
 TINY_SWEEP = [a for a in TINY if not a.startswith(("--n_layer", "--log_interval"))] + [
     "--max_iters=6", "--lr_decay_iters=6", "--eval_interval=3", "--log_interval=1"]
@@ -41,6 +44,7 @@ def test_sweep_runs_skips_finished_and_redoes_interrupted(tmp_path, char_data, c
     jobs = experiment.plan(tiny_runs(tmp_path), sweep_dir=sweep_dir, seeds=[7],
                            overrides=[*TINY_SWEEP, f"--data_dir={char_data}"])
     assert [j.label for j in jobs] == ["tp-seed7", "par-seed7"]
+    assert [j.result_path for j in jobs] == [os.path.join(sweep_dir, "runs", f"{n}-seed7.json") for n in ("tp", "par")]
     experiment.run_sweep(jobs)
     assert all(experiment.is_finished(j) for j in jobs)
     first = [metrics_mtime(j) for j in jobs]
@@ -51,7 +55,14 @@ def test_sweep_runs_skips_finished_and_redoes_interrupted(tmp_path, char_data, c
     assert capsys.readouterr().out.count("skip ") == 2
     assert [metrics_mtime(j) for j in jobs] == first
 
-    # an interrupted run (no done.json, leftovers) is started again from scratch; the finished one is kept
+    # a finished run directory whose result file is gone is recorded again, not rerun
+    os.remove(jobs[0].result_path)
+    experiment.run_sweep(jobs)
+    assert f"record {jobs[0].label}: finished earlier" in capsys.readouterr().out
+    assert experiment.is_finished(jobs[0]) and metrics_mtime(jobs[0]) == first[0]
+
+    # an interrupted run (no result file, no done.json, leftovers) is started again from scratch
+    os.remove(jobs[1].result_path)
     os.remove(os.path.join(jobs[1].out_dir, "done.json"))
     open(os.path.join(jobs[1].out_dir, "leftover"), "w").close()
     experiment.run_sweep(jobs)
@@ -61,12 +72,13 @@ def test_sweep_runs_skips_finished_and_redoes_interrupted(tmp_path, char_data, c
     with open(os.path.join(jobs[1].out_dir, "metrics.jsonl")) as f:
         assert len(f.readlines()) == len(evals) + len(train)  # no records left from the first attempt
 
-    # a changed config makes a finished run stale: it is planned for a rerun, not silently reused
+    # a changed config makes a result stale: the run is planned again, not silently reused
     stale = experiment.plan(tiny_runs(tmp_path), sweep_dir=sweep_dir, seeds=[7],
                             overrides=[*TINY_SWEEP, f"--data_dir={char_data}", "--learning_rate=1e-3"])
     assert not any(experiment.is_finished(j) for j in stale)
+    assert "stale: its config has learning_rate=" in experiment.result_problem(stale[0])
 
-    # the report reads the measured counts and the last eval record
+    # the report reads the measured counts and the last eval record from the result files
     table, plots = experiment.report(jobs, sweep_dir, title="tiny")
     rows = {r["config"]: r for r in json.load(open(os.path.join(sweep_dir, "results.json")))}
     assert rows["tp"]["fwd_allreduces"] == 4 and rows["par"]["fwd_allreduces"] == 1
@@ -74,6 +86,72 @@ def test_sweep_runs_skips_finished_and_redoes_interrupted(tmp_path, char_data, c
     assert rows["tp"]["final_iter"] == 6 and rows["par"]["gap_to_baseline"] == pytest.approx(
         rows["par"]["val_loss_mean"] - rows["tp"]["val_loss_mean"])
     assert all(os.path.getsize(p) > 10_000 for p in plots)
+
+    # ... and from them alone: without the run directories the report is the same
+    before = open(os.path.join(sweep_dir, "results.md")).read()
+    for j in jobs:
+        shutil.rmtree(j.out_dir)
+    assert experiment.report(jobs, sweep_dir, title="tiny")[0] == table
+    assert open(os.path.join(sweep_dir, "results.md")).read() == before
+    capsys.readouterr()
+    experiment.run_sweep(jobs)  # and a sweep resumes from the result files alone: nothing to run
+    assert capsys.readouterr().out.count("skip ") == 2 and not os.path.exists(jobs[0].out_dir)
+
+
+def test_result_file_holds_what_the_tables_need(tmp_path, char_data):
+    """One run's result file: config, git state, parameter counts, tokens and epochs, the val curve, measured comm
+    counts, robust timing, the machine; a few KB."""
+    job, = experiment.plan(tiny_runs(tmp_path)[:1], sweep_dir=str(tmp_path / "sweep"), seeds=[7],
+                           overrides=[*TINY_SWEEP, f"--data_dir={char_data}"], sweep="tiny")
+    experiment.run_sweep([job])
+    assert os.path.getsize(job.result_path) < 8000
+    rec = results.read_record(job.result_path)
+    assert (rec["sweep"], rec["run"], rec["seed"], rec["config"]) == ("tiny", "tp", 7, job.cfg)
+    git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if git.returncode == 0:
+        assert rec["git"]["commit"] == git.stdout.strip() and isinstance(rec["git"]["dirty"], bool)
+    from tpcomm.models import build_model
+    model = build_model("distributed_gpt", dict(job.cfg, vocab_size=rec["data"]["vocab_size"]))
+    total = sum(p.numel() for p in model.parameters())
+    emb = model.transformer.wte.weight.numel() + model.transformer.wpe.weight.numel()
+    assert rec["params"] == dict(total=total, non_embedding=total - emb)
+    per_iter = 4 * 32 * 40  # batch_size x block_size (TINY) x gradient_accumulation_steps (train.py's default)
+    train_tokens = os.path.getsize(os.path.join(char_data, "train.bin")) // 2
+    assert (rec["tokens_per_iter"], rec["tokens"]) == (per_iter, per_iter * 6)
+    assert rec["data"]["train_tokens"] == train_tokens and rec["data"]["epochs"] == pytest.approx(
+        per_iter * 6 / train_tokens)
+    evals, train = results.read_metrics(job.out_dir)
+    assert rec["val_curve"] == [[r["iter"], r["iter"] * per_iter, r["val_loss"]] for r in evals]
+    assert (rec["val_loss"], rec["final_iter"]) == (evals[-1]["val_loss"], 6)
+    assert rec["comm"]["fwd_allreduces"] == rec["comm"]["bwd_allreduces"] == 4
+    steady = sorted(r["dt_ms"] for r in train[results.SKIP_TRAIN_RECORDS:])
+    assert rec["timing"]["step_ms"] == statistics.median(steady)
+    assert rec["timing"]["tokens_per_s"] == pytest.approx(1000 * per_iter / statistics.median(steady))
+    assert rec["machine"]["cpu_count"] == os.cpu_count() and rec["machine"]["torch"]
+
+
+def test_step_timing_is_robust_and_flags_scatter():
+    """Median of the steady-state steps (each process's first records left out), tokens/s from it; p90/median
+    above 1.5 flags a run the host disturbed. Hand-computed: steady times 10, 10, 10, 10, 40 (ms); median 10;
+    p90 (inclusive) = 10 + 0.6 * 30 = 28; ratio 2.8."""
+    train = [dict(iter=i, dt_ms=ms, _seg_pos=i) for i, ms in enumerate([500, 300, 10, 10, 10, 10, 40])]
+    t = results.step_timing(train, 100)
+    assert (t["step_ms"], t["tokens_per_s"], t["steady_steps"]) == (10, 10_000, 5)
+    assert t["p90_over_median"] == pytest.approx(2.8) and t["scattered"]
+    calm = results.step_timing([dict(r, dt_ms=min(r["dt_ms"], 11)) for r in train], 100)
+    assert calm["p90_over_median"] < results.SCATTER_LIMIT and not calm["scattered"]  # anti-vacuity
+
+
+def test_sweep_output_in_a_log_has_no_escape_codes(tmp_path, monkeypatch, capfd):
+    """Not a terminal (a log file): plain numbered lines, no progress bar escape codes."""
+    jobs = [finished_job(tmp_path, seed=s) for s in (7, 8)]
+    for j in jobs:
+        os.remove(os.path.join(j.out_dir, "done.json"))
+    monkeypatch.setattr(experiment, "run_job", fake_run_job)
+    experiment.run_sweep(jobs)
+    out, err = capfd.readouterr()
+    assert "[1/2] done tp-seed7: " in out and "[2/2] done tp-seed8: " in out
+    assert "\x1b[" not in out + err and "\r" not in out + err
 
 
 def test_unequal_token_budgets_are_refused(tmp_path, char_data):
@@ -88,11 +166,64 @@ def test_unequal_token_budgets_are_refused(tmp_path, char_data):
 def test_defined_sweeps_share_one_budget_and_name_their_configs():
     for name, runs in experiment.SWEEPS.items():
         jobs = experiment.plan(runs, sweep_dir=f"experiments/{name}", seeds=[1337], check_data=False)
-        assert len({experiment.tokens_of(j.cfg) for j in jobs}) == 1, name
+        by_size = {}
         for j in jobs:
-            assert j.run.config.endswith(f"_{j.run.name}.py")
+            by_size.setdefault(experiment.model_size(j.cfg), set()).add(experiment.tokens_of(j.cfg))
+        assert all(len(t) == 1 for t in by_size.values()), name
+        for j in jobs:
+            assert j.run.config.endswith(f"_{j.run.name}.py") or j.run.config == experiment.AXES_CONFIG
     assert [r.name for r in experiment.SWEEPS["cpu"]] == [f"{n}comm" for n in (24, 18, 16, 12, 8, 6, 4, 3, 2, 1)]
     assert [r.name for r in experiment.SWEEPS["gpt2"]] == [f"{n}comm" for n in (24, 18, 16, 12, 8, 6)]
+
+
+def axes_jobs(name, seeds=None):
+    runs = experiment.SWEEPS[name]
+    return experiment.plan(runs, sweep_dir=f"experiments/{name}", seeds=seeds or experiment.SWEEP_SEEDS[name],
+                           sweep=name, homes=experiment.homes_of(runs, ()), check_data=False)
+
+
+def test_axes_sweeps_as_docs_axes_md_states():
+    """cpu-long is the axes model (12 x 64, 8 heads, tp 4, 5000 steps, checkpointing); tp-axis and size-axis share
+    its runs (same files, same configs) rather than duplicating them; seed-major, 3 seeds."""
+    long = axes_jobs("cpu-long")
+    cfg = long[0].cfg
+    assert (cfg["n_layer"], cfg["n_embd"], cfg["n_head"], cfg["tp_size"], cfg["block_size"], cfg["batch_size"]) == \
+        (12, 64, 8, 4, 64, 12)
+    assert (cfg["max_iters"], cfg["lr_decay_iters"], cfg["eval_interval"], cfg["eval_iters"]) == (5000, 5000, 250, 50)
+    assert all(j.cfg["always_save_checkpoint"] and j.cfg["dataset"] == "shakespeare_char" for j in long)
+    assert [j.seed for j in long] == [1337] * 4 + [1338] * 4 + [1339] * 4  # seed-major
+    assert [results.block_pattern(j.cfg) for j in long[:4]] == [
+        "['tp']*12", "['spd']*12", "['parallel','spd']*6", "['parallel']*12"]
+    by_path = {j.result_path: j.cfg for j in long}
+    counts = {}
+    for name in ("tp-axis", "size-axis", "convergence"):
+        jobs = axes_jobs(name)
+        counts[name] = (len(jobs), sum(j.result_path in by_path for j in jobs))
+        for j in jobs:  # a shared run: cpu-long's file and exactly cpu-long's config
+            assert j.result_path not in by_path or by_path[j.result_path] == j.cfg
+            assert (j.sweep == "cpu-long") == (j.result_path in by_path)
+    assert counts == {"tp-axis": (3 * 10 + 2, 12), "size-axis": (27, 9), "convergence": (9, 0)}
+    tp_axis = axes_jobs("tp-axis")
+    assert sorted({j.cfg["tp_size"] for j in tp_axis}) == [2, 4, 8]
+    assert sorted((j.cfg["tp_size"], j.seed) for j in tp_axis if j.run.name.startswith("all-tp")) == [
+        (2, 1337), (4, 1337), (4, 1338), (4, 1339), (8, 1337)]
+    conv = axes_jobs("convergence")
+    assert {j.cfg["max_iters"] for j in conv} == {experiment.CONVERGENCE_STEPS}
+
+
+def test_size_axis_follows_its_tokens_per_parameter_rule():
+    """docs/axes.md: steps = 3,840,000 / N(12 x 64) x N(size) / 768, to a multiple of 20 (N: non-embedding
+    parameters, counted from the models); the sizes span >= 16x; the schedule scales with the steps."""
+    jobs = axes_jobs("size-axis", seeds=[1337])
+    n = {experiment.model_size(j.cfg): results.count_params(j.cfg, 65)[1] for j in jobs}
+    per_param = 3_840_000 / n[experiment.AXES_SIZE]
+    assert max(n.values()) / min(n.values()) >= 16
+    for j in jobs:
+        steps = j.cfg["max_iters"]
+        assert steps == 20 * round(per_param * n[experiment.model_size(j.cfg)] / 768 / 20), j.run.name
+        assert (j.cfg["lr_decay_iters"], j.cfg["eval_interval"], j.cfg["warmup_iters"]) == (
+            steps, steps // 20, steps // 100)
+    assert n[experiment.AXES_SIZE] == 591_424  # the axes model: 12 x (12 x 64^2) + 2 x 12 x 64 + 64 layer norms
 
 
 def test_cli_dry_run_and_bad_input():
@@ -115,7 +246,7 @@ def test_block_pattern_is_compact_and_evaluates_back(types):
 
 
 def fake_run(root, name, *, seed, fwd, val_losses, tok_s, wall_s):
-    """A run directory as train.py + the runner leave it, with made-up numbers."""
+    """A run directory as train.py + the runner leave it, with made-up numbers (16 tokens per step)."""
     d = root / f"{name}-seed{seed}"
     d.mkdir()
     cfg = dict(seed=seed, model_type="distributed_gpt", n_layer=4, tp_size=2, tp_mode="simulated",
@@ -127,10 +258,16 @@ def fake_run(root, name, *, seed, fwd, val_losses, tok_s, wall_s):
         for k, loss in enumerate(val_losses):
             f.write(json.dumps(dict(iter=20 * k, train_loss=loss + 0.1, val_loss=loss, lr=1e-3)) + "\n")
             for i in range(20 * k, min(20 * k + 20, 41), 10):
-                f.write(json.dumps(dict(iter=i, loss=loss, lr=1e-3, dt_ms=1.0, tokens_per_s=tok_s[i // 10],
-                                        mfu=None, fwd_allreduces=fwd, bwd_allreduces=fwd, grad_sync_allreduces=4,
-                                        comm_bytes_per_token=64.0 * fwd, comm_seconds=0.0)) + "\n")
+                f.write(json.dumps(dict(iter=i, loss=loss, lr=1e-3, dt_ms=16_000 / tok_s[i // 10],
+                                        tokens_per_s=tok_s[i // 10], mfu=None, fwd_allreduces=fwd,
+                                        bwd_allreduces=fwd, grad_sync_allreduces=4, comm_bytes_per_token=64.0 * fwd,
+                                        comm_seconds=0.0)) + "\n")
     return str(d)
+
+
+def record(run_dir, name="x"):
+    """The result record of a fake run directory (no model to count parameters of)."""
+    return results.run_record(run_dir, sweep="synthetic", run=name, params=False)
 
 
 def test_writers_use_the_measured_numbers(tmp_path):
@@ -139,29 +276,33 @@ def test_writers_use_the_measured_numbers(tmp_path):
                      wall_s=10.0 + s) for s, v in ((1, 2.0), (2, 2.2))]
     low = [fake_run(tmp_path, "98comm", seed=1, fwd=3, val_losses=[4.0, 2.6, 2.35], tok_s=[1, 5, 400, 500, 600],
                     wall_s=9.0)]
-    rows = results.summarize([("99comm", base), ("98comm", low)])
+    rows = results.summarize([("99comm", [record(d) for d in base]), ("98comm", [record(d) for d in low])])
     md, csv_path, json_path = results.write_tables(rows, str(tmp_path))
-    plots = results.write_plots(rows, str(tmp_path), title="synthetic")
+    pngs = plots.write_plots(rows, str(tmp_path), title="synthetic")
 
     b, lo = rows
     assert (b["fwd_allreduces"], lo["fwd_allreduces"]) == (8, 3) and b["baseline"] == "99comm"
     assert b["val_loss_mean"] == pytest.approx(2.1) and b["val_loss_std"] == pytest.approx(statistics.stdev([2, 2.2]))
     assert lo["gap_to_baseline"] == pytest.approx(0.25)
-    assert b["tokens_per_s"] == 200 and lo["tokens_per_s"] == 500  # median of records after the first two
+    assert b["tokens_per_s"] == 200 and lo["tokens_per_s"] == 500  # median step of records after the first two
+    # steady step times 160, 53.3, 80 ms: median 80, p90 (inclusive) 80 + 0.8 * (160 - 80) = 144, ratio 1.8
+    assert b["step_ms"] == 80 and b["p90_over_median"] == pytest.approx(1.8) and b["scattered"]
     assert b["wall_s"] == pytest.approx(11.5) and b["tokens"] == 2 * 8 * 40
     text = open(md).read()
     for cell in ("| cfg_99comm.py | `['parallel','spd']*2` | 8 | 8 | 2.1000 ± 0.1414 | 2.0000–2.2000 | 2 | +0.0000 "
-                 "| 200 | 11.5 |",
-                 "| cfg_98comm.py | `['parallel','spd']*2` | 3 | 3 | 2.3500 | — | 1 | +0.2500 | 500 | 9.0 |"):
+                 "| 80.0 | 200 | 1.80 scattered | 11.5 |",
+                 "| cfg_98comm.py | `['parallel','spd']*2` | 3 | 3 | 2.3500 | — | 1 | +0.2500 | 32.0 | 500 | 1.20 | "
+                 "9.0 |"):
         assert cell in text, text
     with open(csv_path) as f:
         got = list(csv.DictReader(f))
     assert [(g["config"], int(g["fwd_allreduces"]), float(g["val_loss_mean"])) for g in got] == [
         ("99comm", 8, pytest.approx(2.1)), ("98comm", 3, 2.35)]
     assert json.load(open(json_path))[1]["val_loss_per_seed"] == [2.35]
-    for p in plots:
+    for p in pngs:
         with open(p, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+        assert plots.png_digest(p) is not None
 
 
 def test_a_count_that_changes_mid_run_is_an_error(tmp_path):
@@ -169,7 +310,7 @@ def test_a_count_that_changes_mid_run_is_an_error(tmp_path):
     with open(os.path.join(d, "metrics.jsonl"), "a") as f:
         f.write(json.dumps(dict(iter=40, loss=1.0, tokens_per_s=1.0, fwd_allreduces=7)) + "\n")
     with pytest.raises(ValueError, match="fwd_allreduces changed"):
-        results.summarize_run(d)
+        record(d)
 
 
 def test_counts_are_measured_per_config():
@@ -260,10 +401,10 @@ def test_a_corrupt_done_json_means_not_finished(tmp_path, content, capsys, monke
     """The runner writes done.json last and atomically; one it cannot read marks no finished run: the run is
     planned again (and said so), never a traceback."""
     job = finished_job(tmp_path)
-    assert experiment.is_finished(job)  # anti-vacuity: the valid file counts
+    assert experiment.run_dir_finished(job)  # anti-vacuity: the valid file counts
     with open(os.path.join(job.out_dir, "done.json"), "w", encoding="latin-1") as f:
         f.write(content)
-    assert not experiment.is_finished(job)
+    assert not experiment.run_dir_finished(job) and not experiment.is_finished(job)
     assert experiment.read_done(job.out_dir) is None
     capsys.readouterr()
     monkeypatch.setattr(experiment, "run_job", fake_run_job)
@@ -282,16 +423,41 @@ def test_a_corrupt_done_json_means_not_finished(tmp_path, content, capsys, monke
 ])
 def test_a_corrupt_metrics_file_of_a_finished_run_is_one_line_naming_it(tmp_path, line, words):
     job = finished_job(tmp_path)
-    sweep_dir = os.path.dirname(job.out_dir)
-    experiment.report([job], sweep_dir, title="tiny")  # anti-vacuity: the intact run reports
+    experiment.record_finished([job])  # anti-vacuity: the intact run is recorded
+    assert experiment.is_finished(job)
+    os.remove(job.result_path)
     path = os.path.join(job.out_dir, "metrics.jsonl")
     with open(path, "a") as f:
         f.write(line + "\n")
-    with pytest.raises(results.ResultsError, match=re.escape(f"{path} {words}")):
-        results.summarize_run(job.out_dir)
+    with pytest.raises(results.ResultsError, match=re.escape(f"{path} {words}")) as e:
+        experiment.record_finished([job])
+    assert "\n" not in str(e.value) and not os.path.exists(job.result_path)
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda text: text[:len(text) // 2], "not readable as JSON"),
+    (lambda text: text.replace('"val_loss": ', '"val_loss": "low", "x": ', 1), "'val_loss' must be a number"),
+    (lambda text: text.replace('"val_curve": [', '"val_curve": [[1, 2], ', 1), "'val_curve' must be a non-empty"),
+])
+def test_a_corrupt_result_file_is_redone_by_a_sweep_and_named_by_a_report(tmp_path, edit, words, capsys,
+                                                                          monkeypatch):
+    job = finished_job(tmp_path)
+    experiment.record_finished([job])
+    sweep_dir = os.path.dirname(job.out_dir)
+    experiment.report([job], sweep_dir, title="tiny")  # anti-vacuity: the intact file reports
+    with open(job.result_path) as f:
+        text = f.read()
+    with open(job.result_path, "w") as f:
+        f.write(edit(text))
     with pytest.raises(experiment.SweepError) as e:
         experiment.report([job], sweep_dir, title="tiny")
-    assert path in str(e.value) and "\n" not in str(e.value)
+    assert job.result_path in str(e.value) and words in str(e.value) and "\n" not in str(e.value)
+    monkeypatch.setattr(experiment, "run_job", fake_run_job)
+    capsys.readouterr()
+    experiment.run_sweep([job])  # the run directory is intact: recorded again, not rerun
+    out = capsys.readouterr().out
+    assert f"redo {job.label}: {job.result_path}: not a valid result file" in out and "record " in out
+    assert experiment.is_finished(job)
 
 
 @pytest.mark.parametrize("name, content, words", [
@@ -304,7 +470,7 @@ def test_corrupt_json_files_are_named(tmp_path, name, content, words):
     with open(os.path.join(job.out_dir, name), "w") as f:
         f.write(content)
     with pytest.raises(results.ResultsError, match=re.escape(words)):
-        results.summarize_run(job.out_dir)
+        results.run_record(job.out_dir, sweep="tiny", run="tp")
 
 
 def test_report_only_cli_names_a_corrupt_metrics_file(tmp_path):
@@ -401,18 +567,19 @@ def test_a_resumed_runs_repeated_records_do_not_distort_rates_or_curves(tmp_path
     evals, train = results.read_metrics(str(d))
     assert [r["iter"] for r in train] == list(range(6)) and [r["iter"] for r in evals] == [0, 2, 4]
     assert [r["tokens_per_s"] for r in train] == [1.0, 1.0, 2.0, 2.0, 100.0, 100.0]  # the latest record per iter
-    run = results.summarize_run(str(d))
-    assert run["curve"] == [(0, 4.0), (2, 3.7), (4, 3.5)] and (run["val_loss"], run["final_iter"]) == (3.5, 4)
+    run = results.run_record(str(d), sweep="s", run="r", params=False)
+    assert run["val_curve"] == [[0, 0, 4.0], [2, 32, 3.7], [4, 64, 3.5]]
+    assert (run["val_loss"], run["final_iter"]) == (3.5, 4)
     # the resumed process's start-up steps (iters 2, 3) are left out like the first one's (iters 0, 1): skipping
     # only the first two records of the file would give the median of [2, 2, 100, 100] = 51
-    assert run["tokens_per_s"] == 100.0
+    assert run["timing"]["tokens_per_s"] == 100.0
 
     # killed right after the eval record and checkpoint at iter 4: the resume repeats only that eval record
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
         ev(0, 4.0), *(tr(i, 1.0 if i < 2 else 100.0) for i in range(4)), ev(4, 3.5),
         ev(4, 3.4), tr(4, 2.0), tr(5, 2.0), *(tr(i, 100.0) for i in range(6, 9))]))
-    run = results.summarize_run(str(d))
-    assert run["curve"] == [(0, 4.0), (4, 3.4)] and run["tokens_per_s"] == 100.0
+    run = results.run_record(str(d), sweep="s", run="r", params=False)
+    assert run["val_curve"] == [[0, 0, 4.0], [4, 64, 3.4]] and run["timing"]["tokens_per_s"] == 100.0
     _, train = results.read_metrics(str(d))
     assert [r["iter"] for r in train if r["_seg_pos"] < results.SKIP_TRAIN_RECORDS] == [0, 1, 4, 5]
 
@@ -426,13 +593,14 @@ def test_paired_differences_confidence_intervals_and_ordering(tmp_path):
             for s in (1, 2)]
     low = [fake_run(tmp_path, "3comm", seed=s, fwd=3, val_losses=[4.0, 2.4, v], tok_s=[1] * 5, wall_s=1.0)
            for s, v in ((1, 1.9), (2, 1.7))]
-    rows = results.summarize([("8comm", base), ("3comm", low)])
+    rows = results.summarize([("8comm", [record(d) for d in base]), ("3comm", [record(d) for d in low])])
     pairs = results.paired(rows)
     mean, ci, per_seed = pairs["3comm"]["final"]
     assert per_seed == pytest.approx([-0.1, -0.3]) and mean == pytest.approx(-0.2)
     assert ci == pytest.approx(12.706 * statistics.stdev([-0.1, -0.3]) / 2 ** 0.5)
     assert results.ordering(pairs["3comm"]["curve"], 16) == (
         "lower 20-20 (0.00M-0.00M tokens); tied 40-40 (0.00M-0.00M tokens)")
+    assert results.has_pairs(rows)
     assert results.flatness(rows[0]) == (0.0, (40, 40))
     md = results.paired_markdown(rows, early_iter=20)
     assert "| 3comm | `['parallel','spd']*2` | 3 | 1.8000 ± 0.1414 | -0.2000 [-1.4706, +1.0706] | -0.1000, -0.3000 | " \
@@ -441,8 +609,8 @@ def test_paired_differences_confidence_intervals_and_ordering(tmp_path):
     paths = results.write_paired(rows, str(tmp_path))
     assert [os.path.basename(p) for p in paths] == ["paired.md", "paired_difference_vs_tokens.png"]
     # one seed: nothing to pair, nothing written
-    assert results.write_paired(results.summarize([("8comm", base[:1]), ("3comm", low[:1])]), str(tmp_path / "x")) \
-        == []
+    one = results.summarize([("8comm", [record(base[0])]), ("3comm", [record(low[0])])])
+    assert results.write_paired(one, str(tmp_path / "x")) == []
 
 
 def test_an_interrupted_checkpointing_run_resumes_from_its_checkpoint(tmp_path, char_data):
@@ -455,7 +623,8 @@ def test_an_interrupted_checkpointing_run_resumes_from_its_checkpoint(tmp_path, 
     experiment.run_sweep([whole])
     job, = experiment.plan(runs, sweep_dir=str(tmp_path / "cut"), seeds=[7], overrides=overrides)
     experiment.run_sweep([job])
-    os.remove(os.path.join(job.out_dir, "done.json"))  # as if killed after the last checkpoint ...
+    os.remove(job.result_path)  # as if killed after the last checkpoint ...
+    os.remove(os.path.join(job.out_dir, "done.json"))
     with open(os.path.join(job.out_dir, "metrics.jsonl")) as f:
         lines = f.readlines()
     with open(os.path.join(job.out_dir, "metrics.jsonl"), "w") as f:  # ... and before its last records
@@ -465,3 +634,142 @@ def test_an_interrupted_checkpointing_run_resumes_from_its_checkpoint(tmp_path, 
     with open(os.path.join(job.out_dir, "train.log")) as f:
         assert "--init_from=resume" in f.read()
     assert results.read_metrics(job.out_dir)[0] == results.read_metrics(whole.out_dir)[0]  # the evals
+    got, want = results.read_record(job.result_path), results.read_record(whole.result_path)
+    assert got["val_curve"] == want["val_curve"]
+    # its result records the planned config (config.json now says init_from='resume'): the next sweep skips it
+    assert got["config"] == job.cfg and experiment.is_finished(job)
+
+
+# ---------- `python experiment.py report`: docs tables and plots from the result files alone ----------
+
+PATTERN_LOSS = {"all-tp": 0.0, "all-spd": 0.002, "parallel-spd": 0.004, "all-parallel": 0.016}
+
+
+def fake_record(job, *, final):
+    """A result record as run_record writes it, for a planned job, with made-up losses and times (no training)."""
+    cfg, per_iter = job.cfg, results.tokens_per_iter(job.cfg)
+    steps, every = cfg["max_iters"], cfg["eval_interval"]
+    types = cfg["block_types"] if isinstance(cfg["block_types"], list) else ["tp"] * cfg["n_layer"]
+    fwd = sum({"tp": 2, "spd": 1, "parallel": 0}[t] for t in types) + (types[-1] == "parallel")
+    total, non_embedding = results.count_params(cfg, 65)
+    return dict(schema=1, sweep=job.sweep, run=job.run.name, seed=job.seed, config_file="sweep_axes.py", config=cfg,
+                git=None, params=dict(total=total, non_embedding=non_embedding), tokens_per_iter=per_iter,
+                tokens=per_iter * steps, data=dict(train_tokens=4_000_000, epochs=per_iter * steps / 4e6),
+                val_curve=[[i, i * per_iter, final + 2.0 * (1 - i / steps) ** 2] for i in range(0, steps + 1, every)],
+                val_loss=final, final_iter=steps, comm=dict(fwd_allreduces=fwd, bwd_allreduces=fwd),
+                timing=dict(step_ms=80.0 + job.seed % 7, tokens_per_s=9600.0, p90_over_median=1.1, scattered=False,
+                            wall_s=400.0), machine=None)
+
+
+def fake_results(root, name, seeds=None):
+    """Result files of every run of a sweep under root/experiments (the shared ones in their home's)."""
+    runs = experiment.SWEEPS[name]
+    jobs = experiment.plan(runs, sweep_dir=f"experiments/{name}", seeds=seeds or experiment.SWEEP_SEEDS[name],
+                           sweep=name, homes=experiment.homes_of(runs, ()), check_data=False)
+    for j in jobs:
+        pattern = next(p for p in PATTERN_LOSS if j.run.name.startswith(p))
+        final = 1.7 + PATTERN_LOSS[pattern] + 0.01 * (j.seed - 1337) + 1e-7 * j.cfg["tp_size"] + \
+            0.3 / j.cfg["n_layer"] + 0.001 * (j.seed % 3) * (pattern != "all-tp")
+        results.write_record(fake_record(j, final=final), os.path.join(root, j.result_path))
+    return jobs
+
+
+@pytest.fixture
+def docs_copy(tmp_path):
+    """A copy of README.md and docs/*.md (with their report markers) to regenerate into."""
+    (tmp_path / "docs").mkdir()
+    shutil.copy(os.path.join(ROOT, "README.md"), tmp_path / "README.md")
+    for path in glob.glob(os.path.join(ROOT, "docs", "*.md")):
+        shutil.copy(path, tmp_path / "docs")
+    return tmp_path
+
+
+def test_report_check_passes_on_the_committed_files():
+    """Every marked table in README.md and docs/*.md and every report plot in docs/ equals what the committed
+    result files give."""
+    r = run_script("experiment.py", "report", "--check")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_report_regenerates_tables_and_plots_and_check_catches_an_edit(docs_copy, capsys):
+    from tpcomm import report
+
+    root = str(docs_copy)
+    for name in ("cpu-long", "tp-axis", "size-axis"):
+        fake_results(root, name)
+    axes_md = docs_copy / "docs" / "axes.md"
+    assert "<!-- report:tp-axis-penalty -->" in axes_md.read_text()
+    assert report.main(root=root) == 0
+    text = axes_md.read_text()
+    # paired by seed: every all-spd run is 0.002 + 0.001 * (seed % 3) above its all-tp run: seeds 1337-1339 give
+    # +0.004, +0.002, +0.003: mean +0.003, CI 4.303 * 0.001 / sqrt(3) = 0.0025
+    assert "| `['spd']*12` | 12 | +0.0030 [+0.0005, +0.0055] (3) | +0.0030 [+0.0005, +0.0055] (3) |" in text, text
+    assert "| 2 x 32, 4 heads | 24,736 |" in text and "| 4 x 48, 4 heads | 111,024 |" in text
+    assert "| 12 x 64, 8 heads | 591,424 | " in text and "| `['tp']*12` | 24 | -0.0000 (1) | baseline |" in text
+    for png in ("axes_penalty_vs_tp.png", "axes_penalty_vs_size.png", "cpu_long_paired_difference.png"):
+        assert plots.png_digest(str(docs_copy / "docs" / png)) is not None, png
+    assert (docs_copy / "experiments" / "tp-axis" / "results.md").exists()  # the sweep's own outputs too
+    capsys.readouterr()
+    assert report.main(check=True, root=root) == 0 and capsys.readouterr().out == ""
+
+    # the run directories were never there: the report read the result files alone. Now edit one number ...
+    axes_md.write_text(text.replace("+0.0030 [+0.0005, +0.0055] (3)", "+0.0031 [+0.0005, +0.0055] (3)", 1))
+    assert report.main(check=True, root=root) == 1
+    assert capsys.readouterr().out.strip() == "docs/axes.md: report:tp-axis-penalty differs from the result files"
+    axes_md.write_text(text)
+    # ... or one result: the tables and the plots that show it no longer match
+    path = docs_copy / "experiments" / "size-axis" / "runs" / "all-spd-2x32-seed1338.json"
+    rec = json.loads(path.read_text())
+    rec["val_curve"][-1][2] = rec["val_loss"] = rec["val_loss"] + 0.01
+    path.write_text(json.dumps(rec))
+    assert report.main(check=True, root=root) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "docs/axes.md: report:size-axis-penalty differs from the result files" in lines
+    assert "docs/axes_penalty_vs_size.png: its data digest differs from the result files'" in lines
+    assert not any("tp-axis" in line or "penalty_vs_tp" in line for line in lines), lines
+
+
+def test_report_without_result_files_notes_them_and_refuses_bad_markers(docs_copy, capsys):
+    from tpcomm import report
+
+    root = str(docs_copy)
+    page = docs_copy / "docs" / "x.md"
+    page.write_text("<!-- report:cpu -->\nold\n<!-- /report:cpu -->\n")
+    assert report.main(["cpu"], root=root) == 0
+    assert "_No result files yet for `cpu`" in page.read_text()
+    page.write_text("<!-- report:nosuch -->\n<!-- /report:nosuch -->\n<!-- report:cpu -->\n")
+    assert report.main(["cpu"], check=True, root=root) == 1
+    assert capsys.readouterr().out.strip().splitlines()[-2:] == [
+        "docs/x.md: <!-- report:cpu --> has no <!-- /report:cpu -->",
+        "docs/x.md: unknown report block 'nosuch' (tpcomm/report.py blocks() lists them)"]
+
+
+def test_report_cli_bad_input_is_one_line():
+    for args, words in ((["report", "nosuch"], "report: sweep must be one of"), (["report", "--fix"], "--fix")):
+        r = run_script("experiment.py", *args)
+        assert r.returncode == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_result_files_are_committed_and_run_directories_ignored():
+    if subprocess.run(["git", "rev-parse"], cwd=ROOT, capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    ignored = lambda path: subprocess.run(["git", "check-ignore", "-q", "--no-index", path],  # noqa: E731
+                                          cwd=ROOT).returncode == 0
+    assert not ignored("experiments/cpu-long/runs/all-tp-seed1337.json")
+    assert ignored("experiments/cpu-long/all-tp-seed1337/metrics.jsonl")
+    assert ignored("experiments/cpu-long/results.md") and ignored("experiments/cpu-long/runs/x.json.tmp")
+    assert ignored("experiments/cpu+max_iters=20/runs/24comm-seed1337.json")  # a quick try
+
+
+def test_on_a_terminal_the_run_progress_goes_into_the_one_sweep_bar():
+    """run_job advances RunProgress (n, total, refresh) as it advanced its own bar; it shows in the sweep bar."""
+    import io
+
+    from tqdm import tqdm
+
+    out = io.StringIO()
+    with tqdm(total=2, desc="sweep", file=out) as bar:
+        progress = experiment.RunProgress(bar, "24comm-seed1337", 501)
+        progress.n = 250
+        progress.refresh()
+    assert "24comm-seed1337 iter 250/501" in out.getvalue()

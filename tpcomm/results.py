@@ -1,14 +1,17 @@
 """
-Results of a communication sweep, read from the files each run leaves in its out_dir (config.json,
-metrics.jsonl, and the runner's done.json); never from wandb, never from a config's name.
+Results of a sweep. Each finished run is summarized once into a small result file that is committed to git
+(experiments/<sweep>/runs/<run>-seed<S>.json, `run_record`); every table, plot and paired statistic is computed from
+those files alone, never from wandb, a run directory or a config's name.
 
-    rows = summarize([("24comm", [run_dir_seed1, run_dir_seed2]), ("12comm", [...]), ...])
+    record = run_record(run_dir, sweep="cpu", run="24comm")   # from train.py's config.json, metrics.jsonl, done.json
+    write_record(record, path); record = read_record(path)
+    rows = summarize([("24comm", [record_seed1, record_seed2]), ("12comm", [...]), ...])
     write_tables(rows, out_dir)   # results.md, results.csv, results.json
-    write_plots(rows, out_dir)    # val_loss_vs_allreduces.png, val_loss_curves.png, tokens_per_s_vs_allreduces.png
     write_paired(rows, out_dir)   # with 2+ seeds: paired.md and paired_difference_vs_tokens.png
+    (the plots: tpcomm/plots.py; the README's and docs' tables and plots: tpcomm/report.py)
 
-`python experiment.py <sweep> --report-only` calls these on a sweep's finished runs. A file that is not what
-train.py and the runner write (truncated JSON, a wrong type) raises ResultsError naming the file (and line).
+A file that is not what train.py, the runner or run_record write (truncated JSON, a wrong type) raises ResultsError
+naming the file (and line).
 """
 
 import csv
@@ -16,14 +19,18 @@ import itertools
 import json
 import os
 import statistics
-import textwrap
+import time
 
-SKIP_TRAIN_RECORDS = 2  # the first logged steps include process start-up and warm-up: left out of tokens/s
-PLOTS = ("val_loss_vs_allreduces.png", "val_loss_curves.png", "tokens_per_s_vs_allreduces.png")
-CSV_COLUMNS = ("config", "config_file", "block_pattern", "tp_size", "tp_mode", "fwd_allreduces", "bwd_allreduces",
-               "grad_sync_allreduces", "comm_bytes_per_token", "n_seeds", "seeds", "val_loss_mean", "val_loss_std",
-               "val_loss_min", "val_loss_max", "gap_to_baseline", "final_iter", "tokens", "tokens_per_s",
-               "comm_seconds_per_iter", "wall_s")
+from tpcomm import ROOT
+
+SKIP_TRAIN_RECORDS = 2  # the first logged steps of each process include start-up and warm-up: not steady state
+SCATTER_LIMIT = 1.5  # a run whose 90th-percentile step time exceeds its median by this factor was disturbed
+RECORD_SCHEMA = 1
+CSV_COLUMNS = ("config", "config_file", "block_pattern", "tp_size", "tp_mode", "n_layer", "n_embd", "n_head",
+               "params_non_embedding", "fwd_allreduces", "bwd_allreduces", "grad_sync_allreduces",
+               "comm_bytes_per_token", "n_seeds", "seeds", "val_loss_mean", "val_loss_std", "val_loss_min",
+               "val_loss_max", "gap_to_baseline", "final_iter", "tokens", "epochs", "step_ms", "tokens_per_s",
+               "p90_over_median", "scattered", "comm_seconds_per_iter", "wall_s")
 
 
 def compact_list(items):
@@ -50,7 +57,8 @@ def block_pattern(cfg):
 
 
 class ResultsError(ValueError):
-    """A run directory whose files cannot be read as results (corrupt JSON, wrong types): one line naming the file."""
+    """A run directory or result file that cannot be read as results (corrupt JSON, wrong types): one line naming
+    the file."""
 
 
 def _read_json(path, default=None):
@@ -71,15 +79,19 @@ def _is_number(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+def _is_int(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 # metrics.jsonl fields this module reads, and what they must hold when present (None: not measured)
 INT_FIELDS = ("fwd_allreduces", "bwd_allreduces", "grad_sync_allreduces")
-NUMBER_FIELDS = ("val_loss", "tokens_per_s", "comm_bytes_per_token", "comm_seconds")
+NUMBER_FIELDS = ("val_loss", "tokens_per_s", "dt_ms", "comm_bytes_per_token", "comm_seconds")
 
 
 def _check_record(r, where):
     if not isinstance(r, dict):
         raise ResultsError(f"{where}: expected a JSON object, got {type(r).__name__}")
-    if not (isinstance(r.get("iter"), int) and not isinstance(r["iter"], bool) and r["iter"] >= 0):
+    if not (_is_int(r.get("iter")) and r["iter"] >= 0):
         raise ResultsError(f"{where}: 'iter' must be an int >= 0, got {r.get('iter')!r}")
     if "val_loss" in r and not _is_number(r["val_loss"]):
         raise ResultsError(f"{where}: 'val_loss' must be a number, got {r['val_loss']!r}")
@@ -135,44 +147,165 @@ def _measured(train, key, run_dir):
     return values.pop() if values else None
 
 
-def summarize_run(run_dir):
-    """Numbers of one finished run (one seed)."""
+def step_timing(train, tokens_per_iter):
+    """Robust step time of a run from its logged train records: the median over steady-state steps (the first
+    SKIP_TRAIN_RECORDS records of each process left out: start-up, a resume's restart), tokens/s from that median,
+    and the scatter: the 90th percentile over the median, flagged above SCATTER_LIMIT (a run disturbed by the host).
+    A record's step time is its dt_ms, or tokens_per_iter / tokens_per_s for records written without one."""
+    def ms(r):
+        if r.get("dt_ms") is not None:
+            return r["dt_ms"]
+        return 1000 * tokens_per_iter / r["tokens_per_s"] if r.get("tokens_per_s") else None
+
+    steady = [r for r in train if r["_seg_pos"] >= SKIP_TRAIN_RECORDS] or train  # too short for steady steps: all
+    times = sorted(t for t in map(ms, steady) if t is not None)
+    if not times:
+        return dict(step_ms=None, tokens_per_s=None, p90_over_median=None, scattered=False, steady_steps=0)
+    median = statistics.median(times)
+    p90 = statistics.quantiles(times, n=10, method="inclusive")[-1] if len(times) > 1 else times[0]
+    return dict(step_ms=median, tokens_per_s=1000 * tokens_per_iter / median, p90_over_median=p90 / median,
+                scattered=p90 / median > SCATTER_LIMIT, steady_steps=len(times))
+
+
+def tokens_per_iter(cfg):
+    return cfg["batch_size"] * cfg["block_size"] * cfg["gradient_accumulation_steps"]
+
+
+def count_params(cfg, vocab_size):
+    """(total, non-embedding) parameters of the run's whole model, built on the meta device (no memory). Non-embedding
+    leaves out the token embedding (tied to lm_head) and the position embedding, as in scaling-law counts."""
+    from tpcomm.models import build_model
+
+    model = build_model(cfg["model_type"], dict(cfg, vocab_size=vocab_size, dropout=0.0), init_device="meta")
+    total = model.get_num_params(non_embedding=False)
+    return total, total - (vocab_size + cfg["block_size"]) * cfg["n_embd"]
+
+
+def data_info(cfg):
+    """The training data a run read: its data_dir's train.bin size in tokens (uint16) and vocabulary, and the
+    source prepare.py recorded (source.json); None for what is not there."""
+    from data.vocab import load_vocab
+
+    data_dir = cfg.get("data_dir") or os.path.join(ROOT, "data", cfg.get("dataset", ""))
+    train_bin = os.path.join(data_dir, "train.bin")
+    source = _read_json(os.path.join(data_dir, "source.json"), {})
+    vocab = load_vocab(data_dir) if os.path.isdir(data_dir) else None
+    return dict(train_tokens=os.path.getsize(train_bin) // 2 if os.path.isfile(train_bin) else None,
+                vocab_size=vocab["vocab_size"] if vocab else None,
+                source=source.get("source"), sha256=source.get("sha256"))
+
+
+def _run_files(run_dir):
+    """(config, evals, train, done) of a finished run directory, checked."""
     cfg_path = os.path.join(run_dir, "config.json")
     cfg = _read_json(cfg_path)
     if cfg is None:
         raise ResultsError(f"{run_dir}: no config.json (is this a train.py out_dir?)")
     for key in ("seed", "batch_size", "block_size", "gradient_accumulation_steps", "max_iters"):
-        if not (isinstance(cfg.get(key), int) and not isinstance(cfg.get(key), bool)):
+        if not _is_int(cfg.get(key)):
             raise ResultsError(f"{cfg_path}: {key!r} must be an int, got {cfg.get(key)!r}")
     evals, train = read_metrics(run_dir)
     if not evals:
         raise ResultsError(f"{os.path.join(run_dir, 'metrics.jsonl')}: no eval record (val_loss)")
-    # each process's first steps include its start-up and warm-up (a resumed run has two such starts)
-    steady = [r for r in train if r["_seg_pos"] >= SKIP_TRAIN_RECORDS]
-    steady = steady or train  # a run too short to have steady steps: all of them
     done_path = os.path.join(run_dir, "done.json")
     done = _read_json(done_path, {})
-    wall_s, config_file = done.get("wall_s"), done.get("config_file", "")
-    if not (wall_s is None or _is_number(wall_s)) or not isinstance(config_file, str):
+    if not (done.get("wall_s") is None or _is_number(done["wall_s"])) or \
+            not isinstance(done.get("config_file", ""), str):
         raise ResultsError(f"{done_path}: wall_s must be a number and config_file a string, got "
-                           f"{wall_s!r}, {config_file!r}")
+                           f"{done.get('wall_s')!r}, {done.get('config_file')!r}")
+    return cfg, evals, train, done
 
-    def med(key):
-        values = [r[key] for r in steady if r.get(key) is not None]
-        return statistics.median(values) if values else None
 
+def run_record(run_dir, *, sweep, run, config=None, git=None, machine=None, params=True):
+    """The result file of a finished run: what every table and plot needs, a few KB (the val curve, no per-step
+    curve). config: the run's config as the sweep planned it (default: the run's config.json, which a resumed run
+    rewrites with init_from='resume'); git: {"commit", "dirty"} when the run started (None outside git); machine:
+    cpu count, torch version. params=False skips building the model for the parameter counts (None then)."""
+    cfg, evals, train, done = _run_files(run_dir)
+    cfg = config or cfg
+    per_iter = tokens_per_iter(cfg)
+    data = data_info(cfg)
+    vocab = data["vocab_size"] or 50304  # as train.py: the dataset's vocabulary, else GPT-2's padded one
+    total, non_embedding = count_params(cfg, vocab) if params and "n_layer" in cfg else (None, None)
+    tokens = per_iter * cfg["max_iters"]
+    comm_seconds = [r["comm_seconds"] for r in train if r.get("comm_seconds") is not None]
     return dict(
-        run_dir=run_dir, seed=cfg["seed"], cfg=cfg, config_file=config_file,
+        schema=RECORD_SCHEMA, sweep=sweep, run=run, seed=cfg["seed"], config_file=done.get("config_file", ""),
+        config=cfg, git=git, params=dict(total=total, non_embedding=non_embedding),
+        tokens_per_iter=per_iter, tokens=tokens,
+        data=dict(data, epochs=tokens / data["train_tokens"] if data["train_tokens"] else None),
+        val_curve=[[r["iter"], r["iter"] * per_iter, r["val_loss"]] for r in evals],
         val_loss=evals[-1]["val_loss"], final_iter=evals[-1]["iter"],
-        curve=[(r["iter"], r["val_loss"]) for r in evals],
-        fwd_allreduces=_measured(train, "fwd_allreduces", run_dir),
-        bwd_allreduces=_measured(train, "bwd_allreduces", run_dir),
-        grad_sync_allreduces=_measured(train, "grad_sync_allreduces", run_dir),
-        comm_bytes_per_token=med("comm_bytes_per_token"), comm_seconds=med("comm_seconds"),
-        tokens_per_s=med("tokens_per_s"), wall_s=wall_s,
-        tokens=cfg["batch_size"] * cfg["block_size"] * cfg["gradient_accumulation_steps"] * cfg["max_iters"],
+        comm=dict(fwd_allreduces=_measured(train, "fwd_allreduces", run_dir),
+                  bwd_allreduces=_measured(train, "bwd_allreduces", run_dir),
+                  grad_sync_allreduces=_measured(train, "grad_sync_allreduces", run_dir),
+                  comm_bytes_per_token=_measured(train, "comm_bytes_per_token", run_dir),
+                  comm_seconds_per_step=statistics.median(comm_seconds) if comm_seconds else None),
+        timing=dict(step_timing(train, per_iter), wall_s=done.get("wall_s")),
+        machine=machine, finished=time.strftime("%Y-%m-%d %H:%M:%S"),
     )
 
+
+def _dumps(record):
+    """JSON, indented, with each list of plain values on one line: a val curve point is [250, 192000, 2.41]."""
+    flat = {}
+
+    def fold(x):
+        if isinstance(x, list) and not any(isinstance(v, (list, dict)) for v in x):
+            flat[f"@@{len(flat)}@@"] = json.dumps(x)
+            return f"@@{len(flat) - 1}@@"
+        if isinstance(x, (list, dict)):
+            return {k: fold(v) for k, v in x.items()} if isinstance(x, dict) else [fold(v) for v in x]
+        return x
+
+    text = json.dumps(fold(record), indent=1)
+    for key, value in flat.items():
+        text = text.replace(json.dumps(key), value, 1)
+    return text
+
+
+def write_record(record, path):
+    """The result file, atomically (a kill leaves the old file or none, never half of one)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    text = _dumps(record)
+    with open(path + ".tmp", "w") as f:
+        f.write(text + "\n")
+    os.replace(path + ".tmp", path)
+
+
+# what read_record checks: key -> (test, what it must be)
+RECORD_FIELDS = {
+    "sweep": (lambda v: isinstance(v, str), "a string"), "run": (lambda v: isinstance(v, str), "a string"),
+    "seed": (_is_int, "an int"), "config": (lambda v: isinstance(v, dict) and bool(v), "a non-empty object"),
+    "tokens_per_iter": (_is_int, "an int"), "tokens": (_is_int, "an int"), "final_iter": (_is_int, "an int"),
+    "val_loss": (_is_number, "a number"), "comm": (lambda v: isinstance(v, dict), "an object"),
+    "timing": (lambda v: isinstance(v, dict), "an object"), "params": (lambda v: isinstance(v, dict), "an object"),
+    "val_curve": (lambda v: isinstance(v, list) and bool(v) and all(
+        isinstance(p, list) and len(p) == 3 and _is_int(p[0]) and _is_number(p[1]) and _is_number(p[2])
+        for p in v), "a non-empty list of [iter, tokens, val_loss]"),
+}
+
+
+def read_record(path):
+    """A result file, checked; ResultsError naming the file and the key otherwise."""
+    record = _read_json(path)
+    if record is None:
+        raise ResultsError(f"{path}: no such result file")
+    for key, (ok, what) in RECORD_FIELDS.items():
+        if not ok(record.get(key)):
+            raise ResultsError(f"{path}: {key!r} must be {what}, got {record.get(key)!r}")
+    for key in INT_FIELDS:
+        v = record["comm"].get(key)
+        if v is not None and not _is_int(v):
+            raise ResultsError(f"{path}: comm {key!r} must be an int, got {v!r}")
+    for key in ("step_ms", "wall_s"):
+        v = record["timing"].get(key)
+        if v is not None and not _is_number(v):
+            raise ResultsError(f"{path}: timing {key!r} must be a number, got {v!r}")
+    return record
+
+
+# ---------- rows: one per config, over its seeds ----------
 
 def _mean(xs):
     xs = [x for x in xs if x is not None]
@@ -183,74 +316,132 @@ def _std(xs):
     return statistics.stdev(xs) if len(xs) > 1 else 0.0
 
 
+def size_label(row):
+    return f"{row['n_layer']}x{row['n_embd']}"
+
+
+def _row(label, recs):
+    first, cfg = recs[0], recs[0]["config"]
+    losses = [r["val_loss"] for r in recs]
+    step_ms = [r["timing"].get("step_ms") for r in recs if r["timing"].get("step_ms") is not None]
+    ratios = [r["timing"].get("p90_over_median") for r in recs if r["timing"].get("p90_over_median") is not None]
+    median_ms = statistics.median(step_ms) if step_ms else None
+    return dict(
+        config=label, config_file=first.get("config_file", ""), block_pattern=block_pattern(cfg),
+        tp_size=cfg.get("tp_size"), tp_mode=cfg.get("tp_mode"), n_layer=cfg.get("n_layer"),
+        n_embd=cfg.get("n_embd"), n_head=cfg.get("n_head"), params_non_embedding=first["params"].get("non_embedding"),
+        params_total=first["params"].get("total"), fwd_allreduces=first["comm"].get("fwd_allreduces"),
+        bwd_allreduces=first["comm"].get("bwd_allreduces"), grad_sync_allreduces=first["comm"].get(
+            "grad_sync_allreduces"), comm_bytes_per_token=first["comm"].get("comm_bytes_per_token"),
+        n_seeds=len(recs), seeds=[r["seed"] for r in recs], val_loss_per_seed=losses,
+        val_loss_mean=statistics.fmean(losses), val_loss_std=_std(losses), val_loss_min=min(losses),
+        val_loss_max=max(losses), final_iter=first["final_iter"], tokens=first["tokens"],
+        tokens_per_iter=first["tokens_per_iter"], epochs=(first.get("data") or {}).get("epochs"),
+        step_ms=median_ms, tokens_per_s=1000 * first["tokens_per_iter"] / median_ms if median_ms else None,
+        tokens_per_s_std=_std([1000 * first["tokens_per_iter"] / ms for ms in step_ms]),
+        p90_over_median=max(ratios) if ratios else None, scattered=any(r["timing"].get("scattered") for r in recs),
+        comm_seconds_per_iter=_mean(r["comm"].get("comm_seconds_per_step") for r in recs),
+        wall_s=_mean(r["timing"].get("wall_s") for r in recs),
+        curves=[[(i, v) for i, _, v in r["val_curve"]] for r in recs], cfg_max_iters=cfg["max_iters"],
+        data_sha256=sorted({(r.get("data") or {}).get("sha256") for r in recs} - {None}),
+    )
+
+
+def group_key(row):
+    """Rows compared with one baseline: the same model size trained on the same tokens (tp degree and block
+    pattern may differ: all-'tp' is the same model at every tp degree)."""
+    return row["n_layer"], row["n_embd"], row["n_head"], row["tokens"]
+
+
 def summarize(groups):
-    """One row per config from [(label, [run_dir per seed, ...]), ...]. The baseline is the row with the
-    most measured forward all-reduces (the all-'tp' model); the gap is mean val loss minus the baseline's."""
+    """One row per config from [(label, [result record per seed, ...]), ...]. Each row's baseline is the row of
+    its group (group_key) with the most measured forward all-reduces (the all-'tp' model; of several, the one with
+    the most seeds); the gap is the row's mean val loss minus the baseline's."""
     rows = []
-    for label, run_dirs in groups:
-        runs = [summarize_run(d) for d in run_dirs]
-        if not runs:
+    for label, recs in groups:
+        if not recs:
             continue
-        first, losses = runs[0], [r["val_loss"] for r in runs]
-        for key in ("fwd_allreduces", "bwd_allreduces", "final_iter", "tokens"):
-            if len({r[key] for r in runs}) > 1:
-                raise ResultsError(f"{label}: seeds disagree on {key}: {[r[key] for r in runs]}")
-        rows.append(dict(
-            config=label, config_file=first["config_file"], block_pattern=block_pattern(first["cfg"]),
-            tp_size=first["cfg"].get("tp_size"), tp_mode=first["cfg"].get("tp_mode"),
-            fwd_allreduces=first["fwd_allreduces"], bwd_allreduces=first["bwd_allreduces"],
-            grad_sync_allreduces=first["grad_sync_allreduces"], comm_bytes_per_token=first["comm_bytes_per_token"],
-            n_seeds=len(runs), seeds=[r["seed"] for r in runs], val_loss_per_seed=losses,
-            val_loss_mean=statistics.fmean(losses), val_loss_std=_std(losses),
-            val_loss_min=min(losses), val_loss_max=max(losses), final_iter=first["final_iter"],
-            tokens=first["tokens"], tokens_per_s=_mean(r["tokens_per_s"] for r in runs),
-            tokens_per_s_std=_std([r["tokens_per_s"] for r in runs if r["tokens_per_s"] is not None]),
-            comm_seconds_per_iter=_mean(r["comm_seconds"] for r in runs), wall_s=_mean(r["wall_s"] for r in runs),
-            curves=[r["curve"] for r in runs], run_dirs=[r["run_dir"] for r in runs],
-            cfg_max_iters=first["cfg"]["max_iters"],
-        ))
-    measured = [r for r in rows if r["fwd_allreduces"] is not None]
-    base = max(measured, key=lambda r: r["fwd_allreduces"]) if measured else None
-    for r in rows:
-        r["baseline"] = base["config"] if base else None
-        r["gap_to_baseline"] = r["val_loss_mean"] - base["val_loss_mean"] if base else None
+        for key in ("fwd_allreduces", "bwd_allreduces"):
+            if len({r["comm"].get(key) for r in recs}) > 1:
+                raise ResultsError(f"{label}: seeds disagree on {key}: {[r['comm'].get(key) for r in recs]}")
+        for key in ("final_iter", "tokens"):
+            if len({r[key] for r in recs}) > 1:
+                raise ResultsError(f"{label}: seeds disagree on {key}: {[r[key] for r in recs]}")
+        rows.append(_row(label, recs))
+    for key, members in itertools.groupby(sorted(rows, key=lambda r: str(group_key(r))), key=lambda r: group_key(r)):
+        members = list(members)
+        measured = [r for r in members if r["fwd_allreduces"] is not None]
+        base = max(measured, key=lambda r: (r["fwd_allreduces"], r["n_seeds"])) if measured else None
+        for r in members:
+            r["baseline"] = base["config"] if base else None
+            r["gap_to_baseline"] = r["val_loss_mean"] - base["val_loss_mean"] if base else None
     return rows
 
 
-def _fmt(x, spec):
+def baseline_of(row, rows):
+    return next((r for r in rows if r["config"] == row["baseline"]), None)
+
+
+def fmt(x, spec):
     return "n/a" if x is None else format(x, spec)
 
 
+def varies(rows, key):
+    return len({r[key] for r in rows}) > 1
+
+
+def sizes_vary(rows):
+    return len({(r["n_layer"], r["n_embd"], r["n_head"]) for r in rows}) > 1
+
+
 def markdown_table(rows):
-    base = next((r for r in rows if r["config"] == r["baseline"]), None)
-    gap = f"gap to {base['fwd_allreduces']}-sync baseline" if base else "gap to baseline"
+    bases = {r["baseline"] for r in rows}
+    base = baseline_of(rows[0], rows) if rows and len(bases) == 1 else None
+    gap = f"gap to {base['fwd_allreduces']}-sync baseline" if base else "gap to baseline (all-tp of its size)"
     n_seeds = max((r["n_seeds"] for r in rows), default=0)
-    lines = [f"| config | block pattern | fwd all-reduces | bwd all-reduces | final val loss "
-             f"({'mean ± std' if n_seeds > 1 else 'one seed'}) | min–max | seeds | {gap} | tokens/s | wall time (s) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    label = (lambda r: r["config_file"]) if len({r["config_file"] for r in rows}) == len(rows) else \
+        (lambda r: r["config"])
+    extra = [(k, h) for k, h, varies in (("tp_size", "tp", varies(rows, "tp_size")),
+                                         ("size", "model (non-embedding params)", sizes_vary(rows)),
+                                         ("final_iter", "steps", varies(rows, "final_iter"))) if varies]
+    cells = {"tp_size": lambda r: str(r["tp_size"]), "final_iter": lambda r: f"{r['final_iter']:,}",
+             "size": lambda r: f"{size_label(r)} ({fmt(r['params_non_embedding'], ',d')})"}
+    lines = ["| config | block pattern | " + "".join(f"{h} | " for _, h in extra) +
+             f"fwd all-reduces | bwd all-reduces | final val loss ({'mean ± std' if n_seeds > 1 else 'one seed'}) | "
+             f"min–max | seeds | {gap} | ms/step (median) | tokens/s | p90/median step | wall time (s) |",
+             "|---|---|" + "---:|" * (len(extra) + 10)]
     for r in rows:
-        loss = _fmt(r["val_loss_mean"], ".4f") + (f" ± {r['val_loss_std']:.4f}" if r["n_seeds"] > 1 else "")
+        loss = fmt(r["val_loss_mean"], ".4f") + (f" ± {r['val_loss_std']:.4f}" if r["n_seeds"] > 1 else "")
         spread = f"{r['val_loss_min']:.4f}–{r['val_loss_max']:.4f}" if r["n_seeds"] > 1 else "—"
-        lines.append(f"| {r['config_file'] or r['config']} | `{r['block_pattern']}` | {_fmt(r['fwd_allreduces'], 'd')}"
-                     f" | {_fmt(r['bwd_allreduces'], 'd')} | {loss} | {spread} | {r['n_seeds']} | "
-                     f"{_fmt(r['gap_to_baseline'], '+.4f')} | {_fmt(r['tokens_per_s'], ',.0f')} | "
-                     f"{_fmt(r['wall_s'], '.1f')} |")
+        scatter = fmt(r["p90_over_median"], ".2f") + (" scattered" if r["scattered"] else "")
+        lines.append(f"| {label(r) or r['config']} | `{r['block_pattern']}` | " +
+                     "".join(f"{cells[k](r)} | " for k, _ in extra) +
+                     f"{fmt(r['fwd_allreduces'], 'd')} | {fmt(r['bwd_allreduces'], 'd')} | {loss} | {spread} | "
+                     f"{r['n_seeds']} | {fmt(r['gap_to_baseline'], '+.4f')} | {fmt(r['step_ms'], '.1f')} | "
+                     f"{fmt(r['tokens_per_s'], ',.0f')} | {scatter} | {fmt(r['wall_s'], '.1f')} |")
     return "\n".join(lines)
+
+
+def table_preamble(rows):
+    """What the results table's numbers are, in a paragraph."""
+    tokens = sorted({r["tokens"] for r in rows})
+    return (f"Tokens per run (batch x block x accumulation x iters): {', '.join(f'{t:,}' for t in tokens)}. "
+            f"All-reduces are measured per forward/backward pass by counting f/g calls. Final val loss is the last "
+            f"eval record (iter {', '.join(str(i) for i in sorted({r['final_iter'] for r in rows}))}). Step time is "
+            f"the median over the steady-state logged steps of each run (the first {SKIP_TRAIN_RECORDS} of each "
+            f"process left out: start-up, a resumed run's restart), the median over seeds, and tokens/s comes from "
+            f"it; p90/median is the 90th percentile of the step times over their median, the largest over seeds, "
+            f"'scattered' above {SCATTER_LIMIT} (the host disturbed the run: its times are not comparable); wall "
+            f"time is per run, start-up and evals included (a resumed run: its last part).")
 
 
 def write_tables(rows, out_dir, *, title="Communication sweep", note=""):
     """results.md, results.csv and results.json in out_dir; returns their paths."""
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, f"results.{ext}") for ext in ("md", "csv", "json")]
-    tokens = sorted({r["tokens"] for r in rows})
     with open(paths[0], "w") as f:
         f.write(f"# {title}\n\n" + (f"{note}\n\n" if note else ""))
-        f.write(f"Tokens per run (batch x block x accumulation x iters): {', '.join(f'{t:,}' for t in tokens)}. "
-                f"All-reduces are measured per forward/backward pass by counting f/g calls. Final val loss is "
-                f"the last eval record (iter {', '.join(str(i) for i in sorted({r['final_iter'] for r in rows}))}); "
-                f"tokens/s is the median over logged steps (the first {SKIP_TRAIN_RECORDS} of each process skipped: "
-                f"start-up, and a resumed run's restart); wall time "
-                f"is per run, start-up and evals included.\n\n")
+        f.write(table_preamble(rows) + "\n\n")
         f.write(markdown_table(rows) + "\n")
     with open(paths[1], "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
@@ -259,107 +450,6 @@ def write_tables(rows, out_dir, *, title="Communication sweep", note=""):
             w.writerow(dict(r, seeds=" ".join(map(str, r["seeds"]))))
     with open(paths[2], "w") as f:
         json.dump([{k: v for k, v in r.items() if k != "curves"} for r in rows], f, indent=2)
-    return paths
-
-
-def write_plots(rows, out_dir, *, title="Communication sweep", note=""):
-    """The three PNGs in out_dir; returns their paths. `note` (e.g. the overrides) goes under each title."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    os.makedirs(out_dir, exist_ok=True)
-    paths = [os.path.join(out_dir, name) for name in PLOTS]
-    rows = [r for r in rows if r["fwd_allreduces"] is not None]
-    rows = sorted(rows, key=lambda r: -r["fwd_allreduces"])
-    base = next((r for r in rows if r["config"] == r["baseline"]), None)
-    n_seeds = max((r["n_seeds"] for r in rows), default=1)
-    seeds_txt = f"{n_seeds} seeds, error bars: std" if n_seeds > 1 else "1 seed"
-    tokens = rows[0]["tokens"] if rows else 0
-    xs = [r["fwd_allreduces"] for r in rows]
-    sim = all(r["tp_mode"] == "simulated" for r in rows)
-    tp_txt = f"tp_size={rows[0]['tp_size']} {'simulated' if sim else 'real'}" if rows else ""
-    note = "\n".join(textwrap.wrap(note, 110))
-    note = f"\n{note}" if note else ""
-
-    # 1. final val loss vs forward all-reduces, baseline marked
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    ax.errorbar(xs, [r["val_loss_mean"] for r in rows], yerr=[r["val_loss_std"] for r in rows], fmt="o-",
-                color="tab:blue", capsize=4, label="final val loss")
-    if base:
-        ax.axhline(base["val_loss_mean"], color="tab:red", ls="--", lw=1,
-                   label=f"baseline {base['block_pattern']}: {base['val_loss_mean']:.3f}")
-        ax.plot([base["fwd_allreduces"]], [base["val_loss_mean"]], "*", color="tab:red", ms=16, zorder=5)
-        for r in rows:
-            if r is base:
-                continue
-            ax.annotate(f"{r['gap_to_baseline']:+.3f}", (r["fwd_allreduces"], r["val_loss_mean"]),
-                        textcoords="offset points", xytext=(0, 9), ha="center", fontsize=8, color="0.3")
-    ax.set_xticks(sorted(set(xs)))
-    ax.margins(y=0.12)
-    ax.set_xlabel("forward all-reduces per forward pass (measured)")
-    ax.set_ylabel("final validation loss (nats/token)")
-    ax.set_title(f"{title}: final val loss vs communication\n{tp_txt}, {tokens:,} tokens per run, {seeds_txt}; "
-                 f"labels: gap to baseline{note}", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best")
-    fig.tight_layout()
-    fig.savefig(paths[0], dpi=120)
-    plt.close(fig)
-
-    # 2. val loss curves, one per config (mean over seeds), colored by communication count
-    fig, ax = plt.subplots(figsize=(12, 5.5))
-    cmap = plt.get_cmap("plasma")  # spaced by rank, so neighbouring counts stay distinguishable
-    lows, highs, starts = [], [], []
-    for rank, r in enumerate(rows):
-        iters = sorted({i for c in r["curves"] for i, _ in c})
-        per_iter = {i: [v for c in r["curves"] for j, v in c if j == i] for i in iters}
-        mean = [statistics.fmean(per_iter[i]) for i in iters]
-        is_base = base is not None and r is base
-        ax.plot(iters, mean, "o-" if len(iters) < 30 else "-", ms=3, lw=2.2 if is_base else 1.3,
-                color="black" if is_base else cmap(0.9 * rank / max(1, len(rows) - 1)),
-                label=f"{r['fwd_allreduces']:>2} all-reduces  {r['block_pattern']}")
-        lows.append(min(mean))
-        highs.extend(mean[1:2] or mean)  # zoom past the start: iter 0 is ~ln(vocab) for every run
-        starts.append(iters[:2])
-    if rows:
-        ax.set_ylim(min(lows) - 0.05, max(highs) + 0.1)
-        first = min(starts)
-        if len(first) == 2:
-            ax.set_xlim(left=first[1] - 0.25 * (first[1] - first[0]))
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("validation loss (nats/token)" + (" (mean over seeds)" if n_seeds > 1 else ""))
-    curve_seeds = f"mean over {n_seeds} seeds" if n_seeds > 1 else "1 seed"
-    ax.set_title(f"{title}: validation loss during training\n{tp_txt}, {tokens:,} tokens per run, {curve_seeds}\n"
-                 f"(zoomed past iter 0, where every run is at ~ln(vocab)){note}", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(title="forward all-reduces, block pattern", title_fontsize=9, loc="upper left",
-              bbox_to_anchor=(1.01, 1.0), prop={"family": "monospace", "size": 8})
-    fig.tight_layout()
-    fig.savefig(paths[1], dpi=120)
-    plt.close(fig)
-
-    # 3. throughput vs forward all-reduces
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    ax.errorbar(xs, [r["tokens_per_s"] for r in rows], yerr=[r["tokens_per_s_std"] for r in rows], fmt="o-",
-                color="tab:green", capsize=4, label="tokens/s (median over steps)")
-    if base and base["tokens_per_s"]:
-        ax.plot([base["fwd_allreduces"]], [base["tokens_per_s"]], "*", color="tab:red", ms=16, zorder=5,
-                label="baseline")
-    ax.set_xticks(sorted(set(xs)))
-    ax.set_ylim(bottom=0)
-    ax.set_xlabel("forward all-reduces per forward pass (measured)")
-    ax.set_ylabel("training throughput (tokens/s per model replica)")
-    sim_note = ("simulated TP: one process computes every shard, the all-reduces are in-memory sums,\n"
-            "so this shows compute differences between block types, not communication savings") if sim else \
-        "real TP: all-reduces cross process boundaries"
-    ax.set_title(f"{title}: throughput vs communication ({tp_txt})\n{sim_note}{note}", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(paths[2], dpi=120)
-    plt.close(fig)
     return paths
 
 
@@ -384,15 +474,15 @@ def _by_seed(row):
 
 
 def paired(rows):
-    """Per config: the differences config - baseline of the val loss on the seeds both ran, at every eval iteration
-    they share: {'final': (mean, ci, per-seed list), 'curve': [(iter, mean, ci)]}. The baseline's own is zero."""
-    base = next((r for r in rows if r["config"] == r["baseline"]), None)
-    if base is None:
-        return {}
-    ref = _by_seed(base)
+    """Per config: the differences config - its baseline of the val loss on the seeds both ran, at every eval
+    iteration they share: {'final': (mean, ci, per-seed list), 'curve': [(iter, mean, ci)]}. A baseline's own is
+    zero."""
     out = {}
     for r in rows:
-        mine = _by_seed(r)
+        base = baseline_of(r, rows)
+        if base is None:
+            continue
+        mine, ref = _by_seed(r), _by_seed(base)
         seeds = sorted(set(mine) & set(ref))
         iters = sorted(set.intersection(*(set(mine[s]) & set(ref[s]) for s in seeds))) if seeds else []
         if not iters:
@@ -435,71 +525,68 @@ def flatness(row):
     return (at[start] - at[last]) / at[start], (start, last)
 
 
-def paired_markdown(rows, *, early_iter=500):
-    """The paired table, the baseline's flatness and the ordering over training, as markdown."""
-    pairs = paired(rows)
-    base = next(r for r in rows if r["config"] == r["baseline"])
-    tokens_per_iter = base["tokens"] / base["cfg_max_iters"]
+def fmt_ci(mean, ci, digits=4):
+    return f"{mean:+.{digits}f}" + (f" [{mean - ci:+.{digits}f}, {mean + ci:+.{digits}f}]" if ci is not None else "")
+
+
+def _paired_group(base, members, pairs, early_iter):
+    """The flatness line and the paired table of one baseline's group."""
     improvement, (a, b) = flatness(base)
-    lines = [f"Paired with the baseline `{base['block_pattern']}` seed by seed (same seed: same initial weights, "
-             f"same batches); differences config - baseline in validation loss (nats/token), mean and 95% confidence "
-             f"interval (Student's t over the {len(pairs[base['config']]['seeds'])} seeds).", "",
-             f"Baseline flatness: its mean val loss fell {100 * improvement:.2f}% over the last fifth of training "
+    shared = sorted({i for r in members for i, _, _ in pairs[r["config"]]["curve"]})
+    early = min((i for i in shared if i >= early_iter), default=early_iter)
+    lines = [f"Baseline flatness: its mean val loss fell {100 * improvement:.2f}% over the last fifth of training "
              f"(iter {a} -> {b}); criterion for flat: under {100 * FLAT_THRESHOLD:.0f}%: "
              f"{'met' if improvement < FLAT_THRESHOLD else 'NOT met'}.", "",
              f"| config | block pattern | fwd all-reduces | final val loss | final difference [95% CI] | per seed | "
-             f"difference at iter {early_iter} [95% CI] | ordering over training (vs baseline) |",
+             f"difference at iter {early} [95% CI] | ordering over training (vs baseline) |",
              "|---|---|---:|---:|---:|---|---:|---|"]
-    for r in rows:
-        p = pairs.get(r["config"])
-        if p is None or r is base:
-            continue
-        mean, ci, per_seed = p["final"]
-        early = next(((m, c) for i, m, c in p["curve"] if i == early_iter), None)
-        fmt = (lambda m, c: f"{m:+.4f}" + (f" [{m - c:+.4f}, {m + c:+.4f}]" if c is not None else ""))
+    for r in members:
+        p = pairs[r["config"]]
+        at_early = next(((m, c) for i, m, c in p["curve"] if i == early), None)
         loss = f"{r['val_loss_mean']:.4f}" + (f" ± {r['val_loss_std']:.4f}" if r["n_seeds"] > 1 else "")
-        lines.append(f"| {r['config']} | `{r['block_pattern']}` | {_fmt(r['fwd_allreduces'], 'd')} | "
-                     f"{loss} | {fmt(mean, ci)} | "
-                     f"{', '.join(f'{d:+.4f}' for d in per_seed)} | {fmt(*early) if early else 'n/a'} | "
-                     f"{ordering(p['curve'], tokens_per_iter)} |")
+        lines.append(f"| {r['config']} | `{r['block_pattern']}` | {fmt(r['fwd_allreduces'], 'd')} | {loss} | "
+                     f"{fmt_ci(*p['final'][:2])} | {', '.join(f'{d:+.4f}' for d in p['final'][2])} | "
+                     f"{fmt_ci(*at_early) if at_early else 'n/a'} | "
+                     f"{ordering(p['curve'], base['tokens_per_iter'])} |")
+    return lines
+
+
+def paired_markdown(rows, *, early_iter=500):
+    """The paired tables (one per baseline), each with the baseline's flatness and the ordering over training, as
+    markdown. The early column is the first eval at or after early_iter."""
+    pairs = paired(rows)
+    bases = [r for r in rows if r["config"] == r["baseline"] and r["config"] in pairs]
+    n_seeds = max((len(pairs[b["config"]]["seeds"]) for b in bases), default=0)
+    lines = [f"Paired with the baseline seed by seed (same seed: same initial weights, same batches); differences "
+             f"config - baseline in validation loss (nats/token), mean and 95% confidence interval (Student's t over "
+             f"the seeds, up to {n_seeds})."]
+    for base in bases:
+        members = [r for r in rows if r["baseline"] == base["config"] and r is not base and r["config"] in pairs]
+        if not members:
+            continue
+        lines += ["", f"Baseline `{base['block_pattern']}` ({base['config']}" +
+                  (f", {size_label(base)}, {base['tokens']:,} tokens)" if len(bases) > 1 else ")") + ".", ""]
+        lines += _paired_group(base, members, pairs, early_iter)
     return "\n".join(lines)
+
+
+def has_pairs(rows):
+    """The baseline and another config have 2+ common seeds: a paired comparison says something."""
+    return any(len(p["seeds"]) > 1 for c, p in paired(rows).items()
+               if c not in {r["baseline"] for r in rows})
 
 
 def write_paired(rows, out_dir, *, title="Communication sweep"):
     """paired.md and paired_difference_vs_tokens.png when the baseline and another config have 2+ common seeds;
     returns their paths ([] otherwise)."""
-    pairs = paired(rows)
-    base = next((r for r in rows if r["config"] == r["baseline"]), None)
-    if base is None or not any(len(p["seeds"]) > 1 for c, p in pairs.items() if c != base["config"]):
+    if not has_pairs(rows):
         return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    os.makedirs(out_dir, exist_ok=True)
     md, png = os.path.join(out_dir, "paired.md"), os.path.join(out_dir, "paired_difference_vs_tokens.png")
     with open(md, "w") as f:
         f.write(f"# {title}: paired differences to the baseline\n\n{paired_markdown(rows)}\n")
-    tokens_per_iter = base["tokens"] / base["cfg_max_iters"]
-    fig, ax = plt.subplots(figsize=(10, 5.5))
-    ax.axhline(0, color="black", lw=1.5, label=f"baseline {base['block_pattern']}")
-    cmap = plt.get_cmap("plasma")
-    others = sorted((r for r in rows if r is not base and r["config"] in pairs), key=lambda r: -r["fwd_allreduces"])
-    for k, r in enumerate(others):
-        curve = [(i, m, c or 0.0) for i, m, c in pairs[r["config"]]["curve"] if i > 0]
-        x = [i * tokens_per_iter / 1e6 for i, _, _ in curve]
-        mean = [m for _, m, _ in curve]
-        color = cmap(0.85 * k / max(1, len(others) - 1))
-        ax.plot(x, mean, "o-", ms=3, color=color, label=f"{r['fwd_allreduces']} all-reduces {r['block_pattern']}")
-        ax.fill_between(x, [m - c for _, m, c in curve], [m + c for _, m, c in curve], color=color, alpha=0.2)
-    ax.set_xlabel("training tokens (millions)")
-    ax.set_ylabel("val loss minus the baseline's, same seed (nats/token)")
-    ax.set_title(f"{title}: paired difference to the baseline during training\nmean over "
-                 f"{len(pairs[base['config']]['seeds'])} seeds, band: 95% confidence interval; below 0 = better "
-                 f"than the baseline", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best", prop={"family": "monospace", "size": 8})
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
+    from tpcomm import plots
+
+    data, draw = plots.paired_plot(rows, title=title)
+    plots.save_png(draw(), png, data)
     return [md, png]

@@ -1,32 +1,44 @@
 """
-The communication sweep, this repo's main experiment: train one config per communication budget, all at one
-token budget, one run after another; then write a results table and plots from the runs' metrics files.
+The sweeps: train one config per point (a communication budget, a tp degree, a model size), one run after another;
+each finished run leaves a small result file that is committed to git, and every table and plot is computed from
+those files alone (tpcomm/results.py; the docs' tables and plots: tpcomm/report.py).
 
 $ python experiment.py cpu                             # Shakespeare-char, 10 budgets, ~8 min on 2 CPU cores
-$ python experiment.py cpu --seeds=1337,1338,1339      # more seeds (finished runs are skipped, not redone)
+$ python experiment.py cpu --seeds=1337,1338,1339      # more seeds (runs with a result file are skipped, not redone)
 $ python experiment.py cpu --max_iters=20 --eval_interval=10 --lr_decay_iters=20   # quick try, own directory
-$ python experiment.py cpu --report-only               # table and plots again from the finished runs
+$ python experiment.py cpu --report-only               # table and plots again from the result files
 $ python experiment.py gpt2 --nproc=8                  # GPT-2 124M on OpenWebText, 20k steps per run (GPUs)
 $ python experiment.py cpu-real                        # real TP over 2 processes (gloo): does wall time drop?
-$ python experiment.py cpu-long --seeds=1337,1338,1339  # 4 patterns trained 10x longer (~100 min, 1 free core)
+$ python experiment.py cpu-long                        # the axes model, 4 patterns, 5000 steps, 3 seeds (docs/axes.md)
+$ python experiment.py tp-axis                         # the same at tp 2, 4, 8 (tp 4: cpu-long's runs, shared)
+$ python experiment.py size-axis                       # 3 model sizes at one tokens/parameter (12 x 64: cpu-long's)
+$ python experiment.py convergence                     # the axes model trained until the baseline is flat
+$ python experiment.py report [--check]                # every docs table and plot from the result files
 $ python experiment.py gpt2 --counts                   # measured all-reduces and bytes/token of each config
 
 Runner options: --seeds=S1,S2  --nproc=N (torchrun when > 1)  --out=DIR  --report-only  --dry-run  --counts.
 Every other --key=value goes to train.py (and names the sweep directory, so a quick try never touches the
-real runs). Runs live in experiments/<sweep>[+overrides]/<run>-seed<S>/ with train.py's config.json and
-metrics.jsonl, the run's train.log (written line by line as train.py prints, so it is complete up to a kill),
-and done.json once it finished; a run without a readable done.json (interrupted) is started again from scratch,
-or, when its config checkpoints at every eval (always_save_checkpoint, as cpu-long), goes on from its ckpt.pt.
-Ctrl-C or kill stops the sweep and its train.py. A sweep holds a lock on its directory while it runs: a second
-sweep there refuses to start. Results: results.md/.csv/.json and three PNGs in the sweep directory; with 2+
-seeds also paired.md and paired_difference_vs_tokens.png (differences to the baseline seed by seed, 95% CIs). Runner options and every run's train.py config are
-checked before the first run starts; a user error (a bad value, a corrupt metrics file of a finished run, a
-locked directory) is one line naming it, exit status 2.
+real runs). A run works in experiments/<sweep>[+overrides]/<run>-seed<S>/ (ignored by git) with train.py's
+config.json and metrics.jsonl, the run's train.log (written line by line as train.py prints, so it is complete up to
+a kill), and done.json once train.py finished; the runner then writes its result file
+experiments/<sweep>[+overrides]/runs/<run>-seed<S>.json (committed; results.run_record says what it holds). A run
+whose result file exists and records the same config is skipped, so a sweep resumes on any machine from the
+committed files alone. A run shared by two sweeps (Run.home: tp-axis's and size-axis's tp-4 12 x 64 runs are
+cpu-long's) lives in its home sweep's directory. A run without a result file whose directory has a valid done.json
+is recorded, not rerun; any other (interrupted) run is started again from scratch, or, when its config checkpoints
+at every eval (always_save_checkpoint, as the axes sweeps), goes on from its ckpt.pt. Ctrl-C or kill stops the sweep
+and its train.py. A sweep holds a lock on each directory it writes while it runs: a second sweep there refuses to
+start. Results: results.md/.csv/.json and three PNGs in the sweep directory; with 2+ seeds also paired.md and
+paired_difference_vs_tokens.png (differences to the baseline seed by seed, 95% CIs). Runner options and every
+run's train.py config are checked before the first run starts; a user error (a bad value, a corrupt file of a
+finished run, a locked directory) is one line naming it, exit status 2.
 """
 
+import contextlib
 import hashlib
 import json
 import os
+import platform
 import re
 import shutil
 import signal
@@ -35,11 +47,11 @@ import sys
 import time
 from dataclasses import dataclass
 
-from tpcomm import results
+from tpcomm import plots, results
 from configurator import ConfigError
 
 from tpcomm import ROOT
-RUNNER_OPTIONS = ("seeds", "nproc", "out", "report-only", "dry-run", "counts")
+RUNNER_OPTIONS = ("seeds", "nproc", "out", "report-only", "dry-run", "counts", "check")
 
 
 @dataclass(frozen=True)
@@ -49,10 +61,53 @@ class Run:
     config: str  # relative to the repo root
     overrides: tuple = ()
     nproc: int = 1  # processes per run (torchrun when > 1)
+    home: str = None  # the sweep whose directory holds this run when another sweep shares it (None: this sweep's)
+    seeds: tuple = None  # the only seeds this run is trained with (None: every seed of the sweep)
 
 
 def comm_runs(pattern, budgets, *, overrides=(), nproc=1):
     return [Run(f"{n}comm", pattern.format(n), tuple(overrides), nproc) for n in budgets]
+
+
+# ---- the axes sweeps (docs/axes.md): one model, varied along one axis at a time, 3 seeds, resumable ----
+AXES_CONFIG = "config/sweep_axes.py"  # 12 layers x 64, 8 heads, tp 4, 5000 steps, eval every 250 on 50 batches
+AXES_SIZE, AXES_STEPS, AXES_SEEDS = (12, 64, 8), 5000, (1337, 1338, 1339)
+PATTERNS = {  # block pattern of n layers; a 'ladder' pattern is one more entry here, then in TP_AXIS_PATTERNS
+    "all-tp": lambda n: ["tp"] * n,
+    "all-spd": lambda n: ["spd"] * n,
+    "parallel-spd": lambda n: ["parallel", "spd"] * (n // 2),
+    "all-parallel": lambda n: ["parallel"] * n,
+}
+TP_AXIS_PATTERNS = ("all-spd", "parallel-spd", "all-parallel")
+# (n_layer, n_embd, n_head): max_iters. Tokens per parameter fixed (docs/axes.md, "The size axis"): steps =
+# 3,840,000 / 591,424 non-embedding parameters (the 12 x 64 model at 5000 steps: 6.49 tokens/param) x the size's
+# non-embedding parameters / 768 tokens per step, rounded to a multiple of 20 (an eval every 5% of training);
+# tests/test_experiment.py recomputes it from the models.
+SIZES = {(12, 64, 8): 5000, (4, 48, 4): 940, (2, 32, 4): 200}
+CONVERGENCE_STEPS = 20000  # docs/axes.md, "The convergence run": the estimate from the old cpu-long curve, with margin
+
+
+def axes_run(pattern, *, tp=4, size=AXES_SIZE, steps=AXES_STEPS, home=None, seeds=None):
+    """A run of the axes model with one thing changed. The schedule scales with the steps: warmup 1%, cosine decay
+    to the last step, an eval every 5% (5000 steps: warmup 50, eval every 250, as config/sweep_axes.py)."""
+    n_layer, n_embd, n_head = size
+    overrides = [f"--block_types={results.compact_list(PATTERNS[pattern](n_layer))}"]
+    name = pattern
+    if tp != 4:
+        overrides.append(f"--tp_size={tp}")
+        name += f"-tp{tp}"
+    if size != AXES_SIZE:
+        overrides += [f"--n_layer={n_layer}", f"--n_embd={n_embd}", f"--n_head={n_head}"]
+        name += f"-{n_layer}x{n_embd}"
+    if steps != AXES_STEPS:
+        overrides += [f"--max_iters={steps}", f"--lr_decay_iters={steps}", f"--warmup_iters={steps // 100}",
+                      f"--eval_interval={steps // 20}"]
+    return Run(name, AXES_CONFIG, tuple(overrides), home=home, seeds=seeds)
+
+
+def shared(pattern, **kw):
+    """An axes run that is one of cpu-long's (tp 4, the axes model, 5000 steps): its files are cpu-long's."""
+    return axes_run(pattern, home="cpu-long", **kw)
 
 
 SWEEPS = {
@@ -63,12 +118,26 @@ SWEEPS = {
     # the CPU configs with real tensor parallelism: 2 processes, one shard each, all-reduces through gloo
     "cpu-real": comm_runs("config/train_shakespeare_char_{}comm.py", (24, 18, 16, 12, 8, 6, 4, 3, 2, 1),
                           overrides=("--tp_size=2", "--tp_mode=real"), nproc=2),
-    # past the early phase: four 12-layer patterns (all tp, all spd, half parallel, all parallel) trained 10x longer
-    # than "cpu", evaluated every 250 steps; checkpoints every eval, so an interrupted run resumes. ~8 min a run on
-    # one free core
-    "cpu-long": comm_runs("config/train_shakespeare_char_{}comm.py", (24, 12, 6, 1),
-                          overrides=("--max_iters=5000", "--lr_decay_iters=5000", "--eval_interval=250",
-                                     "--eval_iters=50", "--always_save_checkpoint=True")),
+    # past the early phase: the axes model (cpu's 12 x 64 with 8 heads) in four patterns, 10x longer than "cpu";
+    # replaces the old n_head=4 cpu-long, whose results were never committed
+    "cpu-long": [axes_run(p) for p in ("all-tp", "all-spd", "parallel-spd", "all-parallel")],
+    # the tp degree: 2, 4 (cpu-long's runs) and 8; all-tp once at tp 4, and for seed 1337 at tp 2 and 8 to show it
+    # is the same model at every degree
+    "tp-axis": [shared("all-tp"),
+                *(axes_run(p, tp=tp) if tp != 4 else shared(p) for tp in (2, 4, 8) for p in TP_AXIS_PATTERNS),
+                axes_run("all-tp", tp=2, seeds=(1337,)), axes_run("all-tp", tp=8, seeds=(1337,))],
+    # the model size at one tokens/parameter: 3 sizes spanning 24x in non-embedding parameters (12 x 64: cpu-long's)
+    "size-axis": [shared(p) if size == AXES_SIZE else axes_run(p, size=size, steps=steps)
+                  for size, steps in SIZES.items() for p in ("all-tp", "all-spd", "all-parallel")],
+    # the axes model trained until the all-tp baseline's val loss falls < 1% over the last fifth (results.flatness)
+    "convergence": [axes_run(p, steps=CONVERGENCE_STEPS) for p in ("all-tp", "all-spd", "all-parallel")],
+}
+SWEEP_SEEDS = {name: AXES_SEEDS for name in ("cpu-long", "tp-axis", "size-axis", "convergence")}  # else 1337
+SWEEP_REMARKS = {  # printed with the sweep's table and written into its results.md
+    "cpu": "These 500-step runs (384,000 tokens) are early training: here fewer syncs give a LOWER loss, an effect "
+           "that vanished, or flipped (all-parallel ended higher), by ~1.5M tokens when the model was trained 10x "
+           "longer; the long runs are in docs/axes.md (`python experiment.py cpu-long`): read them before taking "
+           "this table as a quality result.",
 }
 
 
@@ -80,10 +149,12 @@ class SweepError(ValueError):
 class Job:
     run: Run
     seed: int
-    out_dir: str
+    out_dir: str  # the run's working directory (ignored by git)
     args: list  # train.py arguments
     cfg: dict  # train.py's resolved config for these arguments
     nproc: int
+    sweep: str = ""  # the sweep whose directory holds the run (its home)
+    result_path: str = ""  # <that directory>/runs/<run>-seed<S>.json (committed)
 
     @property
     def label(self):
@@ -104,18 +175,22 @@ def _normal(cfg):
     return json.loads(json.dumps(cfg))  # as config.json/done.json will hold it (tuples become lists)
 
 
-def plan(runs, *, sweep_dir, seeds, overrides=(), nproc=None, check_data=True):
+def plan(runs, *, sweep_dir, seeds, overrides=(), nproc=None, check_data=True, sweep=None, homes=None):
     """Resolve every run's train.py config and check the sweep before any work: configs load, data exists,
-    processes fit the layout, and every run trains on the same number of tokens."""
+    processes fit the layout, and the runs of one model size train on the same number of tokens. A run with a home
+    lives in homes[run.home] (default: sweep_dir too); seed-major order."""
     from configurator import configure
     from train import DEFAULTS
 
     jobs = []
     for seed in seeds:  # seed-major: an unfinished sweep holds whole seeds of every config
         for run in runs:
-            out_dir = os.path.join(sweep_dir, f"{run.name}-seed{seed}")
+            if run.seeds is not None and seed not in run.seeds:
+                continue
+            run_dir = (homes or {}).get(run.home, sweep_dir)
+            out_dir = os.path.join(run_dir, f"{run.name}-seed{seed}")
             args = [os.path.join(ROOT, run.config), *run.overrides, f"--seed={seed}", f"--out_dir={out_dir}",
-                    f"--wandb_run_name={os.path.basename(sweep_dir)}-{run.name}-seed{seed}", *overrides]
+                    f"--wandb_run_name={os.path.basename(run_dir)}-{run.name}-seed{seed}", *overrides]
             try:
                 cfg = configure(DEFAULTS, args)
                 check_train_config(cfg)
@@ -128,15 +203,23 @@ def plan(runs, *, sweep_dir, seeds, overrides=(), nproc=None, check_data=True):
             if n % tp or cfg["gradient_accumulation_steps"] % (n // tp):
                 raise SweepError(f"{run.name}: nproc ({n}) must be dp x tp with tp = {tp} and "
                                  f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) divisible by dp")
-            jobs.append(Job(run, seed, out_dir, args, _normal(cfg), n))
+            home = run.home if run.home in (homes or {}) else sweep or os.path.basename(sweep_dir)
+            jobs.append(Job(run, seed, out_dir, args, _normal(cfg), n, sweep=home,
+                            result_path=os.path.join(run_dir, "runs", f"{run.name}-seed{seed}.json")))
     check_token_budget(jobs)
+    if check_data:
+        check_data_files(jobs)
+    return jobs
+
+
+def check_data_files(jobs):
+    """The jobs' train.bin and val.bin exist (SweepError naming the file and the prepare script otherwise)."""
     data_dirs = {j.cfg["data_dir"] or os.path.join(ROOT, "data", j.cfg["dataset"]) for j in jobs}
-    for data_dir in sorted(data_dirs) if check_data else ():
+    for data_dir in sorted(data_dirs):
         for split in ("train", "val"):
             if not os.path.isfile(os.path.join(data_dir, f"{split}.bin")):
                 raise SweepError(f"data file {os.path.join(data_dir, split + '.bin')} not found (run python "
                                  f"data/{os.path.basename(data_dir)}/prepare.py, or pass --data_dir=...)")
-    return jobs
 
 
 def check_train_config(cfg):
@@ -154,7 +237,9 @@ def check_train_config(cfg):
         raise ConfigError(f"tp_mode must be 'simulated' or 'real', got {cfg['tp_mode']!r}")
     if cfg["dtype"] not in ("auto", "float32", "bfloat16", "float16"):
         raise ConfigError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg['dtype']!r}")
-    train.check_settings(cfg)
+    # what happens to a checkpoint left in a run directory (resume, or a fresh start) is the runner's choice
+    # (run_job), not a reason to refuse the plan: train.py's out_dir check is skipped here
+    train.check_settings(dict(cfg, overwrite=True))
     train.check_model(cfg)
 
 
@@ -162,12 +247,20 @@ def tokens_of(cfg):
     return cfg["batch_size"] * cfg["block_size"] * cfg["gradient_accumulation_steps"] * cfg["max_iters"]
 
 
+def model_size(cfg):
+    return cfg["n_layer"], cfg["n_embd"], cfg["n_head"]
+
+
 def check_token_budget(jobs):
-    budgets = {j.run.name: tokens_of(j.cfg) for j in jobs}
-    if len(set(budgets.values())) > 1:
-        detail = ", ".join(f"{name}={t:,}" for name, t in budgets.items())
-        raise SweepError(f"runs of one sweep must train on the same tokens (batch_size*block_size*"
-                         f"gradient_accumulation_steps*max_iters), got {detail}")
+    """The runs of one model size train on the same tokens (a sweep of sizes sets each size's budget)."""
+    by_size = {}
+    for j in jobs:
+        by_size.setdefault(model_size(j.cfg), {})[j.run.name] = tokens_of(j.cfg)
+    for budgets in by_size.values():
+        if len(set(budgets.values())) > 1:
+            detail = ", ".join(f"{name}={t:,}" for name, t in budgets.items())
+            raise SweepError(f"runs of one sweep and model size must train on the same tokens (batch_size*"
+                             f"block_size*gradient_accumulation_steps*max_iters), got {detail}")
     for j in jobs:
         if j.cfg["max_iters"] % j.cfg["eval_interval"]:
             print(f"warning: {j.run.name}: max_iters ({j.cfg['max_iters']}) is not a multiple of eval_interval "
@@ -189,11 +282,35 @@ def read_done(out_dir):
     return done
 
 
-def is_finished(job):
-    """A valid done.json records this run's config: a changed config value makes the run stale (keys that
-    train.py gained or lost since are ignored)."""
+def same_config(recorded, cfg):
+    """The first key whose value differs (keys that train.py gained or lost since are ignored), or None."""
+    return next((k for k, v in cfg.items() if k in recorded and recorded[k] != v), None)
+
+
+def run_dir_finished(job):
+    """train.py finished in the run directory: a valid done.json records this run's config (a changed config value
+    makes the run stale)."""
     done = read_done(job.out_dir)
-    return done is not None and all(done["config"][k] == v for k, v in job.cfg.items() if k in done["config"])
+    return done is not None and same_config(done["config"], job.cfg) is None
+
+
+def result_problem(job):
+    """None when the job's result file is valid and records its config; else why not, in words."""
+    if not os.path.exists(job.result_path):
+        return "no result file"
+    try:
+        record = results.read_record(job.result_path)
+    except results.ResultsError as e:
+        return f"not a valid result file ({e})"
+    key = same_config(record["config"], job.cfg)
+    if key is not None:
+        return f"stale: its config has {key}={record['config'][key]!r}, the sweep {key}={job.cfg[key]!r}"
+    return None
+
+
+def is_finished(job):
+    """The run has a valid result file of its config: the sweep skips it."""
+    return result_problem(job) is None
 
 
 def command(job):
@@ -266,64 +383,154 @@ def stop_on_sigterm(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def git_state():
+    """{"commit": HEAD, "dirty": tracked files changed} of the checkout, or None outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                                capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode or status.returncode:
+        return None
+    return dict(commit=head.stdout.strip(), dirty=bool(status.stdout.strip()))
+
+
+def machine_info():
+    import torch
+
+    return dict(cpu_count=os.cpu_count(), torch=torch.__version__, python=platform.python_version(),
+                arch=platform.machine(), omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
+                cuda=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+
+
+def record_job(job, *, git):
+    """Write the job's result file from its finished run directory; returns the record."""
+    record = results.run_record(job.out_dir, sweep=job.sweep, run=job.run.name, config=job.cfg, git=git,
+                                machine=machine_info())
+    results.write_record(record, job.result_path)
+    return record
+
+
+def record_finished(jobs, *, say=print):
+    """Result files for the jobs whose run directory holds a finished run of their config but that have no valid
+    result file (finished before result files existed, or the file was removed): recorded, not rerun."""
+    for job in jobs:
+        if not is_finished(job) and run_dir_finished(job):
+            say(f"record {job.label}: finished earlier in {job.out_dir}")
+            git = git_state()
+            record_job(job, git=git and dict(git, when="recorded after the run"))
+
+
+class RunProgress:
+    """What run_job advances (n, total, refresh()): the run's iteration, shown after the one sweep bar."""
+
+    def __init__(self, bar, label, total):
+        self.bar, self.label, self.total, self.n = bar, label, total, 0
+
+    def refresh(self):
+        self.bar.set_postfix_str(f"{self.label} iter {self.n}/{self.total}", refresh=True)
+
+
+def finish_job(job, *, progress, say):
+    """Record the job's run if its directory holds it finished, else run it (run_job: from scratch, or from its
+    checkpoint), then record it; returns the record."""
+    if run_dir_finished(job):
+        record_finished([job], say=say)
+        return results.read_record(job.result_path)
+    done_path = os.path.join(job.out_dir, "done.json")
+    if os.path.exists(done_path):
+        if read_done(job.out_dir) is None:
+            say(f"redo {job.label}: {done_path} is not a valid done.json")
+        else:  # a finished run of another config: never resumed from its checkpoint
+            say(f"redo {job.label}: {job.out_dir} holds a run of another config; removed")
+            shutil.rmtree(job.out_dir)
+    git = git_state()  # the code the run starts from
+    run_job(job, bar=progress)
+    return record_job(job, git=git and dict(git, when="run start"))
+
+
 def run_sweep(jobs, *, desc="sweep"):
-    """Run the unfinished jobs one after another, with progress bars; finished ones are skipped."""
+    """Run the jobs without a valid result file one after another, writing each one's result file; jobs with one
+    are skipped. One progress bar, on a terminal only: a log gets plain lines, no escape codes."""
     from tqdm import tqdm
 
     signal.signal(signal.SIGTERM, stop_on_sigterm)
-
-    with tqdm(total=len(jobs), desc=desc, unit="run", position=0, dynamic_ncols=True) as runs_bar:
-        for job in jobs:
-            done_path = os.path.join(job.out_dir, "done.json")
-            if is_finished(job):
-                tqdm.write(f"skip {job.label}: already finished ({done_path})")
+    tty = sys.stderr.isatty()
+    with tqdm(total=len(jobs), desc=desc, unit="run", dynamic_ncols=True, disable=not tty) as bar:
+        say = tqdm.write if tty else print
+        for k, job in enumerate(jobs, 1):
+            head = f"[{k}/{len(jobs)}] "
+            problem = result_problem(job)
+            if problem is None:
+                say(f"{head}skip {job.label}: already finished ({job.result_path})")
             else:
-                if os.path.exists(done_path) and read_done(job.out_dir) is None:
-                    tqdm.write(f"redo {job.label}: {done_path} is not a valid done.json")
-                with tqdm(total=job.cfg["max_iters"] + 1, desc=job.label, unit="it", position=1, leave=False,
-                          dynamic_ncols=True) as bar:
-                    done = run_job(job, bar=bar)
-                summary = results.summarize_run(job.out_dir)
-                tqdm.write(f"done {job.label}: val loss {summary['val_loss']:.4f} at iter {summary['final_iter']}, "
-                           f"fwd all-reduces {summary['fwd_allreduces']}, {done['wall_s']:.0f} s")
-            runs_bar.update(1)
+                if os.path.exists(job.result_path):
+                    say(f"{head}redo {job.label}: {job.result_path}: {problem}")
+                progress = RunProgress(bar, job.label, job.cfg["max_iters"] + 1) if tty else None
+                rec = finish_job(job, progress=progress, say=say)
+                timing = rec["timing"]
+                say(f"{head}done {job.label}: val loss {rec['val_loss']:.4f} at iter {rec['final_iter']}, fwd "
+                    f"all-reduces {rec['comm']['fwd_allreduces']}, {results.fmt(timing['step_ms'], '.1f')} ms/step "
+                    f"(median; p90/median {results.fmt(timing['p90_over_median'], '.2f')}), "
+                    f"{results.fmt(timing['wall_s'], '.0f')} s")
+            bar.update(1)
 
 
-def finished_seeds(sweep_dir, runs):
-    """Seeds with a run directory in sweep_dir, so the report covers seeds added by earlier invocations."""
+def finished_seeds(dirs, runs):
+    """Seeds with a result file or a run directory in the sweep's directories, so the report covers seeds added by
+    earlier invocations."""
     names = {r.name for r in runs}
     seeds = set()
-    if os.path.isdir(sweep_dir):
-        for d in os.listdir(sweep_dir):
-            m = re.fullmatch(r"(.+)-seed(\d+)", d)
-            if m and m.group(1) in names:
-                seeds.add(int(m.group(2)))
+    for d in dirs:
+        for where, pattern in ((d, r"(.+)-seed(\d+)"), (os.path.join(d, "runs"), r"(.+)-seed(\d+)\.json")):
+            for f in os.listdir(where) if os.path.isdir(where) else ():
+                m = re.fullmatch(pattern, f)
+                if m and m.group(1) in names:
+                    seeds.add(int(m.group(2)))
     return seeds
 
 
-def report(jobs, sweep_dir, *, title, note=""):
-    """Tables and plots from the finished jobs; returns (markdown table, plot paths)."""
+def load_result(job, *, say=print):
+    """The job's result record; None when there is none, or a stale one (said so). A corrupt file raises
+    ResultsError naming it."""
+    if not os.path.exists(job.result_path):
+        return None
+    record = results.read_record(job.result_path)
+    key = same_config(record["config"], job.cfg)
+    if key is not None:
+        say(f"left out {job.label}: {job.result_path} is stale ({key}={record['config'][key]!r}, the sweep has "
+            f"{job.cfg[key]!r})")
+        return None
+    return record
+
+
+def rows_of(jobs, *, say=print):
+    """Summarized rows (results.summarize) of the jobs' result files, one per run name, and the names without one."""
     groups = {}
     for j in jobs:
-        groups.setdefault(j.run.name, [])
-        if is_finished(j):
-            groups[j.run.name].append(j.out_dir)
-    missing = [name for name, dirs in groups.items() if not dirs]
+        record = load_result(j, say=say)
+        groups.setdefault(j.run.name, []).extend([record] if record else [])
+    return results.summarize(list(groups.items())), [name for name, recs in groups.items() if not recs]
+
+
+def report(jobs, sweep_dir, *, title, note="", remark=""):
+    """Tables and plots in sweep_dir from the jobs' result files; returns (markdown table, plot paths)."""
+    try:
+        rows, missing = rows_of(jobs)
+    except results.ResultsError as e:  # a result file is corrupt: name the file, no traceback
+        raise SweepError(f"cannot report {sweep_dir}: {e}") from None
     if missing:
         print(f"no finished runs yet for: {', '.join(missing)}")
-    try:
-        rows = results.summarize([(name, dirs) for name, dirs in groups.items() if dirs])
-    except results.ResultsError as e:  # a finished run's files are corrupt: name the file, no traceback
-        raise SweepError(f"cannot report {sweep_dir}: {e}") from None
     if not rows:
         raise SweepError(f"no finished runs in {sweep_dir}")
-    results.write_tables(rows, sweep_dir, title=title, note=note)
-    plots = results.write_plots(rows, sweep_dir, title=title, note=note)
+    results.write_tables(rows, sweep_dir, title=title, note="\n\n".join(t for t in (note, remark) if t))
+    pngs = plots.write_plots(rows, sweep_dir, title=title, note=note)
     paired = results.write_paired(rows, sweep_dir, title=title)
     if paired:  # 2+ seeds: the paired comparison with the baseline
-        plots.append(paired[1])
-        return results.markdown_table(rows) + "\n\n" + results.paired_markdown(rows), plots
-    return results.markdown_table(rows), plots
+        pngs.append(paired[1])
+        return results.markdown_table(rows) + "\n\n" + results.paired_markdown(rows), pngs
+    return results.markdown_table(rows), pngs
 
 
 def comm_counts(jobs, *, tokens=64):
@@ -352,7 +559,10 @@ def comm_counts(jobs, *, tokens=64):
 
 
 def parse_args(argv):
-    """Split argv into (sweep name, runner options, train.py overrides)."""
+    """Split argv into (sweep name, runner options, train.py overrides); `report [SWEEP ...] [--check]` gives
+    ('report', {'sweeps': [...], 'check': bool}, [])."""
+    if argv and argv[0] == "report":
+        return parse_report_args(argv[1:])
     sweep, opts, overrides = None, {}, []
     for arg in argv:
         key = arg[2:].split("=", 1)[0] if arg.startswith("--") else None
@@ -360,15 +570,16 @@ def parse_args(argv):
             if sweep is not None:
                 raise SweepError(f"one sweep at a time, got {sweep!r} and {arg!r}")
             sweep = arg
-        elif key in RUNNER_OPTIONS:
+        elif key in RUNNER_OPTIONS and key != "check":
             opts[key] = arg.split("=", 1)[1] if "=" in arg else True
         elif "=" in arg:
             overrides.append(arg)
         else:
-            raise SweepError(f"argument {arg!r}: runner options are {', '.join('--' + o for o in RUNNER_OPTIONS)}; "
+            raise SweepError(f"argument {arg!r}: runner options are "
+                             f"{', '.join('--' + o for o in RUNNER_OPTIONS if o != 'check')}; "
                              f"train.py overrides look like --key=value")
     if sweep not in SWEEPS:
-        raise SweepError(f"sweep must be one of {sorted(SWEEPS)}, got {sweep!r}")
+        raise SweepError(f"sweep must be one of {sorted(SWEEPS)} (or report), got {sweep!r}")
     opts["seeds"] = parse_seeds(opts["seeds"]) if "seeds" in opts else None
     opts.setdefault("nproc", None)
     if opts["nproc"] is not None:
@@ -385,6 +596,20 @@ def parse_args(argv):
     return sweep, opts, overrides
 
 
+def parse_report_args(argv):
+    sweeps, check = [], False
+    for arg in argv:
+        if arg == "--check":
+            check = True
+        elif arg.startswith("-"):
+            raise SweepError(f"argument {arg!r}: report takes sweep names and --check")
+        elif arg not in SWEEPS:
+            raise SweepError(f"report: sweep must be one of {sorted(SWEEPS)}, got {arg!r}")
+        else:
+            sweeps.append(arg)
+    return "report", dict(sweeps=sweeps, check=check), []
+
+
 def parse_seeds(text):
     """--seeds=S1,S2: distinct integers >= 0."""
     try:
@@ -397,59 +622,79 @@ def parse_seeds(text):
     return seeds
 
 
+def homes_of(runs, overrides, *, out=None):
+    """{home sweep: its directory} of the shared runs (none with --out: every run in that directory)."""
+    return {} if out else {r.home: sweep_dir_for(r.home, overrides) for r in runs if r.home}
+
+
 def main(argv):
     sweep, opts, overrides = parse_args(argv)
+    if sweep == "report":
+        from tpcomm import report as docs_report
+
+        status = docs_report.main(opts["sweeps"], check=opts["check"])
+        if status:
+            sys.exit(status)
+        return
     runs = SWEEPS[sweep]
     sweep_dir = opts.get("out") or sweep_dir_for(sweep, overrides)
-    default_seed = 1337
-    seeds = opts["seeds"] or [default_seed]
+    homes = homes_of(runs, overrides, out=opts.get("out"))
+    dirs = sorted({sweep_dir, *homes.values()})
+    seeds = opts["seeds"] or list(SWEEP_SEEDS.get(sweep, (1337,)))
     title, note = f"{sweep} sweep", ("overrides: " + " ".join(overrides)) if overrides else ""
+    remark = "" if overrides else SWEEP_REMARKS.get(sweep, "")  # about the sweep as defined
+    planned = dict(sweep_dir=sweep_dir, overrides=overrides, sweep=sweep, homes=homes)
     if opts.get("counts"):
-        jobs = plan(runs, sweep_dir=sweep_dir, seeds=seeds[:1], overrides=overrides, check_data=False)
+        jobs = plan(runs, seeds=seeds[:1], check_data=False, **planned)
         print(comm_counts(jobs))
         return
     if opts.get("report-only"):
-        found = sorted(finished_seeds(sweep_dir, runs))
-        jobs = plan(runs, sweep_dir=sweep_dir, seeds=opts["seeds"] or found or seeds, overrides=overrides,
-                    nproc=opts["nproc"], check_data=False)
-    else:
-        jobs = plan(runs, sweep_dir=sweep_dir, seeds=seeds, overrides=overrides, nproc=opts["nproc"],
-                    check_data=not opts.get("dry-run"))
-        print(f"sweep {sweep!r}: {len(runs)} configs x {len(seeds)} seed(s) = {len(jobs)} runs, "
-              f"{tokens_of(jobs[0].cfg):,} tokens each, in {sweep_dir}")
-        if opts.get("dry-run"):
-            for j in jobs:
-                print(("skip  " if is_finished(j) else "run   ") + shown(command(j)))
-            return
-        from tpcomm.runtime import RunLock
-
-        # held for the whole sweep, report included: a second sweep in this directory refuses to start (a
-        # ConfigError, one line) instead of deleting and rewriting the runs of this one
-        with RunLock(sweep_dir, what="experiment.py sweep"):
-            t0 = time.time()
-            try:
-                run_sweep(jobs, desc=f"sweep {sweep}")
-            except RuntimeError as e:
-                print(f"error: {e}", file=sys.stderr)
-                sys.exit(1)
-            print(f"sweep wall time: {time.time() - t0:.0f} s")
-            extra = sorted(finished_seeds(sweep_dir, runs) - set(seeds))  # seeds of earlier invocations
-            if extra:
-                jobs += plan(runs, sweep_dir=sweep_dir, seeds=extra, overrides=overrides, nproc=opts["nproc"],
-                             check_data=False)
-            table, plots = report(jobs, sweep_dir, title=title, note=note)
-        show_report(sweep_dir, table, plots)
+        found = sorted(finished_seeds(dirs, runs))
+        jobs = plan(runs, seeds=opts["seeds"] or found or seeds, nproc=opts["nproc"], check_data=False, **planned)
+        record_finished(jobs)
+        table, plots = report(jobs, sweep_dir, title=title, note=note, remark=remark)
+        show_report(sweep_dir, table, plots, remark=remark)
         return
-    table, plots = report(jobs, sweep_dir, title=title, note=note)
-    show_report(sweep_dir, table, plots)
+    jobs = plan(runs, seeds=seeds, nproc=opts["nproc"], check_data=False, **planned)
+    if not opts.get("dry-run"):  # data for the runs to train (with every result file committed: none needed)
+        check_data_files([j for j in jobs if not is_finished(j)])
+    print(f"sweep {sweep!r}: {len(runs)} configs x {len(seeds)} seed(s) = {len(jobs)} runs, "
+          f"{', '.join(f'{t:,}' for t in sorted({tokens_of(j.cfg) for j in jobs}))} tokens each, in "
+          f"{', '.join(dirs)}")
+    if opts.get("dry-run"):
+        for j in jobs:
+            print(("skip  " if is_finished(j) else "run   ") + shown(command(j)))
+        return
+    from tpcomm.runtime import RunLock
+
+    # held for the whole sweep, report included: a second sweep in one of these directories refuses to start (a
+    # ConfigError, one line) instead of deleting and rewriting the runs of this one
+    with contextlib.ExitStack() as locks:
+        for d in dirs:
+            locks.enter_context(RunLock(d, what="experiment.py sweep"))
+        t0 = time.time()
+        try:
+            run_sweep(jobs, desc=f"sweep {sweep}")
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(1)
+        print(f"sweep wall time: {time.time() - t0:.0f} s")
+        extra = sorted(finished_seeds(dirs, runs) - set(seeds))  # seeds of earlier invocations
+        if extra:
+            jobs += plan(runs, seeds=extra, nproc=opts["nproc"], check_data=False, **planned)
+        table, plots = report(jobs, sweep_dir, title=title, note=note, remark=remark)
+    show_report(sweep_dir, table, plots, remark=remark)
 
 
-def show_report(sweep_dir, table, plots):
+def show_report(sweep_dir, table, plots, *, remark=""):
     print()
     print(table)
     print()
+    if remark:
+        print(remark + "\n")
     print(f"tables: {os.path.join(sweep_dir, 'results.md')} (.csv, .json)")
     print("plots:  " + "\n        ".join(plots))
+    print("docs:   python experiment.py report   (README/docs tables and plots from the result files)")
 
 
 def cli(argv):

@@ -3,6 +3,8 @@ Prepare OpenWebText with GPT-2 BPE tokens, as in nanoGPT; or local text files wi
 Writes train.bin (~17GB for OpenWebText, ~9B tokens) and val.bin (~8.5MB, ~4M tokens), uint16 ids.
 Each document ends with the end-of-text token 50256. With --input, a document is a paragraph:
 the text between blank lines (datasets' "text" loader, sample_by="paragraph"); this works offline.
+Without --input and without a reachable Hugging Face hub it stops in one line (exit 2), unless
+HF_DATASETS_OFFLINE=1 says to use a copy already in the cache.
 
   python data/openwebtext/prepare.py --num_proc 8
   python data/openwebtext/prepare.py --input a.txt b.txt --out_dir /tmp/owt --num_proc 1
@@ -15,7 +17,7 @@ from datasets import load_dataset  # huggingface datasets
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
-from data.sources import ArgumentParser, check_args
+from data.sources import ArgumentParser, check_args, hub_problem
 from data.tokenizer import gpt2_encoding
 
 
@@ -38,7 +40,17 @@ def main():
     else:
         # takes 54GB in the huggingface cache dir, about 8M documents (8,013,769).
         # datasets >= 4 refuses the hub's loading script for openwebtext (see nanoGPT issue #633)
-        dataset = load_dataset("openwebtext", num_proc=args.num_proc)
+        offline = os.environ.get("HF_DATASETS_OFFLINE", "") not in ("", "0")
+        problem = None if offline else hub_problem()
+        try:
+            if problem is None:
+                dataset = load_dataset("openwebtext", num_proc=args.num_proc)
+        except ConnectionError as e:  # the hub answered, the dataset did not come (or offline and not cached)
+            problem = str(e)
+        if problem is not None:
+            print(f"{parser.prog}: error: cannot get OpenWebText from the Hugging Face hub ({problem}); to prepare "
+                  f"local text offline, use --input FILE [FILE ...]", file=sys.stderr)
+            sys.exit(2)
 
     # owt by default only contains the 'train' split, so create a test split
     split_dataset = dataset["train"].train_test_split(test_size=0.0005, seed=2357, shuffle=True)

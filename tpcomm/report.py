@@ -1,0 +1,403 @@
+"""
+`python experiment.py report [SWEEP ...] [--check]`: the README's and docs' result tables and plots, regenerated from
+the committed result files alone (experiments/<sweep>/runs/*.json; no run directory needed).
+
+A table lives in a markdown file (README.md, docs/*.md) between two markers:
+
+    <!-- report:NAME -->
+    (generated: `report` replaces everything between the markers)
+    <!-- /report:NAME -->
+
+NAME is a key of blocks(): `<sweep>` (its results table), `<sweep>-paired` (paired differences to the baseline, 95%
+CIs), and the axes tables (tp-axis-penalty, tp-axis-alltp, size-axis-penalty, axes-compute). A plot is a PNG in
+docs/ (plot_specs()) whose metadata holds the sha256 of the numbers it shows (plots.save_png). `report` also rewrites
+each sweep's own outputs (experiments/<sweep>/results.md ...). `report --check` regenerates everything in memory and
+exits 0 only when every marked table equals the generated one and every plot's stored digest equals the generated
+data's; otherwise it prints one line per mismatch and exits 1. A sweep without result files gets a note in place of
+its tables, and no plot.
+"""
+
+import glob
+import os
+import re
+import statistics
+
+from tpcomm import ROOT, plots, results
+from tpcomm import sweep as sweeps
+
+MARKER = re.compile(r"<!-- report:([\w.-]+) -->(.*?)<!-- /report:\1 -->", re.S)
+OPENING = re.compile(r"<!-- report:([\w.-]+) -->")
+AXES = ("cpu-long", "tp-axis", "size-axis", "convergence")
+
+
+class Results:
+    """The rows (results.summarize) of each sweep's result files, loaded once; a stale file (its config is no longer
+    the sweep's) is left out, said once."""
+
+    def __init__(self, *, root=ROOT, say=print):
+        self._rows, self._jobs, self.root, self.say = {}, {}, root, say
+
+    def jobs(self, name, *, seeds=None):
+        """The sweep's jobs for the seeds of its result files (or the given ones), paths anchored at the repo root."""
+        runs = sweeps.SWEEPS[name]
+        sweep_dir = sweeps.sweep_dir_for(name, ())
+        homes = sweeps.homes_of(runs, ())
+        if seeds is None:
+            seeds = sorted({int(m.group(1)) for d in {sweep_dir, *homes.values()}
+                            for f in glob.glob(os.path.join(self.root, d, "runs", "*.json"))
+                            for m in [re.search(r"-seed(\d+)\.json$", f)] if m})
+        # planned from the repo-relative directories the runner uses, so the configs (out_dir) are the recorded ones
+        jobs = sweeps.plan(runs, sweep_dir=sweep_dir, seeds=seeds, sweep=name, homes=homes, check_data=False)
+        for j in jobs:
+            j.result_path = os.path.join(self.root, j.result_path)
+        return jobs
+
+    def rows(self, name):
+        if name not in self._rows:
+            self._jobs[name] = self.jobs(name)
+            self._rows[name], _ = sweeps.rows_of(self._jobs[name], say=self.say) if self._jobs[name] else ([], [])
+        return self._rows[name]
+
+
+def no_results(*names):
+    return "_No result files yet for " + ", ".join(f"`{n}` (experiments/{n}/runs/)" for n in names) + \
+        f": `python experiment.py {names[0]}` writes them, then `python experiment.py report`._"
+
+
+def source_line(name, rows):
+    n = sum(r["n_seeds"] for r in rows)
+    seeds = sorted({s for r in rows for s in r["seeds"]})
+    return f"From {n} result files of `{name}` (seeds {', '.join(map(str, seeds))}), by `python experiment.py report`."
+
+
+def sweep_table(ctx, name):
+    rows = ctx.rows(name)
+    if not rows:
+        return no_results(name)
+    return data_warning(rows) + source_line(name, rows) + "\n\n" + results.markdown_table(rows)
+
+
+PAIRED_IMAGES = {"cpu-long": "docs/cpu_long_paired_difference.png",
+                 "convergence": "docs/convergence_paired_difference.png"}  # also in plot_specs()
+
+
+def sweep_paired(ctx, name):
+    rows = ctx.rows(name)
+    if not rows:
+        return no_results(name)
+    if not results.has_pairs(rows):
+        return f"_`{name}`: no config shares 2+ seeds with its baseline yet; the paired comparison needs them._"
+    image = f"\n\n![{name}: paired difference to the baseline during training]({PAIRED_IMAGES[name]})" \
+        if name in PAIRED_IMAGES else ""
+    return data_warning(rows) + results.paired_markdown(rows) + image
+
+
+def data_warning(rows):
+    """A line when the runs of a table trained on different data (prepare.py's source sha256 differs)."""
+    shas = {s for r in rows for s in r["data_sha256"]}
+    return f"**Warning: these runs trained on {len(shas)} different datasets (source.json sha256).**\n\n" \
+        if len(shas) > 1 else ""
+
+
+# ---------- the axes (docs/axes.md) ----------
+
+def pattern_name(row):
+    """The sweeps.PATTERNS name of a row's block pattern (e.g. 'all-spd'), or the pattern itself."""
+    return next((p for p, f in sweeps.PATTERNS.items() if results.compact_list(f(row["n_layer"])) ==
+                 row["block_pattern"]), row["block_pattern"])
+
+
+def penalties(rows):
+    """{(pattern name, tp, size key): (mean, ci, n seeds)} of the final paired difference to the all-tp baseline."""
+    pairs = results.paired(rows)
+    return {(pattern_name(r), r["tp_size"], results.group_key(r)): (*pairs[r["config"]]["final"][:2],
+                                                                    len(pairs[r["config"]]["seeds"]))
+            for r in rows if r["config"] in pairs and r["config"] != r["baseline"]}
+
+
+def _cell(p, *, empty="—"):
+    return empty if p is None else f"{results.fmt_ci(p[0], p[1])} ({p[2]})"
+
+
+def tp_axis_penalty(ctx):
+    rows = ctx.rows("tp-axis")
+    pen = penalties(rows)
+    if not pen:
+        return no_results("tp-axis", "cpu-long")
+    tps = sorted({tp for _, tp, _ in pen})
+    base = next(r for r in rows if r["config"] == r["baseline"])
+    lines = [f"Final val loss minus the all-`tp` baseline's (tp {base['tp_size']}, {base['n_seeds']} seeds: "
+             f"{base['val_loss_mean']:.4f} ± {base['val_loss_std']:.4f}), same seed, at {base['tokens']:,} tokens; "
+             f"mean [95% CI] (seeds). All-`tp` is the same model at every tp degree (table `tp-axis-alltp`).", "",
+             "| block pattern | fwd all-reduces | " + " | ".join(f"tp {tp}" for tp in tps) + " |",
+             "|---|---:|" + "---:|" * len(tps)]
+    for name in [p for p in sweeps.PATTERNS if any(k[0] == p for k in pen)]:
+        r = next(r for r in rows if pattern_name(r) == name)
+        lines.append(f"| `{r['block_pattern']}` | {r['fwd_allreduces']} | " +
+                     " | ".join(_cell(next((v for k, v in pen.items() if k[:2] == (name, tp)), None),
+                                      empty="baseline" if (r["block_pattern"], tp) == (base["block_pattern"],
+                                                                                       base["tp_size"]) else "—")
+                                for tp in tps)
+                     + " |")
+    lines += ["", "![cost of dropping syncs vs tensor-parallel degree](docs/axes_penalty_vs_tp.png)"]
+    return data_warning(rows) + "\n".join(lines)
+
+
+def tp_axis_alltp(ctx):
+    rows = [r for r in ctx.rows("tp-axis") if pattern_name(r) == "all-tp"]
+    ref = next((r for r in rows if r["config"] == r["baseline"]), None)
+    if ref is None or len(rows) < 2:
+        return no_results("tp-axis", "cpu-long")
+    table, largest = [], 0.0
+    for r in sorted((r for r in rows if r is not ref), key=lambda r: r["tp_size"]):
+        for seed, curve in zip(r["seeds"], r["curves"]):
+            mine, theirs = dict(curve), dict(ref["curves"][ref["seeds"].index(seed)]) if seed in ref["seeds"] else {}
+            shared = sorted(set(mine) & set(theirs))
+            if not shared:
+                continue
+            diff = max(abs(mine[i] - theirs[i]) for i in shared)
+            largest = max(largest, diff)
+            table.append(f"| {r['tp_size']} | {seed} | {mine[shared[-1]]:.6f} | "
+                         f"{mine[shared[-1]] - theirs[shared[-1]]:+.1e} | {diff:.1e} ({len(shared)}) |")
+    spread = ref["val_loss_std"]
+    verdict = ("the same model up to fp32 rounding" if largest < 1e-4 else
+               "rounding differences grown over training, far below the seed spread" if largest < spread / 10 else
+               "NOT the same model within a tenth of the seed spread")
+    return "\n".join([
+        f"The all-`tp` model at each tp degree against tp {ref['tp_size']}, same seed: the largest difference of "
+        f"the val curves is {largest:.1e} nats/token (the seed-to-seed std of the final loss: {spread:.4f}): "
+        f"{verdict}.", "",
+        f"| tp | seed | final val loss | final difference to tp {ref['tp_size']} | largest abs difference over "
+        f"the curve (evals) |", "|---:|---:|---:|---:|---:|", *table])
+
+
+def size_axis_penalty(ctx):
+    rows = ctx.rows("size-axis")
+    pen = penalties(rows)
+    if not pen:
+        return no_results("size-axis", "cpu-long")
+    patterns = [p for p in sweeps.PATTERNS if any(k[0] == p for k in pen)]
+    lines = ["Final val loss minus the all-`tp` baseline's of the same size, same seed; mean [95% CI] (seeds). "
+             "Tokens per non-embedding parameter fixed (docs/axes.md, the size axis); epochs over the training "
+             "data's train.bin.", "",
+             "| model (layers x width, heads) | non-embedding params | params | steps | tokens | tokens/param | epochs "
+             "| all-tp final val loss | " + " | ".join(f"{p} − all-tp" for p in patterns) + " |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(patterns)]
+    bases = sorted((r for r in rows if r["config"] == r["baseline"]), key=lambda r: -(r["params_non_embedding"] or 0))
+    for b in bases:
+        n = b["params_non_embedding"]
+        lines.append(f"| {b['n_layer']} x {b['n_embd']}, {b['n_head']} heads | {results.fmt(n, ',d')} | "
+                     f"{results.fmt(b['params_total'], ',d')} | {b['final_iter']:,} | {b['tokens']:,} | "
+                     f"{results.fmt(b['tokens'] / n if n else None, '.2f')} | {results.fmt(b['epochs'], '.3f')} | "
+                     f"{b['val_loss_mean']:.4f} | " +
+                     " | ".join(_cell(pen.get((p, b["tp_size"], results.group_key(b)))) for p in patterns) + " |")
+    lines += ["", "![cost of dropping syncs vs model size](docs/axes_penalty_vs_size.png)"]
+    return data_warning(rows) + "\n".join(lines)
+
+
+def axes_compute(ctx):
+    lines = ["| sweep | runs (own + shared) | with a result file | wall hours of its own finished runs | ms/step, "
+             "median (range over runs) | runs flagged scattered |", "|---|---:|---:|---:|---:|---:|"]
+    for name in AXES:
+        planned = ctx.jobs(name, seeds=list(sweeps.SWEEP_SEEDS[name]))
+        own = [j for j in planned if j.sweep == name]
+        recs = [r for j in planned for r in [sweeps.load_result(j, say=lambda *_: None)] if r]
+        mine = [r for r in recs if r["sweep"] == name]
+        ms = sorted(r["timing"]["step_ms"] for r in recs if r["timing"].get("step_ms"))
+        hours = sum(r["timing"].get("wall_s") or 0 for r in mine) / 3600
+        span = f"{statistics.median(ms):.1f} ({ms[0]:.1f}–{ms[-1]:.1f})" if ms else "—"
+        lines.append(f"| `{name}` | {len(own)} + {len(planned) - len(own)} | {len(recs)} | {hours:.2f} | {span} | "
+                     f"{sum(1 for r in recs if r['timing'].get('scattered'))} |")
+    return "\n".join(lines)
+
+
+def penalty_data(pen, *, x_of):
+    """One series per pattern (all-tp, the baseline, left out), points [x, mean, ci, seeds] by x."""
+    names = [p for p in sweeps.PATTERNS if p != "all-tp"] + sorted({k[0] for k in pen} - set(sweeps.PATTERNS))
+    return [dict(label=name, points=sorted([x_of(k), mean, ci or 0.0, n] for k, (mean, ci, n) in pen.items()
+                                           if k[0] == name)) for name in names if any(k[0] == name for k in pen)]
+
+
+def penalty_vs_tp(ctx):
+    pen = penalties(ctx.rows("tp-axis"))
+    if not pen:
+        return None
+    data = penalty_data(pen, x_of=lambda k: k[1])
+    title = "tp-axis: cost of dropping syncs vs tensor-parallel degree (12 x 64 model, 3.84M tokens)"
+    return data, lambda: plots.draw_penalty(data, xlabel="tensor-parallel degree (shards per layer, simulated)",
+                                      title=title, xticks=sorted({p[0] for s in data for p in s["points"]}))
+
+
+def penalty_vs_size(ctx):
+    rows = ctx.rows("size-axis")
+    pen = penalties(rows)
+    if not pen:
+        return None
+    params = {results.group_key(r): r["params_non_embedding"] for r in rows}
+    data = penalty_data(pen, x_of=lambda k: params[k[2]])
+    title = "size-axis: cost of dropping syncs vs model size (tp 4, tokens per parameter fixed)"
+    return data, lambda: plots.draw_penalty(data, xlabel="non-embedding parameters", title=title,
+                                      xticks=sorted({p[0] for s in data for p in s["points"]}))
+
+
+def sweep_plot(name, index):
+    def spec(ctx):
+        made = plots.sweep_plots(ctx.rows(name), title=f"{name} sweep")
+        return made.get(plots.PLOTS[index])
+    return spec
+
+
+def paired_plot(name):
+    def spec(ctx):
+        rows = ctx.rows(name)
+        return plots.paired_plot(rows, title=f"{name} sweep") if rows and results.has_pairs(rows) else None
+    return spec
+
+
+def blocks():
+    """{marker name: (sweeps it reads, function(Results) -> markdown)}."""
+    out = {}
+    for name in sweeps.SWEEPS:
+        out[name] = ((name,), lambda ctx, name=name: sweep_table(ctx, name))
+        out[f"{name}-paired"] = ((name,), lambda ctx, name=name: sweep_paired(ctx, name))
+    out["tp-axis-penalty"] = (("tp-axis", "cpu-long"), tp_axis_penalty)
+    out["tp-axis-alltp"] = (("tp-axis", "cpu-long"), tp_axis_alltp)
+    out["size-axis-penalty"] = (("size-axis", "cpu-long"), size_axis_penalty)
+    out["axes-compute"] = (AXES, axes_compute)
+    return out
+
+
+def plot_specs():
+    """{PNG path under the repo root: (sweeps it reads, function(Results) -> (data, draw) or None: no data)}."""
+    return {
+        "docs/val_loss_vs_allreduces.png": (("cpu",), sweep_plot("cpu", 0)),
+        "docs/val_loss_curves.png": (("cpu",), sweep_plot("cpu", 1)),
+        "docs/tokens_per_s_vs_allreduces.png": (("cpu",), sweep_plot("cpu", 2)),
+        "docs/cpu_real_tokens_per_s_vs_allreduces.png": (("cpu-real",), sweep_plot("cpu-real", 2)),
+        "docs/cpu_long_val_loss_curves.png": (("cpu-long",), sweep_plot("cpu-long", 1)),
+        "docs/cpu_long_paired_difference.png": (("cpu-long",), paired_plot("cpu-long")),
+        "docs/convergence_paired_difference.png": (("convergence",), paired_plot("convergence")),
+        "docs/axes_penalty_vs_tp.png": (("tp-axis", "cpu-long"), penalty_vs_tp),
+        "docs/axes_penalty_vs_size.png": (("size-axis", "cpu-long"), penalty_vs_size),
+    }
+
+
+def markdown_files(root=ROOT):
+    return [os.path.join(root, "README.md")] + sorted(glob.glob(os.path.join(root, "docs", "*.md")))
+
+
+IMAGE_LINK = re.compile(r"\]\((docs/[^)\s]+\.png)\)")
+
+
+def relink(content, md_dir, root):
+    """Image paths written from the repo root (docs/x.png), made relative to the markdown file's folder."""
+    return IMAGE_LINK.sub(lambda m: "](" + os.path.relpath(os.path.join(root, m.group(1)), md_dir) + ")", content)
+
+
+def update_blocks(text, generate, where, *, known):
+    """(new text, names of the blocks that changed, problems): every marked block's content replaced by
+    generate(name) (None: not selected, left as it is). Problems: unknown names, unclosed markers."""
+    problems, changed = [], []
+    starts = {m.start() for m in MARKER.finditer(text)}
+    for m in OPENING.finditer(text):
+        if m.start() not in starts:
+            problems.append(f"{where}: <!-- report:{m.group(1)} --> has no <!-- /report:{m.group(1)} -->")
+
+    def replace(m):
+        name = m.group(1)
+        if name not in known:
+            problems.append(f"{where}: unknown report block {name!r} (tpcomm/report.py blocks() lists them)")
+            return m.group(0)
+        content = generate(name)
+        if content is None:
+            return m.group(0)
+        new = f"<!-- report:{name} -->\n{content.strip()}\n<!-- /report:{name} -->"
+        if new != m.group(0):
+            changed.append(name)
+        return new
+
+    return MARKER.sub(replace, text), changed, problems
+
+
+def main(selected=(), *, check=False, root=ROOT, say=print):
+    """Regenerate (with check: compare) the marked tables, the plots and the sweeps' own outputs; returns the exit
+    status: 1 when check found a mismatch, or a marker is unknown or unclosed (each printed as one line), else 0."""
+    ctx = Results(root=root, say=(lambda *_: None) if check else say)
+    chosen = lambda deps: not selected or any(d in selected for d in deps)  # noqa: E731
+    table_of, cache = blocks(), {}
+
+    def generate(name):
+        deps, fn = table_of[name]
+        if not chosen(deps):
+            return None
+        if name not in cache:
+            cache[name] = fn(ctx)
+        return cache[name]
+
+    problems, mismatches = [], []
+    for path in markdown_files(root):
+        rel = os.path.relpath(path, root)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        md_dir = os.path.dirname(path)
+        new, changed, bad = update_blocks(text, lambda name: None if generate(name) is None else
+                                          relink(generate(name), md_dir, root), rel, known=table_of)
+        problems += bad
+        if check:
+            mismatches += [f"{rel}: report:{name} differs from the result files" for name in changed]
+        elif changed:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(new)
+            say(f"updated {rel}: {', '.join(changed)}")
+    mismatches += update_plots(ctx, chosen, check=check, root=root, say=say)
+    if not check:
+        write_sweep_outputs(ctx, selected or list(sweeps.SWEEPS), root=root, say=say)
+    for line in problems + mismatches:
+        print(line)
+    return 1 if problems or mismatches else 0
+
+
+def update_plots(ctx, chosen, *, check, root, say):
+    """Write (with check: compare) the registered plots; returns the mismatch lines."""
+    mismatches = []
+    for rel, (deps, spec) in plot_specs().items():
+        if not chosen(deps):
+            continue
+        path = os.path.join(root, rel)
+        stored, made = plots.png_digest(path), spec(ctx)
+        if made is None:  # no data: a plot made from data that is gone is stale; an older hand-made one is noted
+            if stored is not None:
+                if check:
+                    mismatches.append(f"{rel}: made from result files that are gone (no data for it now)")
+                else:
+                    os.remove(path)
+                    say(f"removed {rel}: no result files for it")
+            elif os.path.exists(path) and not check:
+                say(f"note: {rel} was not made from result files (there are none yet); left as it is")
+            continue
+        data, draw = made
+        if stored == plots.data_digest(data):
+            continue
+        if check:
+            mismatches.append(f"{rel}: " + ("missing" if not os.path.exists(path) else
+                                            "its data digest differs from the result files'" if stored else
+                                            "has no data digest (not made by `python experiment.py report`)"))
+        else:
+            plots.save_png(draw(), path, data)
+            say(f"wrote {rel}")
+    return mismatches
+
+
+def write_sweep_outputs(ctx, names, *, root, say):
+    """Each sweep's own tables and plots (experiments/<sweep>/results.md ...) from its result files."""
+    for name in names:
+        rows = ctx.rows(name)
+        if not rows:
+            say(f"{name}: no result files yet, skipped")
+            continue
+        sweep_dir = os.path.join(root, sweeps.sweep_dir_for(name, ()))
+        title = f"{name} sweep"
+        results.write_tables(rows, sweep_dir, title=title, note=sweeps.SWEEP_REMARKS.get(name, ""))
+        plots.write_plots(rows, sweep_dir, title=title)
+        results.write_paired(rows, sweep_dir, title=title)
+        say(f"{name}: {len(rows)} configs; tables and plots in {os.path.relpath(sweep_dir, root)}")
