@@ -1,7 +1,8 @@
 """
 DistributedGPT: GPT-2 whose blocks are Megatron tensor-parallel ('tp', 2 forward all-reduces), Sync-Point Drop
-('spd', arXiv 2502.20727, 1 all-reduce) or fully 'parallel' (0), chosen per layer. docs/model.md has the
-equations, the sharding rules and the dropout rules; this file is them in code.
+('spd', arXiv 2502.20727, 1 all-reduce), fully 'parallel' (0) or Ladder Residual ('ladder', arXiv 2501.06589, 2
+all-reduces, each overlapping the next module's compute), chosen per layer. docs/model.md has the equations, the
+sharding rules and the dropout rules; this file is them in code.
 
 Shard-side tensors carry a leading shard dimension L: L = tp when simulated (one process holds every shard),
 L = 1 in real mode (each rank holds its own). Inside the blocks the stream is flat over tokens: synced (N, C),
@@ -12,7 +13,7 @@ g (tpcomm/collectives.py), which count every collective they run.
 """
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn as nn
@@ -23,8 +24,9 @@ from model import GPT, GPTConfig, LayerNorm, causal_attention, lm_head_and_loss,
 from tpcomm.dropout import ATTN_OUT, ATTN_PROBS, EMBED, MLP_OUT, DropoutKey, KeyedDropout, mask_or_none
 from tpcomm.models import ModelInterface, clip_to_norm_, grad_sq_sums, local, whole
 from tpcomm.sharding import TPSharding, is_block_replicated
-from tpcomm.collectives import (FINAL_SYNC, VOCAB_EMBED, VOCAB_HEAD, copy_to_tp_region, reduce_from_tp_region, tp_group,
-                     vocab_parallel_cross_entropy)
+from tpcomm.collectives import (FINAL_SYNC, VOCAB_EMBED, VOCAB_HEAD, AsyncReduction, copy_to_tp_region,
+                                reduce_from_tp_region, reduce_from_tp_region_async, tp_group,
+                                vocab_parallel_cross_entropy)
 
 def validate_tp_args(*, n_layer, n_head, n_embd, tp_size, block_types):
     """Raise ConfigError naming the key and values for any impossible combination."""
@@ -149,13 +151,36 @@ class ShardedMLP(nn.Module):
         return project(u, self.c_proj.weight.view(-1, L, Hs).permute(1, 2, 0), **kw)  # (L, Hs, C)
 
 
+class Pending(NamedTuple):
+    """A module's output on its way to the synced stream (a ladder block's): its all-reduce, maybe still running,
+    the all-reduce's result (valid once waited for) and the c_proj bias to add once after it, dropped with the same
+    replica mask (None without biases). The tensors are fields of their own, so that what maps over a block's
+    outputs and inputs (FSDP's backward hooks) sees them."""
+    reduction: AsyncReduction
+    value: torch.Tensor  # (N, C): reduction.value
+    bias: Optional[torch.Tensor]  # (C,) or (N, C)
+
+    def add_to(self, x):
+        self.reduction.wait()
+        x = x + self.value
+        return x if self.bias is None else x + self.bias
+
+
+def add_pending(x, pending):
+    """x (N, C) plus the pending outputs (a tuple of Pending, maybe empty), in order, each waited for."""
+    for p in pending:
+        x = p.add_to(x)
+    return x
+
+
 class ShardedBlock(nn.Module):
     """What every block type shares: the sharded attention and MLP, their layer norms, and the dropout masks.
 
     The stream contract: forward(xbar, r, T, kv) -> (xbar, r). xbar (N, C) is the last synced value of the residual
     stream; r (L, N, C) holds each shard's stream r_i = xbar + d_i while it is desynced, else None. d_i = r_i - xbar
     is formed only where a sync needs it. T: tokens per sequence (attention is causal within each); kv: this
-    layer's KV cache (model.LayerKV) when generating, else None.
+    layer's KV cache (model.LayerKV) when generating, else None. The model passes blocks a third part, `pending`:
+    the outputs of a ladder block's modules not yet added to the synced stream (see step, LadderBlock).
 
     Dropout (docs/model.md): an output added to the synced stream after its all-reduce is dropped with the
     replica's mask (the same on every shard); one added to a shard's own stream with that shard's mask. Each
@@ -192,13 +217,17 @@ class ShardedBlock(nn.Module):
         """Keep-mask (N, C) for an output added to the synced stream after its all-reduce, or None."""
         return mask_or_none(like, self.p, self.key, training=self.training, layer=self.layer, site=site)
 
-    def add_synced_bias(self, x, linear, mask):
-        """x + a c_proj bias, added once to the synced stream (after g), dropped with the replica mask."""
+    def synced_bias(self, linear, mask):
+        """A c_proj bias to add once to the synced stream (after g), dropped with the replica mask; None without."""
         b = linear.bias
         if b is None:
-            return x
+            return None
         b = self.group.synced(b)
-        return x + (b if mask is None else b * mask.to(b.dtype))
+        return b if mask is None else b * mask.to(b.dtype)
+
+    def add_synced_bias(self, x, linear, mask):
+        b = self.synced_bias(linear, mask)
+        return x if b is None else x + b
 
     @staticmethod
     def bias_share(linear, share):
@@ -211,6 +240,36 @@ class ShardedBlock(nn.Module):
             return self.group.fan_out(xbar, lambda x: layer_norm(self.ln_1, x), self.sites["attn"])
         return r, layer_norm(self.ln_1, r)
 
+    def attn_partials(self, xbar, r, T, kv):
+        """(R1 * A_i(LN1(.)) (L, N, C) for an all-reduce, R1): each shard's attention output dropped with the replica
+        mask, read from the synced stream xbar (through f) or, desynced, from the shard's own r_i, whose
+        d_i = r_i - xbar then join the same sum."""
+        group = self.group
+        if r is None:
+            y = self.attn.heads(copy_to_tp_region(synced_layer_norm(self.ln_1, xbar, group), group,
+                                                  site=self.sites["attn"]), T, self.probs_dropout(), kv)
+            R1 = self.replica_mask(xbar, ATTN_OUT)
+            return self.attn.out(y, mask=R1), R1
+        y = self.attn.heads(layer_norm(self.ln_1, r), T, self.probs_dropout(), kv)
+        R1 = self.replica_mask(xbar, ATTN_OUT)
+        return self.attn.out(y, acc=group.delta(r, xbar), own_acc=True, mask=R1), R1
+
+    def mlp_partials(self, x, r=None):
+        """(R2 * M_i(LN2(.)) (L, N, C) for an all-reduce, R2), read from the synced stream x (through f) or, given
+        r (L, N, C), from each shard's own stream r_i."""
+        if r is None:
+            h = copy_to_tp_region(synced_layer_norm(self.ln_2, x, self.group), self.group, site=self.sites["mlp"])
+        else:
+            h = layer_norm(self.ln_2, r)
+        u = self.mlp.hidden(h)
+        R2 = self.replica_mask(x, MLP_OUT)
+        return self.mlp.out(u, mask=R2), R2
+
+    def step(self, xbar, r, pending, T, kv=None):
+        """The model's stream through this block, (xbar, r, pending) -> (xbar, r, pending): outputs still pending
+        (from a ladder block before it) are added first, then the block runs; it leaves nothing pending."""
+        return (*self(add_pending(xbar, pending), r, T, kv), ())
+
 
 class TPBlock(ShardedBlock):
     """Megatron's block, 2 forward all-reduces; output synced:
@@ -218,20 +277,10 @@ class TPBlock(ShardedBlock):
 
     def forward(self, xbar, r, T, kv=None):
         group, attn, mlp = self.group, self.sites["attn"], self.sites["mlp"]
-        if r is None:
-            y = self.attn.heads(copy_to_tp_region(synced_layer_norm(self.ln_1, xbar, group), group, site=attn), T,
-                                self.probs_dropout(), kv)
-            R1 = self.replica_mask(xbar, ATTN_OUT)
-            a = self.attn.out(y, mask=R1)
-        else:  # the desynced d_i join the same all-reduce
-            y = self.attn.heads(layer_norm(self.ln_1, r), T, self.probs_dropout(), kv)
-            R1 = self.replica_mask(xbar, ATTN_OUT)
-            a = self.attn.out(y, acc=group.delta(r, xbar), own_acc=True, mask=R1)
+        a, R1 = self.attn_partials(xbar, r, T, kv)  # a desynced input's d_i join this all-reduce
         x = self.add_synced_bias(xbar + reduce_from_tp_region(a, group, site=attn), self.attn.c_proj, R1)
-        u = self.mlp.hidden(copy_to_tp_region(synced_layer_norm(self.ln_2, x, group), group, site=mlp))
-        R2 = self.replica_mask(x, MLP_OUT)
-        s = reduce_from_tp_region(self.mlp.out(u, mask=R2), group, site=mlp)
-        return self.add_synced_bias(x + s, self.mlp.c_proj, R2), None
+        m, R2 = self.mlp_partials(x)
+        return self.add_synced_bias(x + reduce_from_tp_region(m, group, site=mlp), self.mlp.c_proj, R2), None
 
 
 class SPDBlock(ShardedBlock):
@@ -274,8 +323,38 @@ class ParallelBlock(ShardedBlock):
         return xbar, r
 
 
+class LadderBlock(ShardedBlock):
+    """Ladder Residual: each module reads the stream from before the previous module's output is added, so that
+    output's all-reduce runs while this module computes. 2 forward all-reduces, both issued asynchronously; output
+    synced, with this block's two reduced outputs pending. With P_A, P_M attention l-1's and MLP l-1's pending
+    outputs (absent after a non-ladder block):
+    u = xbar + P_A (through attention l-1);  P_A' = sum_i [d_i + R1 * A_i(LN1(u_i))] + R1 b_A  (issued, not waited)
+    x' = u + P_M (through MLP l-1);          P_M' = R2 * (sum_i M_i(LN2(x'_i)) + b_M)          (issued, not waited)
+    -> (x', None, (P_A', P_M')). Synced input: u_i = u, x'_i = x', d_i = 0; desynced (after 'parallel', nothing
+    pending): u_i = x'_i = r_i, the d_i join attention's all-reduce."""
+
+    def step(self, xbar, r, pending, T, kv=None):
+        return self(xbar, r, T, kv, pending=pending)
+
+    def forward(self, xbar, r, T, kv=None, pending=()):
+        P_A, P_M = pending or (None, None)  # a ladder block's two outputs, or nothing after another block type
+        u = xbar if P_A is None else P_A.add_to(xbar)  # waits for attention l-1's all-reduce (MLP l-1 ran meanwhile)
+        a, R1 = self.attn_partials(u, r, T, kv)
+        P_A = self.issue(a, self.attn.c_proj, R1, "attn")
+        x = u if P_M is None else P_M.add_to(u)  # waits for MLP l-1's all-reduce (attention l ran meanwhile)
+        m, R2 = self.mlp_partials(x, r)
+        return x, None, (P_A, self.issue(m, self.mlp.c_proj, R2, "mlp"))
+
+    def issue(self, partials, linear, mask, site):
+        """Pending: the all-reduce of partials (L, N, C), issued, and the bias to add after it. The bias is a copy:
+        it is used after this forward returns, when FSDP has freed the block's gathered parameters."""
+        reduction = reduce_from_tp_region_async(partials, self.group, site=self.sites[site])
+        b = self.synced_bias(linear, mask)
+        return Pending(reduction, reduction.value, None if b is None else b.clone())
+
+
 # The block types: the names block_types accepts, and their classes. A new type is one class and one entry here.
-BLOCKS = {"tp": TPBlock, "spd": SPDBlock, "parallel": ParallelBlock}
+BLOCKS = {"tp": TPBlock, "spd": SPDBlock, "parallel": ParallelBlock, "ladder": LadderBlock}
 BLOCK_TYPES = tuple(BLOCKS)
 
 
@@ -332,12 +411,13 @@ class DistributedGPT(ModelInterface, GPT):
         """Logits and loss; with a KVCache, idx holds only the tokens after those already cached."""
         b, t = idx.size()
         x = self.embed(idx, positions(idx, self.config.block_size, kv_cache))  # (b, t, C)
-        xbar, r = x.view(b * t, -1), None  # the blocks' stream is flat over tokens
+        # the blocks' stream, flat over tokens: synced xbar, desynced r, ladder outputs still pending
+        xbar, r, pending = x.view(b * t, -1), None, ()
         for i, block in enumerate(self.transformer.h):
-            xbar, r = block(xbar, r, t, None if kv_cache is None else kv_cache.layers[i])
+            xbar, r, pending = block.step(xbar, r, pending, t, None if kv_cache is None else kv_cache.layers[i])
         if kv_cache is not None:
             kv_cache.advance(t)
-        x = self.transformer.ln_f(self.final_sync(xbar, r).view(b, t, -1))
+        x = self.transformer.ln_f(self.final_sync(xbar, r, pending).view(b, t, -1))
         if self.config.loss_parallel:
             return self.vocab_parallel_head(x, targets)
         return lm_head_and_loss(self.lm_head, x, targets)
@@ -345,8 +425,10 @@ class DistributedGPT(ModelInterface, GPT):
     def desynced_after(self, layer):
         return self.config.block_types[layer] == "parallel"
 
-    def final_sync(self, xbar, r):
-        """The stream before ln_f: xbar, or, when the last block left it desynced, one more sync xbar + sum_i d_i."""
+    def final_sync(self, xbar, r, pending=()):
+        """The stream before ln_f: xbar plus what a last ladder block left pending, or, when the last block left it
+        desynced, one more sync xbar + sum_i d_i."""
+        xbar = add_pending(xbar, pending)
         return xbar if r is None else xbar + reduce_from_tp_region(self.group.delta(r, xbar), self.group,
                                                                    site=FINAL_SYNC)
 

@@ -5,6 +5,9 @@ Tensor-parallel communication: Megatron-LM's two operators as autograd functions
                                backward: all-reduce (sum) of the shards' gradients
     reduce_from_tp_region (g)  forward: all-reduce (sum) of the shards' partial results (L, N, C) -> (N, C)
                                backward: identity
+    reduce_from_tp_region_async  g issued without waiting: returns an AsyncReduction at once; its wait() gives g's
+                               result. Real mode runs the all-reduce in the background meanwhile, so compute that
+                               does not need the result overlaps it (the ladder block; overlapped TP)
 
 A group is SimulatedTP (one process holds all tp shards as the leading dimension L = tp of every shard-side
 tensor; the all-reduce is a sum over that dimension) or RealTP (each rank holds its own shard, L = 1; the
@@ -17,7 +20,9 @@ torch.profiler.record_function span named for a trace (comm_trace.collective_eve
     allreduce <op> <fwd|bwd>[ L<layer> <block type>] <site> <bytes>B <sim|real>
     e.g.  allreduce g fwd L3 spd mlp 24576B real      allreduce f bwd L0 tp attn 24576B sim
 
-op: f (its backward all-reduce), g (its forward all-reduce), max / sum (the vocab-parallel loss, the gradient
+op: f (its backward all-reduce), g (its forward all-reduce), g_async (g issued without waiting: the span covers
+the issue; the wait for its result is a span of its own, the same label after 'wait ', e.g.
+`wait allreduce g_async fwd L3 ladder attn 24576B real`), max / sum (the vocab-parallel loss, the gradient
 syncs). site: attn or mlp inside a block (an 'spd' block's one all-reduce closes its MLP), final_sync (before
 ln_f), vocab_embed / vocab_head / vocab_loss (loss_parallel), grad_sync (real mode: the block-replicated
 gradients, once per step) and grad_norm (real mode: the clipping norm's scalar). Bytes: the tensor each rank
@@ -41,33 +46,42 @@ class CommCounter:
     def reset(self):
         self.fwd = self.bwd = self.grad_sync = 0
         self.fwd_bytes = self.bwd_bytes = 0
+        self.overlapped = 0  # of the fwd ones: issued asynchronously (reduce_from_tp_region_async)
         self.vocab = self.vocab_bytes = 0  # the vocab-parallel embedding and loss, counted apart (loss_parallel)
-        self.seconds = 0.0  # wall time inside real collectives (RealTP only), waiting for the other ranks included
-        # what torch.compile'd code counted (see add): fwd, fwd bytes, bwd, bwd bytes, vocab, vocab bytes
-        self.compiled = torch.zeros(6, dtype=torch.int64)
+        # wall time inside real collectives (RealTP only), waiting for the other ranks included; for an asynchronous
+        # one, the time to issue it plus the time its wait() blocked
+        self.seconds = 0.0
+        # what torch.compile'd code counted (see add): fwd, fwd bytes, bwd, bwd bytes, vocab, vocab bytes, async
+        self.compiled = torch.zeros(7, dtype=torch.int64)
 
-    def add(self, direction, nbytes, *, vocab=False):
-        """Count one collective. Inside torch.compile'd code Python counts would make dynamo guard on their values
-        (and trace again every step), so there the counts go into a tensor that the graph updates in place."""
+    def add(self, direction, nbytes, *, vocab=False, overlapped=False):
+        """Count one collective (overlapped: a forward one issued asynchronously). Inside torch.compile'd code
+        Python counts would make dynamo guard on their values (and trace again every step), so there the counts go
+        into a tensor that the graph updates in place."""
         if torch.compiler.is_compiling():
             slot = 4 if vocab else 0 if direction == "fwd" else 2
-            self.compiled.add_(torch.tensor([1 if i == slot else nbytes if i == slot + 1 else 0 for i in range(6)]))
+            self.compiled.add_(torch.tensor([1 if i == slot or (i == 6 and overlapped) else nbytes if i == slot + 1
+                                             else 0 for i in range(7)]))
             return
         if vocab:
             self.vocab, self.vocab_bytes = self.vocab + 1, self.vocab_bytes + nbytes
         elif direction == "fwd":
             self.fwd, self.fwd_bytes = self.fwd + 1, self.fwd_bytes + nbytes
+            self.overlapped += overlapped
         else:
             self.bwd, self.bwd_bytes = self.bwd + 1, self.bwd_bytes + nbytes
 
     def report(self, *, micro_steps, tokens):
         """Per forward/backward pass (one micro-batch of `tokens` tokens); gradient syncs per optimizer step. The
-        residual-stream syncs (fwd/bwd_allreduces) never include the vocab-parallel collectives, reported apart."""
+        residual-stream syncs (fwd/bwd_allreduces) never include the vocab-parallel collectives, reported apart.
+        async_allreduces: how many of the fwd_allreduces were issued asynchronously, free to overlap the compute
+        that follows them (real mode overlaps them; simulated mode sums at once, and counts them alike)."""
         n = max(1, micro_steps)
         c = self.compiled.tolist()
         fwd, fwd_bytes, bwd, bwd_bytes = self.fwd + c[0], self.fwd_bytes + c[1], self.bwd + c[2], self.bwd_bytes + c[3]
         vocab, vocab_bytes = self.vocab + c[4], self.vocab_bytes + c[5]
-        out = dict(fwd_allreduces=fwd // n, bwd_allreduces=bwd // n, grad_sync_allreduces=self.grad_sync,
+        out = dict(fwd_allreduces=fwd // n, bwd_allreduces=bwd // n, async_allreduces=(self.overlapped + c[6]) // n,
+                   grad_sync_allreduces=self.grad_sync,
                    comm_bytes_per_token=(fwd_bytes + bwd_bytes) / (n * tokens), comm_seconds=self.seconds)
         if vocab:
             out.update(vocab_allreduces=vocab // n, vocab_bytes_per_token=vocab_bytes / (n * tokens))
@@ -87,6 +101,11 @@ class SimulatedTP:
     def sum_shards(self, x):
         """(L, ...) partial results -> (...) their sum over the tp shards."""
         return x.sum(0)
+
+    def sum_shards_async(self, x):
+        """sum_shards to be waited for (see RealTP): summed at once here, nothing runs in the background.
+        Returns (the sum, None: no work to wait for)."""
+        return x.sum(0), None
 
     def max_shards(self, x):
         """(L, ...) -> (...) the elementwise maximum over the tp shards."""
@@ -137,8 +156,28 @@ class RealTP:
         self.counter.seconds += time.perf_counter() - start
         return t
 
+    def all_reduce_async(self, t, op=dist.ReduceOp.SUM):
+        """Start a sum (or op) over the tp group and return at once: (a fresh tensor, its torch.distributed work).
+        The tensor holds the result only after work.wait() (see wait); the time to issue it is counted."""
+        t = t.contiguous().clone()
+        start = time.perf_counter()
+        work = dist.all_reduce(t, op=op, group=self.group, async_op=True)
+        self.counter.seconds += time.perf_counter() - start
+        return t, work
+
+    def wait(self, work):
+        """Block until an all_reduce_async is done, timed into the counter."""
+        start = time.perf_counter()
+        work.wait()
+        self.counter.seconds += time.perf_counter() - start
+
     def sum_shards(self, x):
         return self.all_reduce(x).squeeze(0)
+
+    def sum_shards_async(self, x):
+        """(1, ...) -> (the sum over the tp shards (...), still being reduced, its work): wait(work) before use."""
+        t, work = self.all_reduce_async(x)
+        return t.squeeze(0), work
 
     def max_shards(self, x):
         return self.all_reduce(x, op=dist.ReduceOp.MAX).squeeze(0)
@@ -196,11 +235,11 @@ def _in_autocast_dtype(x):
     return x
 
 
-def _count(group, direction, t, vocab=False):
+def _count(group, direction, t, vocab=False, overlapped=False):
     """Count a collective of t (L, ...) and return the bytes each rank contributes (0: one rank, nothing moves)."""
     if group.tp > 1:  # a collective over one rank moves nothing (Megatron skips it)
         nbytes = t.numel() // group.local * t.element_size()
-        group.counter.add(direction, nbytes, vocab=vocab)
+        group.counter.add(direction, nbytes, vocab=vocab, overlapped=overlapped)
         return nbytes
     return 0
 
@@ -214,15 +253,16 @@ GRAD_SYNC, GRAD_NORM = (None, None, "grad_sync"), (None, None, "grad_norm")
 _NOT_RECORDED = contextlib.nullcontext()  # stateless: one instance serves every untraced collective
 
 
-def traced(group, op, direction, site, nbytes):
+def traced(group, op, direction, site, nbytes, *, waiting=False):
     """A profiler span labelled for this collective while a profiler records (see the module docstring), else a
-    context that does nothing: the label is formatted only while tracing. Not inside torch.compile'd code."""
+    context that does nothing: the label is formatted only while tracing. Not inside torch.compile'd code.
+    waiting=True: the span of the wait for an asynchronous one ('wait ' before its label)."""
     if group.tp == 1 or torch.compiler.is_compiling() or not torch.autograd.profiler._is_profiler_enabled:
         return _NOT_RECORDED
     layer, block, where = site or OTHER
     at = "" if layer is None else f" L{layer} {block}"
-    return torch.profiler.record_function(
-        f"allreduce {op} {direction}{at} {where} {nbytes}B {'real' if group.real else 'sim'}")
+    label = f"allreduce {op} {direction}{at} {where} {nbytes}B {'real' if group.real else 'sim'}"
+    return torch.profiler.record_function(f"wait {label}" if waiting else label)
 
 
 class _CopyToTPRegion(torch.autograd.Function):
@@ -268,6 +308,50 @@ def copy_to_tp_region(x, group, *, vocab=False, site=None):
 def reduce_from_tp_region(x, group, *, vocab=False, site=None):
     """g: (L, N, C) partial results -> (N, C), their sum over all tp shards; backward identity."""
     return _ReduceFromTPRegion.apply(_in_autocast_dtype(x), group, vocab, site)
+
+
+class _Reduced(torch.autograd.Function):
+    """An asynchronous g's result as g's output in autograd: forward passes the (N, C) buffer the all-reduce writes
+    on (reading nothing: its data may still be on the way); backward is g's, the gradient fanned out to the
+    (L, N, C) partial results."""
+
+    @staticmethod
+    def forward(ctx, x, reduced):
+        ctx.local = x.shape[0]
+        return reduced
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.unsqueeze(0).expand(ctx.local, *grad.shape), None
+
+
+class AsyncReduction:
+    """An all-reduce issued by reduce_from_tp_region_async, maybe still running. `value` is g's result, (N, C),
+    already in autograd as g's output (backward: identity, fanned out to the partial results), but its data is
+    there only once wait() has returned: real mode blocks until the all-reduce is done (simulated mode summed at
+    issue). wait() returns value; waiting again does nothing. The wait is a trace span of its own."""
+
+    def __init__(self, x, group, site, nbytes):
+        self.group, self.site, self.nbytes = group, site, nbytes
+        with traced(group, "g_async", "fwd", site, nbytes):  # the issue
+            reduced, self.work = group.sum_shards_async(x.detach())
+        self.value, self.waited = _Reduced.apply(x, reduced), False
+
+    def wait(self):
+        if not self.waited:
+            with traced(self.group, "g_async", "fwd", self.site, self.nbytes, waiting=True):
+                if self.work is not None:  # real mode (simulated mode summed at issue)
+                    self.group.wait(self.work)
+            self.work, self.waited = None, True
+        return self.value
+
+
+def reduce_from_tp_region_async(x, group, *, site=None):
+    """g issued without waiting: (L, N, C) partial results -> an AsyncReduction at once, whose wait() gives their
+    sum over all tp shards (N, C); backward identity, as g. In real mode the all-reduce runs in the background until
+    wait(), so work issued in between overlaps it. Counted as g (a forward all-reduce), and as asynchronous."""
+    x = _in_autocast_dtype(x)
+    return AsyncReduction(x, group, site, _count(group, "fwd", x, overlapped=True))
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
