@@ -11,8 +11,9 @@ import torch
 from conftest import TORCHRUN, assert_same as assert_same_losses, differs, losses, one_line_error, run_script, train
 from ladder_worker import MIXED, PATTERNS, expected_log, log_async, name
 from test_generate import stepwise_logits
-from test_tensor_parallel import (N_EMBD, N_LAYER, VOCAB, assert_same, attn_shard, batch, layer_norm, make_gpt,
-                                  mlp_shard, run, run_keyed, with_dropout)
+from test_tensor_parallel import (N_EMBD, N_LAYER, VOCAB, assert_same, batch, make_gpt, run, run_keyed,
+                                  with_dropout)
+from test_tensor_parallel import reference_forward as per_shard_forward  # docs/model.md per shard, 'ladder' too
 from torch.nn import functional as F
 
 import tensor_parallel_model
@@ -59,44 +60,6 @@ def gpt_ladder_forward(gpt, idx, targets, block_types, *, mlp_reads_attention=Fa
         m = block.mlp(block.ln_2(x + a if mlp_reads_attention else x))
         pending = [a, m]
     logits = gpt.lm_head(tr.ln_f(x + sum(pending)))
-    return logits, F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
-
-
-def per_shard_forward(gpt, idx, targets, tp, block_types):
-    """docs/model.md's equations one shard at a time (tests/test_tensor_parallel.py's reference, plus 'ladder'): a
-    synced xbar, each shard's additions d_i while desynced, and a ladder block's reduced outputs P_A, P_M pending."""
-    tr = gpt.transformer
-    xbar = tr.wte(idx) + tr.wpe(torch.arange(idx.size(1)))
-    d = None  # per-shard additions since the last sync; None when synced
-    P_A = P_M = 0  # attention l-1's and MLP l-1's outputs (summed over shards, with bias), not yet added
-    for block, kind in zip(tr.h, block_types):
-        bA, bM = block.attn.c_proj.bias, block.mlp.c_proj.bias
-        if kind != "ladder":
-            xbar, P_A, P_M = xbar + P_A + P_M, 0, 0
-        dd = d if d is not None else [torch.zeros_like(xbar)] * tp
-        r = [xbar + dd[i] for i in range(tp)]
-        if kind == "ladder":  # desynced input: nothing pending, u_i = x'_i = r_i, the d_i join attention's sum
-            u = [r[i] + P_A for i in range(tp)]
-            A = [attn_shard(block, layer_norm(block.ln_1, u[i]), i, tp) for i in range(tp)]
-            x1 = [u[i] + P_M for i in range(tp)]
-            M = [mlp_shard(block, layer_norm(block.ln_2, x1[i]), i, tp) for i in range(tp)]
-            xbar, d = xbar + P_A + P_M, None
-            P_A, P_M = sum(dd[i] + A[i] for i in range(tp)) + bA, sum(M) + bM
-            continue
-        A = [attn_shard(block, layer_norm(block.ln_1, r[i]), i, tp) for i in range(tp)]
-        if kind == "tp":
-            x1 = xbar + sum(dd[i] + A[i] for i in range(tp)) + bA
-            xbar, d = x1 + sum(mlp_shard(block, layer_norm(block.ln_2, x1), i, tp) for i in range(tp)) + bM, None
-        elif kind == "spd":
-            y = [r[i] + A[i] + bA for i in range(tp)]
-            M = [mlp_shard(block, layer_norm(block.ln_2, y[i]), i, tp) for i in range(tp)]
-            xbar, d = xbar + sum(dd[i] + A[i] + M[i] for i in range(tp)) + bA + bM, None
-        else:  # parallel
-            r = [r[i] + A[i] + bA / tp for i in range(tp)]
-            r = [r[i] + mlp_shard(block, layer_norm(block.ln_2, r[i]), i, tp) + bM / tp for i in range(tp)]
-            d = [dd[i] + (r[i] - (xbar + dd[i])) for i in range(tp)]
-    xbar = xbar + P_A + P_M + (sum(d) if d is not None else 0)
-    logits = gpt.lm_head(layer_norm(tr.ln_f, xbar))
     return logits, F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
 
 

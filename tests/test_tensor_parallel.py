@@ -76,13 +76,26 @@ def mlp_shard(block, u, i, tp):
 
 
 def reference_forward(gpt, idx, targets, tp, block_types):
+    """docs/model.md's equations one shard at a time (tests/test_ladder.py uses it for 'ladder' too): a
+    synced xbar, each shard's additions d_i while desynced, and a ladder block's reduced outputs P_A, P_M pending."""
     tr = gpt.transformer
     xbar = tr.wte(idx) + tr.wpe(torch.arange(idx.size(1)))
     d = None  # per-shard additions since the last sync; None when synced
+    P_A = P_M = 0  # attention l-1's and MLP l-1's outputs (summed over shards, with bias), not yet added
     for block, kind in zip(tr.h, block_types):
         bA, bM = block.attn.c_proj.bias, block.mlp.c_proj.bias
+        if kind != "ladder":
+            xbar, P_A, P_M = xbar + P_A + P_M, 0, 0
         dd = d if d is not None else [torch.zeros_like(xbar)] * tp
         r = [xbar + dd[i] for i in range(tp)]
+        if kind == "ladder":  # desynced input: nothing pending, u_i = x'_i = r_i, the d_i join attention's sum
+            u = [r[i] + P_A for i in range(tp)]
+            A = [attn_shard(block, layer_norm(block.ln_1, u[i]), i, tp) for i in range(tp)]
+            x1 = [u[i] + P_M for i in range(tp)]
+            M = [mlp_shard(block, layer_norm(block.ln_2, x1[i]), i, tp) for i in range(tp)]
+            xbar, d = xbar + P_A + P_M, None
+            P_A, P_M = sum(dd[i] + A[i] for i in range(tp)) + bA, sum(M) + bM
+            continue
         A = [attn_shard(block, layer_norm(block.ln_1, r[i]), i, tp) for i in range(tp)]
         if kind == "tp":
             x1 = xbar + sum(dd[i] + A[i] for i in range(tp)) + bA
@@ -95,8 +108,7 @@ def reference_forward(gpt, idx, targets, tp, block_types):
             r = [r[i] + A[i] + bA / tp for i in range(tp)]
             r = [r[i] + mlp_shard(block, layer_norm(block.ln_2, r[i]), i, tp) + bM / tp for i in range(tp)]
             d = [dd[i] + (r[i] - (xbar + dd[i])) for i in range(tp)]
-    if d is not None:
-        xbar = xbar + sum(d)
+    xbar = xbar + P_A + P_M + (sum(d) if d is not None else 0)
     logits = gpt.lm_head(layer_norm(tr.ln_f, xbar))
     return logits, F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
 
