@@ -19,6 +19,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tensor_parallel_model  # noqa: E402
+import real_tp_worker  # noqa: E402
 from real_tp_worker import TOL, VOCAB, batch, make_gpt, ratio, with_dropout, worst  # noqa: E402
 from test_generate import stepwise_logits  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
@@ -122,21 +123,10 @@ def check_forward_backward(pd, gpt, results):
 def check_generation(pd, gpt, results):
     """Tokens (greedy and seeded sampling, with and without the KV cache) equal the simulated model's on every
     rank; the cached steps' logits equal recomputing (fp64)."""
+    real_tp_worker.check_generation(pd, gpt, results, PATTERNS, torch.float64)  # tokens equal the simulated model's
     prompt = torch.randint(VOCAB, (2, 5), generator=torch.Generator().manual_seed(9))
     for block_types in PATTERNS:
         real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd).double().eval()
-        sim = DistributedGPT.from_gpt(gpt, pd.tp, block_types).double().eval()
-        ok = True
-        for use_cache in (True, False):
-            for temperature, top_k in ((0.0, None), (1.0, 20)):
-                out = []
-                for model in (real, sim):
-                    torch.manual_seed(11)
-                    out.append(model.generate(prompt, 30, temperature=temperature, top_k=top_k, use_cache=use_cache))
-                every = [torch.empty_like(out[0]) for _ in range(pd.tp)]
-                dist.all_gather(every, out[0], group=pd.tp_group)
-                ok = ok and torch.equal(out[0], out[1]) and all(torch.equal(e, out[0]) for e in every)
-        results[f"generate/{name(block_types)}"] = dict(ok=ok)
         tokens = real.generate(prompt, 15, temperature=0)
         results[f"generate/cached_logits/{name(block_types)}"] = ratio(
             stepwise_logits(real, tokens, 5, cached=True), stepwise_logits(real, tokens, 5, cached=False),

@@ -185,13 +185,13 @@ def check_loss_parallel(pd, gpt, results):
                                                                    forward_backward(sim, idx, tgt), TOL["float64"])
 
 
-def check_generation(pd, gpt, results):
+def check_generation(pd, gpt, results, patterns=PATTERNS, dtype=torch.float32):
     """Generation under real TP gives the single-process model's tokens, greedy and seeded sampling, with and
     without the KV cache, and every tp rank holds the same tokens."""
     prompt = torch.randint(VOCAB, (2, 5), generator=torch.Generator().manual_seed(9))
-    for block_types in PATTERNS:
-        real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd).eval()
-        sim = DistributedGPT.from_gpt(gpt, pd.tp, block_types).eval()
+    for block_types in patterns:
+        real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd).to(dtype).eval()
+        sim = DistributedGPT.from_gpt(gpt, pd.tp, block_types).to(dtype).eval()
         ok = True
         for use_cache in (True, False):
             for temperature, top_k in ((0.0, None), (1.0, 20)):
