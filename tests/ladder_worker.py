@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tensor_parallel_model  # noqa: E402
 import real_tp_worker  # noqa: E402
-from real_tp_worker import TOL, VOCAB, batch, make_gpt, ratio, with_dropout, worst  # noqa: E402
+from real_tp_worker import TOL, VOCAB, batch, make_gpt, name, ratio, with_dropout, worst  # noqa: E402
 from test_generate import stepwise_logits  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
 from tpcomm.parallel_dims import init_parallel, shutdown  # noqa: E402
@@ -31,10 +31,6 @@ PATTERNS = [
     ["ladder", "parallel", "ladder", "ladder"],  # pending before 'parallel'; a desynced stream entering 'ladder'
 ]
 MIXED = PATTERNS[1:]
-
-
-def name(block_types):
-    return "-".join(block_types)
 
 
 def log_async(patch):
