@@ -191,9 +191,9 @@ def test_axes_sweeps_as_docs_axes_md_states():
         (12, 64, 8, 4, 64, 12)
     assert (cfg["max_iters"], cfg["lr_decay_iters"], cfg["eval_interval"], cfg["eval_iters"]) == (5000, 5000, 250, 50)
     assert all(j.cfg["always_save_checkpoint"] and j.cfg["dataset"] == "shakespeare_char" for j in long)
-    assert [j.seed for j in long] == [1337] * 4 + [1338] * 4 + [1339] * 4  # seed-major
-    assert [results.block_pattern(j.cfg) for j in long[:4]] == [
-        "['tp']*12", "['spd']*12", "['parallel','spd']*6", "['parallel']*12"]
+    assert [j.seed for j in long] == [1337] * 6 + [1338] * 6 + [1339] * 6  # seed-major
+    assert [results.block_pattern(j.cfg) for j in long[:6]] == [
+        "['tp']*12", "['spd']*12", "['parallel','spd']*6", "['parallel']*12", "['ladder']*12", "['tp']*6+['ladder']*6"]
     by_path = {j.result_path: j.cfg for j in long}
     counts = {}
     for name in ("tp-axis", "size-axis", "convergence"):
@@ -202,7 +202,7 @@ def test_axes_sweeps_as_docs_axes_md_states():
         for j in jobs:  # a shared run: cpu-long's file and exactly cpu-long's config
             assert j.result_path not in by_path or by_path[j.result_path] == j.cfg
             assert (j.sweep == "cpu-long") == (j.result_path in by_path)
-    assert counts == {"tp-axis": (3 * 10 + 2, 12), "size-axis": (27, 9), "convergence": (9, 0)}
+    assert counts == {"tp-axis": (3 * 16 + 2, 18), "size-axis": (27, 9), "convergence": (9, 0)}
     tp_axis = axes_jobs("tp-axis")
     assert sorted({j.cfg["tp_size"] for j in tp_axis}) == [2, 4, 8]
     assert sorted((j.cfg["tp_size"], j.seed) for j in tp_axis if j.run.name.startswith("all-tp")) == [

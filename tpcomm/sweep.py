@@ -72,13 +72,15 @@ def comm_runs(pattern, budgets, *, overrides=(), nproc=1):
 # ---- the axes sweeps (docs/axes.md): one model, varied along one axis at a time, 3 seeds, resumable ----
 AXES_CONFIG = "config/sweep_axes.py"  # 12 layers x 64, 8 heads, tp 4, 5000 steps, eval every 250 on 50 batches
 AXES_SIZE, AXES_STEPS, AXES_SEEDS = (12, 64, 8), 5000, (1337, 1338, 1339)
-PATTERNS = {  # block pattern of n layers; a 'ladder' pattern is one more entry here, then in TP_AXIS_PATTERNS
+PATTERNS = {  # block pattern of n layers
     "all-tp": lambda n: ["tp"] * n,
     "all-spd": lambda n: ["spd"] * n,
     "parallel-spd": lambda n: ["parallel", "spd"] * (n // 2),
     "all-parallel": lambda n: ["parallel"] * n,
+    "all-ladder": lambda n: ["ladder"] * n,  # every sync kept, each one module late (Ladder Residual)
+    "ladder-upper": lambda n: ["tp"] * (n // 2) + ["ladder"] * (n - n // 2),  # the paper's conversion of the upper half
 }
-TP_AXIS_PATTERNS = ("all-spd", "parallel-spd", "all-parallel")
+TP_AXIS_PATTERNS = ("all-spd", "parallel-spd", "all-parallel", "all-ladder", "ladder-upper")
 # (n_layer, n_embd, n_head): max_iters. Tokens per parameter fixed (docs/axes.md, "The size axis"): steps =
 # 3,840,000 / 591,424 non-embedding parameters (the 12 x 64 model at 5000 steps: 6.49 tokens/param) x the size's
 # non-embedding parameters / 768 tokens per step, rounded to a multiple of 20 (an eval every 5% of training);
@@ -118,9 +120,10 @@ SWEEPS = {
     # the CPU configs with real tensor parallelism: 2 processes, one shard each, all-reduces through gloo
     "cpu-real": comm_runs("config/train_shakespeare_char_{}comm.py", (24, 18, 16, 12, 8, 6, 4, 3, 2, 1),
                           overrides=("--tp_size=2", "--tp_mode=real"), nproc=2),
-    # past the early phase: the axes model (cpu's 12 x 64 with 8 heads) in four patterns, 10x longer than "cpu";
-    # replaces the old n_head=4 cpu-long, whose results were never committed
-    "cpu-long": [axes_run(p) for p in ("all-tp", "all-spd", "parallel-spd", "all-parallel")],
+    # past the early phase: the axes model (cpu's 12 x 64 with 8 heads), 10x longer than "cpu", in six patterns:
+    # four that drop syncs, two that delay them (ladder); replaces the old n_head=4 cpu-long (never committed)
+    "cpu-long": [axes_run(p) for p in ("all-tp", "all-spd", "parallel-spd", "all-parallel", "all-ladder",
+                                       "ladder-upper")],
     # the tp degree: 2, 4 (cpu-long's runs) and 8; all-tp once at tp 4, and for seed 1337 at tp 2 and 8 to show it
     # is the same model at every degree
     "tp-axis": [shared("all-tp"),
