@@ -58,6 +58,11 @@ class TPConfig(GPTConfig):
     # shard the tied wte/lm_head by vocabulary and compute the loss from the sharded logits (vocab-parallel
     # cross-entropy), never gathering a token's full vocabulary of logits on one rank
     loss_parallel: bool = False
+    # how the blocks' syncs move (docs/overlap.md, docs/compression.md): none of them changes the weights
+    tp_overlap: int = 1  # K > 1: a tp/spd block's batch in K chunks, each chunk's all-reduce overlapping the next
+    sequence_parallel: bool = False  # Megatron SP: the synced stream sharded along the tokens between tp blocks
+    tp_comm_dtype: Optional[str] = None  # compress every g reduction's partial sums (block-quantized); None: off
+    tp_comm_block: int = 32  # values per absmax scale along the hidden dimension (tp_comm_dtype)
 
     def __post_init__(self):
         validate_tp_args(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd, tp_size=self.tp_size,
@@ -352,6 +357,9 @@ class LadderBlock(ShardedBlock):
         b = self.synced_bias(linear, mask)
         return Pending(reduction, reduction.value, None if b is None else b.clone())
 
+
+# The TPConfig keys that set how syncs move (build_model and train.py pass them through as they are)
+TP_COMM_OPTIONS = ("tp_overlap", "sequence_parallel", "tp_comm_dtype", "tp_comm_block")
 
 # The block types: the names block_types accepts, and their classes. A new type is one class and one entry here.
 BLOCKS = {"tp": TPBlock, "spd": SPDBlock, "parallel": ParallelBlock, "ladder": LadderBlock}

@@ -44,6 +44,7 @@ from tpcomm.data_parallel import DATA_PARALLEL, INIT_DEVICES, parallelize, set_g
 from data.vocab import load_vocab
 from model import GELU_FORMS, GPT2_FIXED, PRETRAINED_SIZES, GPT
 from tpcomm.parallel_dims import ParallelDims, check_layout, init_parallel, shutdown
+from tensor_parallel_model import TP_COMM_OPTIONS
 
 DEFAULTS = dict(
     # I/O
@@ -81,6 +82,11 @@ DEFAULTS = dict(
     block_types=None,  # 'tp' | 'spd' | 'parallel' per layer (a list), or one for every layer; None = all 'tp'
     tp_mode="simulated",  # 'simulated' (one process holds every shard) | 'real' (torchrun, one shard per rank)
     loss_parallel=False,  # distributed_gpt: wte/lm_head sharded by vocabulary, vocab-parallel cross-entropy
+    # distributed_gpt: how the syncs move (none changes the weights; docs/overlap.md, docs/compression.md)
+    tp_overlap=1,  # K > 1: each tp/spd block's batch in K chunks, chunk k's all-reduce overlapping chunk k+1
+    sequence_parallel=False,  # Megatron sequence parallelism: reduce-scatter + all-gather instead of all-reduce
+    tp_comm_dtype=None,  # None (off) | 'bf16' | 'fp8' | 'int8': block-quantized partial sums in every g reduction
+    tp_comm_block=32,  # values per absmax scale (tp_comm_dtype)
     # AdamW
     learning_rate=6e-4,
     max_iters=600000,  # steps 0..max_iters: max_iters + 1 steps, as in nanoGPT
@@ -249,6 +255,11 @@ def check_model(cfg):
     elif cfg["loss_parallel"]:
         raise ConfigError(f"loss_parallel=True needs model_type='distributed_gpt' (it shards wte/lm_head over the "
                           f"tensor-parallel shards), got model_type={cfg['model_type']!r}")
+    else:
+        changed = {k: cfg[k] for k in TP_COMM_OPTIONS if cfg[k] != DEFAULTS[k]}
+        if changed:
+            raise ConfigError(f"{', '.join(f'{k}={v!r}' for k, v in changed.items())} needs "
+                              f"model_type='distributed_gpt', got model_type={cfg['model_type']!r}")
 
 
 def check_pipeline(cfg, explicit, *, dp, tp, dtype):
@@ -360,7 +371,8 @@ def prepare(argv):
         pretrained = load_pretrained(cfg["init_from"], dropout=cfg["dropout"])
 
     model_args = {k: cfg[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "dropout",
-                                      "gelu_approximate", "tp_size", "block_types", "loss_parallel")}
+                                      "gelu_approximate", "tp_size", "block_types", "loss_parallel",
+                                      *TP_COMM_OPTIONS)}
     model_args.update(vocab_size=vocab_size, block_size=spec["block_size"] if cfg["init_from"] != "scratch"
                       else cfg["block_size"])
     setup = Setup(data_dir=data_dir, dp=dp, tp=tp, pp=cfg["pp_size"], device=device, device_type=device_type,

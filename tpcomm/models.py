@@ -206,7 +206,7 @@ def clip_to_norm_(grads, total, max_norm):
 
 def build_model(model_type, model_args, *, pd=None, init_device="default"):
     """PlainGPT or DistributedGPT from a dict of GPTConfig fields (nanoGPT's 7, gelu_approximate) and, for
-    distributed_gpt, tp_size, block_types and loss_parallel. Extra keys are ignored, so a run's config dict works
+    distributed_gpt, tp_size, block_types, loss_parallel and the TP_COMM_OPTIONS. Extra keys are ignored, so a run's config dict works
     too. init_device='meta': built on the meta device, no memory and no weights: shard it if wanted, then
     model.materialize_(device) gives GPT's initial weights bitwise (data_parallel.parallelize does both)."""
     if init_device not in ("default", "meta"):
@@ -218,10 +218,11 @@ def build_model(model_type, model_args, *, pd=None, init_device="default"):
         if model_type == "gpt":
             return PlainGPT(GPTConfig(**gpt_args))
         if model_type == "distributed_gpt":
-            from tensor_parallel_model import DistributedGPT, TPConfig
+            from tensor_parallel_model import TP_COMM_OPTIONS, DistributedGPT, TPConfig
 
+            options = {k: model_args[k] for k in TP_COMM_OPTIONS if k in model_args}
             return DistributedGPT(TPConfig(**gpt_args, tp_size=model_args.get("tp_size", 1),
                                            block_types=model_args.get("block_types"),
-                                           loss_parallel=bool(model_args.get("loss_parallel", False))),
+                                           loss_parallel=bool(model_args.get("loss_parallel", False)), **options),
                                   pd=pd, init=not meta)
     raise ConfigError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
