@@ -1,4 +1,4 @@
-"""
+r"""
 Time training steps (forward, backward, AdamW) on synthetic data: ms/iter, tokens/s, MFU and the measured
 tensor-parallel communication. With model_type='distributed_gpt' it also times GPT of the same sizes in the
 same run, interleaved, and prints the ratio; --patterns times several block patterns interleaved in one run.
@@ -49,6 +49,10 @@ DEFAULTS = dict(
     tp_size=1,
     block_types=None,
     patterns=None,  # distributed_gpt: a list of block_types values to time in one run, instead of block_types
+    # distributed_gpt: how the syncs move, a list of dicts of tp_overlap / sequence_parallel / tp_comm_dtype /
+    # tp_comm_block, each timed with every pattern in the same run ({} is the default), e.g.
+    # "[{}, {'tp_overlap': 2}, {'sequence_parallel': True}, {'tp_comm_dtype': 'int8'}]"
+    variants=None,
     tp_mode="simulated",
     n_layer=12,
     n_head=12,
@@ -175,6 +179,10 @@ def main(argv):
         for block_types in cfg["patterns"] or [cfg["block_types"]]:
             validate_tp_args(n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"],
                              tp_size=cfg["tp_size"], block_types=block_types)
+            for variant in variants_of(cfg):
+                check_variant(cfg, block_types, variant)
+    elif cfg["variants"] is not None:
+        raise ConfigError(f"variants need model_type='distributed_gpt', got model_type={cfg['model_type']!r}")
     elif cfg["model_type"] != "gpt":
         raise ConfigError(f"model_type must be 'gpt' or 'distributed_gpt', got {cfg['model_type']!r}")
     pp = cfg["pp_size"] if cfg["mode"] == "pipeline" else 1
@@ -426,8 +434,9 @@ def bench(cfg, pd, device, device_type, dtype):
     args = dict(cfg, dropout=0.0)
     tokens = cfg["batch_size"] * cfg["block_size"]
     if cfg["model_type"] == "distributed_gpt":
-        models = {pattern_name(p): build_model("distributed_gpt", dict(args, block_types=p), pd=pd).to(device)
-                  for p in cfg["patterns"] or [cfg["block_types"]]}
+        models = {pattern_name(p) + variant_name(v):
+                  build_model("distributed_gpt", dict(args, block_types=p, **v), pd=pd).to(device)
+                  for p in cfg["patterns"] or [cfg["block_types"]] for v in variants_of(cfg)}
         if cfg["compare"] and cfg["tp_mode"] == "simulated":
             models["gpt"] = build_model("gpt", args).to(device)
     else:
@@ -474,6 +483,44 @@ def bench(cfg, pd, device, device_type, dtype):
                      f"{', '.join(o[name] for o in others)})" if others else "")
             say(f"trace {name}: {paths[name]}{ranks}, {cfg['trace_steps']} step(s): {describe_counts(counts)}")
     return results
+
+
+def variants_of(cfg):
+    """The variants to time: a list of dicts of TP_COMM_OPTIONS (ConfigError naming the bad one)."""
+    from tensor_parallel_model import TP_COMM_OPTIONS
+
+    variants = cfg["variants"] if cfg["variants"] is not None else [{}]
+    if not isinstance(variants, list) or not variants or not all(isinstance(v, dict) for v in variants):
+        raise ConfigError(f"variants must be a non-empty list of dicts, got {variants!r}")
+    for v in variants:
+        bad = sorted(set(v) - set(TP_COMM_OPTIONS))
+        if bad:
+            raise ConfigError(f"variants: unknown key(s) {bad} in {v!r}; use {list(TP_COMM_OPTIONS)}")
+    return variants
+
+
+def check_variant(cfg, block_types, variant):
+    """The model config of one pattern and variant, validated as train.py would (TPConfig)."""
+    from tensor_parallel_model import TPConfig
+
+    TPConfig(n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"], block_size=cfg["block_size"],
+             vocab_size=cfg["vocab_size"], bias=cfg["bias"], tp_size=cfg["tp_size"], block_types=block_types,
+             **variant)
+    K = variant.get("tp_overlap", 1)
+    if isinstance(K, int) and K > 1 and cfg["batch_size"] % K:
+        raise ConfigError(f"variants: tp_overlap={K} needs batch_size divisible by it, got {cfg['batch_size']}")
+
+
+def variant_name(variant):
+    """'' for the default; else ' +overlap2', ' +sp', ' +int8/32' (dtype/values per scale), joined."""
+    parts = []
+    if variant.get("tp_overlap", 1) > 1:
+        parts.append(f"overlap{variant['tp_overlap']}")
+    if variant.get("sequence_parallel"):
+        parts.append("sp")
+    if variant.get("tp_comm_dtype"):
+        parts.append(f"{variant['tp_comm_dtype']}/{variant.get('tp_comm_block', 32)}")
+    return "".join(f" +{p}" for p in parts)
 
 
 def pattern_name(block_types):

@@ -93,9 +93,23 @@ def _run_config_file(path):
     return scope
 
 
+def usage(defaults):
+    """--help: the running script's docstring, then every key with its default."""
+    doc = (sys.modules["__main__"].__doc__ or "").strip()
+    keys = "\n".join(f"  --{k}={v!r}" for k, v in defaults.items())
+    return f"{doc}\n\nkeys (--key=value, after any config files), with their defaults:\n{keys}"
+
+
 def configure(defaults, argv):
-    """Return a new dict: defaults updated by config files then --key=value arguments, in order."""
+    """Return a new dict: defaults updated by config files then --key=value arguments, in order. --help (or -h)
+    prints usage(defaults) and exits 0."""
     config = dict(defaults)
+    if "--help" in argv or "-h" in argv:
+        try:
+            print(usage(defaults))
+        except BrokenPipeError:  # `--help | head`
+            sys.stdout = None
+        sys.exit(0)
     for arg in argv:
         if not arg.startswith("--"):
             if not os.path.isfile(arg):

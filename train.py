@@ -1,4 +1,4 @@
-"""
+r"""
 Train GPT or DistributedGPT, nanoGPT style. Single process:
 $ python train.py config/train_shakespeare_char.py --device=cpu --compile=False
 Data parallel on one node (4 GPUs):
@@ -720,6 +720,13 @@ def stop_if_not_finite(run, what, value):
                        f"(if any) is kept in {run.cfg['out_dir']}")
 
 
+def eta(done, left, start):
+    """Progress for the log line (plain text: a log file gets no progress-bar escape codes): the time left at the
+    mean pace of this process's iterations so far, evaluations included."""
+    seconds = round((time.perf_counter() - start) / max(done, 1) * left)
+    return f"eta {seconds // 3600}h{seconds // 60 % 60:02d}m{seconds % 60:02d}s"
+
+
 def train(run):
     """The training loop, as nanoGPT's: evaluate and checkpoint every eval_interval and at the last iteration
     (max_iters, before its step, as nanoGPT does when max_iters is a multiple of eval_interval), one step per
@@ -733,6 +740,7 @@ def train(run):
         wandb.init(project=cfg["wandb_project"], name=cfg["wandb_run_name"], config=cfg)
     local_iter_num, running_mfu = 0, -1.0
     first_iter, last_eval = run.iter_num, None  # (iteration, losses) of the last evaluation
+    loop_start = time.perf_counter()
     while True:
         # determine and set the learning rate for this iteration
         lr = get_lr(run.iter_num, cfg)
@@ -783,8 +791,9 @@ def train(run):
                 comm_str += f", vocab {comm['vocab_allreduces']}"
             if "pp_bytes_per_token" in comm:
                 comm_str += f", pp {comm['pp_bytes_per_token']:,.0f} B/token"
-            print(f"iter {run.iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, tok/s {tok_s:,.0f}, "
-                  f"mfu {mfu_str}{comm_str}")
+            print(f"iter {run.iter_num}/{cfg['max_iters']}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, "
+                  f"tok/s {tok_s:,.0f}, mfu {mfu_str}{comm_str}, "
+                  f"{eta(run.iter_num - first_iter + 1, cfg['max_iters'] - run.iter_num, loop_start)}")
             run.metrics.write(iter=run.iter_num, loss=lossf, lr=lr, dt_ms=dt * 1000, tokens_per_s=tok_s,
                               mfu=running_mfu if running_mfu >= 0 else None, **comm)
         run.iter_num += 1

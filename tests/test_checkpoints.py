@@ -110,7 +110,7 @@ def test_resume_and_sample_a_nanogpt_checkpoint(runs, char_data, tmp_path):
     out.mkdir()
     torch.save(nanogpt_checkpoint(load(runs("gpt")), char_data), out / "ckpt.pt")
     r = train(out, char_data, "--init_from=resume", "--max_iters=6", "--eval_interval=6")
-    assert "iter 4: loss" in r.stdout and "iter 6: loss" in r.stdout
+    assert "iter 4/6: loss" in r.stdout and "iter 6/6: loss" in r.stdout
     ckpt = load(out)
     assert ckpt["iter_num"] == 6 and ckpt["model_type"] == "gpt"
     torch.save(nanogpt_checkpoint(load(runs("gpt")), char_data), out / "ckpt.pt")

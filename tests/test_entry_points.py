@@ -261,3 +261,12 @@ def test_intact_sharded_checkpoint_converts(sharded_run, tmp_path):
     out = copy_run(sharded_run, tmp_path / "run")
     r = run_script("-m", "tpcomm.sharded_checkpoint", str(out))
     assert r.returncode == 0 and (out / "ckpt.pt").exists(), r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("script", ["train.py", "sample.py", "bench.py", "experiment.py", "spd.py", "export_hf.py",
+                                    "comm_model.py"])
+def test_help_prints_usage_and_exits_0(script):
+    """--help: the script's docstring (its example commands) and, for configurator scripts, every key."""
+    r = subprocess.run([sys.executable, script, "--help"], cwd=os.path.dirname(os.path.dirname(__file__)),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and not r.stderr and f"{script.removesuffix('.py')}" in r.stdout, (r.stdout, r.stderr)

@@ -141,7 +141,7 @@ def test_second_run_in_the_same_out_dir_refuses(char_data, tmp_path):
                              env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
     try:
         for line in first.stdout:  # the first run holds the lock from before it prints anything
-            if line.startswith("iter 1:"):
+            if line.startswith("iter 1/"):
                 break
         r = run_script("train.py", *TINY, f"--data_dir={char_data}", f"--out_dir={out}", "--max_iters=2")
         line = one_line_error(r)

@@ -330,7 +330,7 @@ def shown(cmd):
     return " ".join(["python"] + [os.path.relpath(a, ROOT) if a.startswith(ROOT + os.sep) else a for a in cmd[1:]])
 
 
-STEP_LINE = re.compile(r"^(?:iter|step) (\d+):")
+STEP_LINE = re.compile(r"^(?:iter|step) (\d+)(?:/\d+)?:")
 
 
 def resumable(job):
@@ -701,7 +701,13 @@ def show_report(sweep_dir, table, plots, *, remark=""):
 
 
 def cli(argv):
-    """main with user errors as one line and exit status 2, and Ctrl-C as a note on how to continue."""
+    """main with user errors as one line and exit status 2, and Ctrl-C as a note on how to continue. --help (-h):
+    the entry script's docstring and the sweeps."""
+    if "--help" in argv or "-h" in argv:
+        doc = (sys.modules["__main__"].__doc__ or __doc__ or "").strip()
+        print(f"{doc}\n\nsweeps: {', '.join(SWEEPS)}\nrunner options: --seeds=A,B --nproc=N --out=DIR "
+              f"--report-only --dry-run --counts; other --key=value options are train.py overrides")
+        sys.exit(0)
     try:
         main(argv)
     except (SweepError, ConfigError, results.ResultsError) as e:
