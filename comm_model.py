@@ -2,7 +2,8 @@
 The communication cost model: fit, validate, predict GPU step and decode times (the machinery:
 tpcomm/cost_model.py).
 
-$ python comm_model.py predict                                   # the GPU table from named constants
+$ python comm_model.py predict                                   # published-figure checks, then the GPU tables
+$ python comm_model.py --tp_overlap=4 --efficiency=0.8           # other overlap assumptions
 $ python comm_model.py measure --out=calibration.json            # calibrate on this machine (real TP, gloo)
 $ python comm_model.py validate --calibration=calibration.json   # leave-one-pattern-out errors
 """

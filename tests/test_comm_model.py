@@ -1,7 +1,9 @@
 """comm_model.py: the all-reduce time and step-time equations on cases computed by hand, the fits recovering known
 parameters, leave-one-pattern-out exact on a noiseless line and shown able to fail, the validation's two
 predictors on synthetic calibrations, the GPU tables, one-line errors, and `measure` + `validate` end to end on a
-tiny model (2 gloo processes)."""
+tiny model (2 gloo processes). Then the terms for syncs that move instead of being dropped: overlap (exposed
+communication; tp_overlap chunks; ladder), sequence parallelism's bytes and memory, compression's bytes and time, the
+overlap term of the CPU fit, and the published figures within the error docs/cost_model.md states."""
 
 import json
 
@@ -145,8 +147,9 @@ def test_validate_prints_the_table(tmp_path):
 def test_default_command_prints_the_gpu_tables():
     r = run_script("comm_model.py")
     assert r.returncode == 0, r.stderr
-    for text in ("## Training step", "## Decode, LLaMA2-70B", "GPT-2 124M", "7B (32 x 4096)", "IB NDR (inter-node)",
-                 "The SPD paper reports about 20%"):
+    for text in ("## Checked against published figures", "## Training step", "## Decode, LLaMA2-70B", "GPT-2 124M",
+                 "7B (32 x 4096)", "IB NDR (inter-node)", "The SPD paper reports about 20%", "overlap K=2 | ladder |",
+                 "## Activation memory per layer"):
         assert text in r.stdout
     for name, c in cm.CONSTANTS.items():  # every constant printed with its source
         assert f"`{name}` = {c.value:g}" in r.stdout and c.source in r.stdout
@@ -179,6 +182,8 @@ def error_line(capsys, argv):
     (["--mfu=0"], "mfu must be a fraction in (0, 1], got 0.0"),
     (["--mfu=abc"], "mfu: expected float (default 0.4), got str 'abc'"),
     (["--batch_size=0"], "batch_size must be an int >= 1, got 0"),
+    (["--tp_overlap=0"], "tp_overlap must be an int >= 1, got 0"),
+    (["--efficiency=1.5"], "efficiency must be a fraction in (0, 1], got 1.5"),
     (["--tp=8"], "unknown config key 'tp'"),
     (["fit"], "unknown command 'fit'"),
     (["validate"], "calibration must be the file `measure` wrote"),
@@ -253,3 +258,150 @@ def test_measure_and_validate_end_to_end(tmp_path):
     r = run_script("comm_model.py", "validate", f"--calibration={out}")
     assert r.returncode == 0, r.stderr
     assert "| `parallel` | 2 |" in r.stdout and "anchor" in r.stdout
+
+
+# ---------- moving syncs: hide (overlap), delay (ladder), shrink (compression), and sequence parallelism ----------
+
+def test_exposed_limits():
+    comms = [3e-5, 1e-5, 2e-5]
+    assert cm.exposed(comms, [0.0] * 3) == pytest.approx(6e-5, rel=EXACT)  # nothing to hide behind: blocking
+    assert cm.exposed(comms, [1.0] * 3) == 0.0  # compute >> communication: all hidden
+    assert cm.exposed(comms, [1.0] * 3, efficiency=0.0) == pytest.approx(6e-5, rel=EXACT)  # no overlap at all
+    # by hand: max(0, 3-1) + max(0, 1-2) + max(0, 2-0.5) = 2 + 0 + 1.5 (in 1e-5 s)
+    assert cm.exposed(comms, [1e-5, 2e-5, 0.5e-5]) == pytest.approx(3.5e-5, rel=EXACT)
+
+
+def test_ladder_hides_each_all_reduce_behind_the_next_module():
+    # module i's all-reduce hides behind module i+1's compute; the last is exposed: hiders [5, 2, 0]
+    # exposed = max(0, 3-5) + max(0, 3-2) + 3 = 4
+    assert cm.ladder_exposed([3.0, 3.0, 3.0], [1.0, 5.0, 2.0]) == pytest.approx(4.0, rel=EXACT)
+    assert cm.ladder_exposed([3.0, 3.0], [0.0, 0.0]) == 6.0  # no compute: blocking
+
+
+def test_chunked_by_hand_and_limits():
+    link = dict(alpha=1e-5, busbw=1e11)
+    n, p = 4e6, 2
+    t = cm.allreduce_time(n, p, **link)  # 1e-5 + 4e6 / 1e11 = 5e-5 s
+    # K = 1 is the blocking all-reduce, whatever the compute
+    assert cm.chunked_exposed(1.0, n, p, chunks=1, **link) == pytest.approx(t, rel=EXACT)
+    # K = 2, compute 0: two all-reduces of n/2, m = 1e-5 + 2e-5 = 3e-5 each, nothing hidden: 6e-5 (K latencies)
+    assert cm.chunked_exposed(0.0, n, p, chunks=2, **link) == pytest.approx(6e-5, rel=EXACT)
+    # K = 2, compute 2e-5: chunk 1's 3e-5 behind chunk 2's 1e-5 of compute: 2e-5 exposed, + the last 3e-5
+    assert cm.chunked_exposed(2e-5, n, p, chunks=2, **link) == pytest.approx(5e-5, rel=EXACT)
+    # compute >> comm: only the last chunk is exposed, 1/K of the bytes plus one latency
+    assert cm.chunked_exposed(1.0, n, p, chunks=4, **link) == pytest.approx(
+        cm.allreduce_time(n / 4, p, **link), rel=EXACT)
+    # monotone: more compute never exposes more
+    times = [cm.chunked_exposed(c, n, p, chunks=4, **link) for c in (0, 1e-5, 4e-5, 1e-4, 1e-3)]
+    assert times == sorted(times, reverse=True) and times[0] > times[-1]
+
+
+def test_sequence_parallel_moves_the_ring_bytes():
+    n, p = 1e6, 4
+    rs = ag = (p - 1) / p * n  # reduce-scatter and all-gather: (p-1)/p of n per rank each
+    assert rs + ag == pytest.approx(cm.ring_bytes(n, p), rel=EXACT)
+    # twice the latency, same bytes: 2e-5 + 1.5e6 / 1e11
+    assert cm.sp_time(n, p, alpha=1e-5, busbw=1e11) == pytest.approx(2e-5 + 1.5e-5, rel=EXACT)
+    assert cm.sp_time(n, 1, alpha=1e-5, busbw=1e11) == 0.0
+
+
+def test_activation_memory_by_hand():
+    # s 1000, b 2, h 100, a 4, t 4: sbh = 2e5; attention term 5 * 4 * 1000 / (100 * 4) = 50
+    # tp: 2e5 (10 + 6 + 50) = 1.32e7; tp + sp: 2e5 (8.5 + 50) = 1.17e7: sp saves 10 sbh (1 - 1/t) = 1.5e6
+    kw = dict(seq=1000, batch=2, d=100, heads=4, tp=4)
+    assert cm.activation_bytes(**kw, sp=False) == pytest.approx(1.32e7, rel=EXACT)
+    assert cm.activation_bytes(**kw, sp=True) == pytest.approx(1.17e7, rel=EXACT)
+    assert cm.activation_bytes(**dict(kw, tp=1), sp=True) == cm.activation_bytes(**dict(kw, tp=1), sp=False)
+
+
+def test_compressed_bytes():
+    # int8 with an fp32 scale per 32 values: 1 + 4/32 = 1.125 B per value, against 2 for bf16 (1.78x fewer)
+    assert cm.compressed_bytes(32_000) == pytest.approx(36_000, rel=EXACT)
+    assert 2 * 32_000 / cm.compressed_bytes(32_000) == pytest.approx(16 / 9, rel=EXACT)
+    assert cm.compressed_bytes(32_000, cm.Compression(block=16)) == pytest.approx(40_000, rel=EXACT)
+    assert cm.compressed_bytes(33) == pytest.approx(33 + 8, rel=EXACT)  # a partial block still has its scale
+
+
+def test_compressed_reduce_by_hand_and_growth_with_tp():
+    # values 1e6, p 4, alpha 1e-5, B 1e11, HBM 1e12, launch 1e-6: n_c = 1.125e6 B
+    # all-gather: wire 3 * 1.125e6 = 3.375e6 B -> 3.375e-5 s; passes: (2e6 + 1.125e6 + 4 * 1.125e6 + 2e6) / 1e12
+    # = 9.625e-6 s, + 2 launches 2e-6: total 1e-5 + 3.375e-5 + 9.625e-6 + 2e-6 = 5.5375e-5 s
+    kw = dict(alpha=1e-5, busbw=1e11, hbm_bw=1e12, launch=1e-6)
+    assert cm.compressed_reduce_time(1e6, 4, **kw) == pytest.approx(5.5375e-5, rel=EXACT)
+    assert cm.compressed_reduce_time(1e6, 1, **kw) == 0.0
+    # the all-gather's bytes grow with tp, the ring's stay below 2 n_c: at tp 2 int8 beats the bf16 ring on bytes,
+    # at tp 8 it loses (7 x 1.125 = 7.9 B per value against 2 x 7/8 x 2 = 3.5)
+    ag = [cm.compressed_reduce_time(1e8, p, **kw) for p in (2, 4, 8)]
+    assert ag == sorted(ag)
+    bf16 = [cm.allreduce_time(2e8, p, alpha=1e-5, busbw=1e11) for p in (2, 8)]
+    assert ag[0] < bf16[0] and ag[2] > bf16[1]
+    ring = cm.compressed_reduce_time(1e8, 8, **kw, comp=cm.Compression(exchange="ring"))
+    assert ring < bf16[1]  # the compressed ring would save at every tp (not implemented in the repo)
+    with pytest.raises(ValueError, match="exchange"):
+        cm.compressed_reduce_time(1e6, 2, **kw, comp=cm.Compression(exchange="tree"))
+
+
+@pytest.mark.parametrize("pattern, overlapped", [
+    (["tp"] * 12, 0), (["ladder"] * 12, 23), (["ladder", "spd"] * 6, 6), (["parallel", "ladder"] * 6, 6),
+    (["ladder", "ladder", "tp", "ladder"], 4)])
+def test_overlapped_syncs_follow_the_documented_rule(pattern, overlapped):
+    """docs/model.md: a run of k ladder blocks overlaps 2k-1 of its 2k forward all-reduces."""
+    assert cm.overlapped_syncs(pattern) == overlapped
+
+
+def test_variants_are_consistent_with_the_blocking_model():
+    shape, link = cm.SHAPES[1], cm.LINKS[0]
+    kw = dict(tp=8, link=link, tokens=8192, seq_len=1024, mfu=0.4)
+    v = cm.train_variants(shape, **kw)
+    assert v["blocking"] == pytest.approx(cm.train_step(shape, **kw, fwd_syncs=2 * shape.n_layer), rel=EXACT)
+    assert sum(v["all spd"]) == pytest.approx(sum(cm.train_step(shape, **kw, fwd_syncs=shape.n_layer)), rel=EXACT)
+    for name in ("overlap K=2", "ladder"):  # hiding never costs more than blocking at full efficiency ...
+        assert v[name][1] < v["blocking"][1]
+    no_overlap = cm.train_variants(shape, **kw, opts=cm.Options(efficiency=1e-12))
+    assert no_overlap["ladder"][1] == pytest.approx(v["blocking"][1], rel=1e-6)  # ... and equals it with none
+    assert no_overlap["overlap K=2"][1] > v["blocking"][1]  # chunks without overlap: K latencies, nothing hidden
+    d = dict(context=1024, batch=1, tp=8, link=link)
+    dv = cm.decode_variants(cm.LLAMA_70B, **d)
+    memory, comm = cm.decode_token(params=cm.LLAMA_70B.params, n_layer=80, n_embd=8192, n_kv_heads=8, head_dim=128,
+                                   syncs=160, **d)
+    assert dv["blocking"] == pytest.approx((memory, comm), rel=EXACT)
+
+
+def test_plane_fit_and_leave_one_out_with_overlap():
+    ns, zs = [48, 24, 2, 48, 36, 18], [0, 0, 0, 23, 6, 6]
+    steps = [100 + 1.2 * n - 0.8 * z for n, z in zip(ns, zs)]
+    assert cm.fit_plane(ns, zs, steps) == pytest.approx((100, 1.2, 0.8), rel=1e-9)
+    assert cm.leave_one_out(ns, steps, zs=zs) == pytest.approx(steps, rel=1e-9)
+    # without the overlap term the ladder rows miss (anti-vacuity)
+    assert abs(cm.leave_one_out(ns, steps)[3] - steps[3]) > 5
+    with pytest.raises(ValueError, match="plane"):
+        cm.fit_plane([1, 2, 3], [2, 4, 6], [1.0, 2.0, 3.0])  # z proportional to x: h cannot be told from t
+
+
+def test_validation_recovers_the_hidden_time():
+    data = calibration(counts=(48, 24, 2, 48))
+    rows = data["training"]["patterns"]
+    rows[3].update(name="ladder", pattern="ladder")  # 12 layers of ladder: 23 overlapped all-reduces
+    rows[3]["step_ms"] -= 23 * 0.1  # each hides 0.1 ms
+    rows.append(dict(rows[0], name="ladder/spd", pattern=["ladder", "spd"] * 6, allreduces_per_step=36))
+    rows[4]["step_ms"] = rows[2]["step_ms"] + 34 * (rows[0]["step_ms"] - rows[2]["step_ms"]) / 46 - 6 * 0.1
+    got, summary = cm.validation(data["microbenchmark"]["samples"], rows, procs=2, n_layer=12)
+    assert [r["overlapped"] for r in got] == [0, 0, 0, 23, 6]
+    assert summary["hidden_ms"] == pytest.approx(0.1, rel=1e-6)
+    assert all(r["loo_err"] == pytest.approx(0, abs=1e-6) for r in got)
+
+
+def test_published_figures_within_the_documented_error():
+    """The checks docs/cost_model.md states, at the default assumptions: Ladder at batch 1 within 2%, Domino's best
+    speedup within 8% (under: the model's chunks hide per module only), Domino's TP share inside the published
+    17-43%, the Ladder batch 1-64 range's ends within 13%."""
+    checks = {what: (pub, model) for what, pub, model in cm.published_checks(
+        cm.PREDICT_DEFAULTS, cm.options(cm.PREDICT_DEFAULTS))}
+    share = next(v for k, v in checks.items() if k.startswith("Domino: TP communication share"))
+    assert share[0][0] <= share[1][0] <= share[1][1] <= share[0][1]
+    domino = next(v for k, v in checks.items() if k.startswith("Domino: best speedup"))
+    assert abs(cm.error(domino[1], domino[0])) < 8
+    pub, model = checks["Ladder Residual: 70B decode speedup, tp 8, batch 1"]
+    assert abs(cm.error(model, pub)) < 2
+    pub, model = checks["Ladder Residual: 70B decode speedup over batch 1-64 (range)"]
+    assert all(abs(cm.error(m, p)) < 13 for m, p in zip(model, pub))

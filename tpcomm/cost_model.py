@@ -3,11 +3,14 @@ A calibrated cost model of tensor-parallel communication: what the all-reduces o
 this machine and predicted for GPU clusters from published constants.
 
     t(n, p)  = alpha + 2(p-1)/p * n / B      one all-reduce of n bytes per rank over p ranks
-    step_k   = compute + N_k * t(n, p)       pattern k with N_k all-reduces per step (forward + backward)
+    step_k   = compute + N_k * t(n, p)       pattern k with N_k blocking all-reduces per step (forward + backward)
 
 alpha is the per-call latency and B the ring bus bandwidth: a ring all-reduce (reduce-scatter, then all-gather)
-sends and receives 2(p-1)/p * n bytes per rank, so B is what nccl-tests reports as "busbw". Communication is not
-overlapped with compute (Megatron's tp all-reduces sit on the critical path: the next matmul needs their result).
+sends and receives 2(p-1)/p * n bytes per rank, so B is what nccl-tests reports as "busbw". A blocking all-reduce
+sits on the critical path (Megatron's: the next matmul needs its result). Syncs that move instead of being dropped
+leave part of it there: exposed = sum over modules of max(0, comm_i - efficiency * compute hiding it) (overlap:
+tp_overlap chunks, ladder), a smaller comm_i (int8/fp8 compression, plus its quantize pass), or the same bytes in
+two collectives (sequence parallelism). docs/cost_model.md has the equations and their checks.
 
 $ python comm_model.py                                          # GPU predictions from published constants (< 2 s)
 $ python comm_model.py --mfu=0.5 --batch_size=16 --seq_len=2048 # other assumptions
@@ -61,6 +64,20 @@ CONSTANTS = {
                                   "64 heads of 128, GQA with 8 KV heads"),
     "spd_paper_saving": Constant(0.20, "", "Kim et al., SPD: Sync-Point Drop (arXiv 2502.20727, ICML 2025), "
                                  "abstract: about 20% lower inference latency for LLaMA2-70B over 8 GPUs"),
+    "kernel_launch": Constant(4e-6, "s", "assumed: launch and tail of one small GPU kernel; a compressed reduction "
+                              "adds two (quantize, dequantize-and-sum)"),
+    "domino_speedup": Constant(1.3, "", "Wang et al., Domino (arXiv 2409.15241), abstract: up to 1.3x over "
+                               "Megatron-LM for LLM training on NVIDIA DGX-H100 (GPT-3 and Llama-2 models)"),
+    "domino_share_low": Constant(0.17, "", "Domino (arXiv 2409.15241), introduction: tensor-parallel communication "
+                                 "is 17% to 43% of end-to-end training time on DGX-H100"),
+    "domino_share_high": Constant(0.43, "", "Domino (arXiv 2409.15241), introduction: the upper end of the 17-43%"),
+    "ladder_speedup": Constant(1.29, "", "Zhang et al., Ladder Residual (arXiv 2501.06589, ICML 2025), abstract: "
+                               "29% end-to-end inference speedup for a 70B model (LLaMA-3.1-70B shape) with TP over "
+                               "8 devices (the batch-1 H100 NVLink setting is this repo's reading of the paper)"),
+    "ladder_speedup_low": Constant(1.16, "", "Ladder Residual (arXiv 2501.06589): speedups across batch 1-64 at 70B, "
+                                   "tp 8, H100 NVLink, about 1.16x-1.31x (the paper's per-batch results as summarised "
+                                   "when this repo was planned; the table itself not re-checked)"),
+    "ladder_speedup_high": Constant(1.31, "", "Ladder Residual (arXiv 2501.06589): upper end of the 1.16x-1.31x"),
 }
 
 
@@ -143,14 +160,49 @@ def fit_allreduce(samples, p):
     return alpha, 1 / slope
 
 
-def leave_one_out(xs, ys):
-    """For each point, the line fitted on all the others evaluated at its x; None where the others cannot
-    determine a line."""
+def fit_plane(xs, zs, ys):
+    """Least squares y = a + b x - h z: (a, b, h). ValueError when the points cannot determine the three (fewer
+    than three, or x and z collinear over them)."""
+    rows = [(1.0, x, -z) for x, z in zip(xs, zs)]
+    A = [[sum(r[i] * r[j] for r in rows) for j in range(3)] for i in range(3)]  # normal equations A p = v
+    v = [sum(r[i] * y for r, y in zip(rows, ys)) for i in range(3)]
+    scale = max(abs(a) for row in A for a in row) or 1.0
+    for col in range(3):  # Gaussian elimination with partial pivoting
+        pivot = max(range(col, 3), key=lambda r: abs(A[r][col]))
+        if abs(A[pivot][col]) < 1e-9 * scale:
+            raise ValueError(f"a plane needs x and z varying independently, got x {list(xs)}, z {list(zs)}")
+        A[col], A[pivot], v[col], v[pivot] = A[pivot], A[col], v[pivot], v[col]
+        for r in range(col + 1, 3):
+            f = A[r][col] / A[col][col]
+            A[r] = [a - f * b for a, b in zip(A[r], A[col])]
+            v[r] -= f * v[col]
+    out = [0.0] * 3
+    for r in (2, 1, 0):
+        out[r] = (v[r] - sum(A[r][c] * out[c] for c in range(r + 1, 3))) / A[r][r]
+    return tuple(out)
+
+
+def fit_step(xs, ys, zs=None):
+    """(C, t, h) of ms/iter = C + N t - N_ovl h: the plane when some of the points overlap all-reduces (zs), else
+    the line with h = 0 (nothing known to be hidden: a pattern that overlaps is predicted as if it did not)."""
+    if zs is not None and any(zs):
+        try:
+            return fit_plane(xs, zs, ys)
+        except ValueError:
+            pass
+    return (*fit_line(xs, ys), 0.0)
+
+
+def leave_one_out(xs, ys, *, zs=None):
+    """For each point, the fit on all the others (fit_step: line, or plane with zs, the overlapped counts)
+    evaluated at it; None where the others cannot determine a line."""
+    zs = [0] * len(xs) if zs is None else zs
     out = []
     for i in range(len(xs)):
+        others = [j for j in range(len(xs)) if j != i]
         try:
-            a, b = fit_line(xs[:i] + xs[i + 1:], ys[:i] + ys[i + 1:])
-            out.append(a + b * xs[i])
+            a, b, h = fit_step([xs[j] for j in others], [ys[j] for j in others], [zs[j] for j in others])
+            out.append(a + b * xs[i] - h * zs[i])
         except ValueError:
             out.append(None)
     return out
@@ -178,6 +230,175 @@ def decode_token(*, params, n_layer, n_embd, n_kv_heads, head_dim, context, batc
     return (weights + kv) / hbm_bw, comm
 
 
+# ---------- moving syncs instead of dropping them: hide, delay, shrink (docs/cost_model.md) ----------
+
+def exposed(comms, hiders, *, efficiency=1.0):
+    """Seconds of communication left on the critical path: sum of max(0, comms[i] - efficiency * hiders[i]),
+    hiders[i] the compute that runs while comms[i] is in flight (0: a blocking collective). efficiency is the share
+    of that compute that really hides communication (1: ideal; NCCL's kernels also take SMs and memory bandwidth)."""
+    assert len(comms) == len(hiders)
+    return sum(max(0.0, m - efficiency * c) for m, c in zip(comms, hiders))
+
+
+def chunked_exposed(compute, nbytes, p, *, chunks, alpha, busbw, efficiency=1.0):
+    """Exposed communication of one module run in K chunks (tp_overlap=K, Domino-style): each chunk's all-reduce
+    of nbytes / K runs while the next chunk computes compute / K; the last chunk's is exposed. K times the latency,
+    1/K the bytes each. Equals the two-stage pipeline's makespan minus the compute."""
+    m = allreduce_time(nbytes / chunks, p, alpha=alpha, busbw=busbw)
+    return exposed([m] * chunks, [compute / chunks] * (chunks - 1) + [0.0], efficiency=efficiency)
+
+
+def ladder_exposed(comms, computes, *, efficiency=1.0):
+    """Exposed communication of a run of ladder modules: module i's all-reduce runs while module i+1 computes;
+    the run's last module has nothing after it to hide behind (the next block or ln_f needs the stream)."""
+    return exposed(comms, list(computes[1:]) + [0.0], efficiency=efficiency)
+
+
+def sp_time(nbytes, p, *, alpha, busbw):
+    """Sequence parallelism replaces one all-reduce by a reduce-scatter and an all-gather: (p-1)/p * n bytes per
+    rank each, 2(p-1)/p * n together, the ring all-reduce's bytes; two collectives, so twice the latency."""
+    return 0.0 if p == 1 else 2 * alpha + ring_bytes(nbytes, p) / busbw
+
+
+def activation_bytes(*, seq, batch, d, heads, tp, sp):
+    """Activation bytes of one transformer layer per GPU, 16-bit activations and no recomputation (Korthikanti et
+    al., arXiv 2205.05198, section 4): s b h (10 + 24/t + 5 a s / (h t)) under tp; sequence parallelism splits the
+    LayerNorm and dropout regions' 10 s b h over the t ranks too: s b h (34/t + 5 a s / (h t))."""
+    sbh, attn = seq * batch * d, 5 * heads * seq / (d * tp)
+    return sbh * ((34 / tp + attn) if sp else (10 + 24 / tp + attn))
+
+
+class Compression(NamedTuple):
+    bits: int = 8  # per value on the wire (int8 or fp8)
+    block: int = 32  # values per absmax scale (tp_comm_block)
+    scale_bytes: int = 4  # one fp32 scale per block
+    exchange: str = "allgather"  # 'allgather': what the repo implements; 'ring': compressed ring (not implemented)
+
+
+INT8 = Compression()
+
+
+def compressed_bytes(values, comp=INT8):
+    """Bytes of `values` block-quantized: bits/8 per value plus one scale per block (int8, fp32 scale per 32
+    values: 1 + 4/32 = 1.125 B per value against 2 for bf16)."""
+    return values * comp.bits / 8 + math.ceil(values / comp.block) * comp.scale_bytes
+
+
+def compressed_reduce_time(values, p, *, alpha, busbw, hbm_bw, launch, comp=INT8, value_bytes=BF16):
+    """Seconds for one reduction of `values` partial sums compressed. 'allgather' (the repo's): every rank
+    all-gathers the p compressed partials, (p-1) n_c bytes received per rank, and sums them locally; 'ring': the
+    ring all-reduce's 2(p-1)/p of n_c (ideal: each reduce step would requantize). Plus the quantize pass (read n,
+    write n_c) and the dequantize-and-sum pass (read the p or 2 partials, write n) at HBM bandwidth, two kernels."""
+    if p == 1:
+        return 0.0
+    nc = compressed_bytes(values, comp)
+    if comp.exchange == "allgather":
+        wire, read = (p - 1) * nc, p * nc
+    elif comp.exchange == "ring":
+        wire, read = ring_bytes(nc, p), 2 * nc
+    else:
+        raise ValueError(f"exchange must be 'allgather' or 'ring', got {comp.exchange!r}")
+    passes = (values * value_bytes + nc + read + values * value_bytes) / hbm_bw + 2 * launch
+    return alpha + wire / busbw + passes
+
+
+def overlapped_syncs(block_types):
+    """Forward all-reduces of a pattern that run while other compute does: each run of k consecutive 'ladder'
+    blocks overlaps 2k-1 of its 2k (docs/model.md); backward stays synchronous. 'tp' etc.: 0."""
+    out, run = 0, 0
+    for kind in list(block_types) + [None]:
+        if kind == "ladder":
+            run += 1
+        elif run:
+            out, run = out + 2 * run - 1, 0
+    return out
+
+
+def module_flops(shape, seq_len):
+    """Forward FLOPs per token of one attention module (8 d^2 + 4 d T: projections, scores and values), one MLP
+    module (16 d^2), and the whole step's rest (embedding and lm_head, forward + backward: 6 V d). Backward is twice
+    forward, so L (3 attn + 3 mlp) + rest is train_step's 6 N + 12 L d T."""
+    d = shape.n_embd
+    return 8 * d * d + 4 * d * seq_len, 16 * d * d, 6 * shape.vocab * d
+
+
+class Options(NamedTuple):
+    """How the syncs move, for the GPU tables: tp_overlap chunks, overlap efficiency, compression."""
+    chunks: int = 2
+    efficiency: float = 1.0
+    comp: Compression = INT8
+    launch: float = const("kernel_launch")  # s per extra kernel (quantize, dequantize-and-sum)
+    hbm_bw: float = const("h100_hbm_bw")
+
+
+def train_variants(shape, *, tp, link, tokens, seq_len, mfu, opts=Options(), peak=None):
+    """{variant: (compute s, exposed communication s)} of one training micro-step: blocking all 'tp'; with
+    sequence parallelism; tp_overlap=K on every module forward and backward (Domino-style); all 'ladder' as the repo
+    runs it (forward all-reduces delayed, backward blocking); int8-compressed forward reductions (backward ones stay
+    bf16 all-reduces); dropped: all 'spd' and ['parallel','spd']*(L/2)."""
+    peak = const("h100_bf16_flops") if peak is None else peak
+    L, n = shape.n_layer, tokens * shape.n_embd * BF16
+    per_flop = tokens / (tp * peak * mfu)
+    attn, mlp, rest = module_flops(shape, seq_len)
+    fwd = [attn * per_flop, mlp * per_flop] * L  # the 2L modules in order
+    compute = 3 * sum(fwd) + rest * per_flop  # forward + backward (twice forward) + embedding and lm_head
+    t = allreduce_time(n, tp, alpha=link.alpha, busbw=link.busbw)
+    kw = dict(alpha=link.alpha, busbw=link.busbw, efficiency=opts.efficiency)
+    overlap = sum(chunked_exposed(c, n, tp, chunks=opts.chunks, **kw)
+                  + chunked_exposed(2 * c, n, tp, chunks=opts.chunks, **kw) for c in fwd)
+    squeezed = compressed_reduce_time(tokens * shape.n_embd, tp, alpha=link.alpha, busbw=link.busbw,
+                                      hbm_bw=opts.hbm_bw, launch=opts.launch, comp=opts.comp)
+    comm = {"blocking": 4 * L * t, "+sp": 4 * L * sp_time(n, tp, alpha=link.alpha, busbw=link.busbw),
+            f"overlap K={opts.chunks}": overlap,
+            "ladder": ladder_exposed([t] * 2 * L, fwd, efficiency=opts.efficiency) + 2 * L * t,
+            "int8": 2 * L * (squeezed + t),
+            "all spd": 2 * forward_syncs(["spd"] * L) * t,
+            "parallel/spd": 2 * forward_syncs(["parallel", "spd"] * (L // 2)) * t}
+    return {k: (compute, v) for k, v in comm.items()}
+
+
+class DecodeShape(NamedTuple):
+    """A decoder for per-token latency; LLaMA-style (GQA, SwiGLU MLP of 3 d ffn weights)."""
+    name: str
+    params: float
+    n_layer: int
+    n_embd: int
+    n_kv_heads: int
+    head_dim: int
+    ffn: int
+
+
+LLAMA_70B = DecodeShape("LLaMA2-70B", const("llama2_70b_params"), 80, 8192, 8, 128, 28672)
+
+
+def decode_modules(shape, *, context, batch, tp, hbm_bw):
+    """Seconds one GPU reads HBM per decode step: (one attention module: q, o, k, v weights/tp and its KV heads'
+    cache; one MLP module: 3 d ffn weights/tp; the rest of the parameters/tp: embedding, lm_head, norms)."""
+    d = shape.n_embd
+    attn_w = 2 * d * d + 2 * d * shape.n_kv_heads * shape.head_dim
+    kv = 2 * shape.n_kv_heads * shape.head_dim * context * batch * BF16 / min(tp, shape.n_kv_heads)
+    rest = shape.params - shape.n_layer * (attn_w + 3 * d * shape.ffn)
+    return (attn_w * BF16 / tp + kv) / hbm_bw, 3 * d * shape.ffn * BF16 / tp / hbm_bw, rest * BF16 / tp / hbm_bw
+
+
+def decode_variants(shape, *, context, batch, tp, link, opts=Options()):
+    """{variant: (memory s, exposed communication s)} of one decode step: memory-bound modules (weights/tp and the
+    KV cache read at HBM bandwidth; attention's module holds q, o, k, v and the cache, the MLP its 3 d ffn weights,
+    the rest embedding and lm_head) and batch x d bf16 all-reduces: blocking all 'tp', all 'ladder', int8
+    (all-gather, the repo's; ring), all 'spd'. tp_overlap is left out: a chunk re-reads the weights."""
+    L, d = shape.n_layer, shape.n_embd
+    attn, mlp, rest = decode_modules(shape, context=context, batch=batch, tp=tp, hbm_bw=opts.hbm_bw)
+    memory = L * (attn + mlp) + rest
+    t = allreduce_time(batch * d * BF16, tp, alpha=link.alpha, busbw=link.busbw)
+    squeezed = {e: compressed_reduce_time(batch * d, tp, alpha=link.alpha, busbw=link.busbw, hbm_bw=opts.hbm_bw,
+                                          launch=opts.launch, comp=opts.comp._replace(exchange=e))
+                for e in ("allgather", "ring")}
+    comm = {"blocking": 2 * L * t,
+            "ladder": ladder_exposed([t] * 2 * L, [attn, mlp] * L, efficiency=opts.efficiency),
+            "int8": 2 * L * squeezed["allgather"], "int8 ring": 2 * L * squeezed["ring"], "all spd": L * t}
+    return {k: (memory, v) for k, v in comm.items()}
+
+
 # ---------- python comm_model.py: GPU predictions ----------
 
 PREDICT_DEFAULTS = {
@@ -186,27 +407,101 @@ PREDICT_DEFAULTS = {
     "seq_len": 1024,  # tokens per sequence (attention FLOPs)
     "decode_batch": 1,  # LLaMA2-70B decode: sequences decoded together
     "decode_context": 1024,  # LLaMA2-70B decode: tokens in the KV cache
+    "tp_overlap": 2,  # K: batch chunks per module of the overlapped (Domino-style) column
+    "efficiency": 1.0,  # share of the concurrent compute that hides communication (1: ideal)
 }
+
+# Domino's models as checked below (Brown et al. 2020, table 2.1: layers x d_model, 128-wide heads at 6.7B, 13B)
+GPT3_SHAPES = (Shape("GPT-3 2.7B", 32, 2560, 32), Shape("GPT-3 6.7B", 32, 4096, 32), Shape("GPT-3 13B", 40, 5120, 40))
 
 
 def predict(cfg):
-    """The GPU tables: training step time and the share each pattern saves, per model shape, tp and network; then
-    LLaMA2-70B decode latency; then every constant with its source."""
-    for key in ("batch_size", "seq_len", "decode_batch", "decode_context"):
+    """The checks against published figures, then the GPU tables: training step time per model shape, tp and
+    network and LLaMA2-70B decode latency, with blocking, overlapped, delayed, shrunk and dropped syncs; sequence
+    parallelism's activation memory; every constant with its source."""
+    for key in ("batch_size", "seq_len", "decode_batch", "decode_context", "tp_overlap"):
         if type(cfg[key]) is not int or cfg[key] < 1:
             raise ConfigError(f"{key} must be an int >= 1, got {cfg[key]!r}")
-    if not 0 < cfg["mfu"] <= 1:
-        raise ConfigError(f"mfu must be a fraction in (0, 1], got {cfg['mfu']!r}")
+    for key in ("mfu", "efficiency"):
+        if not 0 < cfg[key] <= 1:
+            raise ConfigError(f"{key} must be a fraction in (0, 1], got {cfg[key]!r}")
+    opts = options(cfg)
+    print_published(cfg, opts)
+    print_training(cfg, opts)
+    print_decode(cfg, opts)
+    print_memory(cfg)
+    print("\nConstants:")
+    for name, c in CONSTANTS.items():
+        print(f"- `{name}` = {c.value:g}{' ' + c.unit if c.unit else ''}: {c.source}")
+
+
+def options(cfg):
+    """The GPU tables' Options from predict's config and the named constants."""
+    return Options(chunks=cfg["tp_overlap"], efficiency=cfg["efficiency"])
+
+
+def speedup(variants, name):
+    return sum(variants["blocking"]) / sum(variants[name])
+
+
+def published_checks(cfg, opts):
+    """The model's numbers beside the published ones (NVLink, H100): Domino's TP share of a training step and its
+    speedup over Megatron-LM on GPT-3 shapes at tp 8 (seq 2048, micro-batch 4, 8, 16: assumed), and Ladder
+    Residual's decode speedup on the 70B shape at tp 8, batch 1 and over batch 1-64. [(what, published, model)]."""
+    nvlink = LINKS[0]
+    runs = [train_variants(s, tp=8, link=nvlink, tokens=b * 2048, seq_len=2048, mfu=cfg["mfu"], opts=opts)
+            for s in GPT3_SHAPES for b in (4, 8, 16)]
+    share = [v["blocking"][1] / sum(v["blocking"]) for v in runs]
+    domino = max(speedup(v, f"overlap K={opts.chunks}") for v in runs)
+    bound = max(sum(v["blocking"]) / v["blocking"][0] for v in runs)
+    ladder = [speedup(decode_variants(LLAMA_70B, context=cfg["decode_context"], batch=b, tp=8, link=nvlink,
+                                      opts=opts), "ladder") for b in (1, 4, 16, 64)]
+    return [("Domino: TP communication share of a training step (range)",
+             (const("domino_share_low"), const("domino_share_high")), (min(share), max(share))),
+            (f"Domino: best speedup over blocking (model: tp_overlap={opts.chunks} per module)",
+             const("domino_speedup"), domino),
+            ("Domino: best speedup if all TP communication were hidden (the bound)", const("domino_speedup"), bound),
+            ("Ladder Residual: 70B decode speedup, tp 8, batch 1", const("ladder_speedup"), ladder[0]),
+            ("Ladder Residual: 70B decode speedup over batch 1-64 (range)",
+             (const("ladder_speedup_low"), const("ladder_speedup_high")), (min(ladder), max(ladder)))]
+
+
+def print_published(cfg, opts):
+    print("## Checked against published figures (H100 SXM, NVLink, tp 8), before any new prediction\n")
+    print(f"Domino: GPT-3 2.7B, 6.7B and 13B shapes, sequence 2048, micro-batch 4, 8 and 16, MFU {cfg['mfu']:.0%}; "
+          f"Ladder: the 70B decode shape below, context {cfg['decode_context']}, batch 1, 4, 16, 64. Overlap "
+          f"efficiency {opts.efficiency:g}. A range's error is given at each end.\n")
+    print("| figure | published | model | error |")
+    print("|---|---:|---:|---:|")
+    for what, published, model in published_checks(cfg, opts):
+        one = "{:.0%}" if min(published if isinstance(published, tuple) else [published]) < 1 else "{:.2f}x"
+        if isinstance(published, tuple):
+            shown_p, shown_m = (" - ".join(one.format(x) for x in pair) for pair in (published, model))
+            err = ", ".join(f"{end} {error(m, p):+.1f}%" for end, m, p in zip(("low", "high"), model, published))
+        else:
+            shown_p, shown_m, err = one.format(published), one.format(model), f"{error(model, published):+.1f}%"
+        print(f"| {what} | {shown_p} | {shown_m} | {err} |")
+
+
+TRAIN_COLUMNS = ("+sp", "overlap", "ladder", "int8", "all spd", "parallel/spd")
+
+
+def print_training(cfg, opts):
+    """Training step per shape, tp and network: blocking all 'tp', then the speedup of each other variant."""
     tokens = cfg["batch_size"] * cfg["seq_len"]
-    print(f"## Training step, H100 SXM bf16, MFU {cfg['mfu']:.0%}, micro-batch {cfg['batch_size']} x "
+    K = opts.chunks
+    print(f"\n## Training step, H100 SXM bf16, MFU {cfg['mfu']:.0%}, micro-batch {cfg['batch_size']} x "
           f"{cfg['seq_len']} = {tokens:,} tokens per tp group\n")
-    print("Step = compute + (fwd + bwd syncs) x t(tokens x d x 2 B, tp), communication not overlapped. Patterns, "
-          "fwd syncs for L layers: all tp 2L, all spd L, parallel/spd (['parallel','spd']*(L/2)) L/2, all parallel "
-          "1; backward as many. Saved = step time saved relative to all tp.\n")
-    names = list(GPU_PATTERNS)
-    print("| model | params | tp | network | compute ms | all-reduce ms | step ms, all tp | comm share, all tp | "
-          + " | ".join(f"saved: {n}" for n in names[1:]) + " |")
-    print("|---|---:|---:|---|---:|---:|---:|---:|" + "---:|" * (len(names) - 1))
+    print("Blocking: compute + 4L all-reduces t(tokens x d x 2 B, tp) (all 'tp'). Speedup = blocking step / the "
+          f"variant's step. +sp: sequence parallelism (RS + AG, same bytes, twice the latency). overlap: "
+          f"tp_overlap={K} on every module, forward and backward (Domino-style; chunk k's all-reduce hides behind "
+          "chunk k+1's compute, the last chunk's exposed). ladder: all 'ladder' as the repo runs it (forward "
+          "all-reduce of module i hides behind module i+1, backward blocking). int8: forward reductions "
+          "block-quantized (1.125 B per value, all-gather exchange, the repo's), backward bf16. all spd: L "
+          "forward syncs; parallel/spd: L/2.\n")
+    print("| model | params | tp | network | compute ms | blocking step ms | comm share | "
+          + " | ".join(c if c != "overlap" else f"overlap K={K}" for c in TRAIN_COLUMNS) + " |")
+    print("|---|---:|---:|---|---:|---:|---:|" + "---:|" * len(TRAIN_COLUMNS))
     skipped = []
     for shape in SHAPES:
         for tp in (2, 4, 8):
@@ -214,48 +509,62 @@ def predict(cfg):
                 skipped.append(f"{shape.name} at tp {tp} ({shape.n_head} heads)")
                 continue
             for link in LINKS:
-                steps = {}
-                for name, pattern in GPU_PATTERNS.items():
-                    steps[name] = train_step(shape, tp=tp, link=link, tokens=tokens, seq_len=cfg["seq_len"],
-                                             mfu=cfg["mfu"], fwd_syncs=forward_syncs(pattern(shape.n_layer)))
-                compute, comm = steps["all tp"]
-                one = comm / (4 * shape.n_layer)  # all tp: 2L forward + 2L backward all-reduces
-                total = compute + comm
-                saved = [(comm - steps[n][1]) / total for n in names[1:]]
+                v = train_variants(shape, tp=tp, link=link, tokens=tokens, seq_len=cfg["seq_len"], mfu=cfg["mfu"],
+                                   opts=opts)
+                compute, comm = v["blocking"]
+                names = [c if c != "overlap" else f"overlap K={K}" for c in TRAIN_COLUMNS]
                 print(f"| {shape.name} | {shape.params / 1e6:,.0f}M | {tp} | {link.name} | {compute * 1e3:.2f} | "
-                      f"{one * 1e3:.3f} | {total * 1e3:.2f} | {comm / total:.1%} | "
-                      + " | ".join(f"{s:.1%}" for s in saved) + " |")
+                      f"{(compute + comm) * 1e3:.2f} | {comm / (compute + comm):.1%} | "
+                      + " | ".join(f"{speedup(v, n):.2f}x" for n in names) + " |")
     if skipped:
         print(f"\nNot shown: {', '.join(skipped)}: tp must divide the heads.")
-    print_decode(cfg)
-    print("\nConstants:")
-    for name, c in CONSTANTS.items():
-        print(f"- `{name}` = {c.value:g}{' ' + c.unit if c.unit else ''}: {c.source}")
 
 
-def print_decode(cfg):
-    """Per-token decode latency of a LLaMA2-70B shape at tp 8: all tp (2 syncs per layer) against all spd (1)."""
-    L, d, tp, batch = 80, 8192, 8, cfg["decode_batch"]
-    shape = {"params": const("llama2_70b_params"), "n_layer": L, "n_embd": d, "n_kv_heads": 8, "head_dim": 128,
-             "context": cfg["decode_context"], "batch": batch, "tp": tp}
-    print(f"\n## Decode, LLaMA2-70B shape (80 layers, d 8192, GQA 8 KV heads, 70B params), tp {tp}, batch {batch}, "
-          f"context {cfg['decode_context']}, bf16\n")
-    print("Per token: weights/tp and the KV cache read from HBM at the datasheet bandwidth, plus the syncs (all "
-          f"tp: {2 * L}, all spd: {L}) of batch x d x 2 B = {batch * d * BF16:,} B each, latency-bound.\n")
-    print("| network | HBM reads ms | one all-reduce us | all tp ms/token | all spd ms/token | latency saved |")
-    print("|---|---:|---:|---:|---:|---:|")
-    target = const("spd_paper_saving")
+def print_decode(cfg, opts):
+    """Per-token decode latency of the LLaMA2-70B shape at tp 8: each variant's ms/token and speedup."""
+    tp, batch = 8, cfg["decode_batch"]
+    names = ("blocking", "ladder", "int8", "int8 ring", "all spd")
+    print(f"\n## Decode, LLaMA2-70B shape (80 layers, d 8192, GQA 8 KV heads, MLP 3 x d x 28672, 70B params), tp {tp}, "
+          f"batch {batch}, context {cfg['decode_context']}, bf16\n")
+    print("Per token: each module's weights/tp (attention: also its KV cache) read from HBM at the datasheet "
+          f"bandwidth, then its all-reduce of batch x d x 2 B = {batch * LLAMA_70B.n_embd * BF16:,} B. blocking: all "
+          "'tp', 160 all-reduces; ladder: each hides behind the next module's reads; int8: all-gather exchange (the "
+          "repo's), int8 ring: compressed ring (not implemented, for comparison); all spd: 80 all-reduces. "
+          "tp_overlap is left out: at decode a chunk re-reads the weights.")
+    attn, mlp, _ = decode_modules(LLAMA_70B, context=cfg["decode_context"], batch=batch, tp=tp, hbm_bw=opts.hbm_bw)
+    print(f"Reads per GPU: {attn * 1e6:.1f} us per attention module, {mlp * 1e6:.1f} us per MLP module.\n")
+    print("| network | HBM reads ms | one all-reduce us | " + " | ".join(f"{n} ms/token" for n in names)
+          + " | " + " | ".join(f"speedup: {n}" for n in names[1:]) + " |")
+    print("|---|---:|---:|" + "---:|" * (2 * len(names) - 1))
     for link in LINKS:
-        memory, comm_tp = decode_token(**shape, link=link, syncs=2 * L)
-        _, comm_spd = decode_token(**shape, link=link, syncs=L)
-        one = comm_tp / (2 * L)
-        print(f"| {link.name} | {memory * 1e3:.2f} | {one * 1e6:.1f} | {(memory + comm_tp) * 1e3:.2f} | "
-              f"{(memory + comm_spd) * 1e3:.2f} | {(comm_tp - comm_spd) / (memory + comm_tp):.1%} |")
+        v = decode_variants(LLAMA_70B, context=cfg["decode_context"], batch=batch, tp=tp, link=link, opts=opts)
+        memory, comm = v["blocking"]
+        print(f"| {link.name} | {memory * 1e3:.2f} | {comm / 160 * 1e6:.1f} | "
+              + " | ".join(f"{sum(v[n]) * 1e3:.2f}" for n in names) + " | "
+              + " | ".join(f"{speedup(v, n):.2f}x" for n in names[1:]) + " |")
+    target = const("spd_paper_saving")
     # saving = L t / (memory + 2 L t) = target  =>  t = target * memory / (L (1 - 2 target))
-    needed = target * memory / (L * (1 - 2 * target))
+    needed = target * memory / (80 * (1 - 2 * target))
     print(f"\nThe SPD paper reports about {target:.0%} lower latency for LLaMA2-70B on 8 GPUs; this model gives "
           f"{target:.0%} when one all-reduce costs {needed * 1e6:.1f} us. HBM read at the datasheet rate makes the "
           "memory time a lower bound, so each saving above is an upper bound for its all-reduce time.")
+
+
+def print_memory(cfg):
+    """Activation memory per layer with and without sequence parallelism, at the training table's micro-batch."""
+    s, b = cfg["seq_len"], cfg["batch_size"]
+    print(f"\n## Activation memory per layer and GPU, sequence {s}, micro-batch {b}, 16-bit, no recomputation\n")
+    print("tp: s b h (10 + 24/t + 5 a s / (h t)) bytes; with sequence parallelism s b h (34/t + 5 a s / (h t)): "
+          "the LayerNorm and dropout regions' 10 s b h split over the t ranks too (arXiv 2205.05198, section 4).\n")
+    print("| model | tp | tp MiB | tp + sp MiB | saved |")
+    print("|---|---:|---:|---:|---:|")
+    for shape in SHAPES:
+        for tp in (2, 8):
+            if shape.n_head % tp:
+                continue
+            a, b_sp = (activation_bytes(seq=s, batch=b, d=shape.n_embd, heads=shape.n_head, tp=tp, sp=sp)
+                       for sp in (False, True))
+            print(f"| {shape.name} | {tp} | {a / 2 ** 20:,.0f} | {b_sp / 2 ** 20:,.0f} | {1 - b_sp / a:.0%} |")
 
 
 # ---------- python comm_model.py measure: this machine ----------
@@ -457,31 +766,40 @@ def validate(cfg):
     """The validation table of a calibration file: per pattern, measured ms/iter against predictors (i) and (ii)."""
     data, path = load_calibration(cfg["calibration"])
     micro, train = data["microbenchmark"], data["training"]
-    rows, summary = validation(micro["samples"], train["patterns"], procs=micro["procs"])
     m = train["model"]
+    rows, summary = validation(micro["samples"], train["patterns"], procs=micro["procs"], n_layer=m["n_layer"])
     print(f"calibration {path}: {data.get('created', '?')}, {data['machine'].get('cpu', '?')}, "
-          f"load average (1, 5, 15 min) before {data['machine'].get('loadavg_before', '?')}")
+          f"load average (1, 5, 15 min) before {data['machine'].get('loadavg_before', '?')}, after "
+          f"{data['machine'].get('loadavg_after', '?')}")
     print(f"microbenchmark: gloo, {micro['procs']} processes, {len(micro['samples'])} sizes: alpha = "
           f"{summary['alpha'] * 1e6:.1f} us, B = {summary['busbw'] / 1e9:.3f} GB/s; t(n = "
           f"{summary['nbytes']:,} B, p = {micro['procs']}) = {summary['t_micro'] * 1e3:.3f} ms")
     print(f"training: bench.py, real TP over {train['procs']} processes, {m['n_layer']} x {m['n_embd']}, "
           f"{m['tokens_per_iter']} tokens/iter, {train['iters']} iters\n")
-    print("| pattern | all-reduces / step | measured ms/iter | in collectives ms/iter | (i) microbenchmark ms/iter "
-          "| (i) error | (ii) in-training, leave-one-out ms/iter | (ii) error |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| pattern | all-reduces / step | of them overlapped | measured ms/iter | in collectives ms/iter "
+          "| (i) microbenchmark ms/iter | (i) error | (ii) in-training, leave-one-out ms/iter | (ii) error |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         ii = "n/a" if r["loo_ms"] is None else f"{r['loo_ms']:.1f}"
-        print(f"| `{r['name']}` | {r['n']} | {r['step_ms']:.1f} | {r['collectives_ms']:.1f} | {r['micro_ms']:.1f} | "
+        print(f"| `{r['name']}` | {r['n']} | {r['overlapped']} | {r['step_ms']:.1f} | {r['collectives_ms']:.1f} | "
+              f"{r['micro_ms']:.1f} | "
               f"{'anchor' if r['anchor'] else pct(r['micro_err'])} | {ii} | {pct(r['loo_err'])} |")
     print(f"\n(i) microbenchmark alpha, B: ms/iter = compute + N x t(n, p), compute = the measured ms/iter of "
           f"`{summary['anchor']}` (fewest all-reduces) minus its own {summary['anchor_n']} modelled all-reduces = "
           f"{summary['compute_ms']:.1f} ms (so the per-step gradient sync and all pattern-independent work are in "
           f"it). That row is the anchor, exact by construction. Mean |error| of the others: "
           f"{pct(summary['micro_mae'], sign=False)}.")
-    print(f"(ii) in-training: ms/iter = C + N x t_eff, least squares on every pattern but the predicted one "
+    print(f"(ii) in-training: ms/iter = C + N x t_eff - N_ovl x h (N_ovl: forward all-reduces overlapped by "
+          f"'ladder', h: the time each hides; h = 0 when no fitted pattern overlaps), least squares on every pattern "
+          f"but the predicted one "
           f"(leave-one-pattern-out). Mean |error|: {pct(summary['loo_mae'], sign=False)}. On all patterns: C = "
           + (f"{summary['C_ms']:.1f} ms, t_eff = {summary['t_eff_ms']:.3f} ms per all-reduce."
              if summary["t_eff_ms"] is not None else "n/a (fewer than two distinct all-reduce counts)."))
+    if summary["hidden_ms"] is not None:
+        print(f"Overlap: h = {summary['hidden_ms']:.3f} ms hidden per overlapped all-reduce, "
+              f"{summary['hidden_ms'] / summary['t_eff_ms']:.0%} of t_eff (100% would be fully hidden, 0 nothing). "
+              f"Without the overlap term (h = 0, a line in N): leave-one-out mean |error| "
+              f"{pct(summary['loo_line_mae'], sign=False)}.")
     if summary["t_eff_ms"] is not None:
         print(f"Contention factor t_eff / t(n, p) = {summary['t_eff_ms'] / (summary['t_micro'] * 1e3):.2f}: an "
               f"all-reduce costs the training step that many microbenchmark all-reduces. The slope of the measured "
@@ -495,34 +813,48 @@ def pct(x, *, sign=True):
     return "n/a" if x is None else (f"{x:+.1f}%" if sign else f"{x:.1f}%")
 
 
-def validation(samples, patterns, *, procs):
-    """Per pattern: measured ms/iter, predictor (i) (microbenchmark t(n, p) + compute from the fewest-syncs pattern)
-    and predictor (ii) (leave-one-pattern-out fit of ms/iter = C + N t_eff), with signed errors in %."""
+def row_overlapped(row, n_layer):
+    """A calibration row's overlapped forward all-reduces per step (overlapped_syncs of its pattern; a pattern
+    given as one block type is that type in all n_layer layers); 0 for a row that names no pattern."""
+    pattern = row.get("pattern")
+    if pattern is None:
+        return 0
+    return overlapped_syncs([pattern] * n_layer if isinstance(pattern, str) else pattern)
+
+
+def validation(samples, patterns, *, procs, n_layer=1):
+    """Per pattern: measured ms/iter, predictor (i) (microbenchmark t(n, p) + compute from the fewest-syncs pattern,
+    nothing hidden) and predictor (ii) (leave-one-pattern-out fit of ms/iter = C + N t_eff - N_ovl h, N_ovl the
+    overlapped all-reduces, h the time each hides), with signed errors in %."""
     alpha, busbw = fit_allreduce([(s["bytes"], s["seconds"]) for s in samples], procs)
     t_ms = [allreduce_time(p["bytes_per_allreduce"], procs, alpha=alpha, busbw=busbw) * 1e3 for p in patterns]
     ns = [p["allreduces_per_step"] for p in patterns]
     steps = [p["step_ms"] for p in patterns]
     a = min(range(len(patterns)), key=lambda i: ns[i])
     compute = steps[a] - ns[a] * t_ms[a]
-    loo = leave_one_out(ns, steps)
+    ovl = [row_overlapped(p, n_layer) for p in patterns]
+    loo = leave_one_out(ns, steps, zs=ovl)
+    line = [abs(error(y, m)) for y, m in zip(leave_one_out(ns, steps), steps) if y is not None]  # h = 0 always
     rows = []
     for i, p in enumerate(patterns):
         micro = compute + ns[i] * t_ms[i]
-        rows.append({"name": p["name"], "n": ns[i], "step_ms": steps[i], "collectives_ms": p["collectives_ms"],
+        rows.append({"name": p["name"], "n": ns[i], "overlapped": ovl[i], "step_ms": steps[i],
+                     "collectives_ms": p["collectives_ms"],
                      "micro_ms": micro, "micro_err": error(micro, steps[i]), "anchor": i == a, "loo_ms": loo[i],
                      "loo_err": None if loo[i] is None else error(loo[i], steps[i])})
     try:
-        C, t_eff = fit_line(ns, steps)
+        C, t_eff, hidden = fit_step(ns, steps, ovl)
         _, t_coll = fit_line(ns, [p["collectives_ms"] for p in patterns])
     except ValueError:
-        C = t_eff = t_coll = None
+        C = t_eff = t_coll = hidden = None
     others = [abs(r["micro_err"]) for r in rows if not r["anchor"]]
     looe = [abs(r["loo_err"]) for r in rows if r["loo_err"] is not None]
     return rows, {"alpha": alpha, "busbw": busbw, "nbytes": patterns[a]["bytes_per_allreduce"],
                   "t_micro": t_ms[a] / 1e3, "anchor": patterns[a]["name"], "anchor_n": ns[a], "compute_ms": compute,
-                  "C_ms": C, "t_eff_ms": t_eff, "t_coll_ms": t_coll,
+                  "C_ms": C, "t_eff_ms": t_eff, "t_coll_ms": t_coll, "hidden_ms": hidden if any(ovl) else None,
                   "micro_mae": statistics.mean(others) if others else None,
-                  "loo_mae": statistics.mean(looe) if looe else None}
+                  "loo_mae": statistics.mean(looe) if looe else None,
+                  "loo_line_mae": statistics.mean(line) if line and any(ovl) else None}
 
 
 def error(predicted, measured):
