@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from model import GPT, GPTConfig  # noqa: E402
 from tpcomm.models import PlainGPT  # noqa: E402
-from tpcomm.pipeline import (SCHEDULES, bubble_fraction, build_pipeline,  # noqa: E402
+from tpcomm.pipeline import (LADDER, SCHEDULES, bubble_fraction, build_pipeline,  # noqa: E402
                              theoretical_bubble)
 from tpcomm.parallel_dims import init_parallel  # noqa: E402
 from real_tp_worker import ratio, worst  # noqa: E402
@@ -33,7 +33,15 @@ MODELS = {
     "desync_cut": ["spd", "parallel"] * 4,
     # splits of 2 and 4 layers cut after 'tp'/'spd' (synced, their input desynced); the last block is 'parallel'
     "ends_desync": ["parallel", "tp", "parallel", "spd", "parallel", "tp", "spd", "parallel"],
+    # every cut between two ladder blocks: their pending outputs cross as (u, x); the last block's are added before
+    # ln_f on the last stage
+    "all_ladder": ["ladder"] * 8,
+    # a ladder block before every cut, into 'tp' (pp 2: after layer 3), 'spd', 'tp' and 'parallel' (pp 4 and the
+    # interleaved 4 stages: after layers 1, 3, 5): xbar + P_A + P_M crosses; 'parallel' -> 'ladder' (desynced input)
+    # inside a stage; ends with pending outputs
+    "ladder_cuts": ["tp", "ladder", "spd", "ladder", "tp", "ladder", "parallel", "ladder"],
 }
+LADDER_KINDS = ("all_ladder", "ladder_cuts")
 VIRTUAL = {"gpipe": 1, "1f1b": 1, "interleaved_1f1b": 2}
 # float64: pp computes the same sums as one process, only the micro-batch split and the order of a few additions
 # differ (~1e-16 relative per operation); 1e-9 leaves room while a wrong term moves results by >1e-3. After STEPS
@@ -153,9 +161,10 @@ def check_layout(gpt, dims, results, *, kinds, schedules, dtype, keys, can_fail)
                        tp_bwd_allreduces=pp["report"].get("bwd_allreduces"))
             results[f"{name}/{dtype}/{kind}/{schedule}"] = res
     # each comparison can fail: the same steps with one thing broken must not match
-    kind, schedule, tdtype = kinds[-1], schedules[-1], getattr(torch, dtype)
+    schedule, tdtype = schedules[-1], getattr(torch, dtype)
     for label in can_fail:
         tamper, rows = CAN_FAIL[label], None
+        kind = CAN_FAIL_KIND.get(label, [k for k in kinds if k not in LADDER_KINDS][-1])
         if label == "one_replica_rows":  # every replica on replica 0's rows: DDP averages the wrong gradients
             tamper, rows = None, slice(0, M * MB)
         results[f"{name}/can_fail/{label}"] = compare(
@@ -180,17 +189,43 @@ def no_tp_grad_sync(pipe):  # block-replicated parameters' partial gradients not
     pipe.model.sync_replicated_grads = lambda: None
 
 
+def on_cut(pipe, change):
+    """Every local stage's outgoing stream changed: change(module, its leave, xbar, r, pending) -> what it sends."""
+    for module in pipe.modules:
+        module.leave = lambda xbar, r, pending, module=module, leave=module.leave: change(module, leave, xbar, r,
+                                                                                           pending)
+
+
+def pending_lost_at_cut(pipe):  # a ladder block's pending outputs not added at the cut (kept in autograd, times 0)
+    def lost(p):
+        return p._replace(value=0 * p.value, bias=None if p.bias is None else 0 * p.bias)
+
+    on_cut(pipe, lambda module, leave, xbar, r, pending: leave(xbar, r, tuple(lost(p) for p in pending)))
+
+
+def x_for_u_at_cut(pipe):  # x alone crosses a ladder -> ladder cut: the next attention reads x instead of u
+    def change(module, leave, xbar, r, pending):
+        out = leave(xbar, r, pending)
+        return (out[1].clone(), out[1]) if module.stream_out == LADDER else out
+
+    on_cut(pipe, change)
+
+
 CAN_FAIL = dict(no_tied_sum=no_tied_sum, perturbed_last_stage=perturbed_last_stage, unscaled=unscaled,
-                no_tp_grad_sync=no_tp_grad_sync, one_replica_rows=None)
+                no_tp_grad_sync=no_tp_grad_sync, one_replica_rows=None, pending_lost_at_cut=pending_lost_at_cut,
+                x_for_u_at_cut=x_for_u_at_cut)
+CAN_FAIL_KIND = dict(pending_lost_at_cut="ladder_cuts", x_for_u_at_cut="all_ladder")  # the others: the last kind
 
 
 def plan(pp, dp, tp):
     """What runs on a layout: [(dtype, kinds, schedules, keys compared, broken variants)]. 8 processes on 2 cores
     are slow: fp32 losses and norms of both patterns, fp64 in full for the desynced cut; pp2 x dp2 skips the
-    patterns and broken variants other layouts cover."""
-    kinds = [k for k in MODELS if tp == 1 or MODELS[k] is not None]  # GPT has no real tp
+    patterns and broken variants other layouts cover. The ladder patterns run at pp 2 (alone and x tp 2 real):
+    the interleaved schedule's 4 stages give them the cuts pp 4 would."""
+    ladder = (pp, dp) == (2, 1)
+    kinds = [k for k in MODELS if (tp == 1 or MODELS[k] is not None) and (ladder or k not in LADDER_KINDS)]
     applies = dict(no_tied_sum=pp > 1, perturbed_last_stage=pp > 1, unscaled=True, no_tp_grad_sync=tp > 1,
-                   one_replica_rows=dp > 1)
+                   one_replica_rows=dp > 1, pending_lost_at_cut=ladder, x_for_u_at_cut=ladder)
     broken = [n for n in CAN_FAIL if applies[n]]
     full = ("losses", "grads", "norms", "weights", "moments")
     if (pp, dp, tp) == (2, 2, 2):

@@ -1,5 +1,5 @@
 """
-Every example command in README.md and docs/*.md names things that exist (issue 22, point 6): the script or the
+Every example command in README.md and docs/*.md names things that exist: the script or the
 `-m` module, the config files, and every `--key` the script accepts, with a value of the right type. Nothing is
 run: each script's own parser reads the arguments (configure() on the script's defaults, the sweep's and the
 trace's argument parsers with their work stubbed out, the prepare scripts' argparse options read from their
@@ -187,9 +187,14 @@ def check_bench(args):
 
 
 def check_spd(args):
-    from tpcomm import sync_point_drop
+    import spd
+    from configurator import ConfigError
 
-    return configure_check(sync_point_drop.DEFAULTS, args)
+    try:
+        block, rest = spd.split_block(args)  # --block picks the conversion, whose keys the rest are
+    except ConfigError as e:
+        return [str(e)]
+    return configure_check(spd.CONVERSIONS[block][0], rest)
 
 
 def check_export_hf(args):

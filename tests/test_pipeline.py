@@ -8,13 +8,34 @@ import re
 
 import pytest
 
-from conftest import TORCHRUN, one_line_error, run_script
+from conftest import TORCHRUN, assert_same, differs, losses, one_line_error, run_script, train, val_losses
 from configurator import ConfigError
 from tpcomm.pipeline import (bubble_fraction, format_timeline, replay, stage_layers, theoretical_bubble,
                              validate_pp_layout)
 from pp_worker import CAN_FAIL, CLIP, M, MB, MODELS, N_EMBD, STEPS, T, TP_SIZE, VIRTUAL, plan
 
-FWD_ALLREDUCES = {"tp": 2, "spd": 1, "parallel": 0}  # docs/model.md, plus 1 when the model ends desynced
+FWD_ALLREDUCES = {"tp": 2, "spd": 1, "parallel": 0, "ladder": 2}  # docs/model.md, plus 1 when the model ends desynced
+
+
+def expected_bwd_allreduces(kinds):
+    """The f's of a pattern (each one backward all-reduce): a block reads a synced input through f (tp and ladder:
+    once per module; spd and parallel: once, fanning the stream out), a desynced one (after 'parallel') from the
+    shard streams, except that a tp block's MLP always reads the synced stream through f."""
+    n, synced = 0, True
+    for kind in kinds:
+        n += {"tp": 1 + synced, "ladder": 2 * synced, "spd": synced, "parallel": synced}[kind]
+        synced = kind != "parallel"
+    return n
+
+
+def expected_stream(kinds, layer):
+    """What crosses the cut after `layer` (tpcomm.pipeline.cut_stream, from the block types): the pair (xbar, r)
+    after 'parallel', (u, x) between two ladder blocks, else xbar (GPT: x)."""
+    if kinds is not None and kinds[layer] == "parallel":
+        return "xbar, r"
+    if kinds is not None and kinds[layer] == kinds[layer + 1] == "ladder":
+        return "u, x"
+    return "xbar"
 
 
 @pytest.fixture(scope="module", params=[2, 4, 8], ids=["2procs", "4procs", "8procs"])
@@ -62,8 +83,9 @@ def test_pp_equals_one_process(results):
 
 def test_boundary_bytes_and_tp_allreduces(results):
     """Per micro-batch and rank: xbar (MB, T, C) crosses a synced cut, xbar and this rank's L shard streams
-    (L = tp_size simulated, 1 real) a desynced one; the same bytes come back as gradients. Measured at the p2p ops.
-    The tp all-reduces of the whole model summed over the stages; a GPT's are 0 (reported, not absent)."""
+    (L = tp_size simulated, 1 real) a desynced one, u and x (2 x (MB, T, C)) a cut between two ladder blocks; the
+    same bytes come back as gradients. Measured at the p2p ops. The tp all-reduces of the whole model summed over
+    the stages; a GPT's are 0 (reported, not absent)."""
     for key, res in comparisons(results).items():
         (pp, dp, tp), dtype, kind, schedule = parse(key)
         size = MB * T * N_EMBD * (8 if dtype == "float64" else 4)
@@ -71,18 +93,35 @@ def test_boundary_bytes_and_tp_allreduces(results):
         cuts = [end - 1 for _, end in res["layers"][:-1]]  # the layer before each cut
         assert len(res["boundaries"]) == pp * VIRTUAL[schedule] - 1
         for cut, layer in zip(res["boundaries"], cuts):
-            desynced = MODELS[kind] is not None and MODELS[kind][layer] == "parallel"
-            assert cut["stream"] == ("xbar, r" if desynced else "xbar"), (key, cut)
-            assert cut["fwd_bytes"] == cut["bwd_bytes"] == size * (1 + local_shards * desynced), (key, cut)
-        expected = 0 if MODELS[kind] is None else \
-            sum(FWD_ALLREDUCES[b] for b in MODELS[kind]) + (MODELS[kind][-1] == "parallel")
-        assert res["tp_fwd_allreduces"] == res["tp_bwd_allreduces"] == expected, key
+            stream = expected_stream(MODELS[kind], layer)
+            assert cut["stream"] == stream, (key, cut)
+            tensors = {"xbar": 1, "xbar, r": 1 + local_shards, "u, x": 2}[stream]
+            assert cut["fwd_bytes"] == cut["bwd_bytes"] == size * tensors, (key, cut)
+        kinds = MODELS[kind]
+        fwd = 0 if kinds is None else sum(FWD_ALLREDUCES[b] for b in kinds) + (kinds[-1] == "parallel")
+        assert res["tp_fwd_allreduces"] == fwd, key
+        assert res["tp_bwd_allreduces"] == (0 if kinds is None else expected_bwd_allreduces(kinds)), key
 
 
 def test_some_cuts_are_desynced(results):
     """The desync_cut pattern's boundaries carry the pair (not vacuous)."""
     desynced = [c for k, v in comparisons(results).items() if "desync_cut" in k for c in v["boundaries"]]
     assert any(c["stream"] == "xbar, r" for c in desynced)
+
+
+def test_ladder_cuts_carry_their_pending_outputs(results):
+    """Where the ladder patterns ran (pp 2, alone and x tp 2 real): every cut of 'all_ladder' carries (u, x); every
+    cut of 'ladder_cuts' follows a ladder block into another type and carries xbar (the pending outputs added)."""
+    ran = {k: v for k, v in comparisons(results).items() if parse(k)[2] in ("all_ladder", "ladder_cuts")}
+    if {parse(k)[0] for k in comparisons(results)} == {(2, 2, 2)}:
+        assert not ran
+        return
+    assert {parse(k)[2] for k in ran} == {"all_ladder", "ladder_cuts"}
+    for key, res in ran.items():
+        kinds = MODELS[parse(key)[2]]
+        assert all(kinds[end - 1] == "ladder" for _, end in res["layers"][:-1]), key
+        want = "u, x" if parse(key)[2] == "all_ladder" else "xbar"
+        assert res["boundaries"] and all(c["stream"] == want for c in res["boundaries"]), (key, res["boundaries"])
 
 
 def test_measured_bubble_equals_theory(results):
@@ -246,6 +285,43 @@ def test_demo_prints_timeline_and_bubble():
     assert "stage 0->1: xbar     forward 4096 B, backward 4096 B" in out, out  # after spd: (2, 16, 32) x 4 B
     assert "stage 1->2: xbar, r  forward 8192 B, backward 8192 B" in out, out  # after parallel: and (1, 2, 16, 32)
     assert "tp all-reduces per micro-batch (whole model): forward 3, backward 3" in out, out
+
+
+def test_demo_runs_ladder_patterns():
+    """The demo with ladder blocks (pp 2, tp 2 simulated, 1F1B): a cut between two ladder blocks carries (u, x),
+    two (2, 16, 32) fp32 tensors each way; one into a 'tp' block carries xbar alone. The losses equal the demo
+    without pp (one stage, GPipe), to 1e-4 (fp32 printed to 4 decimals)."""
+    def demo(*args):
+        r = run_script(*TORCHRUN, f"--nproc_per_node={2 if '--pp_size=2' in args else 1}", "-m",
+                       "tpcomm.pipeline_demo", "--tp_mode=simulated", "--n_microbatches=4", "--batch_size=8",
+                       "--n_layer=4", *args, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr[-5000:]
+        return r.stdout, [float(x) for x in re.findall(r"^step \d+: loss (\S+)", r.stdout, re.M)]
+
+    for blocks, line in (("['ladder']*4", "stage 0->1: u, x     forward 8192 B, backward 8192 B"),
+                         ("['tp','ladder','tp','ladder']", "stage 0->1: xbar     forward 4096 B, backward 4096 B")):
+        out, losses = demo("--pp_size=2", "--schedule=1f1b", f"--block_types={blocks}")
+        assert line in out, out
+        _, one = demo("--pp_size=1", "--schedule=gpipe", f"--block_types={blocks}")
+        assert len(losses) == 2 and losses == pytest.approx(one, abs=1e-4), (losses, one)
+
+
+def test_train_py_ladder_pp2_equals_one_process(tmp_path, char_data):
+    """train.py with ladder blocks and pp 2 (1F1B, a cut between two ladder blocks, dropout on, clipping active)
+    logs one process's training and evaluation losses (fp32, 1e-5 as tests/test_train_pipeline.py); the cut carries
+    (u, x): 2 x 32 fp32 values a token, both ways, 512 B/token. Can fail: another seed."""
+    common = ["config/train_shakespeare_char_spd.py", "--n_layer=4", "--block_types=['tp','ladder','ladder','ladder']",
+              "--gradient_accumulation_steps=4", "--grad_clip=0.1", "--eval_iters=5", "--dropout=0.1",
+              "--max_iters=4", "--lr_decay_iters=4", "--eval_interval=2"]
+    train(tmp_path / "one", char_data, *common)
+    r = train(tmp_path / "pp", char_data, *common, "--pp_size=2", "--pp_schedule=1f1b", nproc=2)
+    assert "pp 512 B/token" in r.stdout, r.stdout
+    a = losses(tmp_path / "one")
+    assert sorted(a) == list(range(5)) and abs(a[4] - a[0]) > 1e-2  # it trained
+    assert_same(a, losses(tmp_path / "pp"), 1e-5, "ladder pp2")
+    assert_same(val_losses(tmp_path / "one"), val_losses(tmp_path / "pp"), 1e-5, "ladder pp2")
+    train(tmp_path / "seed", char_data, *common, "--seed=7")
+    assert differs(a, losses(tmp_path / "seed"), 1e-5)
 
 
 # ---------- bench.py --mode=pipeline ----------

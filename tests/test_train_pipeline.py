@@ -41,7 +41,7 @@ def test_pp2_equals_one_process_with_every_schedule(tmp_path, char_data, one):
 
 
 def test_pp2_trains_a_plain_gpt_as_one_process(tmp_path, char_data):
-    """model_type='gpt' under pp 2 (issue 22: it crashed at iteration 0 on the pipeline's comm report): losses and
+    """model_type='gpt' under pp 2 (it once crashed at iteration 0 on the pipeline's comm report): losses and
     evaluations equal one process's (fp32, 1e-5, as above), dropout on; its tp all-reduces are reported as 0 in the
     log line and the metrics, next to the cut's bytes: x (b, T, C) crosses, 32 floats a token both ways."""
     gpt = ["config/train_shakespeare_char.py", "--gradient_accumulation_steps=4", "--grad_clip=0.1",

@@ -10,7 +10,11 @@ mesh (pp, dp, tp): pp outermost, tp innermost (a tp group is the ranks of one no
 The stream crossing a cut is what DistributedGPT's blocks pass each other (docs/model.md): synced, xbar (b, T, C);
 desynced (the block before the cut is 'parallel'), the pair (xbar, r), r (L, b, T, C) with this rank's L shard
 streams (L = 1 real, L = tp simulated): each tp rank sends its own shard streams to the same tp rank of the next
-stage. A cut never syncs: that would change the model. GPT's stream is x (b, T, C).
+stage. A cut never syncs: that would change the model. GPT's stream is x (b, T, C). A ladder block leaves its two
+outputs pending (P_A, P_M, their all-reduces issued); at a cut they are waited for and added as the next block would
+add them: into another block type, xbar + P_A + P_M (= what that block's step adds first, so xbar alone crosses);
+between two ladder blocks the pair (u, x), u = xbar + P_A (the next ladder's attention reads it), x = u + P_M (its
+MLP reads it and it is the block's output stream): one (b, T, C) more than a synced cut (docs/pipeline.md).
 
 Exactness (pp == one process): the loss is cross-entropy (ignore_index=-1) averaged over each micro-batch, and the
 schedule divides the summed gradients by the number of micro-batches m (torch 2.13: scale_grads=True, the default,
@@ -29,6 +33,7 @@ train.py uses); the benchmark of bench.py --mode=pipeline and the demo are in tp
 """
 
 import contextlib
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -38,6 +43,7 @@ from torch.nn import functional as F
 
 from configurator import ConfigError
 from model import GPT, configure_adamw, positions
+from tensor_parallel_model import add_pending
 from tpcomm.models import clip_to_norm_
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
@@ -100,15 +106,42 @@ def stage_layers(n_layer, n_stages, pp_layers=None):
 
 # ---------------------------------------------------------------- one stage: the model's own submodules
 
+# What crosses a cut, by the blocks on either side: the names of its tensors (every one (b, T, C), r (L, b, T, C))
+SYNCED, DESYNCED, LADDER = ("xbar",), ("xbar", "r"), ("u", "x")
+
+
+def cut_stream(model, layer):
+    """The stream crossing a cut after block `layer`: DESYNCED after 'parallel', LADDER between two ladder blocks
+    (their pending outputs travel as u = xbar + P_A and x = u + P_M), else SYNCED (GPT's x too)."""
+    kinds = getattr(model.config, "block_types", None)
+    if model.desynced_after(layer):
+        return DESYNCED
+    if kinds is not None and kinds[layer] == kinds[layer + 1] == "ladder":
+        return LADDER
+    return SYNCED
+
+
+class Arrived(NamedTuple):
+    """MLP l-1's pending output as it crosses a ladder cut: already added on the previous stage, x = u + P_M (the
+    same operations the next ladder block would run), so adding it gives x. Takes Pending's place in (P_A, P_M)."""
+    x: torch.Tensor  # (N, C)
+
+    def add_to(self, u):
+        return self.x
+
+
 class StageModule(nn.Module):
     """Layers [first, end) of a GPT or DistributedGPT, with the embedding on the first stage and the final sync,
     ln_f and lm_head on the last. It holds the model's own submodules (no copies), under GPT's names with stage-local
-    block indices (gpt_name maps them back), so GPT.embed runs on it as on the model."""
+    block indices (gpt_name maps them back), so GPT.embed runs on it as on the model. stream_in / stream_out: what
+    crosses the cut before / after it (cut_stream; None at the ends)."""
 
     def __init__(self, model, first, end, *, is_first, is_last):
         super().__init__()
         self.config, self.first = model.config, first
         self.is_first, self.is_last = is_first, is_last
+        self.stream_in = None if is_first else cut_stream(model, first - 1)
+        self.stream_out = None if is_last else cut_stream(model, end - 1)
         self.group = model.group  # DistributedGPT's tp group (SimulatedTP/RealTP); None for GPT
         self.final_sync = model.final_sync if model.group is not None else None  # DistributedGPT's sync before ln_f
         parts = dict(h=nn.ModuleList(model.transformer.h[first:end]))
@@ -126,7 +159,8 @@ class StageModule(nn.Module):
         return name
 
     def forward(self, *stream):
-        """idx (b, T) on the first stage, else the stream: x (b, T, C) for GPT, xbar (b, T, C) [, r (L, b, T, C)]."""
+        """idx (b, T) on the first stage, else the stream (stream_in): x (b, T, C) for GPT, xbar (b, T, C)
+        [, r (L, b, T, C)], or u, x (b, T, C)."""
         if self.is_first:
             idx, = stream
             stream = (GPT.embed(self, idx, positions(idx, self.config.block_size)),)  # (b, T, C), synced
@@ -135,17 +169,36 @@ class StageModule(nn.Module):
             x = stream[0]
             for block in self.transformer.h:
                 x = block(x)
-        else:  # the blocks' stream is flat over tokens
-            xbar = stream[0].view(b * t, C)
-            r = stream[1].view(-1, b * t, C) if len(stream) == 2 else None
+        else:  # the blocks' stream is flat over tokens: (xbar, r, pending), as DistributedGPT.forward passes it
+            xbar, r, pending = self.enter(stream)
             for block in self.transformer.h:
-                xbar, r = block(xbar, r, t)
+                xbar, r, pending = block.step(xbar, r, pending, t)
             if not self.is_last:
-                return (xbar.view(b, t, C),) if r is None else (xbar.view(b, t, C), r.view(-1, b, t, C))
-            x = self.final_sync(xbar, r).view(b, t, C)
+                return tuple(s.view(-1, b, t, C) if s.dim() == 3 else s.view(b, t, C)
+                             for s in self.leave(xbar, r, pending))
+            x = self.final_sync(xbar, r, pending).view(b, t, C)
         if not self.is_last:
             return x
         return self.lm_head(self.transformer.ln_f(x))  # (b, T, V)
+
+    def enter(self, stream):
+        """The received stream as the blocks' (xbar (N, C), r (L, N, C) or None, pending)."""
+        b, t, C = stream[0].shape
+        flat = [s.reshape(-1, b * t, C) if s.dim() == 4 else s.reshape(b * t, C) for s in stream]
+        if self.stream_in == LADDER:  # u, x: the next ladder block reads u, then "adds" MLP l-1's output: x
+            u, x = flat
+            return u, None, (None, Arrived(x))
+        return flat[0], (flat[1] if len(flat) == 2 else None), ()
+
+    def leave(self, xbar, r, pending):
+        """The stream to send (stream_out), flat: pending ladder outputs waited for and added where the next block
+        would add them (xbar + P_A + P_M into another block type; u = xbar + P_A, x = u + P_M into a ladder)."""
+        if self.stream_out == LADDER:
+            P_A, P_M = pending
+            u = P_A.add_to(xbar)
+            return u, P_M.add_to(u)
+        xbar = add_pending(xbar, pending)
+        return (xbar,) if r is None else (xbar, r)
 
 
 def cross_entropy(logits, targets):
@@ -290,14 +343,14 @@ class Pipeline:
                         for s in self.stage_ids]
         self.local = nn.ModuleList(self.modules)  # for the optimizer: every local parameter once
         self.recorder = Recorder(model)
-        self.desynced_cut = [model.desynced_after(end - 1) for _, end in self.layers[:-1]]
+        self.cut_streams = [cut_stream(model, end - 1) for _, end in self.layers[:-1]]
         mb, dtype = batch_size // n_microbatches, next(model.parameters()).dtype
         stages = [self._stage(s, module, mb, seq_len, dtype) for s, module in zip(self.stage_ids, self.modules)]
         kind = SCHEDULES[schedule]
         self.schedule = (kind(stages, n_microbatches, loss_fn=cross_entropy) if schedule == "interleaved_1f1b"
                          else kind(stages[0], n_microbatches, loss_fn=cross_entropy))
         self.gpt_layout = GPTLayout(model, self.modules, dims)
-        self.comm = PipelineComm(model, dims, self.recorder, desynced_cut=self.desynced_cut, m=n_microbatches,
+        self.comm = PipelineComm(model, dims, self.recorder, cut_streams=self.cut_streams, m=n_microbatches,
                                  device=self.device)
 
     def _stage(self, s, module, mb, T, dtype):
@@ -319,9 +372,9 @@ class Pipeline:
                              group=self.dims.pp_group)
 
     def _stream(self, s, mb, T, dtype, *, requires_grad):
-        """Example tensors of the stream leaving stage s: xbar (mb, T, C), and r (L, mb, T, C) if desynced."""
+        """Example tensors of the stream leaving stage s (cut_stream): each (mb, T, C), r (L, mb, T, C)."""
         C = self.model.config.n_embd
-        shapes = [(mb, T, C)] + ([(self.model.group.local, mb, T, C)] if self.desynced_cut[s] else [])
+        shapes = [(self.model.group.local, mb, T, C) if name == "r" else (mb, T, C) for name in self.cut_streams[s]]
         return tuple(torch.empty(shape, dtype=dtype, device=self.device, requires_grad=requires_grad)
                      for shape in shapes)
 
@@ -579,9 +632,9 @@ class PipelineComm:
     reads, not the Pipeline: no reference cycle, so a Pipeline is freed (stages, p2p buffers) as soon as it is
     dropped, before the process groups are destroyed."""
 
-    def __init__(self, model, dims, recorder, *, desynced_cut, m, device):
+    def __init__(self, model, dims, recorder, *, cut_streams, m, device):
         self.model, self.dims, self.recorder = model, dims, recorder
-        self.desynced_cut, self.m, self.device = desynced_cut, m, device
+        self.cut_streams, self.m, self.device = cut_streams, m, device
 
     def gather_events(self):
         """{pp rank: its recorded events of the last step}, on every rank of this pp group (a collective)."""
@@ -595,14 +648,14 @@ class PipelineComm:
     def boundary_bytes(self):
         """Per cut s -> s+1, per micro-batch and rank, in the last step: bytes of activations sent forward (by s) and
         of gradients sent back (by s+1), and what the stream was (a small all-reduce over pp)."""
-        n = len(self.desynced_cut)  # cuts: stages - 1
+        n = len(self.cut_streams)  # cuts: stages - 1
         sent = torch.zeros(2, max(n, 1), dtype=torch.float64, device=self.device)
         for kind, s, _, nbytes in self.recorder.events:
             if kind in ("send_act", "send_grad"):
                 sent[0 if kind == "send_act" else 1, s if kind == "send_act" else s - 1] += nbytes
         if self.dims.pp > 1:
             dist.all_reduce(sent, group=self.dims.pp_group)
-        return [dict(cut=f"{s}->{s + 1}", stream="xbar, r" if self.desynced_cut[s] else "xbar",
+        return [dict(cut=f"{s}->{s + 1}", stream=", ".join(self.cut_streams[s]),
                      fwd_bytes=int(sent[0, s]) // self.m, bwd_bytes=int(sent[1, s]) // self.m) for s in range(n)]
 
     def report(self, *, tokens):

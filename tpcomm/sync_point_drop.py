@@ -103,13 +103,14 @@ def read_latencies(path, n_layer):
     return out
 
 
-def load_gpt(cfg):
-    """(checkpoint, GPT): a 'gpt' checkpoint, or a 'distributed_gpt' one whose blocks are all 'tp' (exactly GPT)."""
+def load_gpt(cfg, *, what="spd.py"):
+    """(checkpoint, GPT): a 'gpt' checkpoint, or a 'distributed_gpt' one whose blocks are all 'tp' (exactly GPT).
+    what: the tool, for the error messages."""
     checkpoint = load_checkpoint(cfg["out_dir"])  # a config that contradicts the weights: refused there
     model = build_model_from_checkpoint(checkpoint, dropout=0.0)
     if isinstance(model, DistributedGPT):
         if any(kind != "tp" for kind in model.config.block_types):
-            raise ConfigError(f"the checkpoint's blocks are {model.config.block_types}; spd.py converts a GPT "
+            raise ConfigError(f"the checkpoint's blocks are {model.config.block_types}; {what} converts a GPT "
                               f"(or an all-'tp' DistributedGPT, which is GPT)")
         model = model.to_gpt()
     c = model.config
@@ -121,13 +122,14 @@ def load_gpt(cfg):
     return checkpoint, model.eval()
 
 
-def find_data(cfg, checkpoint):
-    """The directory holding val.bin (and train.bin for distillation), as train.py finds it."""
+def find_data(cfg, checkpoint, *, train=None):
+    """The directory holding val.bin (and train.bin if `train`; None: if cfg distills), as train.py finds it."""
     run = checkpoint.get("config") or {}
     dataset = cfg["dataset"] or run.get("dataset") or ""
     data_dir = cfg["data_dir"] or (run.get("data_dir") if not cfg["dataset"] else None) or \
         os.path.join(ROOT, "data", dataset)
-    need = ["val.bin"] + (["train.bin"] if cfg["distill_steps"] or cfg["kl_steps"] else [])
+    train = cfg["distill_steps"] or cfg["kl_steps"] if train is None else train
+    need = ["val.bin"] + (["train.bin"] if train else [])
     for name in need:
         if not os.path.isfile(os.path.join(data_dir, name)):
             raise ConfigError(f"no {name} in {data_dir!r} (dataset={dataset!r}); give --dataset or --data_dir")
