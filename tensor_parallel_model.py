@@ -24,9 +24,13 @@ from model import GPT, GPTConfig, LayerNorm, causal_attention, lm_head_and_loss,
 from tpcomm.dropout import ATTN_OUT, ATTN_PROBS, EMBED, MLP_OUT, DropoutKey, KeyedDropout, mask_or_none
 from tpcomm.models import ModelInterface, clip_to_norm_, grad_sq_sums, local, whole
 from tpcomm.sharding import TPSharding, is_block_replicated
+from tpcomm.compression import make_codec, validate_compression
 from tpcomm.collectives import (FINAL_SYNC, VOCAB_EMBED, VOCAB_HEAD, AsyncReduction, copy_to_tp_region,
-                                reduce_from_tp_region, reduce_from_tp_region_async, tp_group,
-                                vocab_parallel_cross_entropy)
+                                gather_from_sequence_region, gather_to_tp_region, reduce_from_tp_region,
+                                reduce_from_tp_region_async, reduce_scatter_from_tp_region, scatter_to_sequence_region,
+                                tp_group, vocab_parallel_cross_entropy)
+
+SP_EMBED = (None, None, "sp_embed")  # trace site: the embedding output scattered onto the token shards
 
 def validate_tp_args(*, n_layer, n_head, n_embd, tp_size, block_types):
     """Raise ConfigError naming the key and values for any impossible combination."""
@@ -51,6 +55,21 @@ def validate_tp_args(*, n_layer, n_head, n_embd, tp_size, block_types):
         raise ConfigError(f"block_types: unknown block type(s) {bad}; use {list(BLOCK_TYPES)}")
 
 
+def validate_sync_options(*, tp_overlap, sequence_parallel, block_types):
+    """tp_overlap and sequence_parallel (docs/overlap.md): ConfigError naming the keys and values. block_types is
+    the expanded list. The batch-size conditions are checked where the batch is known (train.py, the forward)."""
+    if isinstance(tp_overlap, bool) or not isinstance(tp_overlap, int) or tp_overlap < 1:
+        raise ConfigError(f"tp_overlap must be a positive int (chunks of the batch), got {tp_overlap!r}")
+    if not isinstance(sequence_parallel, bool):
+        raise ConfigError(f"sequence_parallel must be True or False, got {sequence_parallel!r}")
+    if sequence_parallel and tp_overlap > 1:
+        raise ConfigError(f"sequence_parallel=True does not run with tp_overlap={tp_overlap} (the chunks' "
+                          f"reduce-scatters and all-gathers are not asynchronous; docs/overlap.md): use one of them")
+    if sequence_parallel and "ladder" in block_types:
+        raise ConfigError(f"sequence_parallel=True does not run with 'ladder' blocks (block_types={block_types}): "
+                          f"their pending all-reduces are not token-sharded (docs/overlap.md)")
+
+
 @dataclass
 class TPConfig(GPTConfig):
     tp_size: int = 1
@@ -69,6 +88,10 @@ class TPConfig(GPTConfig):
                          block_types=self.block_types)
         kinds = "tp" if self.block_types is None else self.block_types
         self.block_types = [kinds] * self.n_layer if isinstance(kinds, str) else list(kinds)
+        validate_sync_options(tp_overlap=self.tp_overlap, sequence_parallel=self.sequence_parallel,
+                              block_types=self.block_types)
+        validate_compression(tp_comm_dtype=self.tp_comm_dtype, tp_comm_block=self.tp_comm_block, n_embd=self.n_embd,
+                             tp_size=self.tp_size, sequence_parallel=self.sequence_parallel)
 
 
 def layer_norm(ln, x):
@@ -156,6 +179,19 @@ class ShardedMLP(nn.Module):
         return project(u, self.c_proj.weight.view(-1, L, Hs).permute(1, 2, 0), **kw)  # (L, Hs, C)
 
 
+class Reduced(NamedTuple):
+    """A g waited for at once, with AsyncReduction's wait(), so one loop serves tp_overlap=1 and K > 1."""
+    value: torch.Tensor
+
+    def wait(self):
+        return self.value
+
+
+def join(chunks):
+    """The K chunks' (n, C) outputs as the batch's (N, C)."""
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+
+
 class Pending(NamedTuple):
     """A module's output on its way to the synced stream (a ladder block's): its all-reduce, maybe still running,
     the all-reduce's result (valid once waited for) and the c_proj bias to add once after it, dropped with the same
@@ -195,6 +231,7 @@ class ShardedBlock(nn.Module):
     def __init__(self, config, group, key, layer):
         super().__init__()
         self.group, self.key, self.layer, self.p = group, key, layer, config.dropout
+        self.overlap = config.tp_overlap  # K: chunks of the batch, each chunk's all-reduce overlapping the next chunk
         # where this block's collectives run, for their trace labels (collectives.traced): (layer, block type, site)
         kind = next((name for name, cls in BLOCKS.items() if type(self) is cls), type(self).__name__)
         self.sites = {site: (layer, kind, site) for site in ("attn", "mlp")}
@@ -206,21 +243,58 @@ class ShardedBlock(nn.Module):
         tp, first = group.tp, group.first_shard
         self.streams = tuple(0 if tp == 1 else 1 + first + i for i in range(group.local))
 
-    def probs_dropout(self):
-        """The attention probabilities' dropout, each shard's heads with that shard's mask; None without dropout."""
+    def probs_dropout(self, seq0=0):
+        """The attention probabilities' dropout, each shard's heads with that shard's mask; None without dropout.
+        seq0: the first sequence of a batch chunk (tp_overlap), whose masks are the whole batch's from there."""
         if not (self.training and self.p > 0.0):
             return None
         return lambda att: att * mask_or_none(att, self.p, self.key, training=True, layer=self.layer, site=ATTN_PROBS,
-                                              streams=self.streams).to(att.dtype)
+                                              streams=self.streams, offset=seq0 * att[0].numel()).to(att.dtype)
 
-    def shard_mask(self, like, site):
-        """Keep-mask (L, N, C) for an output added to the shards' own streams, or None without dropout."""
+    def shard_mask(self, like, site, n0=0):
+        """Keep-mask (L, N, C) for an output added to the shards' own streams, or None without dropout; n0: the
+        first token (a batch chunk's), the masks being the whole batch's rows from there."""
         return mask_or_none(like, self.p, self.key, training=self.training, layer=self.layer, site=site,
-                            streams=self.streams)
+                            streams=self.streams, offset=n0 * like.shape[-1])
 
-    def replica_mask(self, like, site):
-        """Keep-mask (N, C) for an output added to the synced stream after its all-reduce, or None."""
-        return mask_or_none(like, self.p, self.key, training=self.training, layer=self.layer, site=site)
+    def replica_mask(self, like, site, n0=0):
+        """Keep-mask (N, C) for an output added to the synced stream after its all-reduce, or None; n0 as above (a
+        batch chunk's or a token shard's first token)."""
+        return mask_or_none(like, self.p, self.key, training=self.training, layer=self.layer, site=site,
+                            offset=n0 * like.shape[-1])
+
+    def chunks(self, xbar, r, T, kv):
+        """[(n0, xbar_k, r_k)]: the batch in tp_overlap = K chunks of whole sequences, n0 each one's first token
+        (views, no copy); one chunk when K = 1, with a KV cache (decoding), or outside training when the batch does
+        not split (generation of one sequence)."""
+        N, K = xbar.shape[0], self.overlap
+        B = N // T
+        if K == 1 or kv is not None or (B % K and not self.training):
+            return [(0, xbar, r)]
+        if B % K:
+            raise ConfigError(f"tp_overlap={K} needs a batch of whole sequences divisible by it, got batch {B}")
+        n = N // K
+        rs = [None] * K if r is None else r.split(n, dim=1)
+        return [(k * n, x, rk) for k, (x, rk) in enumerate(zip(xbar.split(n), rs))]
+
+    def g(self, partials, site, *, overlap):
+        """g of the (L, N, C) partials: waited for at once (Reduced) or, overlap, issued asynchronously."""
+        if overlap:
+            return reduce_from_tp_region_async(partials, self.group, site=self.sites[site])
+        return Reduced(reduce_from_tp_region(partials, self.group, site=self.sites[site]))
+
+    def sp_close(self, x, reduced, linear, site, *, masked):
+        """Sequence parallelism, on the token shard x (N/tp, C): x + R ⊙ (reduced + b), R this shard's rows of the
+        replica mask (Megatron's bias-dropout-add); masked: reduced already holds R ⊙ its sum (applied before the
+        reduce-scatter), so only b is dropped here. b is used plainly: each rank's gradient of it is partial (its
+        tokens), summed over the tp group with the block-replicated gradients."""
+        R = self.replica_mask(x, site, n0=self.group.token_offset(x.shape[0]))
+        b = linear.bias
+        if not masked:
+            y = reduced if b is None else reduced + b
+            return x + (y if R is None else y * R.to(y.dtype))
+        x = x + reduced
+        return x if b is None else x + (b if R is None else b * R.to(b.dtype))
 
     def synced_bias(self, linear, mask):
         """A c_proj bias to add once to the synced stream (after g), dropped with the replica mask; None without."""
@@ -239,27 +313,30 @@ class ShardedBlock(nn.Module):
         """share * a c_proj bias, for every shard's own stream (None without biases)."""
         return None if linear.bias is None else linear.bias * share
 
-    def shard_streams(self, xbar, r):
-        """The shards' streams and LN1 of them: a synced stream fans out first (through f)."""
-        if r is None:
+    def shard_streams(self, xbar, r, *, sp=False):
+        """The shards' streams and LN1 of them: a synced stream fans out first (through f; sequence parallel: an
+        all-gather of its token shards)."""
+        if r is None and sp:
+            r = gather_to_tp_region(xbar, self.group, site=self.sites["attn"])
+        elif r is None:
             return self.group.fan_out(xbar, lambda x: layer_norm(self.ln_1, x), self.sites["attn"])
         return r, layer_norm(self.ln_1, r)
 
-    def attn_partials(self, xbar, r, T, kv):
+    def attn_partials(self, xbar, r, T, kv, n0=0):
         """(R1 * A_i(LN1(.)) (L, N, C) for an all-reduce, R1): each shard's attention output dropped with the replica
         mask, read from the synced stream xbar (through f) or, desynced, from the shard's own r_i, whose
-        d_i = r_i - xbar then join the same sum."""
+        d_i = r_i - xbar then join the same sum. n0: a batch chunk's first token (its dropout masks' rows)."""
         group = self.group
         if r is None:
             y = self.attn.heads(copy_to_tp_region(synced_layer_norm(self.ln_1, xbar, group), group,
-                                                  site=self.sites["attn"]), T, self.probs_dropout(), kv)
-            R1 = self.replica_mask(xbar, ATTN_OUT)
+                                                  site=self.sites["attn"]), T, self.probs_dropout(n0 // T), kv)
+            R1 = self.replica_mask(xbar, ATTN_OUT, n0)
             return self.attn.out(y, mask=R1), R1
-        y = self.attn.heads(layer_norm(self.ln_1, r), T, self.probs_dropout(), kv)
-        R1 = self.replica_mask(xbar, ATTN_OUT)
+        y = self.attn.heads(layer_norm(self.ln_1, r), T, self.probs_dropout(n0 // T), kv)
+        R1 = self.replica_mask(xbar, ATTN_OUT, n0)
         return self.attn.out(y, acc=group.delta(r, xbar), own_acc=True, mask=R1), R1
 
-    def mlp_partials(self, x, r=None):
+    def mlp_partials(self, x, r=None, n0=0):
         """(R2 * M_i(LN2(.)) (L, N, C) for an all-reduce, R2), read from the synced stream x (through f) or, given
         r (L, N, C), from each shard's own stream r_i."""
         if r is None:
@@ -267,60 +344,105 @@ class ShardedBlock(nn.Module):
         else:
             h = layer_norm(self.ln_2, r)
         u = self.mlp.hidden(h)
-        R2 = self.replica_mask(x, MLP_OUT)
+        R2 = self.replica_mask(x, MLP_OUT, n0)
         return self.mlp.out(u, mask=R2), R2
 
-    def step(self, xbar, r, pending, T, kv=None):
+    def step(self, xbar, r, pending, T, kv=None, *, sp=False):
         """The model's stream through this block, (xbar, r, pending) -> (xbar, r, pending): outputs still pending
-        (from a ladder block before it) are added first, then the block runs; it leaves nothing pending."""
-        return (*self(add_pending(xbar, pending), r, T, kv), ())
+        (from a ladder block before it) are added first, then the block runs; it leaves nothing pending.
+        sp: sequence parallelism, xbar this rank's token shard of the synced stream (docs/overlap.md)."""
+        return (*self(add_pending(xbar, pending), r, T, kv, sp=sp), ())
 
 
 class TPBlock(ShardedBlock):
     """Megatron's block, 2 forward all-reduces; output synced:
-    x' = xbar + sum_i d_i + R1 * (sum_i A_i(LN1(r_i)) + b_A);  x'' = x' + R2 * (sum_i M_i(LN2(x')) + b_M)."""
+    x' = xbar + sum_i d_i + R1 * (sum_i A_i(LN1(r_i)) + b_A);  x'' = x' + R2 * (sum_i M_i(LN2(x')) + b_M).
+    tp_overlap = K: the batch in K chunks; chunk k's all-reduce is issued (not waited for) before chunk k+1 computes."""
 
-    def forward(self, xbar, r, T, kv=None):
-        group, attn, mlp = self.group, self.sites["attn"], self.sites["mlp"]
-        a, R1 = self.attn_partials(xbar, r, T, kv)  # a desynced input's d_i join this all-reduce
-        x = self.add_synced_bias(xbar + reduce_from_tp_region(a, group, site=attn), self.attn.c_proj, R1)
-        m, R2 = self.mlp_partials(x)
-        return self.add_synced_bias(x + reduce_from_tp_region(m, group, site=mlp), self.mlp.c_proj, R2), None
+    def forward(self, xbar, r, T, kv=None, *, sp=False):
+        if sp:
+            return self.forward_sp(xbar, r, T, kv)
+        chunks = self.chunks(xbar, r, T, kv)
+        overlap = len(chunks) > 1
+        attn = []  # every chunk's attention, each chunk's all-reduce issued before the next chunk computes
+        for n0, x, rk in chunks:
+            a, R1 = self.attn_partials(x, rk, T, kv, n0)  # a desynced input's d_i join this all-reduce
+            attn.append((self.g(a, "attn", overlap=overlap), R1))
+        mlp = []  # then per chunk: wait for its attention's sum, its MLP, issue (the previous chunk's runs meanwhile)
+        for (n0, x, _), (reduced, R1) in zip(chunks, attn):
+            x = self.add_synced_bias(x + reduced.wait(), self.attn.c_proj, R1)
+            m, R2 = self.mlp_partials(x, n0=n0)
+            mlp.append((x, self.g(m, "mlp", overlap=overlap), R2))
+        return join([self.add_synced_bias(x + reduced.wait(), self.mlp.c_proj, R2) for x, reduced, R2 in mlp]), None
+
+    def forward_sp(self, x, r, T, kv):
+        """Sequence parallelism: x (N/tp, C) this rank's token shard of the synced stream (simulated: all of them,
+        (N, C)); LN1, LN2, the biases and the replica dropout run on it; f is an all-gather, g a reduce-scatter.
+        Desynced input (r, after 'parallel'): the reduce-scatter of r_i + R1 * A_i is sum_i r_i = tp x + sum_i d_i,
+        so x' = RS(.) - (tp-1) x, R1 then applied before the reduce-scatter (it must not drop the d_i)."""
+        group, tp, sites = self.group, self.group.tp, self.sites
+        if r is None:
+            h = gather_to_tp_region(layer_norm(self.ln_1, x), group, site=sites["attn"])
+            a = self.attn.out(self.attn.heads(h, T, self.probs_dropout(), kv))
+            x = self.sp_close(x, reduce_scatter_from_tp_region(a, group, site=sites["attn"]), self.attn.c_proj,
+                              ATTN_OUT, masked=False)
+        else:
+            y = self.attn.heads(layer_norm(self.ln_1, r), T, self.probs_dropout(), kv)
+            a = self.attn.out(y, acc=r, mask=self.replica_mask(r[0], ATTN_OUT))
+            x = self.sp_close(-(tp - 1) * x, reduce_scatter_from_tp_region(a, group, site=sites["attn"]),
+                              self.attn.c_proj, ATTN_OUT, masked=True)
+        m = self.mlp.out(self.mlp.hidden(gather_to_tp_region(layer_norm(self.ln_2, x), group, site=sites["mlp"])))
+        return self.sp_close(x, reduce_scatter_from_tp_region(m, group, site=sites["mlp"]), self.mlp.c_proj, MLP_OUT,
+                             masked=False), None
 
 
 class SPDBlock(ShardedBlock):
     """Sync-Point Drop: the all-reduce after attention is dropped, 1 forward all-reduce; output synced:
     a_i = D_i * (A_i(LN1(r_i)) + b_A/tp);  y_i = r_i + a_i + b_A (tp-1)/tp stays local;
-    x' = xbar + sum_i [d_i + a_i] + R * (sum_i M_i(LN2(y_i)) + b_M)."""
+    x' = xbar + sum_i [d_i + a_i] + R * (sum_i M_i(LN2(y_i)) + b_M).
+    tp_overlap = K: the batch in K chunks, chunk k's all-reduce overlapping chunk k+1's compute."""
 
-    def forward(self, xbar, r, T, kv=None):
+    def forward(self, xbar, r, T, kv=None, *, sp=False):
+        if sp:  # sum_i [r_i + a_i + R * M_i] = tp xbar + sum_i [d_i + a_i] + R * sum_i M_i, reduce-scattered
+            s, _ = self.partials(xbar, r, T, kv, sp=True)
+            reduced = reduce_scatter_from_tp_region(s, self.group, site=self.sites["mlp"])
+            return self.sp_close(-(self.group.tp - 1) * xbar, reduced, self.mlp.c_proj, MLP_OUT, masked=True), None
+        chunks = self.chunks(xbar, r, T, kv)
+        issued = []
+        for n0, x, rk in chunks:
+            s, R = self.partials(x, rk, T, kv, n0)
+            issued.append((x, self.g(s, "mlp", overlap=len(chunks) > 1), R))
+        return join([self.add_synced_bias(x + reduced.wait(), self.mlp.c_proj, R) for x, reduced, R in issued]), None
+
+    def partials(self, xbar, r, T, kv, n0=0, *, sp=False):
+        """(s (L, N, C), R): the summands d_i + a_i + R * M_i(LN2(y_i)) of the block's one all-reduce (sp: r_i in
+        place of d_i, see forward) and the replica mask R. n0: a batch chunk's first token (its masks' rows)."""
         group, tp, proj = self.group, self.group.tp, self.attn.c_proj
-        r, h = self.shard_streams(xbar, r)
-        heads = self.attn.heads(h, T, self.probs_dropout(), kv)
-        D = self.shard_mask(r, ATTN_OUT)
+        r, h = self.shard_streams(xbar, r, sp=sp)
+        heads = self.attn.heads(h, T, self.probs_dropout(n0 // T), kv)
+        D = self.shard_mask(r, ATTN_OUT, n0)
         if D is None:  # y_i = r_i + A_i + b_A in one step
             y = self.attn.out(heads, acc=r, bias=proj.bias)
         else:
             y = self.attn.out(heads, acc=r, bias=self.bias_share(proj, 1 / tp), mask=D)
             if tp > 1 and proj.bias is not None:
                 y = y + self.bias_share(proj, (tp - 1) / tp)
-        acc = group.delta(y, xbar)  # d_i + a_i + b_A (tp-1)/tp
+        acc = y if sp else group.delta(y, xbar)  # d_i + a_i + b_A (tp-1)/tp (sp: r_i + ...)
         if tp > 1 and proj.bias is not None:
             acc = acc - self.bias_share(proj, (tp - 1) / tp)
         u = self.mlp.hidden(layer_norm(self.ln_2, y))
-        R = self.replica_mask(xbar, MLP_OUT)
-        s = self.mlp.out(u, acc=acc, own_acc=True, mask=R)
-        return self.add_synced_bias(xbar + reduce_from_tp_region(s, group, site=self.sites["mlp"]), self.mlp.c_proj,
-                                    R), None
+        R = self.replica_mask(r[0], MLP_OUT, n0)
+        return self.mlp.out(u, acc=acc, own_acc=acc is not y, mask=R), R
 
 
 class ParallelBlock(ShardedBlock):
     """No communication; each shard updates its own stream, output desynced:
-    r_i += D_i * (A_i(LN1(r_i)) + b_A/tp);  r_i += E_i * (M_i(LN2(r_i)) + b_M/tp)."""
+    r_i += D_i * (A_i(LN1(r_i)) + b_A/tp);  r_i += E_i * (M_i(LN2(r_i)) + b_M/tp).
+    tp_overlap does not apply (nothing to overlap); sequence parallel: a synced input is all-gathered."""
 
-    def forward(self, xbar, r, T, kv=None):
+    def forward(self, xbar, r, T, kv=None, *, sp=False):
         tp = self.group.tp
-        r, h = self.shard_streams(xbar, r)
+        r, h = self.shard_streams(xbar, r, sp=sp)
         y = self.attn.heads(h, T, self.probs_dropout(), kv)
         r = self.attn.out(y, acc=r, bias=self.bias_share(self.attn.c_proj, 1 / tp), mask=self.shard_mask(r, ATTN_OUT))
         u = self.mlp.hidden(layer_norm(self.ln_2, r))
@@ -338,7 +460,8 @@ class LadderBlock(ShardedBlock):
     -> (x', None, (P_A', P_M')). Synced input: u_i = u, x'_i = x', d_i = 0; desynced (after 'parallel', nothing
     pending): u_i = x'_i = r_i, the d_i join attention's all-reduce."""
 
-    def step(self, xbar, r, pending, T, kv=None):
+    def step(self, xbar, r, pending, T, kv=None, *, sp=False):
+        assert not sp, "validate_sync_options refuses sequence_parallel with 'ladder'"
         return self(xbar, r, T, kv, pending=pending)
 
     def forward(self, xbar, r, T, kv=None, pending=()):
@@ -377,7 +500,8 @@ class DistributedGPT(ModelInterface, GPT):
         if pd is not None and pd.tp > 1 and pd.tp != config.tp_size:
             raise ConfigError(f"tp_mode='real' runs {pd.tp} tp ranks but tp_size is {config.tp_size}")
         self.config = config
-        self.group = tp_group(config.tp_size, pd)
+        codec = make_codec(config.tp_comm_dtype, config.tp_comm_block)  # None: g's all-reduces uncompressed
+        self.group = tp_group(config.tp_size, pd, codec=codec)
         self.sharding = TPSharding(n_embd=config.n_embd, tp=config.tp_size, group=self.group,
                                    vocab_size=config.vocab_size, vocab_parallel=config.loss_parallel)
         # rows of the tied wte/lm_head held here: all of them, or (loss_parallel) the local shards' padded share
@@ -403,9 +527,10 @@ class DistributedGPT(ModelInterface, GPT):
         return GPTConfig(**{k: getattr(self.config, k) for k in GPTConfig.__dataclass_fields__})
 
     @classmethod
-    def from_gpt(cls, gpt, tp_size, block_types=None, *, pd=None, loss_parallel=False):
+    def from_gpt(cls, gpt, tp_size, block_types=None, *, pd=None, loss_parallel=False, **options):
+        """options: TP_COMM_OPTIONS (tp_overlap, sequence_parallel, ...)."""
         config = TPConfig(**{k: getattr(gpt.config, k) for k in GPTConfig.__dataclass_fields__},
-                          tp_size=tp_size, block_types=block_types, loss_parallel=loss_parallel)
+                          tp_size=tp_size, block_types=block_types, loss_parallel=loss_parallel, **options)
         model = cls(config, pd=pd)
         model.load_gpt_state_dict(gpt.state_dict())
         return model
@@ -421,11 +546,14 @@ class DistributedGPT(ModelInterface, GPT):
         x = self.embed(idx, positions(idx, self.config.block_size, kv_cache))  # (b, t, C)
         # the blocks' stream, flat over tokens: synced xbar, desynced r, ladder outputs still pending
         xbar, r, pending = x.view(b * t, -1), None, ()
+        sp = self.sequence_parallel_on(b * t)
+        if sp:  # the synced stream sharded along the tokens (docs/overlap.md)
+            xbar = scatter_to_sequence_region(xbar, self.group, site=SP_EMBED)
         for i, block in enumerate(self.transformer.h):
-            xbar, r, pending = block.step(xbar, r, pending, t, None if kv_cache is None else kv_cache.layers[i])
+            xbar, r, pending = block.step(xbar, r, pending, t, None if kv_cache is None else kv_cache.layers[i], sp=sp)
         if kv_cache is not None:
             kv_cache.advance(t)
-        x = self.transformer.ln_f(self.final_sync(xbar, r, pending).view(b, t, -1))
+        x = self.transformer.ln_f(self.final_sync(xbar, r, pending, sp=sp).view(b, t, -1))
         if self.config.loss_parallel:
             return self.vocab_parallel_head(x, targets)
         return lm_head_and_loss(self.lm_head, x, targets)
@@ -433,10 +561,27 @@ class DistributedGPT(ModelInterface, GPT):
     def desynced_after(self, layer):
         return self.config.block_types[layer] == "parallel"
 
-    def final_sync(self, xbar, r, pending=()):
+    def sequence_parallel_on(self, n):
+        """Whether a pass of n tokens runs sequence parallel: sequence_parallel at tp >= 2, when the n tokens split
+        into tp token shards; in training they must (an error naming the values), else (generation, a KV cache's
+        one-token steps) the pass runs without it, computing the same function."""
+        tp = self.group.tp
+        if not (self.config.sequence_parallel and tp > 1):
+            return False
+        if n % tp and self.training:
+            raise ConfigError(f"sequence_parallel=True needs the batch's tokens (batch_size x block_size = {n}) "
+                              f"divisible by tp_size ({tp})")
+        return n % tp == 0
+
+    def final_sync(self, xbar, r, pending=(), *, sp=False):
         """The stream before ln_f: xbar plus what a last ladder block left pending, or, when the last block left it
-        desynced, one more sync xbar + sum_i d_i."""
+        desynced, one more sync xbar + sum_i d_i. sp: xbar is a token shard, gathered (all-gather); a desynced
+        stream is first reduce-scattered, sum_i r_i - (tp-1) xbar (= xbar + sum_i d_i)."""
         xbar = add_pending(xbar, pending)
+        if sp:
+            if r is not None:
+                xbar = reduce_scatter_from_tp_region(r, self.group, site=FINAL_SYNC) - (self.group.tp - 1) * xbar
+            return gather_from_sequence_region(xbar, self.group, site=FINAL_SYNC)
         return xbar if r is None else xbar + reduce_from_tp_region(self.group.delta(r, xbar), self.group,
                                                                    site=FINAL_SYNC)
 

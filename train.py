@@ -248,6 +248,11 @@ def check_model(cfg):
 
         validate_tp_args(n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"],
                          tp_size=cfg["tp_size"], block_types=cfg["block_types"])
+        check_sync_options(cfg)
+        from tpcomm.compression import validate_compression
+
+        validate_compression(tp_comm_dtype=cfg["tp_comm_dtype"], tp_comm_block=cfg["tp_comm_block"],
+                             n_embd=cfg["n_embd"], tp_size=cfg["tp_size"], sequence_parallel=cfg["sequence_parallel"])
     elif cfg["tp_size"] != 1 or cfg["block_types"] is not None or cfg["tp_mode"] != "simulated":
         raise ConfigError(f"tp_size/block_types/tp_mode need model_type='distributed_gpt', "
                           f"got model_type={cfg['model_type']!r}, tp_size={cfg['tp_size']}, "
@@ -260,6 +265,20 @@ def check_model(cfg):
         if changed:
             raise ConfigError(f"{', '.join(f'{k}={v!r}' for k, v in changed.items())} needs "
                               f"model_type='distributed_gpt', got model_type={cfg['model_type']!r}")
+
+
+def check_sync_options(cfg):
+    """tp_overlap and sequence_parallel (docs/overlap.md), with the batch this run will use."""
+    from tensor_parallel_model import validate_sync_options
+
+    validate_sync_options(tp_overlap=cfg["tp_overlap"], sequence_parallel=cfg["sequence_parallel"],
+                          block_types=expand_block_types(cfg["block_types"], cfg["n_layer"]))
+    if cfg["batch_size"] % cfg["tp_overlap"]:
+        raise ConfigError(f"tp_overlap ({cfg['tp_overlap']}) must divide batch_size ({cfg['batch_size']}): each "
+                          f"chunk is whole sequences")
+    if cfg["sequence_parallel"] and cfg["batch_size"] * cfg["block_size"] % cfg["tp_size"]:
+        raise ConfigError(f"sequence_parallel=True needs batch_size x block_size ({cfg['batch_size']} x "
+                          f"{cfg['block_size']}) divisible by tp_size ({cfg['tp_size']})")
 
 
 def check_pipeline(cfg, explicit, *, dp, tp, dtype):
@@ -279,8 +298,7 @@ def check_pipeline(cfg, explicit, *, dp, tp, dtype):
                        keys=dict(schedule="pp_schedule", virtual_stages="pp_virtual_stages",
                                  n_microbatches="micro-batches per replica (gradient_accumulation_steps / dp)"))
     unsupported = dict(data_parallel=cfg["data_parallel"] == "fsdp", init_device=cfg["init_device"] == "meta",
-                       loss_parallel=bool(cfg["loss_parallel"]),
-                       block_types="ladder" in expand_block_types(cfg["block_types"], cfg["n_layer"]),
+                       loss_parallel=bool(cfg["loss_parallel"]), sequence_parallel=cfg["sequence_parallel"] is True,
                        checkpoint_format=cfg["checkpoint_format"] == "sharded", dtype=dtype == "float16",
                        compile=cfg["compile"] and "compile" in explicit)
     for key, bad in unsupported.items():

@@ -112,6 +112,16 @@ FAST = {
     "test_sample.py": ["test_sample_from_a_checkpoint", "test_sample_bad_input", "test_sample_bad_settings"],
     "test_bench.py": ["test_bad_values_are_one_line", "test_cli_error_has_no_traceback"],
     "test_checkpoints.py": ["test_unreadable_checkpoint_is_one_line", "test_nanogpt_reads_our_checkpoint"],
+    "test_overlap.py": ["test_chunked_equals_unchunked_and_the_per_shard_reference", "test_dropout_masks_are_the_unchunked_ones",
+                        "test_keep_mask_rows_are_the_whole_masks_rows", "test_counts_k_times_the_all_reduces_each_1_over_k_of_the_bytes",
+                        "test_config_refuses_bad_tp_overlap"],
+    "test_sequence_parallel.py": ["test_equals_the_per_shard_reference", "test_dropout_equals_without_sp",
+                                  "test_counts_reduce_scatters_and_all_gathers_apart",
+                                  "test_config_refuses_ladder_and_overlap", "test_activation_prediction_is_megatrons_formula"],
+    "test_compression.py": ["test_roundtrip_error_bounds", "test_off_is_the_plain_all_reduce_bit_for_bit",
+                            "test_simulated_equals_per_shard_reference[tp-parallel-ladder-ladder-int8",
+                            "test_counted_bytes_are_the_compressed_payload", "test_config_refuses_bad_compression",
+                            "test_real_tp2_equals_simulated[int8"],
 }
 
 

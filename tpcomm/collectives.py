@@ -8,6 +8,11 @@ Tensor-parallel communication: Megatron-LM's two operators as autograd functions
     reduce_from_tp_region_async  g issued without waiting: returns an AsyncReduction at once; its wait() gives g's
                                result. Real mode runs the all-reduce in the background meanwhile, so compute that
                                does not need the result overlaps it (the ladder block; overlapped TP)
+    sequence parallelism (docs/overlap.md), the synced stream sharded along the tokens:
+    gather_to_tp_region           f: all-gather of the token shards (backward: reduce-scatter)
+    reduce_scatter_from_tp_region g: reduce-scatter to the token shards (backward: all-gather)
+    scatter_to_sequence_region / gather_from_sequence_region: onto the token shards (backward all-gather) / off
+                               them (all-gather; backward nothing moves). Counted apart (CommCounter.add_sp).
 
 A group is SimulatedTP (one process holds all tp shards as the leading dimension L = tp of every shard-side
 tensor; the all-reduce is a sum over that dimension) or RealTP (each rank holds its own shard, L = 1; the
@@ -47,35 +52,71 @@ class CommCounter:
         self.fwd = self.bwd = self.grad_sync = 0
         self.fwd_bytes = self.bwd_bytes = 0
         self.overlapped = 0  # of the fwd ones: issued asynchronously (reduce_from_tp_region_async)
+        self.compressed = self.compressed_bytes = 0  # of the fwd ones: block-quantized (tp_comm_dtype), their bytes
         self.vocab = self.vocab_bytes = 0  # the vocab-parallel embedding and loss, counted apart (loss_parallel)
         # wall time inside real collectives (RealTP only), waiting for the other ranks included; for an asynchronous
         # one, the time to issue it plus the time its wait() blocked
         self.seconds = 0.0
-        # what torch.compile'd code counted (see add): fwd, fwd bytes, bwd, bwd bytes, vocab, vocab bytes, async
-        self.compiled = torch.zeros(7, dtype=torch.int64)
+        # what torch.compile'd code counted (see add): fwd, fwd bytes, bwd, bwd bytes, vocab, vocab bytes, async,
+        # compressed, compressed bytes
+        self.compiled = torch.zeros(9, dtype=torch.int64)
+        # sequence parallelism's reduce-scatters and all-gathers, counted apart from the all-reduces (add_sp):
+        # [count, bytes] per (direction, kind), kind 'rs' or 'ag'; compiled code counts into compiled_sp
+        self.sp = {(d, k): [0, 0] for d in ("fwd", "bwd") for k in ("rs", "ag")}
+        self.compiled_sp = torch.zeros(2 * len(self.sp), dtype=torch.int64)
 
-    def add(self, direction, nbytes, *, vocab=False, overlapped=False):
-        """Count one collective (overlapped: a forward one issued asynchronously). Inside torch.compile'd code
+    def add(self, direction, nbytes, *, vocab=False, overlapped=False, compressed=False):
+        """Count one collective (overlapped: a forward one issued asynchronously; compressed: a forward one moved
+        block-quantized, nbytes its compressed payload, scales included). Inside torch.compile'd code
         Python counts would make dynamo guard on their values (and trace again every step), so there the counts go
         into a tensor that the graph updates in place."""
         if torch.compiler.is_compiling():
             slot = 4 if vocab else 0 if direction == "fwd" else 2
-            self.compiled.add_(torch.tensor([1 if i == slot or (i == 6 and overlapped) else nbytes if i == slot + 1
-                                             else 0 for i in range(7)]))
+            self.compiled.add_(torch.tensor([1 if i == slot or (i == 6 and overlapped) or (i == 7 and compressed)
+                                             else nbytes if i == slot + 1 or (i == 8 and compressed)
+                                             else 0 for i in range(9)]))
             return
         if vocab:
             self.vocab, self.vocab_bytes = self.vocab + 1, self.vocab_bytes + nbytes
         elif direction == "fwd":
             self.fwd, self.fwd_bytes = self.fwd + 1, self.fwd_bytes + nbytes
             self.overlapped += overlapped
+            if compressed:
+                self.compressed, self.compressed_bytes = self.compressed + 1, self.compressed_bytes + nbytes
         else:
             self.bwd, self.bwd_bytes = self.bwd + 1, self.bwd_bytes + nbytes
+
+    def add_sp(self, direction, kind, nbytes):
+        """Count one reduce-scatter (kind 'rs') or all-gather ('ag') of sequence parallelism; nbytes: the whole
+        (N, C) buffer, a reduce-scatter's input or an all-gather's output (see _count_sp)."""
+        if torch.compiler.is_compiling():
+            slot = 2 * list(self.sp).index((direction, kind))
+            self.compiled_sp.add_(torch.tensor([1 if i == slot else nbytes if i == slot + 1 else 0
+                                                for i in range(len(self.compiled_sp))]))
+            return
+        entry = self.sp[direction, kind]
+        entry[0], entry[1] = entry[0] + 1, entry[1] + nbytes
+
+    def sp_report(self, n, tokens):
+        """The reduce-scatters and all-gathers per pass ({} when there were none), keyed apart from all-reduces."""
+        c = self.compiled_sp.tolist()
+        counts = {dk: (v[0] + c[2 * i], v[1] + c[2 * i + 1]) for i, (dk, v) in enumerate(self.sp.items())}
+        if not any(count for count, _ in counts.values()):
+            return {}
+        names = dict(rs="reduce_scatters", ag="all_gathers")
+        out = {f"{d}_{names[k]}": count // n for (d, k), (count, _) in counts.items()}
+        out["sp_bytes_per_token"] = sum(nbytes for _, nbytes in counts.values()) / (n * tokens)
+        return out
 
     def report(self, *, micro_steps, tokens):
         """Per forward/backward pass (one micro-batch of `tokens` tokens); gradient syncs per optimizer step. The
         residual-stream syncs (fwd/bwd_allreduces) never include the vocab-parallel collectives, reported apart.
         async_allreduces: how many of the fwd_allreduces were issued asynchronously, free to overlap the compute
-        that follows them (real mode overlaps them; simulated mode sums at once, and counts them alike)."""
+        that follows them (real mode overlaps them; simulated mode sums at once, and counts them alike).
+        With sequence parallelism: fwd_reduce_scatters, fwd_all_gathers, bwd_reduce_scatters, bwd_all_gathers and
+        sp_bytes_per_token (their whole-buffer bytes), none of them in the all-reduce keys.
+        With tp_comm_dtype: compressed_allreduces (how many fwd_allreduces moved block-quantized) and
+        compressed_bytes_per_token (their compressed bytes, scales included, also in comm_bytes_per_token)."""
         n = max(1, micro_steps)
         c = self.compiled.tolist()
         fwd, fwd_bytes, bwd, bwd_bytes = self.fwd + c[0], self.fwd_bytes + c[1], self.bwd + c[2], self.bwd_bytes + c[3]
@@ -85,6 +126,11 @@ class CommCounter:
                    comm_bytes_per_token=(fwd_bytes + bwd_bytes) / (n * tokens), comm_seconds=self.seconds)
         if vocab:
             out.update(vocab_allreduces=vocab // n, vocab_bytes_per_token=vocab_bytes / (n * tokens))
+        compressed, compressed_bytes = self.compressed + c[7], self.compressed_bytes + c[8]
+        if compressed:  # tp_comm_dtype: these fwd all-reduces moved compressed; their bytes are in comm_bytes too
+            out.update(compressed_allreduces=compressed // n,
+                       compressed_bytes_per_token=compressed_bytes / (n * tokens))
+        out.update(self.sp_report(n, tokens))  # sequence parallelism: fwd/bwd_reduce_scatters, _all_gathers, bytes
         return out
 
 
@@ -94,8 +140,9 @@ class SimulatedTP:
     real = False
     traceable = True  # torch.compile traces f and g (sums and expands) into its graph, backward included
 
-    def __init__(self, tp):
+    def __init__(self, tp, *, codec=None):
         self.tp, self.local, self.first_shard = tp, tp, 0
+        self.codec = codec  # tpcomm.compression.Codec: g's partial sums move block-quantized; None: plain
         self.counter = CommCounter()
 
     def sum_shards(self, x):
@@ -106,6 +153,15 @@ class SimulatedTP:
         """sum_shards to be waited for (see RealTP): summed at once here, nothing runs in the background.
         Returns (the sum, None: no work to wait for)."""
         return x.sum(0), None
+
+    def sum_partials(self, x):
+        """g's sum of the residual stream's partial sums (L, N, C) -> (N, C): sum_shards, or with a codec the sum of
+        what each shard's partial sum arrives as, dequantized (see tpcomm.compression), in shard order."""
+        return self.sum_shards(x) if self.codec is None else self.codec.roundtrip(x).sum(0)
+
+    def sum_partials_async(self, x):
+        """sum_partials to be waited for: summed at once here, (the sum, None)."""
+        return self.sum_partials(x), None
 
     def max_shards(self, x):
         """(L, ...) -> (...) the elementwise maximum over the tp shards."""
@@ -118,6 +174,19 @@ class SimulatedTP:
     def synced(self, p):
         """A replicated parameter used on the synced stream (see RealTP.synced): nothing to do here."""
         return p
+
+    # sequence parallelism: the synced stream is held whole, (N, C) = every tp rank's token shard side by side
+    def token_offset(self, n_held):
+        """The first token of the token-sharded stream held here (n_held of them): all are held, from 0."""
+        return 0
+
+    def gather_tokens(self, x):
+        """All-gather along the tokens: the token shards (held whole) -> (N, C), nothing to move."""
+        return x
+
+    def reduce_scatter_tokens(self, x):
+        """Reduce-scatter along the tokens: (L, N, C) partials -> their sum, every token shard of it (N, C)."""
+        return x.sum(0)
 
     def delta(self, r, xbar):
         """d_i = r_i - xbar (see _Delta): the sum over shards of d's gradient is a sum over the L local shards."""
@@ -143,9 +212,9 @@ class RealTP:
     real = True
     traceable = False  # torch.compile runs f and g (c10d calls) eagerly between its graphs
 
-    def __init__(self, tp, *, group, rank):
+    def __init__(self, tp, *, group, rank, codec=None):
         self.tp, self.local, self.first_shard = tp, 1, rank
-        self.group = group
+        self.group, self.codec = group, codec
         self.counter = CommCounter()
 
     def all_reduce(self, t, op=dist.ReduceOp.SUM):
@@ -179,6 +248,29 @@ class RealTP:
         t, work = self.all_reduce_async(x)
         return t.squeeze(0), work
 
+    def sum_partials(self, x):
+        """As SimulatedTP.sum_partials; with a codec an all-gather of the compressed partial sums (see
+        sum_partials_async), then dequantized and summed here."""
+        if self.codec is None:
+            return self.sum_shards(x)
+        out, work = self.sum_partials_async(x)
+        self.wait(work)
+        return out
+
+    def sum_partials_async(self, x):
+        """(1, N, C) -> ((N, C), work): sum_shards_async, or with a codec an all-gather of every rank's packed
+        partial sum (uint8: scales, then values) issued now; the (N, C) buffer holds the sum of the dequantized
+        partials, in rank order, once wait(work) has returned."""
+        if self.codec is None:
+            return self.sum_shards_async(x)
+        payload = self.codec.pack(x[0])
+        gathered = payload.new_empty(self.tp * payload.numel())  # every rank's payload, rank order
+        start = time.perf_counter()
+        work = dist.all_gather_into_tensor(gathered, payload, group=self.group, async_op=True)
+        self.counter.seconds += time.perf_counter() - start
+        out = x.new_empty(x.shape[1:])
+        return out, _Decompress(work, gathered.view(self.tp, -1), self.codec, out)
+
     def max_shards(self, x):
         return self.all_reduce(x, op=dist.ReduceOp.MAX).squeeze(0)
 
@@ -186,6 +278,28 @@ class RealTP:
         parts = [torch.empty_like(x) for _ in range(self.tp)]
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat([p.squeeze(0) for p in parts], dim=-1)
+
+    def token_offset(self, n_held):
+        """The first token of this rank's n_held = N/tp contiguous tokens of the token-sharded stream."""
+        return self.first_shard * n_held
+
+    def gather_tokens(self, x):
+        """All-gather along the tokens: this rank's (N/tp, C) -> (N, C), the ranks' shards in rank order."""
+        x = x.contiguous()
+        out = x.new_empty(x.shape[0] * self.tp, *x.shape[1:])
+        start = time.perf_counter()
+        dist.all_gather_into_tensor(out, x, group=self.group)
+        self.counter.seconds += time.perf_counter() - start
+        return out
+
+    def reduce_scatter_tokens(self, x):
+        """Reduce-scatter along the tokens: (1, N, C) partials -> this rank's (N/tp, C) rows of their sum."""
+        x = x.squeeze(0).contiguous()
+        out = x.new_empty(x.shape[0] // self.tp, *x.shape[1:])
+        start = time.perf_counter()
+        dist.reduce_scatter_tensor(out, x, group=self.group)
+        self.counter.seconds += time.perf_counter() - start
+        return out
 
     def synced(self, p):
         """A replicated block parameter used on the synced stream. Real mode sums the gradients of block-replicated
@@ -220,11 +334,26 @@ class RealTP:
             return self.all_reduce(sq.view(1)).view(())
 
 
-def tp_group(tp, pd=None):
-    """RealTP when the process grid has a tp dimension of more than one rank, else SimulatedTP."""
+class _Decompress:
+    """The work of a compressed sum_partials_async: wait() waits for the all-gather into `gathered` (tp, payload
+    bytes), then writes the sum of the dequantized partials into `out` (the buffer g's result already is)."""
+
+    def __init__(self, work, gathered, codec, out):
+        self.work, self.gathered, self.codec, self.out = work, gathered, codec, out
+
+    def wait(self):
+        self.work.wait()
+        # written through .data, unseen by autograd (as an all-reduce writes its buffer): g's output, a view of out
+        # made by _Reduced, is not to be read before this wait, and nothing has used it yet
+        self.out.data.copy_(self.codec.unpack(self.gathered, self.out.shape, self.out.dtype).sum(0))
+
+
+def tp_group(tp, pd=None, *, codec=None):
+    """RealTP when the process grid has a tp dimension of more than one rank, else SimulatedTP. codec: compress g's
+    partial sums (tpcomm.compression.Codec; None: plain all-reduces)."""
     if pd is not None and pd.tp > 1:
-        return RealTP(tp, group=pd.tp_group, rank=pd.tp_rank)
-    return SimulatedTP(tp)
+        return RealTP(tp, group=pd.tp_group, rank=pd.tp_rank, codec=codec)
+    return SimulatedTP(tp, codec=codec)
 
 
 def _in_autocast_dtype(x):
@@ -235,11 +364,13 @@ def _in_autocast_dtype(x):
     return x
 
 
-def _count(group, direction, t, vocab=False, overlapped=False):
-    """Count a collective of t (L, ...) and return the bytes each rank contributes (0: one rank, nothing moves)."""
+def _count(group, direction, t, vocab=False, overlapped=False, compressed=False):
+    """Count a collective of t (L, ...) and return the bytes each rank contributes (0: one rank, nothing moves);
+    compressed: g's partial sums block-quantized by group.codec, counted as their payload, scales included."""
     if group.tp > 1:  # a collective over one rank moves nothing (Megatron skips it)
-        nbytes = t.numel() // group.local * t.element_size()
-        group.counter.add(direction, nbytes, vocab=vocab, overlapped=overlapped)
+        values = t.numel() // group.local
+        nbytes = group.codec.payload_bytes(values) if compressed else values * t.element_size()
+        group.counter.add(direction, nbytes, vocab=vocab, overlapped=overlapped, compressed=compressed)
         return nbytes
     return 0
 
@@ -253,7 +384,7 @@ GRAD_SYNC, GRAD_NORM = (None, None, "grad_sync"), (None, None, "grad_norm")
 _NOT_RECORDED = contextlib.nullcontext()  # stateless: one instance serves every untraced collective
 
 
-def traced(group, op, direction, site, nbytes, *, waiting=False):
+def traced(group, op, direction, site, nbytes, *, waiting=False, collective="allreduce"):
     """A profiler span labelled for this collective while a profiler records (see the module docstring), else a
     context that does nothing: the label is formatted only while tracing. Not inside torch.compile'd code.
     waiting=True: the span of the wait for an asynchronous one ('wait ' before its label)."""
@@ -261,7 +392,7 @@ def traced(group, op, direction, site, nbytes, *, waiting=False):
         return _NOT_RECORDED
     layer, block, where = site or OTHER
     at = "" if layer is None else f" L{layer} {block}"
-    label = f"allreduce {op} {direction}{at} {where} {nbytes}B {'real' if group.real else 'sim'}"
+    label = f"{collective} {op} {direction}{at} {where} {nbytes}B {'real' if group.real else 'sim'}"
     return torch.profiler.record_function(f"wait {label}" if waiting else label)
 
 
@@ -287,8 +418,11 @@ class _ReduceFromTPRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group, vocab, site):
         ctx.group = group
-        with traced(group, "g", "fwd", site, _count(group, "fwd", x, vocab)):
-            return group.sum_shards(x)
+        # the residual stream's partial sums move compressed when the group has a codec; the vocab-parallel
+        # embedding's never (docs/compression.md)
+        compressed = group.codec is not None and not vocab
+        with traced(group, "g", "fwd", site, _count(group, "fwd", x, vocab, compressed=compressed)):
+            return group.sum_partials(x) if compressed else group.sum_shards(x)
 
     @staticmethod
     def backward(ctx, grad):
@@ -334,7 +468,7 @@ class AsyncReduction:
     def __init__(self, x, group, site, nbytes):
         self.group, self.site, self.nbytes = group, site, nbytes
         with traced(group, "g_async", "fwd", site, nbytes):  # the issue
-            reduced, self.work = group.sum_shards_async(x.detach())
+            reduced, self.work = group.sum_partials_async(x.detach())
         self.value, self.waited = _Reduced.apply(x, reduced), False
 
     def wait(self):
@@ -351,7 +485,145 @@ def reduce_from_tp_region_async(x, group, *, site=None):
     sum over all tp shards (N, C); backward identity, as g. In real mode the all-reduce runs in the background until
     wait(), so work issued in between overlaps it. Counted as g (a forward all-reduce), and as asynchronous."""
     x = _in_autocast_dtype(x)
-    return AsyncReduction(x, group, site, _count(group, "fwd", x, overlapped=True))
+    return AsyncReduction(x, group, site, _count(group, "fwd", x, overlapped=True, compressed=group.codec is not None))
+
+
+# ---------- sequence parallelism (Megatron-LM, arXiv 2205.05198): f and g along the tokens ----------
+# Between blocks the synced stream is sharded along the N = B*T tokens: rank j holds tokens [j*N/tp, (j+1)*N/tp)
+# (simulated: held whole, every shard side by side). f becomes an all-gather of the tokens (backward: reduce-scatter)
+# and g a reduce-scatter (backward: all-gather). Counted apart from the all-reduces (CommCounter.add_sp).
+
+RS, AG = "rs", "ag"
+_SP_LABEL = {RS: "reduce_scatter", AG: "all_gather"}
+
+
+def _count_sp(group, direction, kind, nbytes):
+    """Count a reduce-scatter or all-gather of nbytes (the whole (N, C) buffer per rank: a reduce-scatter's input,
+    an all-gather's output); returns nbytes (0 at one rank: nothing moves)."""
+    if group.tp == 1:
+        return 0
+    group.counter.add_sp(direction, kind, nbytes)
+    return nbytes
+
+
+def _whole_bytes(group, x):
+    """Bytes of the whole (N, C) stream that x, a token shard (N/tp, C) (simulated: the whole), is part of."""
+    return x.numel() * x.element_size() * (group.tp if group.real else 1)
+
+
+def _bytes(x):
+    return x.numel() * x.element_size()
+
+
+def _backward_count(group, kind, nbytes):
+    """The count of a backward collective: in Python when backward runs; compiled code runs no Python there, so
+    the wrapper counted it when the forward was traced (_count_when_compiling)."""
+    return 0 if torch.compiler.is_compiling() else _count_sp(group, "bwd", kind, nbytes)
+
+
+def _count_when_compiling(group, x, kind, nbytes):
+    if group.traceable and torch.compiler.is_compiling() and torch.is_grad_enabled() and x.requires_grad:
+        _count_sp(group, "bwd", kind, nbytes)
+
+
+class _GatherToTPRegion(torch.autograd.Function):
+    """f under sequence parallelism: all-gather of the token shards to every tp shard (L, N, C) forward,
+    reduce-scatter of the shards' gradients backward."""
+
+    @staticmethod
+    def forward(ctx, x, group, site):
+        ctx.group, ctx.site = group, site
+        with traced(group, "f", "fwd", site, _count_sp(group, "fwd", AG, _whole_bytes(group, x)),
+                    collective=_SP_LABEL[AG]):
+            full = group.gather_tokens(x)
+        return full.unsqueeze(0).expand(group.local, *full.shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        with traced(ctx.group, "f", "bwd", ctx.site, _backward_count(ctx.group, RS, _bytes(grad[0])),
+                    collective=_SP_LABEL[RS]):
+            return ctx.group.reduce_scatter_tokens(grad), None, None
+
+
+class _ReduceScatterFromTPRegion(torch.autograd.Function):
+    """g under sequence parallelism: reduce-scatter of the shards' partial sums (L, N, C) to the token shards
+    forward, all-gather of the gradient backward (fanned out to the shards)."""
+
+    @staticmethod
+    def forward(ctx, x, group, site):
+        ctx.group, ctx.site = group, site
+        with traced(group, "g", "fwd", site, _count_sp(group, "fwd", RS, _bytes(x[0])), collective=_SP_LABEL[RS]):
+            return group.reduce_scatter_tokens(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        group = ctx.group
+        with traced(group, "g", "bwd", ctx.site, _backward_count(group, AG, _whole_bytes(group, grad)),
+                    collective=_SP_LABEL[AG]):
+            full = group.gather_tokens(grad)
+        return full.unsqueeze(0).expand(group.local, *full.shape), None, None
+
+
+class _ScatterToSequence(torch.autograd.Function):
+    """The embedding output onto the token-sharded stream: this rank's rows forward (nothing moves), all-gather of
+    the gradient backward (so the replicated embedding gets every token's gradient on every rank)."""
+
+    @staticmethod
+    def forward(ctx, x, group, site):
+        ctx.group, ctx.site = group, site
+        n = x.shape[0] // (group.tp if group.real else 1)
+        start = group.token_offset(n)
+        return x[start:start + n]
+
+    @staticmethod
+    def backward(ctx, grad):
+        group = ctx.group
+        with traced(group, "scatter", "bwd", ctx.site, _backward_count(group, AG, _whole_bytes(group, grad)),
+                    collective=_SP_LABEL[AG]):
+            return group.gather_tokens(grad), None, None
+
+
+class _GatherFromSequence(torch.autograd.Function):
+    """The token-sharded stream gathered whole (before ln_f): all-gather forward; backward this rank's rows of the
+    gradient, which is the same on every rank (what follows is replicated, or begins with f): nothing moves."""
+
+    @staticmethod
+    def forward(ctx, x, group, site):
+        ctx.n, ctx.start = x.shape[0], group.token_offset(x.shape[0])
+        with traced(group, "gather", "fwd", site, _count_sp(group, "fwd", AG, _whole_bytes(group, x)),
+                    collective=_SP_LABEL[AG]):
+            return group.gather_tokens(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad[ctx.start:ctx.start + ctx.n], None, None
+
+
+def gather_to_tp_region(x, group, *, site=None):
+    """f under sequence parallelism: the token shards (N/tp, C) (simulated: held whole, (N, C)) -> (L, N, C) on the
+    tp shards (all-gather); backward reduce-scatters the shards' gradients back to the token shards."""
+    x = _in_autocast_dtype(x)
+    _count_when_compiling(group, x, RS, _whole_bytes(group, x))
+    return _GatherToTPRegion.apply(x, group, site)
+
+
+def reduce_scatter_from_tp_region(x, group, *, site=None):
+    """g under sequence parallelism: (L, N, C) partial results -> this rank's token shard of their sum (N/tp, C)
+    (simulated: every shard, (N, C)) (reduce-scatter); backward all-gathers the gradient."""
+    x = _in_autocast_dtype(x)
+    _count_when_compiling(group, x, AG, _bytes(x[0]))
+    return _ReduceScatterFromTPRegion.apply(x, group, site)
+
+
+def scatter_to_sequence_region(x, group, *, site=None):
+    """(N, C) replicated -> this rank's token shard (N/tp, C) (simulated: the whole (N, C)); backward all-gather."""
+    _count_when_compiling(group, x, AG, _bytes(x))
+    return _ScatterToSequence.apply(x, group, site)
+
+
+def gather_from_sequence_region(x, group, *, site=None):
+    """The token shards -> the whole (N, C) on every rank (all-gather); backward takes this rank's rows."""
+    return _GatherFromSequence.apply(x, group, site)
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):

@@ -67,27 +67,32 @@ class DropoutKey:
             self.tensor.copy_(halves)
 
 
-def keep_mask(shape, p, key, *, layer, site, streams, device):
+def keep_mask(shape, p, key, *, layer, site, streams, device, offset=0):
     """A float32 keep-mask of `shape` scaled by 1/(1-p). The first dimension is split evenly between `streams`
-    (one per tp shard), in order; each part is hashed with its own stream's salt and its own element indices."""
+    (one per tp shard), in order; each part is hashed with its own stream's salt and its own element indices.
+    offset: each part's first element is element `offset` of a larger tensor's part (its element indices start
+    there), so a batch chunk (tp_overlap) or a token shard (sequence_parallel) draws the whole batch's masks for its
+    rows: offset = first row x the elements per row."""
     S = len(streams)
     part = (shape[0] // S, *shape[1:])
     salts = torch.tensor([_salt(layer, site, s) for s in streams], dtype=torch.int64, device=device)
     k = key.to(device)
     k0 = _mix32(k[0] ^ salts).view(S, *[1] * len(part))  # (S, 1, ...)
-    i = torch.arange(math.prod(part), dtype=torch.int64, device=device).view(1, *part)
+    i = torch.arange(math.prod(part), dtype=torch.int64, device=device).view(1, *part) + offset
     h = _mix32(_mix32((i & M32) ^ k0) ^ k[1] ^ (i >> 32))
     keep = (h >> 8) >= int(p * (1 << 24))  # 24 uniform bits against the drop probability
     return keep.to(torch.float32).div_(1.0 - p).view(shape)
 
 
-def mask_or_none(like, p, key, *, training, layer, site, streams=(0,)):
-    """keep_mask for a tensor like `like` (float32), torch's global RNG when unkeyed, None when not dropping."""
+def mask_or_none(like, p, key, *, training, layer, site, streams=(0,), offset=0):
+    """keep_mask for a tensor like `like` (float32), torch's global RNG when unkeyed (offset then means nothing:
+    chunks and token shards draw masks of their own), None when not dropping."""
     if not training or p == 0.0:
         return None
     if key.tensor is None:
         return F.dropout(torch.ones(like.shape, device=like.device), p)
-    return keep_mask(like.shape, p, key.tensor, layer=layer, site=site, streams=streams, device=like.device)
+    return keep_mask(like.shape, p, key.tensor, layer=layer, site=site, streams=streams, device=like.device,
+                     offset=offset)
 
 
 class KeyedDropout(nn.Module):
