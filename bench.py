@@ -98,8 +98,9 @@ def training_setup(model, cfg, device, device_type, dtype):
 
 
 def timed_steps(model, cfg, device, device_type, dtype, n):
-    """Run n training steps; return seconds per step and the seconds per step the model reports spent inside
-    collectives (comm_report's comm_seconds: 0 for GPT and simulated TP). CUDA work is waited for through .item()."""
+    """Run n training steps; return seconds per step and, per step, the exposed and the busy seconds of the model's
+    collectives (comm_report's comm_seconds, comm_busy_seconds: 0 for GPT and simulated TP). CUDA work is waited
+    for through .item()."""
     run, optimizer, ctx, X, Y = training_setup(model, cfg, device, device_type, dtype)
     for _ in range(cfg["warmup"]):
         step(run, model, optimizer, ctx, X, Y)
@@ -109,9 +110,10 @@ def timed_steps(model, cfg, device, device_type, dtype, n):
         loss = step(run, model, optimizer, ctx, X, Y)
     loss.item()
     elapsed = time.perf_counter() - start
-    # comm_seconds: wall time in collectives since reset_comm_counts, all n steps together
-    comm = model.comm_report(micro_steps=n, tokens=X.numel()).get("comm_seconds", 0.0)
-    return elapsed / n, comm / n
+    # real TP: exposed (the compute thread inside collectives or waiting for them) and busy (the collectives'
+    # own durations, overlapped compute included) seconds since reset_comm_counts, all n steps together
+    report = model.comm_report(micro_steps=n, tokens=X.numel())
+    return elapsed / n, report.get("comm_seconds", 0.0) / n, report.get("comm_busy_seconds", 0.0) / n
 
 
 def traced_steps(model, cfg, device, device_type, dtype, path):
@@ -149,7 +151,8 @@ def trace_paths(path, fwd_allreduces, rank=0):
 def describe_counts(per_step):
     """'24 fwd + 24 bwd all-reduces, 1 grad sync = 49 collective events per step' (steps that differ listed)."""
     def one(c):
-        extra = "".join(f", {c[k]} {k.replace('_', ' ')}" for k in ("grad_sync", "grad_norm", "vocab") if c[k])
+        extra = "".join(f", {c[k]} {k.replace('_', ' ')}" for k in ("grad_sync", "grad_norm", "vocab", "reduce_scatter", "all_gather")
+                        if c.get(k))
         return f"{c['fwd']} fwd + {c['bwd']} bwd all-reduces{extra} = {c['all']} collective events"
     if all(c == per_step[0] for c in per_step):
         return f"{one(per_step[0])} per step"
@@ -179,8 +182,7 @@ def main(argv):
         for block_types in cfg["patterns"] or [cfg["block_types"]]:
             validate_tp_args(n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"],
                              tp_size=cfg["tp_size"], block_types=block_types)
-            for variant in variants_of(cfg):
-                check_variant(cfg, block_types, variant)
+        combinations(cfg)  # ConfigError when no pattern runs with any variant
     elif cfg["variants"] is not None:
         raise ConfigError(f"variants need model_type='distributed_gpt', got model_type={cfg['model_type']!r}")
     elif cfg["model_type"] != "gpt":
@@ -431,17 +433,19 @@ def plot_decode(rows, path, *, title):
 
 def bench(cfg, pd, device, device_type, dtype):
     setup_runtime(device_type, cfg["seed"])
-    args = dict(cfg, dropout=0.0)
+    args, skipped = dict(cfg, dropout=0.0), []
     tokens = cfg["batch_size"] * cfg["block_size"]
     if cfg["model_type"] == "distributed_gpt":
+        runs, skipped = combinations(cfg)
         models = {pattern_name(p) + variant_name(v):
-                  build_model("distributed_gpt", dict(args, block_types=p, **v), pd=pd).to(device)
-                  for p in cfg["patterns"] or [cfg["block_types"]] for v in variants_of(cfg)}
+                  build_model("distributed_gpt", dict(args, block_types=p, **v), pd=pd).to(device) for p, v in runs}
         if cfg["compare"] and cfg["tp_mode"] == "simulated":
             models["gpt"] = build_model("gpt", args).to(device)
     else:
         models = {"gpt": build_model("gpt", args).to(device)}
     say = print if pd.is_master else (lambda *a, **k: None)
+    for note in skipped:
+        say(note)
     say(f"device {device}, dtype {dtype}, compile {cfg['compile']}, {tokens} tokens/iter, "
         f"{cfg['n_layer']}x{cfg['n_embd']} ({cfg['n_head']} heads), torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads")
@@ -453,10 +457,10 @@ def bench(cfg, pd, device, device_type, dtype):
     for _ in range(rounds):
         for name, model in models.items():
             times[name].append(timed_steps(model, cfg, device, device_type, dtype, max(1, cfg["iters"] // rounds)))
-    results, fwd_allreduces = {}, {}
+    results, fwd_allreduces, rows = {}, {}, []
     width = max(16, *map(len, models))
     for name, model in models.items():
-        dt, comm_dt = min(times[name])  # best round: the least disturbed by other work on the machine
+        dt, comm_dt, busy_dt = min(times[name])  # best round: the least disturbed by other work on the machine
         mfu = model.estimate_mfu(cfg["batch_size"], dt, device=device)
         line = (f"{name:{width}s} {dt * 1000:8.2f} ms/iter  {tokens / dt:10,.0f} tok/s  "
                 f"mfu {'n/a' if mfu is None else f'{mfu * 100:.1f}%'}")
@@ -467,9 +471,12 @@ def bench(cfg, pd, device, device_type, dtype):
             line += (f"  tp={cfg['tp_size']} {cfg['tp_mode']}  all-reduces fwd {comm['fwd_allreduces']} "
                      f"bwd {comm['bwd_allreduces']}  {comm['comm_bytes_per_token']:.0f} B/token")
             if cfg["tp_mode"] == "real":  # wall time this rank spent in all-reduces, waiting for the others included
-                line += f"  collectives {comm_dt * 1000:.2f} ms/iter ({100 * comm_dt / dt:.0f}%)"
+                line += f"  collectives {busy_dt * 1000:.2f} ms/iter, exposed {comm_dt * 1000:.2f} ({100 * comm_dt / dt:.0f}%)"
         say(line)
         results[name] = dt
+        rows.append(comm_row(name, model, cfg, comm, dt=dt, exposed=comm_dt, busy=busy_dt, X=X))
+    if cfg["model_type"] == "distributed_gpt":
+        comm_table(rows, cfg, say)
     for name in results:
         if name != "gpt" and "gpt" in results:
             say(f"ratio {name} / gpt: {results[name] / results['gpt']:.3f}")
@@ -499,6 +506,22 @@ def variants_of(cfg):
     return variants
 
 
+def combinations(cfg):
+    """([(block_types, variant)] to time, [a note per pair that does not run, e.g. 'ladder' with SP]); ConfigError
+    when none runs."""
+    runs, skipped = [], []
+    for block_types in cfg["patterns"] or [cfg["block_types"]]:
+        for variant in variants_of(cfg):
+            try:
+                check_variant(cfg, block_types, variant)
+                runs.append((block_types, variant))
+            except ConfigError as e:
+                skipped.append(f"skipped {pattern_name(block_types)}{variant_name(variant)}: {e}")
+    if not runs:
+        raise ConfigError(f"no pattern runs with any variant: {'; '.join(skipped)}")
+    return runs, skipped
+
+
 def check_variant(cfg, block_types, variant):
     """The model config of one pattern and variant, validated as train.py would (TPConfig)."""
     from tensor_parallel_model import TPConfig
@@ -521,6 +544,52 @@ def variant_name(variant):
     if variant.get("tp_comm_dtype"):
         parts.append(f"{variant['tp_comm_dtype']}/{variant.get('tp_comm_block', 32)}")
     return "".join(f" +{p}" for p in parts)
+
+
+def comm_row(name, model, cfg, comm, *, dt, exposed, busy, X):
+    """One row of the communication table: the counts, the times, and the activations autograd saves (measured on
+    this rank) beside the prediction for the blocks (tpcomm.activation_memory: fp32 values and masks here)."""
+    from tpcomm.activation_memory import measure_saved_bytes, predicted_activation_bytes
+
+    row = dict(name=name, ms=dt * 1e3, exposed_ms=exposed * 1e3, busy_ms=busy * 1e3,
+               fwd=comm.get("fwd_allreduces", 0), asyn=comm.get("async_allreduces", 0),
+               rs=comm.get("fwd_reduce_scatters", 0), ag=comm.get("fwd_all_gathers", 0),
+               wire=wire_bytes(comm, cfg["tp_size"]))
+    if name == "gpt":
+        return row
+    c = model.config
+    model.train()
+    row["act_mb"] = measure_saved_bytes(model, X, X) / 2**20
+    real = cfg["tp_mode"] == "real"  # simulated: one process holds every shard, as at tp 1
+    shape = dict(batch_size=cfg["batch_size"], seq_len=cfg["block_size"], n_embd=c.n_embd, n_head=c.n_head,
+                 tp=c.tp_size if real else 1, dropout=False, value_bytes=4, mask_bytes=4)
+    row["pred_mb"] = sum(predicted_activation_bytes(  # sequence parallelism shards the LN regions of 'tp' blocks
+        **shape, sequence_parallel=c.sequence_parallel and real and kind == "tp") for kind in c.block_types) / 2**20
+    return row
+
+
+def wire_bytes(comm, p):
+    """Bytes per token one rank sends over a ring, forward and backward, from the counted payloads: an all-reduce
+    2(p-1)/p of its tensor, a compressed one (all-gather of the packed partial sums) p-1 times its payload, a
+    reduce-scatter or an all-gather (sequence parallelism; counted as the whole (N, C) buffer) (p-1)/p of it."""
+    compressed = comm.get("compressed_bytes_per_token", 0.0)
+    plain = comm.get("comm_bytes_per_token", 0.0) - compressed
+    return 2 * (p - 1) / p * plain + (p - 1) * compressed + (p - 1) / p * comm.get("sp_bytes_per_token", 0.0)
+
+
+def comm_table(rows, cfg, say):
+    """The table of every pattern and variant of this run: step time, time in collectives and the exposed part
+    (real TP; the compute thread blocked in them), the collectives per forward and the saved activations."""
+    real = cfg["tp_mode"] == "real"
+    say("\n| pattern +variant | fwd all-reduces (async) | fwd RS / AG | ring B/token sent per rank | ms/iter | "
+        "in collectives ms/iter | exposed comm ms/iter | saved activations MB (blocks predicted) |")
+    say("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        if r["name"] == "gpt":
+            continue
+        times = f"{r['busy_ms']:.2f} | {r['exposed_ms']:.2f}" if real else "n/a (simulated) | n/a"
+        say(f"| `{r['name']}` | {r['fwd']} ({r['asyn']}) | {r['rs']} / {r['ag']} | {r['wire']:,.0f} | "
+            f"{r['ms']:.2f} | {times} | {r['act_mb']:.2f} ({r['pred_mb']:.2f}) |")
 
 
 def pattern_name(block_types):

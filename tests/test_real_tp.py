@@ -227,11 +227,15 @@ def test_bench_real_reports_collective_time():
                    "--batch_size=4", "--vocab_size=65", "--iters=3", "--warmup=1", "--patterns=['tp', 'parallel']",
                    timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr[-5000:]
-    lines = [ln for ln in r.stdout.splitlines() if "ms/iter" in ln]
+    lines = [ln for ln in r.stdout.splitlines() if "ms/iter" in ln and not ln.startswith("|")]
     assert len(lines) == 2, r.stdout  # rank 0 reports, one line per pattern
     for line, kind, fwd in zip(lines, ("tp", "parallel"), (4, 1)):
         assert line.startswith(kind) and "tp=2 real" in line and f"all-reduces fwd {fwd} " in line, line
-        assert re.search(r"collectives \d+\.\d+ ms/iter", line), line
+        assert re.search(r"collectives \d+\.\d+ ms/iter, exposed \d+\.\d+", line), line
+    # the table: blocking all-reduces are exposed in full (in collectives == exposed)
+    rows = [[c.strip() for c in ln.split("|")[1:-1]] for ln in r.stdout.splitlines() if ln.startswith("| `")]
+    assert [row[0] for row in rows] == ["`tp`", "`parallel`"], r.stdout
+    assert all(row[5] == row[6] and float(row[5]) > 0 for row in rows), rows
 
 
 def test_bench_decode_real_reports_collective_time():

@@ -54,9 +54,11 @@ class CommCounter:
         self.overlapped = 0  # of the fwd ones: issued asynchronously (reduce_from_tp_region_async)
         self.compressed = self.compressed_bytes = 0  # of the fwd ones: block-quantized (tp_comm_dtype), their bytes
         self.vocab = self.vocab_bytes = 0  # the vocab-parallel embedding and loss, counted apart (loss_parallel)
-        # wall time inside real collectives (RealTP only), waiting for the other ranks included; for an asynchronous
-        # one, the time to issue it plus the time its wait() blocked
-        self.seconds = 0.0
+        # RealTP only. seconds: the EXPOSED communication, wall time the compute thread spends inside collectives
+        # (waiting for the other ranks included): a blocking one's call, an asynchronous one's issue plus the time
+        # its wait() blocked. busy_seconds: how long the collectives ran, a blocking one's call, an asynchronous
+        # one's issue to completion (a callback on its future), compute that overlapped it included
+        self.seconds = self.busy_seconds = 0.0
         # what torch.compile'd code counted (see add): fwd, fwd bytes, bwd, bwd bytes, vocab, vocab bytes, async,
         # compressed, compressed bytes
         self.compiled = torch.zeros(9, dtype=torch.int64)
@@ -123,7 +125,8 @@ class CommCounter:
         vocab, vocab_bytes = self.vocab + c[4], self.vocab_bytes + c[5]
         out = dict(fwd_allreduces=fwd // n, bwd_allreduces=bwd // n, async_allreduces=(self.overlapped + c[6]) // n,
                    grad_sync_allreduces=self.grad_sync,
-                   comm_bytes_per_token=(fwd_bytes + bwd_bytes) / (n * tokens), comm_seconds=self.seconds)
+                   comm_bytes_per_token=(fwd_bytes + bwd_bytes) / (n * tokens), comm_seconds=self.seconds,
+                   comm_busy_seconds=self.busy_seconds)
         if vocab:
             out.update(vocab_allreduces=vocab // n, vocab_bytes_per_token=vocab_bytes / (n * tokens))
         compressed, compressed_bytes = self.compressed + c[7], self.compressed_bytes + c[8]
@@ -222,7 +225,7 @@ class RealTP:
         t = t.contiguous().clone()
         start = time.perf_counter()
         dist.all_reduce(t, op=op, group=self.group)
-        self.counter.seconds += time.perf_counter() - start
+        self.blocked(start)
         return t
 
     def all_reduce_async(self, t, op=dist.ReduceOp.SUM):
@@ -231,11 +234,22 @@ class RealTP:
         t = t.contiguous().clone()
         start = time.perf_counter()
         work = dist.all_reduce(t, op=op, group=self.group, async_op=True)
+        return t, self.in_flight(work, start)
+
+    def blocked(self, start):
+        """A blocking collective that began at `start` has returned: exposed and busy alike."""
+        dt = time.perf_counter() - start
+        self.counter.seconds += dt
+        self.counter.busy_seconds += dt
+
+    def in_flight(self, work, start):
+        """An asynchronous collective issued at `start`: its issue time is exposed; an InFlight to wait() on."""
         self.counter.seconds += time.perf_counter() - start
-        return t, work
+        return InFlight(work, start, self.counter)
 
     def wait(self, work):
-        """Block until an all_reduce_async is done, timed into the counter."""
+        """Block until an asynchronous collective is done (an InFlight, or what wraps one), timed into the counter:
+        the time blocked here is exposed communication."""
         start = time.perf_counter()
         work.wait()
         self.counter.seconds += time.perf_counter() - start
@@ -266,8 +280,7 @@ class RealTP:
         payload = self.codec.pack(x[0])
         gathered = payload.new_empty(self.tp * payload.numel())  # every rank's payload, rank order
         start = time.perf_counter()
-        work = dist.all_gather_into_tensor(gathered, payload, group=self.group, async_op=True)
-        self.counter.seconds += time.perf_counter() - start
+        work = self.in_flight(dist.all_gather_into_tensor(gathered, payload, group=self.group, async_op=True), start)
         out = x.new_empty(x.shape[1:])
         return out, _Decompress(work, gathered.view(self.tp, -1), self.codec, out)
 
@@ -289,7 +302,7 @@ class RealTP:
         out = x.new_empty(x.shape[0] * self.tp, *x.shape[1:])
         start = time.perf_counter()
         dist.all_gather_into_tensor(out, x, group=self.group)
-        self.counter.seconds += time.perf_counter() - start
+        self.blocked(start)
         return out
 
     def reduce_scatter_tokens(self, x):
@@ -298,7 +311,7 @@ class RealTP:
         out = x.new_empty(x.shape[0] // self.tp, *x.shape[1:])
         start = time.perf_counter()
         dist.reduce_scatter_tensor(out, x, group=self.group)
-        self.counter.seconds += time.perf_counter() - start
+        self.blocked(start)
         return out
 
     def synced(self, p):
@@ -332,6 +345,23 @@ class RealTP:
     def sum_over_shards(self, sq):
         with traced(self, "sum", "bwd", GRAD_NORM, sq.element_size()):
             return self.all_reduce(sq.view(1)).view(())
+
+
+class InFlight:
+    """An asynchronous collective's torch.distributed work, timed: a callback on its future notes when it completed
+    (on the communication thread), so wait() can add issue-to-completion to the counter's busy_seconds."""
+
+    def __init__(self, work, start, counter):
+        self.work, self.start, self.counter, self.done = work, start, counter, None
+        work.get_future().add_done_callback(self.completed)
+
+    def completed(self, _future):
+        self.done = time.perf_counter()
+
+    def wait(self):
+        self.work.wait()
+        # the callback may run just after wait() returns: then now is the completion time, within microseconds
+        self.counter.busy_seconds += (self.done or time.perf_counter()) - self.start
 
 
 class _Decompress:

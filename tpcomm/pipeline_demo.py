@@ -18,52 +18,9 @@ import torch.distributed as dist
 from configurator import ConfigError, configure, exit_on_config_error
 from tensor_parallel_model import DistributedGPT, TPConfig, validate_tp_args
 from tpcomm.parallel_dims import init_parallel, shutdown, world_size
+from tpcomm.activation_memory import ActivationMemory
 from tpcomm.pipeline import (Pipeline, bubble_fraction, build_pipeline, format_events, format_timeline,
                              theoretical_bubble, validate_pp_layout)
-
-
-class ActivationMemory:
-    """Peak bytes of the tensors autograd saves for backward while a schedule runs (the activations of the
-    micro-batches in flight: GPipe holds all m, 1F1B at most p on the first stage), counted once per storage,
-    parameters excluded. Device-independent, so it works on CPU where torch keeps no memory statistics."""
-
-    def __init__(self, params):
-        self.params = {p.untyped_storage().data_ptr() for p in params}
-        self.live, self.bytes, self.peak = {}, 0, 0
-
-    def hooks(self):
-        return torch.autograd.graph.saved_tensors_hooks(self._pack, lambda held: held.tensor)
-
-    def _pack(self, t):
-        key = t.untyped_storage().data_ptr()
-        if key in self.params or t.device.type == "meta":
-            return _Held(t, None)
-        count, nbytes = self.live.get(key, (0, t.untyped_storage().nbytes()))
-        if count == 0:
-            self.bytes += nbytes
-            self.peak = max(self.peak, self.bytes)
-        self.live[key] = (count + 1, nbytes)
-        return _Held(t, (self, key))
-
-    def release(self, key):
-        count, nbytes = self.live[key]
-        if count == 1:
-            del self.live[key]
-            self.bytes -= nbytes
-        else:
-            self.live[key] = (count - 1, nbytes)
-
-
-class _Held:
-    """A saved tensor; when autograd frees it (after its backward), its bytes leave the count."""
-
-    def __init__(self, tensor, owner):
-        self.tensor, self.owner = tensor, owner
-
-    def __del__(self):
-        if self.owner is not None:
-            tracker, key = self.owner
-            tracker.release(key)
 
 
 # ---------------------------------------------------------------- bench.py --mode=pipeline

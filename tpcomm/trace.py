@@ -40,7 +40,8 @@ from configurator import exit_in_one_line
 
 STEP_PREFIX = "ProfilerStep#"  # the span of one training step (torch.profiler's own name for it)
 # tp_comm.traced's label, parsed back
-LABEL = re.compile(r"^allreduce (?P<op>\w+) (?P<direction>fwd|bwd)(?: L(?P<layer>\d+) (?P<block>\S+))? "
+COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")  # the last two: sequence parallelism's
+LABEL = re.compile(r"^(?P<collective>allreduce|reduce_scatter|all_gather) (?P<op>\w+) (?P<direction>fwd|bwd)(?: L(?P<layer>\d+) (?P<block>\S+))? "
                    r"(?P<site>\w+) (?P<bytes>\d+)B (?P<mode>sim|real)$")
 WAIT_PREFIX = "wait "  # tp_comm.traced(waiting=True): the wait for an asynchronous all-reduce, before its label
 COMPUTE_CATEGORIES = ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset")  # drawn grey by plot_timeline
@@ -127,7 +128,8 @@ def check_events(trace, source):
                              f"string), got {str(e)[:80]}")
         name = e.get("name")
         named = isinstance(name, str) and (name.startswith((STEP_PREFIX, WAIT_PREFIX + "allreduce "))
-                                           or LABEL.match(name) is not None or name.startswith("allreduce "))
+                                           or LABEL.match(name) is not None
+                                           or name.startswith(tuple(f"{c} " for c in COLLECTIVES)))
         if (e["ph"] == "X" and not isinstance(name, str)) or ((e["ph"] == "X" or named) and not timed(e)):
             raise TraceError(f"{_name(source)}: traceEvents[{i}] ({str(name)[:60]!r}, ph {e['ph']!r}) lacks a "
                              f"string name and numeric ts and dur")
@@ -153,17 +155,20 @@ def step_spans(source):
 def parse_label(name):
     """A collective's span name -> dict(op, direction, layer, block, site, bytes, mode, category), or None for any
     other span. category: 'stream' (the residual-stream syncs comm_report counts as fwd/bwd_allreduces),
-    'vocab' (loss_parallel's embedding, head and loss), 'grad' (real TP's gradient sync and clipping norm), or
-    'wait' (the wait for an asynchronous all-reduce: the fields are those of the all-reduce waited for)."""
+    'vocab' (loss_parallel's embedding, head and loss), 'grad' (real TP's gradient sync and clipping norm), 'sp'
+    (sequence parallelism's reduce-scatters and all-gathers; collective says which), or 'wait' (the wait for an
+    asynchronous all-reduce: the fields are those of the all-reduce waited for)."""
     waiting = name.startswith(WAIT_PREFIX)
     m = LABEL.match(name[len(WAIT_PREFIX):] if waiting else name)
     if m is None:
         return None
     site = m["site"]
     category = "vocab" if site.startswith("vocab") else "grad" if site.startswith("grad") else "stream"
+    if m["collective"] != "allreduce":
+        category = "sp"
     if waiting:
         category = "wait"
-    return {"op": m["op"], "direction": m["direction"], "layer": None if m["layer"] is None else int(m["layer"]),
+    return {"collective": m["collective"], "op": m["op"], "direction": m["direction"], "layer": None if m["layer"] is None else int(m["layer"]),
             "block": m["block"], "site": site, "bytes": int(m["bytes"]), "mode": m["mode"], "category": category}
 
 
@@ -185,11 +190,15 @@ def collective_events(source, *, waits=False):
 
 
 def count(events):
-    """How many collectives of each kind among `events`: fwd and bwd (residual-stream syncs, comparable with
-    comm_report's fwd_allreduces / bwd_allreduces), grad_sync, grad_norm, vocab, and all of them."""
-    out = {"fwd": 0, "bwd": 0, "grad_sync": 0, "grad_norm": 0, "vocab": 0, "all": len(events)}
+    """How many collectives of each kind among `events`: fwd and bwd (residual-stream all-reduces, comparable with
+    comm_report's fwd_allreduces / bwd_allreduces), grad_sync, grad_norm, vocab, reduce_scatter and all_gather
+    (sequence parallelism, both directions), and all of them."""
+    out = {"fwd": 0, "bwd": 0, "grad_sync": 0, "grad_norm": 0, "vocab": 0, "reduce_scatter": 0, "all_gather": 0,
+           "all": len(events)}
     for ev in events:
-        key = ev["direction"] if ev["category"] == "stream" else ev["site"] if ev["category"] == "grad" else "vocab"
+        category = ev["category"]
+        key = (ev["direction"] if category == "stream" else ev["site"] if category == "grad"
+               else ev["collective"] if category == "sp" else "vocab")
         out[key] += 1
     return out
 
@@ -293,7 +302,9 @@ def summary(source):
         c = count(mine)
         spent = sum(ev["dur"] for ev in mine) / 1e3
         lines.append(f"step {i}: {c['fwd']} fwd + {c['bwd']} bwd all-reduces, {c['grad_sync']} grad sync, "
-                     f"{c['grad_norm']} grad norm, {c['vocab']} vocab; {spent:.2f} of {(b - a) / 1e3:.2f} ms in "
+                     f"{c['grad_norm']} grad norm, {c['vocab']} vocab"
+                     + (f", {c['reduce_scatter']} reduce-scatters + {c['all_gather']} all-gathers"
+                        if c["reduce_scatter"] or c["all_gather"] else "") + f"; {spent:.2f} of {(b - a) / 1e3:.2f} ms in "
                      f"collectives")
     return lines or [f"no steps; {len(events)} collectives"]
 
