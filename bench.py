@@ -352,8 +352,8 @@ def memory_bench(cfg, pd, device, device_type, dtype):
 
 
 def decode_times(model, *, batch, prompt_len, new_tokens, vocab_size, device, ctx):
-    """One greedy generation with the KV cache: (prefill ms, decode ms per token, collectives ms per decoded
-    token). Every tp rank runs it alike; the token read back (.tolist) waits for the device."""
+    """One greedy generation with the KV cache: (prefill ms, decode ms per token, ms per decoded token in
+    collectives and the exposed part of it). Every tp rank runs it alike; the token read back (.tolist) waits for the device."""
     from model import KVCache
 
     prompt = torch.randint(vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(0)).to(device)
@@ -370,8 +370,10 @@ def decode_times(model, *, batch, prompt_len, new_tokens, vocab_size, device, ct
             token = logits[:, -1].argmax(-1, keepdim=True)
         token.tolist()
         t2 = time.perf_counter()
-    comm = model.comm_report(micro_steps=1, tokens=1).get("comm_seconds", 0.0)
-    return (t1 - t0) * 1e3, (t2 - t1) * 1e3 / new_tokens, comm * 1e3 / new_tokens
+    report = model.comm_report(micro_steps=1, tokens=1)
+    per_token = 1e3 / new_tokens
+    return ((t1 - t0) * 1e3, (t2 - t1) * per_token, report.get("comm_busy_seconds", 0.0) * per_token,
+            report.get("comm_seconds", 0.0) * per_token)
 
 
 def decode_bench(models, cfg, *, device, dtype, device_type, say):
@@ -392,17 +394,18 @@ def decode_bench(models, cfg, *, device, dtype, device_type, say):
                                  vocab_size=cfg["vocab_size"], device=device, ctx=ctx)
                 best[name, b] = min(best.get((name, b), t), t, key=lambda x: x[1])
     say(f"decode: prompt {prompt} tokens, {cfg['new_tokens']} new tokens, greedy, KV cache")
-    say("| block pattern | fwd all-reduces | batch | prefill ms | decode ms/token | collectives ms/token |")
-    say("|---|---:|---:|---:|---:|---:|")
+    say("| block pattern | fwd all-reduces (async) | batch | prefill ms | decode ms/token | in collectives ms/token | "
+        "exposed comm ms/token |")
+    say("|---|---:|---:|---:|---:|---:|---:|")
     rows = []
     for name, model in models.items():
         comm = model.comm_per_forward(torch.zeros((1, 2), dtype=torch.long, device=device))
-        fwd = comm.get("fwd_allreduces", 0)
+        fwd, asyn = comm.get("fwd_allreduces", 0), comm.get("async_allreduces", 0)
         for b in sizes:
-            prefill, per_token, coll = best[name, b]
+            prefill, per_token, coll, exposed = best[name, b]
             rows.append(dict(pattern=name, fwd_allreduces=fwd, batch=b, prefill_ms=prefill, decode_ms=per_token,
-                             collectives_ms=coll))
-            say(f"| `{name}` | {fwd} | {b} | {prefill:.2f} | {per_token:.3f} | {coll:.3f} |")
+                             collectives_ms=coll, exposed_ms=exposed))
+            say(f"| `{name}` | {fwd} ({asyn}) | {b} | {prefill:.2f} | {per_token:.3f} | {coll:.3f} | {exposed:.3f} |")
     if cfg["plot"] and say is print:
         plot_decode(rows, cfg["plot"], title=f"decode latency, tp={cfg['tp_size']} {cfg['tp_mode']}, {device}")
         say(f"plot: {cfg['plot']}")

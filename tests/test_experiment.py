@@ -171,8 +171,10 @@ def test_defined_sweeps_share_one_budget_and_name_their_configs():
             by_size.setdefault(experiment.model_size(j.cfg), set()).add(experiment.tokens_of(j.cfg))
         assert all(len(t) == 1 for t in by_size.values()), name
         for j in jobs:
-            assert j.run.config.endswith(f"_{j.run.name}.py") or j.run.config == experiment.AXES_CONFIG
-    assert [r.name for r in experiment.SWEEPS["cpu"]] == [f"{n}comm" for n in (24, 18, 16, 12, 8, 6, 4, 3, 2, 1)]
+            # <n>comm runs its <n>comm config, <n>comm-<change> that config with one change
+            assert j.run.config.endswith(f"_{j.run.name.split('-')[0]}.py") or j.run.config == experiment.AXES_CONFIG
+    assert [r.name for r in experiment.SWEEPS["cpu"]] == [f"{n}comm" for n in (24, 18, 16, 12, 8, 6, 4, 3, 2, 1)] + [
+        "24comm-ladder", "24comm-ladder-upper", "24comm-bf16", "24comm-fp8", "24comm-int8", "12comm-int8"]
     assert [r.name for r in experiment.SWEEPS["gpt2"]] == [f"{n}comm" for n in (24, 18, 16, 12, 8, 6)]
 
 
@@ -191,7 +193,7 @@ def test_axes_sweeps_as_docs_axes_md_states():
         (12, 64, 8, 4, 64, 12)
     assert (cfg["max_iters"], cfg["lr_decay_iters"], cfg["eval_interval"], cfg["eval_iters"]) == (5000, 5000, 250, 50)
     assert all(j.cfg["always_save_checkpoint"] and j.cfg["dataset"] == "shakespeare_char" for j in long)
-    assert [j.seed for j in long] == [1337] * 6 + [1338] * 6 + [1339] * 6  # seed-major
+    assert [j.seed for j in long] == [1337] * 10 + [1338] * 10 + [1339] * 10  # seed-major
     assert [results.block_pattern(j.cfg) for j in long[:6]] == [
         "['tp']*12", "['spd']*12", "['parallel','spd']*6", "['parallel']*12", "['ladder']*12", "['tp']*6+['ladder']*6"]
     by_path = {j.result_path: j.cfg for j in long}
@@ -202,6 +204,7 @@ def test_axes_sweeps_as_docs_axes_md_states():
         for j in jobs:  # a shared run: cpu-long's file and exactly cpu-long's config
             assert j.result_path not in by_path or by_path[j.result_path] == j.cfg
             assert (j.sweep == "cpu-long") == (j.result_path in by_path)
+    assert [j.cfg["tp_comm_dtype"] for j in long[6:10]] == ["bf16", "fp8", "int8", "int8"]  # shrunk syncs
     assert counts == {"tp-axis": (3 * 16 + 2, 18), "size-axis": (27, 9), "convergence": (9, 0)}
     tp_axis = axes_jobs("tp-axis")
     assert sorted({j.cfg["tp_size"] for j in tp_axis}) == [2, 4, 8]
@@ -317,8 +320,12 @@ def test_counts_are_measured_per_config():
     r = run_script("experiment.py", "cpu", "--counts")
     assert r.returncode == 0, r.stderr
     rows = [line.split("|")[1:-1] for line in r.stdout.splitlines() if line.startswith("| train_")]
-    assert len(rows) == 10
-    for cells in rows:
+    assert len(rows) == 16
+    changed = {cells[0].strip(): [int(c.strip().replace(",", "")) for c in cells[3:6]] for cells in rows[10:]}
+    # delayed: the same syncs and bytes; compressed (n_embd 64 in blocks of 32): 1.125 B/value forward, 4 backward
+    assert changed["train_shakespeare_char_24comm.py --block_types=['ladder']*12"] == [24, 24, 24 * 2 * 64 * 4]
+    assert changed["train_shakespeare_char_24comm.py --tp_comm_dtype=int8"] == [24, 24, 24 * 64 * (1.125 + 4)]
+    for cells in rows[:10]:
         name, fwd, bwd, fp32, bf16 = cells[0].strip(), *(int(c.strip().replace(",", "")) for c in cells[3:7])
         assert name == f"train_shakespeare_char_{fwd}comm.py" and bwd == fwd
         assert fp32 == 2 * fwd * 64 * 4 and bf16 == fp32 // 2  # n_embd 64: fwd + bwd all-reduces of 64 floats
@@ -503,12 +510,12 @@ def test_a_second_sweep_in_the_same_directory_refuses(tmp_path, char_data, monke
     monkeypatch.setattr(experiment, "run_sweep", fake_run_sweep)
     monkeypatch.setattr(experiment, "report", lambda *a, **k: ("table", []))
     experiment.main(argv)
-    assert calls == [10]  # anti-vacuity: unlocked, the sweep runs
+    assert calls == [16]  # anti-vacuity: unlocked, the sweep runs
 
     with RunLock(sweep_dir, what="experiment.py sweep"):
         with pytest.raises(ConfigError, match="in use by another experiment.py sweep"):
             experiment.main(argv)
-        assert calls == [10]
+        assert calls == [16]
         r = run_script("experiment.py", *argv)  # a second process, a real one
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         (line,) = r.stderr.strip().splitlines()
@@ -642,7 +649,8 @@ def test_an_interrupted_checkpointing_run_resumes_from_its_checkpoint(tmp_path, 
 
 # ---------- `python experiment.py report`: docs tables and plots from the result files alone ----------
 
-PATTERN_LOSS = {"all-tp": 0.0, "all-spd": 0.002, "parallel-spd": 0.004, "all-parallel": 0.016}
+PATTERN_LOSS = {"all-tp": 0.0, "all-spd": 0.002, "parallel-spd": 0.004, "all-parallel": 0.016, "all-ladder": 0.001,
+                "ladder-upper": 0.001}
 
 
 def fake_record(job, *, final):
@@ -650,7 +658,7 @@ def fake_record(job, *, final):
     cfg, per_iter = job.cfg, results.tokens_per_iter(job.cfg)
     steps, every = cfg["max_iters"], cfg["eval_interval"]
     types = cfg["block_types"] if isinstance(cfg["block_types"], list) else ["tp"] * cfg["n_layer"]
-    fwd = sum({"tp": 2, "spd": 1, "parallel": 0}[t] for t in types) + (types[-1] == "parallel")
+    fwd = sum({"tp": 2, "spd": 1, "parallel": 0, "ladder": 2}[t] for t in types) + (types[-1] == "parallel")
     total, non_embedding = results.count_params(cfg, 65)
     return dict(schema=1, sweep=job.sweep, run=job.run.name, seed=job.seed, config_file="sweep_axes.py", config=cfg,
                 git=None, params=dict(total=total, non_embedding=non_embedding), tokens_per_iter=per_iter,

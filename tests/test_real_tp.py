@@ -245,9 +245,10 @@ def test_bench_decode_real_reports_collective_time():
                    "--patterns=['tp', 'parallel']", timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr[-5000:]
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in r.stdout.splitlines() if line.startswith("| `")]
-    assert [(row[0], row[1], row[2]) for row in rows] == [("`tp`", "4", "1"), ("`tp`", "4", "2"),
-                                                          ("`parallel`", "1", "1"), ("`parallel`", "1", "2")]
+    assert [(row[0], row[1], row[2]) for row in rows] == [("`tp`", "4 (0)", "1"), ("`tp`", "4 (0)", "2"),
+                                                          ("`parallel`", "1 (0)", "1"), ("`parallel`", "1 (0)", "2")]
     assert all(float(row[5]) > 0 for row in rows)  # real collectives ran during decoding
+    assert all(row[5] == row[6] for row in rows)  # blocking all-reduces: exposed in full
 
 
 # ---------- bad launches: one line, exit status 2, no traceback, no hang ----------

@@ -280,7 +280,7 @@ class RealTP:
         payload = self.codec.pack(x[0])
         gathered = payload.new_empty(self.tp * payload.numel())  # every rank's payload, rank order
         start = time.perf_counter()
-        work = self.in_flight(dist.all_gather_into_tensor(gathered, payload, group=self.group, async_op=True), start)
+        work = self.in_flight(dist.all_gather_single(gathered, payload, group=self.group, async_op=True), start)
         out = x.new_empty(x.shape[1:])
         return out, _Decompress(work, gathered.view(self.tp, -1), self.codec, out)
 
@@ -301,7 +301,7 @@ class RealTP:
         x = x.contiguous()
         out = x.new_empty(x.shape[0] * self.tp, *x.shape[1:])
         start = time.perf_counter()
-        dist.all_gather_into_tensor(out, x, group=self.group)
+        dist.all_gather_single(out, x, group=self.group)
         self.blocked(start)
         return out
 
@@ -310,7 +310,7 @@ class RealTP:
         x = x.squeeze(0).contiguous()
         out = x.new_empty(x.shape[0] // self.tp, *x.shape[1:])
         start = time.perf_counter()
-        dist.reduce_scatter_tensor(out, x, group=self.group)
+        dist.reduce_scatter_single(out, x, group=self.group)
         self.blocked(start)
         return out
 

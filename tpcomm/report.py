@@ -92,6 +92,27 @@ def sweep_paired(ctx, name):
     return data_warning(rows) + results.paired_markdown(rows) + image
 
 
+def sweep_answer(ctx, name):
+    """The README's compact quality table: per pattern its forward syncs, the mean final val loss and the paired
+    difference to the all-tp baseline with its 95% interval (one seed: the difference alone), seeds counted."""
+    rows = ctx.rows(name)
+    if not rows:
+        return no_results(name)
+    pairs = results.paired(rows)
+    lines = [source_line(name, rows), "",
+             "| pattern | fwd syncs | val loss (mean) | difference to all `tp` [95% CI] | seeds |",
+             "|---|---:|---:|---:|---:|"]
+    for r in rows:
+        diff = pairs.get(r["config"])
+        cell = "baseline" if r["config"] == r["baseline"] else "—" if diff is None else \
+            results.fmt_ci(*diff["final"][:2])
+        note = " (delayed)" if "ladder" in r["block_pattern"] else ""
+        note += f" ({r['tp_comm_dtype']})" if r.get("tp_comm_dtype") else ""
+        lines.append(f"| `{r['block_pattern']}` | {r['fwd_allreduces']}{note} | {r['val_loss_mean']:.4f} | "
+                     f"{cell} | {r['n_seeds']} |")
+    return data_warning(rows) + "\n".join(lines)
+
+
 def data_warning(rows):
     """A line when the runs of a table trained on different data (prepare.py's source sha256 differs)."""
     shas = {s for r in rows for s in r["data_sha256"]}
@@ -102,9 +123,11 @@ def data_warning(rows):
 # ---------- the axes (docs/axes.md) ----------
 
 def pattern_name(row):
-    """The sweeps.PATTERNS name of a row's block pattern (e.g. 'all-spd'), or the pattern itself."""
-    return next((p for p, f in sweeps.PATTERNS.items() if results.compact_list(f(row["n_layer"])) ==
+    """The sweeps.PATTERNS name of a row's block pattern (e.g. 'all-spd'), or the pattern itself; '-int8' etc.
+    after it when its syncs were compressed."""
+    name = next((p for p, f in sweeps.PATTERNS.items() if results.compact_list(f(row["n_layer"])) ==
                  row["block_pattern"]), row["block_pattern"])
+    return name + (f"-{row['tp_comm_dtype']}" if row.get("tp_comm_dtype") else "")
 
 
 def penalties(rows):
@@ -260,6 +283,7 @@ def blocks():
     for name in sweeps.SWEEPS:
         out[name] = ((name,), lambda ctx, name=name: sweep_table(ctx, name))
         out[f"{name}-paired"] = ((name,), lambda ctx, name=name: sweep_paired(ctx, name))
+        out[f"{name}-answer"] = ((name,), lambda ctx, name=name: sweep_answer(ctx, name))
     out["tp-axis-penalty"] = (("tp-axis", "cpu-long"), tp_axis_penalty)
     out["tp-axis-alltp"] = (("tp-axis", "cpu-long"), tp_axis_alltp)
     out["size-axis-penalty"] = (("size-axis", "cpu-long"), size_axis_penalty)

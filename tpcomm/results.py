@@ -18,6 +18,7 @@ import csv
 import itertools
 import json
 import os
+import re
 import statistics
 import time
 
@@ -328,7 +329,8 @@ def _row(label, recs):
     median_ms = statistics.median(step_ms) if step_ms else None
     return dict(
         config=label, config_file=first.get("config_file", ""), block_pattern=block_pattern(cfg),
-        tp_size=cfg.get("tp_size"), tp_mode=cfg.get("tp_mode"), n_layer=cfg.get("n_layer"),
+        tp_comm_dtype=cfg.get("tp_comm_dtype"), tp_overlap=cfg.get("tp_overlap", 1),
+        sequence_parallel=cfg.get("sequence_parallel", False), tp_size=cfg.get("tp_size"), tp_mode=cfg.get("tp_mode"), n_layer=cfg.get("n_layer"),
         n_embd=cfg.get("n_embd"), n_head=cfg.get("n_head"), params_non_embedding=first["params"].get("non_embedding"),
         params_total=first["params"].get("total"), fwd_allreduces=first["comm"].get("fwd_allreduces"),
         bwd_allreduces=first["comm"].get("bwd_allreduces"), grad_sync_allreduces=first["comm"].get(
@@ -353,10 +355,17 @@ def group_key(row):
     return row["n_layer"], row["n_embd"], row["n_head"], row["tokens"]
 
 
+def is_plain_tp(row):
+    """An all-'tp' model with uncompressed syncs: exactly GPT (a block pattern of 'tp' entries only, or none)."""
+    pattern = row["block_pattern"] or "['tp']"
+    return not row.get("tp_comm_dtype") and re.fullmatch(r"(\['tp'(,'tp')*\](\*\d+)?\+?)+", pattern) is not None
+
+
 def summarize(groups):
     """One row per config from [(label, [result record per seed, ...]), ...]. Each row's baseline is the row of
-    its group (group_key) with the most measured forward all-reduces (the all-'tp' model; of several, the one with
-    the most seeds); the gap is the row's mean val loss minus the baseline's."""
+    its group (group_key) that is plain GPT-equivalent (only 'tp' blocks, syncs not compressed), else the one with
+    the most measured forward all-reduces (of several, the one with the most seeds); the gap is the row's mean
+    val loss minus the baseline's."""
     rows = []
     for label, recs in groups:
         if not recs:
@@ -371,7 +380,7 @@ def summarize(groups):
     for key, members in itertools.groupby(sorted(rows, key=lambda r: str(group_key(r))), key=lambda r: group_key(r)):
         members = list(members)
         measured = [r for r in members if r["fwd_allreduces"] is not None]
-        base = max(measured, key=lambda r: (r["fwd_allreduces"], r["n_seeds"])) if measured else None
+        base = max(measured, key=lambda r: (is_plain_tp(r), r["fwd_allreduces"], r["n_seeds"])) if measured else None
         for r in members:
             r["baseline"] = base["config"] if base else None
             r["gap_to_baseline"] = r["val_loss_mean"] - base["val_loss_mean"] if base else None

@@ -69,6 +69,18 @@ def comm_runs(pattern, budgets, *, overrides=(), nproc=1):
     return [Run(f"{n}comm", pattern.format(n), tuple(overrides), nproc) for n in budgets]
 
 
+# the syncs kept but delayed (ladder) or shrunk (tp_comm_dtype): a budget's config with one change, named
+# <n>comm-<change> (n still the forward all-reduces it runs)
+DELAY_SHRINK = {"ladder": "--block_types=['ladder']*12", "ladder-upper": "--block_types=['tp']*6+['ladder']*6",
+                **{dtype: f"--tp_comm_dtype={dtype}" for dtype in ("bf16", "fp8", "int8")}}
+
+
+def delay_shrink_runs(pattern):
+    """all 'tp' (24 syncs) delayed or compressed each way, and all 'spd' (12) compressed to int8."""
+    return [*(Run(f"24comm-{change}", pattern.format(24), (flag,)) for change, flag in DELAY_SHRINK.items()),
+            Run("12comm-int8", pattern.format(12), (DELAY_SHRINK["int8"],))]
+
+
 # ---- the axes sweeps (docs/axes.md): one model, varied along one axis at a time, 3 seeds, resumable ----
 AXES_CONFIG = "config/sweep_axes.py"  # 12 layers x 64, 8 heads, tp 4, 5000 steps, eval every 250 on 50 batches
 AXES_SIZE, AXES_STEPS, AXES_SEEDS = (12, 64, 8), 5000, (1337, 1338, 1339)
@@ -89,12 +101,15 @@ SIZES = {(12, 64, 8): 5000, (4, 48, 4): 940, (2, 32, 4): 200}
 CONVERGENCE_STEPS = 20000  # docs/axes.md, "The convergence run": the estimate from the old cpu-long curve, with margin
 
 
-def axes_run(pattern, *, tp=4, size=AXES_SIZE, steps=AXES_STEPS, home=None, seeds=None):
+def axes_run(pattern, *, tp=4, size=AXES_SIZE, steps=AXES_STEPS, home=None, seeds=None, comm_dtype=None):
     """A run of the axes model with one thing changed. The schedule scales with the steps: warmup 1%, cosine decay
     to the last step, an eval every 5% (5000 steps: warmup 50, eval every 250, as config/sweep_axes.py)."""
     n_layer, n_embd, n_head = size
     overrides = [f"--block_types={results.compact_list(PATTERNS[pattern](n_layer))}"]
     name = pattern
+    if comm_dtype is not None:  # the syncs shrunk: block-quantized (docs/compression.md)
+        overrides.append(f"--tp_comm_dtype={comm_dtype}")
+        name += f"-{comm_dtype}"
     if tp != 4:
         overrides.append(f"--tp_size={tp}")
         name += f"-tp{tp}"
@@ -114,7 +129,8 @@ def shared(pattern, **kw):
 
 SWEEPS = {
     # the six SPEC budgets plus lower ones; CPU scale, one token budget, ~45 s per run on 2 cores
-    "cpu": comm_runs("config/train_shakespeare_char_{}comm.py", (24, 18, 16, 12, 8, 6, 4, 3, 2, 1)),
+    "cpu": [*comm_runs("config/train_shakespeare_char_{}comm.py", (24, 18, 16, 12, 8, 6, 4, 3, 2, 1)),
+            *delay_shrink_runs("config/train_shakespeare_char_{}comm.py")],
     # GPT-2 124M on OpenWebText, 20k steps (~9.8B tokens) per run: for a GPU node (--nproc=8)
     "gpt2": comm_runs("config/train_gpt2_{}comm.py", (24, 18, 16, 12, 8, 6)),
     # the CPU configs with real tensor parallelism: 2 processes, one shard each, all-reduces through gloo
@@ -122,8 +138,10 @@ SWEEPS = {
                           overrides=("--tp_size=2", "--tp_mode=real"), nproc=2),
     # past the early phase: the axes model (cpu's 12 x 64 with 8 heads), 10x longer than "cpu", in six patterns:
     # four that drop syncs, two that delay them (ladder); replaces the old n_head=4 cpu-long (never committed)
-    "cpu-long": [axes_run(p) for p in ("all-tp", "all-spd", "parallel-spd", "all-parallel", "all-ladder",
-                                       "ladder-upper")],
+    "cpu-long": [*(axes_run(p) for p in ("all-tp", "all-spd", "parallel-spd", "all-parallel", "all-ladder",
+                                         "ladder-upper")),
+                 *(axes_run("all-tp", comm_dtype=d) for d in ("bf16", "fp8", "int8")),  # shrunk: 24 syncs
+                 axes_run("all-spd", comm_dtype="int8")],
     # the tp degree: 2, 4 (cpu-long's runs) and 8; all-tp once at tp 4, and for seed 1337 at tp 2 and 8 to show it
     # is the same model at every degree
     "tp-axis": [shared("all-tp"),
@@ -555,7 +573,8 @@ def comm_counts(jobs, *, tokens=64):
             raise SweepError(f"{j.run.name}: model_type={j.cfg['model_type']!r} has no tensor-parallel communication")
         with torch.autocast("cpu", dtype=torch.bfloat16):
             bf16 = model.comm_per_forward(idx)
-        lines.append(f"| {os.path.basename(j.run.config)} | `{results.block_pattern(j.cfg)}` | {j.cfg['tp_size']} | "
+        config = os.path.basename(j.run.config) + "".join(f" {o}" for o in j.run.overrides)  # + a run's change
+        lines.append(f"| {config} | `{results.block_pattern(j.cfg)}` | {j.cfg['tp_size']} | "
                      f"{fp32['fwd_allreduces']} | {fp32['bwd_allreduces']} | {fp32['comm_bytes_per_token']:,.0f} | "
                      f"{bf16['comm_bytes_per_token']:,.0f} |")
     return "\n".join(lines)
