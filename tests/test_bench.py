@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import bench
-from conftest import run_script
+from conftest import one_line_error, run_script
 from model import GPT, GPTConfig
 from tpcomm.models import PlainGPT
 
@@ -72,23 +72,26 @@ class CountingGPT(PlainGPT):
         self.calls["sync_replicated_grads"] += 1
 
     def comm_report(self, *, micro_steps, tokens):
-        return {"comm_seconds": 0.3}  # since the last reset, all steps together
+        return {"comm_seconds": 0.3, "comm_busy_seconds": 0.6}  # since the last reset, all steps together
 
 
 def test_timing_reads_collectives_through_the_model_interface():
     cfg = dict(bench.DEFAULTS, vocab_size=65, block_size=16, batch_size=2, warmup=1, compile=False)
     model = CountingGPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=65))
-    dt, comm = bench.timed_steps(model, cfg, "cpu", "cpu", "float32", 3)
-    assert dt > 0 and comm == pytest.approx(0.1)  # 0.3 s over 3 steps; exact up to float division
+    dt, exposed, busy = bench.timed_steps(model, cfg, "cpu", "cpu", "float32", 3)
+    assert dt > 0 and exposed == pytest.approx(0.1) and busy == pytest.approx(0.2)  # 0.3 s and 0.6 s over 3 steps
     assert model.calls == {"reset_comm_counts": 1, "sync_replicated_grads": 4}  # after warm-up; every step
-    dt, comm = bench.timed_steps(PlainGPT(model.config), cfg, "cpu", "cpu", "float32", 2)
-    assert comm == 0.0  # GPT's report is empty: no collectives
+    dt, exposed, busy = bench.timed_steps(PlainGPT(model.config), cfg, "cpu", "cpu", "float32", 2)
+    assert exposed == busy == 0.0  # GPT's report is empty: no collectives
 
 
 def test_tiny_bench_prints_a_line_per_model(capsys):
     bench.main([*TINY, "--model_type=distributed_gpt", "--tp_size=2", "--patterns=['spd', 'tp']"])
     out = capsys.readouterr().out.splitlines()
-    lines = {line.split()[0]: line for line in out[1:]}
+    lines = {line.split()[0]: line for line in out[1:] if line.strip() and not line.startswith("|")}
+    table = [line for line in out if line.startswith("| `")]  # one row per pattern (GPT has no collectives)
+    assert [row.split("|")[1].strip() for row in table] == ["`spd`", "`tp`"]
+    assert all(row.split("|")[6].strip() == "n/a (simulated)" for row in table)
     assert "all-reduces fwd 2 bwd 2" in lines["spd"] and "all-reduces fwd 4 bwd 4" in lines["tp"]
     assert "all-reduces" not in lines["gpt"] and "ratio" in lines  # GPT's comm_per_forward is {}
     assert "collectives" not in lines["tp"]  # simulated: no time in real collectives to report
@@ -102,6 +105,33 @@ def test_decode_mode_times_prefill_and_tokens(tmp_path):
     assert r.returncode == 0, r.stderr
     rows = [line for line in r.stdout.splitlines() if line.startswith("| `")]
     assert [(row.split("|")[1].strip(), row.split("|")[2].strip(), row.split("|")[3].strip()) for row in rows] == [
-        ("`tp`", "4", "1"), ("`tp`", "4", "3"), ("`parallel`", "1", "1"), ("`parallel`", "1", "3"),
-        ("`gpt`", "0", "1"), ("`gpt`", "0", "3")]
+        ("`tp`", "4 (0)", "1"), ("`tp`", "4 (0)", "3"), ("`parallel`", "1 (0)", "1"), ("`parallel`", "1 (0)", "3"),
+        ("`gpt`", "0 (0)", "1"), ("`gpt`", "0 (0)", "3")]
     assert plot.stat().st_size > 1000
+
+
+def test_variants_time_every_pattern_with_every_way_to_move_its_syncs(capsys):
+    """--variants: a row per (pattern, variant) in one run, counts measured (tp_overlap=2: twice the all-reduces,
+    all asynchronous; SP: reduce-scatters and all-gathers instead; int8: fewer ring bytes); a pair that cannot run
+    (ladder with SP) is listed as skipped, not an error."""
+    bench.main([*TINY, "--model_type=distributed_gpt", "--tp_size=2", "--batch_size=2", "--patterns=['tp', 'ladder']",
+                "--variants=[{}, {'tp_overlap': 2}, {'sequence_parallel': True}, {'tp_comm_dtype': 'int8'}]"])
+    out = capsys.readouterr().out
+    rows = {r[0].strip("`"): r[1:] for r in ([c.strip() for c in line.split("|")[1:-1]]
+                                             for line in out.splitlines() if line.startswith("| `"))}
+    assert list(rows) == ["tp", "tp +overlap2", "tp +sp", "tp +int8/32", "ladder", "ladder +overlap2",
+                          "ladder +int8/32"]
+    n = 2 * 2  # two tp blocks in TINY
+    assert rows["tp"][:2] == [f"{n} (0)", "0 / 0"] and rows["tp +overlap2"][:2] == [f"{2 * n} ({2 * n})", "0 / 0"]
+    assert rows["tp +sp"][:2] == ["0 (0)", f"{n} / {n + 1}"]  # + the gather before ln_f
+    ring = {k: float(v[2].replace(",", "")) for k, v in rows.items()}
+    assert ring["tp +int8/32"] < ring["tp"] == ring["tp +overlap2"]
+    assert "skipped ladder +sp: sequence_parallel=True does not run with 'ladder'" in out
+
+
+@pytest.mark.parametrize("variants, words", [("[{'tp_overlap': 0}]", "tp_overlap"), ("[{'foo': 1}]", "foo"),
+                                             ("{}", "variants must be a non-empty list")])
+def test_bad_variants_are_one_line(variants, words):
+    line = one_line_error(run_script("bench.py", *TINY, "--model_type=distributed_gpt", "--tp_size=2",
+                                     f"--variants={variants}"))
+    assert words in line, line

@@ -651,11 +651,13 @@ def shown(pattern):
 
 
 def cpu_sweep_patterns():
-    """The block_types of the CPU sweep's configs (experiment.py's 'cpu' runs, 24 down to 1 forward syncs)."""
+    """The block_types of the CPU sweep's budget configs (experiment.py's 'cpu' runs, 24 down to 1 forward syncs;
+    not its delayed or compressed variants of them)."""
     from tpcomm.sweep import SWEEPS
     from train import DEFAULTS
 
-    return [configure(DEFAULTS, [os.path.join(ROOT, run.config)])["block_types"] for run in SWEEPS["cpu"]]
+    return [configure(DEFAULTS, [os.path.join(ROOT, run.config)])["block_types"] for run in SWEEPS["cpu"]
+            if not run.overrides]
 
 
 def machine():
