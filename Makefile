@@ -6,7 +6,7 @@ setup:
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0 || $(PY) -m pip install -q "torch>=2.4"
 	$(PY) -m pip install -q -r requirements.txt
 
-# the full suite (CI runs it): ~15 min on 2 CPU cores
+# the full suite (CI runs it): ~14 min on 2 CPU cores
 test: setup
 	OMP_NUM_THREADS=2 $(PY) -m pytest -q tests test_20k_experiment.py
 
@@ -14,7 +14,7 @@ test: setup
 test-fast: setup
 	OMP_NUM_THREADS=2 $(PY) -m pytest -q -m fast tests
 
-# The communication sweep on Shakespeare-char (10 configs, one token budget): ~6 min on 2 CPU cores.
+# The communication sweep on Shakespeare-char (16 configs, one token budget): ~7.5 min on 2 CPU cores.
 # Results: one result file per run in experiments/cpu/runs/ (commit them: `python experiment.py report` makes the
 # docs' tables and plots from them), experiments/cpu/results.md (.csv, .json) and three PNG plots. 500 steps are
 # early training (fewer syncs give a lower loss there); the long runs are in docs/axes.md.

@@ -3,7 +3,7 @@ The sweeps: train one config per point (a communication budget, a tp degree, a m
 each finished run leaves a small result file that is committed to git, and every table and plot is computed from
 those files alone (tpcomm/results.py; the docs' tables and plots: tpcomm/report.py).
 
-$ python experiment.py cpu                             # Shakespeare-char, 10 budgets, ~8 min on 2 CPU cores
+$ python experiment.py cpu                             # Shakespeare-char, 16 configs, ~7.5 min on 2 CPU cores
 $ python experiment.py cpu --seeds=1337,1338,1339      # more seeds (runs with a result file are skipped, not redone)
 $ python experiment.py cpu --max_iters=20 --eval_interval=10 --lr_decay_iters=20   # quick try, own directory
 $ python experiment.py cpu --report-only               # table and plots again from the result files
@@ -128,7 +128,7 @@ def shared(pattern, **kw):
 
 
 SWEEPS = {
-    # the six SPEC budgets plus lower ones; CPU scale, one token budget, ~45 s per run on 2 cores
+    # the six SPEC budgets plus lower ones, then 24 syncs delayed or shrunk; one token budget, ~27 s per run
     "cpu": [*comm_runs("config/train_shakespeare_char_{}comm.py", (24, 18, 16, 12, 8, 6, 4, 3, 2, 1)),
             *delay_shrink_runs("config/train_shakespeare_char_{}comm.py")],
     # GPT-2 124M on OpenWebText, 20k steps (~9.8B tokens) per run: for a GPU node (--nproc=8)
@@ -155,10 +155,9 @@ SWEEPS = {
 }
 SWEEP_SEEDS = {name: AXES_SEEDS for name in ("cpu-long", "tp-axis", "size-axis", "convergence")}  # else 1337
 SWEEP_REMARKS = {  # printed with the sweep's table and written into its results.md
-    "cpu": "These 500-step runs (384,000 tokens) are early training: here fewer syncs give a LOWER loss, an effect "
-           "that vanished, or flipped (all-parallel ended higher), by ~1.5M tokens when the model was trained 10x "
-           "longer; the long runs are in docs/axes.md (`python experiment.py cpu-long`): read them before taking "
-           "this table as a quality result.",
+    "cpu": "These 500-step runs (384,000 tokens) are early training: here fewer syncs give a LOWER loss. Trained 10x "
+           "longer (docs/axes.md, `python experiment.py cpu-long`, 3.84M tokens) the advantage is gone and all-"
+           "parallel ends HIGHER than all-tp: read those runs before taking this table as a quality result.",
 }
 
 
