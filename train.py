@@ -536,6 +536,23 @@ def tidy_out_dir(cfg):
             print(f"overwrite=True: removed the previous run's checkpoint ({', '.join(previous)})")
 
 
+def resume_state(checkpoint, cfg, pd, *, model, state, optimizer, scaler, device, device_type):
+    """A checkpoint's optimizer state (sharded: loaded in place), loss scaler and RNGs; (iter_num, best_val_loss)."""
+    if "layout" in checkpoint:  # sharded
+        sharded_checkpoint.load_sharded(model, optimizer, cfg["out_dir"], pd)
+        for group, saved in zip(optimizer.param_groups, checkpoint["param_groups"]):
+            group.update({k: v for k, v in saved.items() if k not in ("params", "fused", "foreach", "capturable")})
+    else:
+        load_optimizer_state(state, optimizer, checkpoint["optimizer"])
+    if checkpoint.get("scaler") and scaler.is_enabled():
+        scaler.load_state_dict(checkpoint["scaler"])
+    if "rng_state" in checkpoint:  # nanoGPT's checkpoints have none
+        torch.set_rng_state(checkpoint["rng_state"])
+    if "cuda_rng_state" in checkpoint and device_type == "cuda":
+        torch.cuda.set_rng_state(checkpoint["cuda_rng_state"], device)
+    return int(checkpoint["iter_num"]), float(checkpoint["best_val_loss"])
+
+
 def start_run(cfg, setup, pd):
     """Build the model (from scratch, a checkpoint or GPT-2), the optimizer and the data, as nanoGPT's train.py.
     The model is built whole on the device (init_device='default') or on the meta device and materialised after
@@ -592,20 +609,9 @@ def start_run(cfg, setup, pd):
     optimizer = state.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"],
                                            (cfg["beta1"], cfg["beta2"]), setup.device_type)
     iter_num, best_val_loss = 0, 1e9
-    if sharded:
-        sharded_checkpoint.load_sharded(model, optimizer, cfg["out_dir"], pd)
-        for group, saved in zip(optimizer.param_groups, checkpoint["param_groups"]):
-            group.update({k: v for k, v in saved.items() if k not in ("params", "fused", "foreach", "capturable")})
-    elif checkpoint is not None:
-        load_optimizer_state(state, optimizer, checkpoint["optimizer"])
     if checkpoint is not None:
-        if checkpoint.get("scaler") and scaler.is_enabled():
-            scaler.load_state_dict(checkpoint["scaler"])
-        if "rng_state" in checkpoint:  # nanoGPT's checkpoints have none
-            torch.set_rng_state(checkpoint["rng_state"])
-        if "cuda_rng_state" in checkpoint and setup.device_type == "cuda":
-            torch.cuda.set_rng_state(checkpoint["cuda_rng_state"], device)
-        iter_num, best_val_loss = int(checkpoint["iter_num"]), float(checkpoint["best_val_loss"])
+        iter_num, best_val_loss = resume_state(checkpoint, cfg, pd, model=model, state=state, optimizer=optimizer,
+                                               scaler=scaler, device=device, device_type=setup.device_type)
         setup.checkpoint = None  # free memory
 
     metrics = MetricsLog(cfg["out_dir"], enabled=pd.is_master)
