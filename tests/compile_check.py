@@ -4,19 +4,19 @@ dropout keys, counting recompiles after warm-up (torch._dynamo turns a recompile
 import torch
 import torch._dynamo
 
-from model import GPTConfig
 from tpcomm.models import build_model
 
 SIZES = dict(block_size=16, vocab_size=48, n_layer=2, n_head=4, n_embd=32, bias=True)
 WARMUP, STEPS = 2, 4
 
 
-def make(model_type, dropout, pd=None):
+def make(model_type, dropout, pd=None, extra=None):
     torch.manual_seed(0)
-    return build_model(model_type, dict(SIZES, dropout=dropout, tp_size=2, block_types=["tp", "spd"]), pd=pd)
+    config = dict(SIZES, dropout=dropout, tp_size=2, block_types=["tp", "spd"])
+    return build_model(model_type, dict(config, **(extra or {})), pd=pd)
 
 
-def run_steps(model_type, dropout, *, pd=None, backend="aot_eager"):
+def run_steps(model_type, dropout, *, pd=None, backend="aot_eager", extra=None):
     """Losses and collective counts of WARMUP + STEPS training steps (each with its own dropout key, each followed
     by an eval forward), compiled and eager from the same weights; 'recompiled' is True if dynamo had to trace
     again after the warm-up."""
@@ -28,7 +28,7 @@ def run_steps(model_type, dropout, *, pd=None, backend="aot_eager"):
     counters.clear()
     out = {}
     for mode in ("eager", "compiled"):
-        model = make(model_type, dropout, pd)
+        model = make(model_type, dropout, pd, extra)
         run = torch.compile(model, backend=backend) if mode == "compiled" else model
         torch._dynamo.reset()
         losses, counts, recompiled = [], [], False

@@ -34,6 +34,17 @@ def test_compiled_traces_once_and_equals_eager(model_type, dropout):
         assert len({round(x, 6) for x in r["eager"]}) == len(r["eager"])
 
 
+@pytest.mark.parametrize("extra", [dict(tp_overlap=2), dict(sequence_parallel=True), dict(tp_comm_dtype="int8"),
+                                   dict(block_types=["ladder", "tp"])], ids=["overlap2", "sp", "int8", "ladder"])
+def test_hide_delay_shrink_compile_once_and_equal_eager(extra):
+    """Chunked overlap, sequence parallelism, compressed reductions and the ladder block trace into one graph too."""
+    r = run_steps("distributed_gpt", 0.1, extra=extra)
+    assert not r["recompiled"] and r["graph_breaks"] == 0
+    assert len(r["compiled"]) == WARMUP + STEPS
+    assert r["compiled"] == pytest.approx(r["eager"], rel=TOL["aot_eager"])
+    assert r["compiled_counts"] == r["eager_counts"]
+
+
 def test_recompile_detection_can_fail():
     """A forward that reads a Python value changing every step (as a per-step generator seed did) recompiles,
     and the check above would see it."""
@@ -69,7 +80,27 @@ def test_real_tp_compiled_traces_once_and_equals_eager(tmp_path):
     out = tmp_path / "compile.json"
     r = run_script(*TORCHRUN, "--nproc_per_node=2", "tests/compile_worker.py", str(out), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr[-5000:]
-    result = json.loads(out.read_text())
+    [result] = json.loads(out.read_text())
     assert not result["recompiled"]
     assert result["compiled"] == pytest.approx(result["eager"], rel=TOL["aot_eager"])
     assert result["compiled_counts"] == result["eager_counts"]
+
+
+def test_real_tp_hide_delay_shrink_compiled_equal_eager(tmp_path):
+    """Real mode's asynchronous all-reduces (chunks, ladder), compressed exchanges and sequence parallelism's
+    reduce-scatter / all-gather: compiled (collectives break the graph in real mode) == eager, no recompile."""
+    variants = [dict(tp_overlap=2, tp_comm_dtype="int8", block_types=["ladder", "tp"]), dict(sequence_parallel=True)]
+    out = tmp_path / "compile.json"
+    r = run_script(*TORCHRUN, "--nproc_per_node=2", "tests/compile_worker.py", str(out), json.dumps(variants),
+                   timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
+    results = json.loads(out.read_text())
+    assert len(results) == len(variants)
+    for result in results:
+        assert not result["recompiled"]
+        assert result["compiled"] == pytest.approx(result["eager"], rel=TOL["aot_eager"])
+        assert result["compiled_counts"] == result["eager_counts"]
+    fwd, bwd, nbytes = results[0]["eager_counts"][0]
+    assert (fwd, bwd) == (6, 6)  # ladder 2 + tp 2 modules x 2 chunks: the variant ran
+    assert nbytes < 1024  # int8 forward partial sums: fewer bytes than the 1,024 B/token uncompressed
+    assert results[1]["eager_counts"][0][:2] == [0, 0]  # sequence parallel: reduce-scatters, not all-reduces
