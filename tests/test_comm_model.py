@@ -10,7 +10,10 @@ import json
 import pytest
 from conftest import one_line_error, run_script
 
+import comm_model
+from tpcomm import calibration as cal
 from tpcomm import cost_model as cm
+
 # Float tolerances: the model is a few float64 multiplications and sums, so hand-computed values agree to ~1e-15
 # relative; rel=1e-12 leaves room for rounding and nothing else.
 EXACT = 1e-12
@@ -56,7 +59,7 @@ def test_forward_syncs_match_the_cpu_sweep_config_names():
     measured counts are checked against the same rule end to end below."""
     from tpcomm.sweep import SWEEPS
 
-    patterns = cm.cpu_sweep_patterns()
+    patterns = cal.cpu_sweep_patterns()
     assert [cm.forward_syncs(p) for p in patterns] == [int(run.name[:-4]) for run in SWEEPS["cpu"]
                                                                  if not run.overrides]
     for L in (12, 24, 32):  # the GPU tables' patterns: 2L, L, L/2, 1
@@ -115,7 +118,7 @@ def calibration(*, factor=1.0, alpha=3e-4, busbw=1e9, compute_ms=50.0, counts=(4
 
 
 def validation_of(data):
-    return cm.validation(data["microbenchmark"]["samples"], data["training"]["patterns"], procs=2)
+    return cal.validation(data["microbenchmark"]["samples"], data["training"]["patterns"], procs=2)
 
 
 def test_validation_is_exact_when_the_model_holds():
@@ -170,7 +173,7 @@ def test_default_command_does_not_import_torch():
 def error_line(capsys, argv):
     """comm_model.main in this process: its one stderr line, after checking exit status 2."""
     with pytest.raises(SystemExit) as e:
-        cm.main(argv)
+        comm_model.main(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2, err
     lines = err.strip().splitlines()
@@ -386,7 +389,7 @@ def test_validation_recovers_the_hidden_time():
     rows[3]["step_ms"] -= 23 * 0.1  # each hides 0.1 ms
     rows.append(dict(rows[0], name="ladder/spd", pattern=["ladder", "spd"] * 6, allreduces_per_step=36))
     rows[4]["step_ms"] = rows[2]["step_ms"] + 34 * (rows[0]["step_ms"] - rows[2]["step_ms"]) / 46 - 6 * 0.1
-    got, summary = cm.validation(data["microbenchmark"]["samples"], rows, procs=2, n_layer=12)
+    got, summary = cal.validation(data["microbenchmark"]["samples"], rows, procs=2, n_layer=12)
     assert [r["overlapped"] for r in got] == [0, 0, 0, 23, 6]
     assert summary["hidden_ms"] == pytest.approx(0.1, rel=1e-6)
     assert all(r["loo_err"] == pytest.approx(0, abs=1e-6) for r in got)

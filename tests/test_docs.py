@@ -204,14 +204,14 @@ def check_export_hf(args):
 
 
 def check_comm_model(args):
-    from tpcomm import cost_model
+    import comm_model
 
     command, rest = "predict", [a for a in args if a != "..."]
     if rest and not rest[0].startswith("--"):
         command, rest = rest[0], rest[1:]
-    if command not in cost_model.COMMANDS:
-        return [f"unknown command {command!r} (comm_model.py takes {', '.join(cost_model.COMMANDS)})"]
-    return configure_check(cost_model.COMMANDS[command][0], rest)
+    if command not in comm_model.COMMANDS:
+        return [f"unknown command {command!r} (comm_model.py takes {', '.join(comm_model.COMMANDS)})"]
+    return configure_check(comm_model.COMMANDS[command][0], rest)
 
 
 def check_experiment(args):
