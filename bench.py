@@ -40,7 +40,7 @@ import time
 import torch
 
 from tpcomm.runtime import autocast_context, pick_device, pick_dtype, setup_runtime
-from tpcomm.models import build_model
+from tpcomm.build import build_model
 from configurator import ConfigError, configure, exit_on_config_error
 from tpcomm.parallel_dims import check_layout, init_parallel, launched_by_torchrun, shutdown
 

@@ -13,7 +13,8 @@ $ python experiment.py report --check               # exit 1, one line per misma
 
 import sys
 
+from tpcomm.report import main as report_main
 from tpcomm.sweep import cli
 
 if __name__ == "__main__":
-    cli(sys.argv[1:])
+    cli(sys.argv[1:], report_main=report_main)

@@ -38,7 +38,7 @@ from tpcomm import sharded_checkpoint
 from tpcomm.runtime import RunError, RunLock, autocast_context, exit_on_run_error, make_grad_scaler, pick_device, pick_dtype, setup_runtime
 from tpcomm.checkpoint import (CHECKPOINT_NAME, checkpoint_model, clean_state_dict, load_checkpoint, make_checkpoint,
                                remove_stale_temp_files, save_checkpoint)
-from tpcomm.models import MODEL_TYPES, build_model
+from tpcomm.build import MODEL_TYPES, build_model
 from configurator import ConfigError, configure, exit_on_config_error, save_config
 from tpcomm.data_parallel import DATA_PARALLEL, INIT_DEVICES, parallelize, set_gradient_sync
 from data.vocab import load_vocab

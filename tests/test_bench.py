@@ -6,7 +6,7 @@ import torch
 
 import bench
 from conftest import one_line_error, run_script
-from model import GPT, GPTConfig
+from model import GPTConfig
 from tpcomm.models import PlainGPT
 
 TINY = ["--device=cpu", "--dtype=float32", "--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16",

@@ -110,7 +110,7 @@ def test_result_file_holds_what_the_tables_need(tmp_path, char_data):
     git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     if git.returncode == 0:
         assert rec["git"]["commit"] == git.stdout.strip() and isinstance(rec["git"]["dirty"], bool)
-    from tpcomm.models import build_model
+    from tpcomm.build import build_model
     model = build_model("distributed_gpt", dict(job.cfg, vocab_size=rec["data"]["vocab_size"]))
     total = sum(p.numel() for p in model.parameters())
     emb = model.transformer.wte.weight.numel() + model.transformer.wpe.weight.numel()
@@ -613,11 +613,11 @@ def test_paired_differences_confidence_intervals_and_ordering(tmp_path):
     assert "| 3comm | `['parallel','spd']*2` | 3 | 1.8000 ± 0.1414 | -0.2000 [-1.4706, +1.0706] | -0.1000, -0.3000 | " \
            "-0.1000 [-0.1000, -0.1000] |" in md, md
     assert "criterion for flat: under 1%: met" in md
-    paths = results.write_paired(rows, str(tmp_path))
+    paths = plots.write_paired(rows, str(tmp_path))
     assert [os.path.basename(p) for p in paths] == ["paired.md", "paired_difference_vs_tokens.png"]
     # one seed: nothing to pair, nothing written
     one = results.summarize([("8comm", [record(base[0])]), ("3comm", [record(low[0])])])
-    assert results.write_paired(one, str(tmp_path / "x")) == []
+    assert plots.write_paired(one, str(tmp_path / "x")) == []
 
 
 def test_an_interrupted_checkpointing_run_resumes_from_its_checkpoint(tmp_path, char_data):

@@ -22,7 +22,7 @@ from model import KVCache
 from tensor_parallel_model import DistributedGPT, TPConfig
 from tpcomm import trace as comm_trace
 from tpcomm.collectives import SimulatedTP, copy_to_tp_region, reduce_from_tp_region, reduce_from_tp_region_async
-from tpcomm.models import build_model
+from tpcomm.build import build_model
 
 # float64 throughout: the sharded model sums the same products as the references in another order (batched matmuls,
 # a sum over shards, SDPA's kernel against the reference's per-shard call); measured differences <3e-16 on logits,

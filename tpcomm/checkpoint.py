@@ -15,7 +15,7 @@ import torch
 
 from configurator import ConfigError
 from model import GPT, NANOGPT_ARGS, GPTConfig
-from tpcomm.models import MODEL_TYPES, build_model
+from tpcomm.build import MODEL_TYPES, build_model
 from tpcomm.runtime import RunError
 
 # out_dir/ckpt.pt is a dict:

@@ -6,19 +6,14 @@ materialisation, gradient clipping and the replicated-gradient sync, the communi
 
 ModelInterface holds the single-device answers (the plain operations, or nothing to do); DistributedGPT overrides
 them. PlainGPT is model.py's GPT with this interface and keyed dropout: what model_type='gpt' trains. Its
-parameters and state dict are GPT's, so checkpoints stay nanoGPT's.
+parameters and state dict are GPT's, so checkpoints stay nanoGPT's. tpcomm/build.py builds either from a config.
 """
-
-import contextlib
 
 import torch
 import torch.nn as nn
 
-from configurator import ConfigError
-from model import GPT, NANOGPT_ARGS, GPTConfig, init_gpt2_param_
+from model import GPT, init_gpt2_param_
 from tpcomm.dropout import ATTN_OUT, ATTN_PROBS, EMBED, MLP_OUT, DropoutKey, KeyedDropout
-
-MODEL_TYPES = ("gpt", "distributed_gpt")
 
 
 def whole(t):
@@ -202,27 +197,3 @@ def clip_to_norm_(grads, total, max_norm):
     for g in grads:
         g.mul_(coef.to(g.dtype))
     return total
-
-
-def build_model(model_type, model_args, *, pd=None, init_device="default"):
-    """PlainGPT or DistributedGPT from a dict of GPTConfig fields (nanoGPT's 7, gelu_approximate) and, for
-    distributed_gpt, tp_size, block_types, loss_parallel and the TP_COMM_OPTIONS. Extra keys are ignored, so a run's config dict works
-    too. init_device='meta': built on the meta device, no memory and no weights: shard it if wanted, then
-    model.materialize_(device) gives GPT's initial weights bitwise (data_parallel.parallelize does both)."""
-    if init_device not in ("default", "meta"):
-        raise ConfigError(f"init_device must be 'default' or 'meta', got {init_device!r}")
-    meta = init_device == "meta"
-    gpt_args = {k: model_args[k] for k in NANOGPT_ARGS}
-    gpt_args["gelu_approximate"] = model_args.get("gelu_approximate") or "none"
-    with torch.device("meta") if meta else contextlib.nullcontext():
-        if model_type == "gpt":
-            return PlainGPT(GPTConfig(**gpt_args))
-        if model_type == "distributed_gpt":
-            from tensor_parallel_model import TP_COMM_OPTIONS, DistributedGPT, TPConfig
-
-            options = {k: model_args[k] for k in TP_COMM_OPTIONS if k in model_args}
-            return DistributedGPT(TPConfig(**gpt_args, tp_size=model_args.get("tp_size", 1),
-                                           block_types=model_args.get("block_types"),
-                                           loss_parallel=bool(model_args.get("loss_parallel", False)), **options),
-                                  pd=pd, init=not meta)
-    raise ConfigError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")

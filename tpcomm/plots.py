@@ -12,7 +12,7 @@ import os
 import statistics
 import textwrap
 
-from tpcomm.results import SCATTER_LIMIT, sizes_vary, varies, group_key, paired, size_label
+from tpcomm.results import SCATTER_LIMIT, group_key, has_pairs, paired, paired_markdown, size_label, sizes_vary, varies
 
 PLOTS = ("val_loss_vs_allreduces.png", "val_loss_curves.png", "tokens_per_s_vs_allreduces.png")
 
@@ -279,3 +279,17 @@ def draw_penalty(data, *, xlabel, title, xticks):
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def write_paired(rows, out_dir, *, title="Communication sweep"):
+    """paired.md and paired_difference_vs_tokens.png when the baseline and another config have 2+ common seeds;
+    returns their paths ([] otherwise)."""
+    if not has_pairs(rows):
+        return []
+    os.makedirs(out_dir, exist_ok=True)
+    md, png = os.path.join(out_dir, "paired.md"), os.path.join(out_dir, "paired_difference_vs_tokens.png")
+    with open(md, "w") as f:
+        f.write(f"# {title}: paired differences to the baseline\n\n{paired_markdown(rows)}\n")
+    data, draw = paired_plot(rows, title=title)
+    save_png(draw(), png, data)
+    return [md, png]

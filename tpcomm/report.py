@@ -423,5 +423,5 @@ def write_sweep_outputs(ctx, names, *, root, say):
         title = f"{name} sweep"
         results.write_tables(rows, sweep_dir, title=title, note=sweeps.SWEEP_REMARKS.get(name, ""))
         plots.write_plots(rows, sweep_dir, title=title)
-        results.write_paired(rows, sweep_dir, title=title)
+        plots.write_paired(rows, sweep_dir, title=title)
         say(f"{name}: {len(rows)} configs; tables and plots in {os.path.relpath(sweep_dir, root)}")

@@ -7,8 +7,7 @@ those files alone, never from wandb, a run directory or a config's name.
     write_record(record, path); record = read_record(path)
     rows = summarize([("24comm", [record_seed1, record_seed2]), ("12comm", [...]), ...])
     write_tables(rows, out_dir)   # results.md, results.csv, results.json
-    write_paired(rows, out_dir)   # with 2+ seeds: paired.md and paired_difference_vs_tokens.png
-    (the plots: tpcomm/plots.py; the README's and docs' tables and plots: tpcomm/report.py)
+    (the plots, and write_paired's paired.md beside its plot: tpcomm/plots.py; the README's and docs' tables and plots: tpcomm/report.py)
 
 A file that is not what train.py, the runner or run_record write (truncated JSON, a wrong type) raises ResultsError
 naming the file (and line).
@@ -175,7 +174,7 @@ def tokens_per_iter(cfg):
 def count_params(cfg, vocab_size):
     """(total, non-embedding) parameters of the run's whole model, built on the meta device (no memory). Non-embedding
     leaves out the token embedding (tied to lm_head) and the position embedding, as in scaling-law counts."""
-    from tpcomm.models import build_model
+    from tpcomm.build import build_model
 
     model = build_model(cfg["model_type"], dict(cfg, vocab_size=vocab_size, dropout=0.0), init_device="meta")
     total = model.get_num_params(non_embedding=False)
@@ -583,19 +582,3 @@ def has_pairs(rows):
     """The baseline and another config have 2+ common seeds: a paired comparison says something."""
     return any(len(p["seeds"]) > 1 for c, p in paired(rows).items()
                if c not in {r["baseline"] for r in rows})
-
-
-def write_paired(rows, out_dir, *, title="Communication sweep"):
-    """paired.md and paired_difference_vs_tokens.png when the baseline and another config have 2+ common seeds;
-    returns their paths ([] otherwise)."""
-    if not has_pairs(rows):
-        return []
-    os.makedirs(out_dir, exist_ok=True)
-    md, png = os.path.join(out_dir, "paired.md"), os.path.join(out_dir, "paired_difference_vs_tokens.png")
-    with open(md, "w") as f:
-        f.write(f"# {title}: paired differences to the baseline\n\n{paired_markdown(rows)}\n")
-    from tpcomm import plots
-
-    data, draw = plots.paired_plot(rows, title=title)
-    plots.save_png(draw(), png, data)
-    return [md, png]

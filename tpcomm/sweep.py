@@ -547,7 +547,7 @@ def report(jobs, sweep_dir, *, title, note="", remark=""):
         raise SweepError(f"no finished runs in {sweep_dir}")
     results.write_tables(rows, sweep_dir, title=title, note="\n\n".join(t for t in (note, remark) if t))
     pngs = plots.write_plots(rows, sweep_dir, title=title, note=note)
-    paired = results.write_paired(rows, sweep_dir, title=title)
+    paired = plots.write_paired(rows, sweep_dir, title=title)
     if paired:  # 2+ seeds: the paired comparison with the baseline
         pngs.append(paired[1])
         return results.markdown_table(rows) + "\n\n" + results.paired_markdown(rows), pngs
@@ -559,7 +559,7 @@ def comm_counts(jobs, *, tokens=64):
     bf16 under autocast) of the config's own model: all-reduces per pass and bytes per token per rank."""
     import torch
 
-    from tpcomm.models import build_model
+    from tpcomm.build import build_model
 
     lines = ["| config | block pattern | tp_size | fwd all-reduces | bwd all-reduces | bytes/token fp32 | "
              "bytes/token bf16 |", "|---|---|---:|---:|---:|---:|---:|"]
@@ -649,12 +649,14 @@ def homes_of(runs, overrides, *, out=None):
     return {} if out else {r.home: sweep_dir_for(r.home, overrides) for r in runs if r.home}
 
 
-def main(argv):
+def main(argv, *, report_main=None):
+    """Run (or dry-run, count, report) one sweep; `report ...` calls report_main (tpcomm.report.main, which reads
+    this module's sweeps: experiment.py passes it in)."""
     sweep, opts, overrides = parse_args(argv)
     if sweep == "report":
-        from tpcomm import report as docs_report
-
-        status = docs_report.main(opts["sweeps"], check=opts["check"])
+        if report_main is None:
+            raise SweepError("report: run it as `python experiment.py report`")
+        status = report_main(opts["sweeps"], check=opts["check"])
         if status:
             sys.exit(status)
         return
@@ -719,7 +721,7 @@ def show_report(sweep_dir, table, plots, *, remark=""):
     print("docs:   python experiment.py report   (README/docs tables and plots from the result files)")
 
 
-def cli(argv):
+def cli(argv, *, report_main=None):
     """main with user errors as one line and exit status 2, and Ctrl-C as a note on how to continue. --help (-h):
     the entry script's docstring and the sweeps."""
     if "--help" in argv or "-h" in argv:
@@ -728,7 +730,7 @@ def cli(argv):
               f"--report-only --dry-run --counts; other --key=value options are train.py overrides")
         sys.exit(0)
     try:
-        main(argv)
+        main(argv, report_main=report_main)
     except (SweepError, ConfigError, results.ResultsError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -736,6 +738,3 @@ def cli(argv):
         print("\ninterrupted: finished runs are kept; run the same command again to continue", file=sys.stderr)
         sys.exit(130)
 
-
-if __name__ == "__main__":
-    cli(sys.argv[1:])
