@@ -62,6 +62,9 @@ def validate_sync_options(*, tp_overlap, sequence_parallel, block_types):
         raise ConfigError(f"tp_overlap must be a positive int (chunks of the batch), got {tp_overlap!r}")
     if not isinstance(sequence_parallel, bool):
         raise ConfigError(f"sequence_parallel must be True or False, got {sequence_parallel!r}")
+    if tp_overlap > 1 and not {"tp", "spd"} & set(block_types):
+        raise ConfigError(f"tp_overlap={tp_overlap} has nothing to overlap: it chunks 'tp' and 'spd' blocks, and "
+                          f"block_types={block_types} has none (a 'ladder' block overlaps by itself)")
     if sequence_parallel and tp_overlap > 1:
         raise ConfigError(f"sequence_parallel=True does not run with tp_overlap={tp_overlap} (the chunks' "
                           f"reduce-scatters and all-gathers are not asynchronous; docs/overlap.md): use one of them")

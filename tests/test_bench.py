@@ -113,20 +113,20 @@ def test_decode_mode_times_prefill_and_tokens(tmp_path):
 def test_variants_time_every_pattern_with_every_way_to_move_its_syncs(capsys):
     """--variants: a row per (pattern, variant) in one run, counts measured (tp_overlap=2: twice the all-reduces,
     all asynchronous; SP: reduce-scatters and all-gathers instead; int8: fewer ring bytes); a pair that cannot run
-    (ladder with SP) is listed as skipped, not an error."""
+    (ladder with SP or tp_overlap) is listed as skipped, not an error."""
     bench.main([*TINY, "--model_type=distributed_gpt", "--tp_size=2", "--batch_size=2", "--patterns=['tp', 'ladder']",
                 "--variants=[{}, {'tp_overlap': 2}, {'sequence_parallel': True}, {'tp_comm_dtype': 'int8'}]"])
     out = capsys.readouterr().out
     rows = {r[0].strip("`"): r[1:] for r in ([c.strip() for c in line.split("|")[1:-1]]
                                              for line in out.splitlines() if line.startswith("| `"))}
-    assert list(rows) == ["tp", "tp +overlap2", "tp +sp", "tp +int8/32", "ladder", "ladder +overlap2",
-                          "ladder +int8/32"]
+    assert list(rows) == ["tp", "tp +overlap2", "tp +sp", "tp +int8/32", "ladder", "ladder +int8/32"]
     n = 2 * 2  # two tp blocks in TINY
     assert rows["tp"][:2] == [f"{n} (0)", "0 / 0"] and rows["tp +overlap2"][:2] == [f"{2 * n} ({2 * n})", "0 / 0"]
     assert rows["tp +sp"][:2] == ["0 (0)", f"{n} / {n + 1}"]  # + the gather before ln_f
     ring = {k: float(v[2].replace(",", "")) for k, v in rows.items()}
     assert ring["tp +int8/32"] < ring["tp"] == ring["tp +overlap2"]
     assert "skipped ladder +sp: sequence_parallel=True does not run with 'ladder'" in out
+    assert "skipped ladder +overlap2: tp_overlap=2 has nothing to overlap" in out
 
 
 @pytest.mark.parametrize("variants, words", [("[{'tp_overlap': 0}]", "tp_overlap"), ("[{'foo': 1}]", "foo"),

@@ -115,6 +115,13 @@ def test_config_refuses_bad_tp_overlap(bad):
         TPConfig(n_layer=2, n_head=4, n_embd=32, tp_size=2, tp_overlap=bad)
 
 
+@pytest.mark.parametrize("blocks", [["ladder"] * 2, ["parallel"] * 2, ["ladder", "parallel"]])
+def test_config_refuses_tp_overlap_with_nothing_to_chunk(blocks):
+    with pytest.raises(ConfigError, match=r"tp_overlap=2 has nothing to overlap.*block_types=\['"):
+        TPConfig(n_layer=2, n_head=4, n_embd=32, tp_size=2, tp_overlap=2, block_types=blocks)
+    TPConfig(n_layer=2, n_head=4, n_embd=32, tp_size=2, tp_overlap=2, block_types=["ladder", "spd"])  # one block: runs
+
+
 def test_train_refuses_a_batch_k_does_not_divide(tmp_path, char_data):
     r = run_script("train.py", *TINY, f"--data_dir={char_data}", f"--out_dir={tmp_path}", "--model_type=distributed_gpt",
                    "--tp_size=2", "--tp_overlap=3")
