@@ -752,6 +752,17 @@ def test_report_without_result_files_notes_them_and_refuses_bad_markers(docs_cop
         "docs/x.md: unknown report block 'nosuch' (tpcomm/report.py blocks() lists them)"]
 
 
+def test_answer_reading_follows_the_interval():
+    """The README answer's reading column: 'worse'/'better' only when the 95% interval excludes 0."""
+    from tpcomm.report import reading_of
+
+    assert reading_of(dict(final=(0.02, 0.01, [0.015, 0.02, 0.025]))) == "worse (95%)"
+    assert reading_of(dict(final=(-0.02, 0.01, [-0.015, -0.02, -0.025]))) == "better (95%)"
+    assert reading_of(dict(final=(0.02, 0.03, [0.0, 0.02, 0.04]))) == "no difference detected (±0.030)"
+    assert reading_of(dict(final=(0.02, None, [0.02]))) == "pending (1 paired seed)"
+    assert reading_of(None) == "pending (0 paired seed)"
+
+
 def test_report_cli_bad_input_is_one_line():
     for args, words in ((["report", "nosuch"], "report: sweep must be one of"), (["report", "--fix"], "--fix")):
         r = run_script("experiment.py", *args)

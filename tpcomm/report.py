@@ -100,17 +100,29 @@ def sweep_answer(ctx, name):
         return no_results(name)
     pairs = results.paired(rows)
     lines = [source_line(name, rows), "",
-             "| pattern | fwd syncs | val loss (mean) | difference to all `tp` [95% CI] | seeds |",
-             "|---|---:|---:|---:|---:|"]
+             "| pattern | fwd syncs | val loss (mean) | difference to all `tp` [95% CI] | seeds | reading |",
+             "|---|---:|---:|---:|---:|---|"]
     for r in rows:
         diff = pairs.get(r["config"])
         cell = "baseline" if r["config"] == r["baseline"] else "—" if diff is None else \
             results.fmt_ci(*diff["final"][:2])
+        reading = "" if r["config"] == r["baseline"] else reading_of(diff)
         note = " (delayed)" if "ladder" in r["block_pattern"] else ""
         note += f" ({r['tp_comm_dtype']})" if r.get("tp_comm_dtype") else ""
         lines.append(f"| `{r['block_pattern']}` | {r['fwd_allreduces']}{note} | {r['val_loss_mean']:.4f} | "
-                     f"{cell} | {r['n_seeds']} |")
+                     f"{cell} | {r['n_seeds']} | {reading} |")
     return data_warning(rows) + "\n".join(lines)
+
+
+def reading_of(diff):
+    """What a paired difference says: worse / better than the baseline when its 95% interval excludes 0, else no
+    difference detected at that interval's resolution; with fewer than 2 paired seeds, that it is pending."""
+    if diff is None or diff["final"][1] is None:
+        return f"pending ({0 if diff is None else len(diff['final'][2])} paired seed)"
+    mean, ci = diff["final"][:2]
+    if abs(mean) > ci:
+        return f"{'worse' if mean > 0 else 'better'} (95%)"
+    return f"no difference detected (±{ci:.3f})"
 
 
 def data_warning(rows):
