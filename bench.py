@@ -538,14 +538,16 @@ def check_variant(cfg, block_types, variant):
 
 
 def variant_name(variant):
-    """'' for the default; else ' +overlap2', ' +sp', ' +int8/32' (dtype/values per scale), joined."""
+    """'' for the default; else ' +overlap2', ' +sp', ' +int8/32' (dtype/values per scale; ' +int8/32 2shot' with
+    tp_comm_exchange='two_shot'), joined."""
     parts = []
     if variant.get("tp_overlap", 1) > 1:
         parts.append(f"overlap{variant['tp_overlap']}")
     if variant.get("sequence_parallel"):
         parts.append("sp")
     if variant.get("tp_comm_dtype"):
-        parts.append(f"{variant['tp_comm_dtype']}/{variant.get('tp_comm_block', 32)}")
+        two = " 2shot" if variant.get("tp_comm_exchange") == "two_shot" else ""
+        parts.append(f"{variant['tp_comm_dtype']}/{variant.get('tp_comm_block', 32)}{two}")
     return "".join(f" +{p}" for p in parts)
 
 
@@ -557,7 +559,8 @@ def comm_row(name, model, cfg, comm, *, dt, exposed, busy, X):
     row = dict(name=name, ms=dt * 1e3, exposed_ms=exposed * 1e3, busy_ms=busy * 1e3,
                fwd=comm.get("fwd_allreduces", 0), asyn=comm.get("async_allreduces", 0),
                rs=comm.get("fwd_reduce_scatters", 0), ag=comm.get("fwd_all_gathers", 0),
-               wire=wire_bytes(comm, cfg["tp_size"]))
+               wire=wire_bytes(comm, cfg["tp_size"],
+                               two_shot=getattr(model.config, "tp_comm_exchange", None) == "two_shot"))
     if name == "gpt":
         return row
     c = model.config
@@ -571,13 +574,15 @@ def comm_row(name, model, cfg, comm, *, dt, exposed, busy, X):
     return row
 
 
-def wire_bytes(comm, p):
+def wire_bytes(comm, p, *, two_shot=False):
     """Bytes per token one rank sends over a ring, forward and backward, from the counted payloads: an all-reduce
-    2(p-1)/p of its tensor, a compressed one (all-gather of the packed partial sums) p-1 times its payload, a
-    reduce-scatter or an all-gather (sequence parallelism; counted as the whole (N, C) buffer) (p-1)/p of it."""
+    2(p-1)/p of its tensor, a compressed one p-1 times its payload (one_shot: an all-gather of the packed partial
+    sums) or 2(p-1)/p of it (two_shot: all-to-all + all-gather, padding aside), a reduce-scatter or an all-gather
+    (sequence parallelism; counted as the whole (N, C) buffer) (p-1)/p of it."""
     compressed = comm.get("compressed_bytes_per_token", 0.0)
     plain = comm.get("comm_bytes_per_token", 0.0) - compressed
-    return 2 * (p - 1) / p * plain + (p - 1) * compressed + (p - 1) / p * comm.get("sp_bytes_per_token", 0.0)
+    shrunk = (2 * (p - 1) / p if two_shot else p - 1) * compressed
+    return 2 * (p - 1) / p * plain + shrunk + (p - 1) / p * comm.get("sp_bytes_per_token", 0.0)
 
 
 def comm_table(rows, cfg, say):

@@ -85,6 +85,7 @@ class TPConfig(GPTConfig):
     sequence_parallel: bool = False  # Megatron SP: the synced stream sharded along the tokens between tp blocks
     tp_comm_dtype: Optional[str] = None  # compress every g reduction's partial sums (block-quantized); None: off
     tp_comm_block: int = 32  # values per absmax scale along the hidden dimension (tp_comm_dtype)
+    tp_comm_exchange: str = "one_shot"  # how they move: 'one_shot' all-gather, 'two_shot' reduce-scatter + all-gather
 
     def __post_init__(self):
         validate_tp_args(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd, tp_size=self.tp_size,
@@ -94,7 +95,8 @@ class TPConfig(GPTConfig):
         validate_sync_options(tp_overlap=self.tp_overlap, sequence_parallel=self.sequence_parallel,
                               block_types=self.block_types)
         validate_compression(tp_comm_dtype=self.tp_comm_dtype, tp_comm_block=self.tp_comm_block, n_embd=self.n_embd,
-                             tp_size=self.tp_size, sequence_parallel=self.sequence_parallel)
+                             tp_size=self.tp_size, sequence_parallel=self.sequence_parallel,
+                             tp_comm_exchange=self.tp_comm_exchange)
 
 
 def layer_norm(ln, x):
@@ -485,7 +487,7 @@ class LadderBlock(ShardedBlock):
 
 
 # The TPConfig keys that set how syncs move (build_model and train.py pass them through as they are)
-TP_COMM_OPTIONS = ("tp_overlap", "sequence_parallel", "tp_comm_dtype", "tp_comm_block")
+TP_COMM_OPTIONS = ("tp_overlap", "sequence_parallel", "tp_comm_dtype", "tp_comm_block", "tp_comm_exchange")
 
 # The block types: the names block_types accepts, and their classes. A new type is one class and one entry here.
 BLOCKS = {"tp": TPBlock, "spd": SPDBlock, "parallel": ParallelBlock, "ladder": LadderBlock}
@@ -503,7 +505,7 @@ class DistributedGPT(ModelInterface, GPT):
         if pd is not None and pd.tp > 1 and pd.tp != config.tp_size:
             raise ConfigError(f"tp_mode='real' runs {pd.tp} tp ranks but tp_size is {config.tp_size}")
         self.config = config
-        codec = make_codec(config.tp_comm_dtype, config.tp_comm_block)  # None: g's all-reduces uncompressed
+        codec = make_codec(config.tp_comm_dtype, config.tp_comm_block, config.tp_comm_exchange)  # None: plain
         self.group = tp_group(config.tp_size, pd, codec=codec)
         self.sharding = TPSharding(n_embd=config.n_embd, tp=config.tp_size, group=self.group,
                                    vocab_size=config.vocab_size, vocab_parallel=config.loss_parallel)

@@ -87,6 +87,7 @@ DEFAULTS = dict(
     sequence_parallel=False,  # Megatron sequence parallelism: reduce-scatter + all-gather instead of all-reduce
     tp_comm_dtype=None,  # None (off) | 'bf16' | 'fp8' | 'int8': block-quantized partial sums in every g reduction
     tp_comm_block=32,  # values per absmax scale (tp_comm_dtype)
+    tp_comm_exchange="one_shot",  # 'one_shot': all-gather the compressed partials | 'two_shot': reduce-scatter + all-gather
     # AdamW
     learning_rate=6e-4,
     max_iters=600000,  # steps 0..max_iters: max_iters + 1 steps, as in nanoGPT
@@ -252,7 +253,8 @@ def check_model(cfg):
         from tpcomm.compression import validate_compression
 
         validate_compression(tp_comm_dtype=cfg["tp_comm_dtype"], tp_comm_block=cfg["tp_comm_block"],
-                             n_embd=cfg["n_embd"], tp_size=cfg["tp_size"], sequence_parallel=cfg["sequence_parallel"])
+                             n_embd=cfg["n_embd"], tp_size=cfg["tp_size"], sequence_parallel=cfg["sequence_parallel"],
+                             tp_comm_exchange=cfg["tp_comm_exchange"])
     elif cfg["tp_size"] != 1 or cfg["block_types"] is not None or cfg["tp_mode"] != "simulated":
         raise ConfigError(f"tp_size/block_types/tp_mode need model_type='distributed_gpt', "
                           f"got model_type={cfg['model_type']!r}, tp_size={cfg['tp_size']}, "

@@ -111,6 +111,31 @@ def check_decode(pd, gpt, results):
                                                    stepwise_logits(off, tokens, 5, cached=True), TOL["float64"])
 
 
+def check_two_shot(pd, gpt, results):
+    """tp_comm_exchange='two_shot' (an all-to-all of packed row chunks, then an all-gather of each rank's summed
+    chunk packed again) against its simulation: training (the ladder's asynchronous g's included, dropout 0.2) and
+    KV-cache decoding of one sequence, whose odd token counts pad the last chunk; told apart from one_shot."""
+    idx, tgt = batch(0)
+    prompt = torch.randint(VOCAB, (1, 5), generator=torch.Generator().manual_seed(9))
+    two = dict(tp_comm_exchange="two_shot")
+    for dtype in ("bf16", "int8"):
+        for block_types in PATTERNS:
+            key = f"{dtype}/{name(block_types)}"
+            results[f"two_shot/fwd_bwd/{key}"] = compare(*[forward_backward(
+                build(with_dropout(gpt, 0.2), pd, block_types, dtype, real=real, **two).train(), idx, tgt,
+                (1337, 3, 1)) for real in (True, False)])
+            models = [build(gpt, pd, block_types, dtype, real=real, **two).eval() for real in (True, False)]
+            tokens = models[1].generate(prompt, 12, temperature=0, use_cache=True)
+            same = torch.equal(models[0].generate(prompt, 12, temperature=0, use_cache=True), tokens)
+            results[f"two_shot/decode_logits/{key}"] = ratio(stepwise_logits(models[0], tokens, 5, cached=True),
+                                                             stepwise_logits(models[1], tokens, 5, cached=True),
+                                                             TOL["float64"])
+            results[f"two_shot/decode_tokens/{key}"] = dict(ok=same)
+    one_shot = forward_backward(build(gpt, pd, PATTERNS[0], "int8", real=False), idx, tgt)
+    results["can_fail/two_shot_vs_one_shot"] = compare(
+        forward_backward(build(gpt, pd, PATTERNS[0], "int8", real=True, **two), idx, tgt), one_shot)
+
+
 def main(argv):
     out_path = argv[0]
     pd = init_parallel(dp=1, tp=int(os.environ["WORLD_SIZE"]), device_type="cpu", backend="gloo")
@@ -118,6 +143,7 @@ def main(argv):
         gpt, results = make_gpt(), {}
         check_forward_backward(pd, gpt, results)
         check_decode(pd, gpt, results)
+        check_two_shot(pd, gpt, results)
         per_rank = [None] * dist.get_world_size()
         dist.all_gather_object(per_rank, results)
         if pd.is_master:

@@ -333,14 +333,19 @@ def test_compressed_reduce_by_hand_and_growth_with_tp():
     kw = dict(alpha=1e-5, busbw=1e11, hbm_bw=1e12, launch=1e-6)
     assert cm.compressed_reduce_time(1e6, 4, **kw) == pytest.approx(5.5375e-5, rel=EXACT)
     assert cm.compressed_reduce_time(1e6, 1, **kw) == 0.0
-    # the all-gather's bytes grow with tp, the ring's stay below 2 n_c: at tp 2 int8 beats the bf16 ring on bytes,
-    # at tp 8 it loses (7 x 1.125 = 7.9 B per value against 2 x 7/8 x 2 = 3.5)
+    # one_shot's bytes grow with tp, two_shot's stay below 2 n_c: at tp 2 int8 beats the bf16 ring on bytes,
+    # at tp 8 one_shot loses (7 x 1.125 = 7.9 B per value against 2 x 7/8 x 2 = 3.5) and two_shot wins (1.97)
     ag = [cm.compressed_reduce_time(1e8, p, **kw) for p in (2, 4, 8)]
     assert ag == sorted(ag)
     bf16 = [cm.allreduce_time(2e8, p, alpha=1e-5, busbw=1e11) for p in (2, 8)]
     assert ag[0] < bf16[0] and ag[2] > bf16[1]
-    ring = cm.compressed_reduce_time(1e8, 8, **kw, comp=cm.Compression(exchange="ring"))
-    assert ring < bf16[1]  # the compressed ring would save at every tp (not implemented in the repo)
+    two = cm.compressed_reduce_time(1e8, 8, **kw, comp=cm.Compression(exchange="two_shot"))
+    assert two < bf16[1]
+    # two_shot by hand, values 1e6, p 4 (n = 2e6 B, n_c = 1.125e6 B): 2 latencies 2e-5; wire 2 x 3/4 x 1.125e6 =
+    # 1.6875e6 B -> 1.6875e-5 s; passes (3.125e6 + 1.625e6 + 0.78125e6 + 3.125e6) / 1e12 = 8.65625e-6; 4 launches
+    t2 = 2e-5 + 1.6875e-5 + 8.65625e-6 + 4e-6
+    assert cm.compressed_reduce_time(1e6, 4, **kw, comp=cm.Compression(exchange="two_shot")) == pytest.approx(
+        t2, rel=EXACT)
     with pytest.raises(ValueError, match="exchange"):
         cm.compressed_reduce_time(1e6, 2, **kw, comp=cm.Compression(exchange="tree"))
 

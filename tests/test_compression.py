@@ -71,24 +71,28 @@ def test_a_non_finite_value_spoils_its_block_only():
 
 # ---------- the model against the per-shard reference ----------
 
-def quantized_sum(dtype, block):
+def quantized_sum(dtype, block, exchange="one_shot"):
     """sum_i deq(s_i) over a list of shard partial sums, written from docs/compression.md: fp32 arithmetic, shard
-    order, the gradient reaching every s_i unchanged (straight-through, g's backward)."""
+    order, the gradient reaching every s_i unchanged (straight-through, g's backward); two_shot: that sum's
+    deq(q(.)) again, as it is all-gathered."""
+    def deq(s):
+        v = s.detach().float()
+        if dtype == "bf16":
+            d = v.to(torch.bfloat16).float()
+        else:
+            b = v.reshape(*v.shape[:-1], v.shape[-1] // block, block)
+            scale = b.abs().amax(-1, keepdim=True) / QMAX[dtype]
+            scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+            y = (b / scale).clamp(-QMAX[dtype], QMAX[dtype])
+            y = torch.round(y) if dtype == "int8" else y.to(torch.float8_e4m3fn).float()
+            d = (y * scale).reshape(v.shape)
+        return s + (d.to(s.dtype) - s).detach()
+
     def total(parts):
         out = 0
         for s in parts:
-            v = s.detach().float()
-            if dtype == "bf16":
-                d = v.to(torch.bfloat16).float()
-            else:
-                b = v.reshape(*v.shape[:-1], v.shape[-1] // block, block)
-                scale = b.abs().amax(-1, keepdim=True) / QMAX[dtype]
-                scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-                y = (b / scale).clamp(-QMAX[dtype], QMAX[dtype])
-                y = torch.round(y) if dtype == "int8" else y.to(torch.float8_e4m3fn).float()
-                d = (y * scale).reshape(v.shape)
-            out = out + (s + (d.to(s.dtype) - s).detach())
-        return out
+            out = out + deq(s)
+        return deq(out) if exchange == "two_shot" else out
     return total
 
 
@@ -127,6 +131,25 @@ def test_simulated_equals_per_shard_reference(dtype, block_types, monkeypatch):
     with pytest.raises(AssertionError):  # the block size matters
         assert_same(run(DistributedGPT.from_gpt(gpt, 4, block_types, tp_comm_dtype=dtype,
                                                 tp_comm_block=16).double(), idx, tgt), got, **tol)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "int8"])
+def test_two_shot_simulated_equals_per_shard_reference(dtype, monkeypatch):
+    """tp_comm_exchange='two_shot': the sum of the dequantized partials quantized and dequantized once more, as
+    in the reference written above (fp64, tp=4, block 8, tolerance as above); told apart from one_shot."""
+    tol, block_types = dict(rtol=1e-9, atol=1e-9), REF_PATTERNS[1]
+    gpt, (idx, tgt) = reference_gpt(block_types), batch()
+    model = DistributedGPT.from_gpt(gpt, 4, block_types, tp_comm_dtype=dtype, tp_comm_block=8,
+                                    tp_comm_exchange="two_shot").double()
+    got = run(model, idx, tgt)
+    one_shot = run(DistributedGPT.from_gpt(gpt, 4, block_types, tp_comm_dtype=dtype, tp_comm_block=8).double(),
+                   idx, tgt)
+    monkeypatch.setattr(test_tensor_parallel, "sum", quantized_sum(dtype, 8, "two_shot"), raising=False)
+    assert_same(got, run_reference(gpt, idx, tgt, 4, block_types), **tol)
+    with pytest.raises(AssertionError):  # the second quantization changes the results
+        assert_same(got, one_shot, **tol)
+    counts = model.comm_per_forward(idx)  # the same payload per rank counted as one_shot's (bench: wire bytes)
+    assert counts["compressed_allreduces"] == counts["fwd_allreduces"] > 0
 
 
 def test_compressed_model_stays_close_to_uncompressed():
@@ -209,6 +232,8 @@ def test_error_table():
     (dict(tp_comm_dtype="int8", tp_comm_block=12), ["tp_comm_block (12)", "n_embd (32)"]),
     (dict(tp_comm_dtype="fp8", tp_size=1), ["tp_comm_dtype='fp8'", "tp_size=1"]),
     (dict(tp_comm_dtype="int8", sequence_parallel=True), ["tp_comm_dtype='int8'", "sequence_parallel=True"]),
+    (dict(tp_comm_dtype="int8", tp_comm_exchange="ring"), ["tp_comm_exchange", "'ring'", "'two_shot'"]),
+    (dict(tp_comm_exchange="two_shot"), ["tp_comm_exchange='two_shot'", "tp_comm_dtype"]),
 ])
 def test_config_refuses_bad_compression(options, words):
     with pytest.raises(ConfigError) as e:
@@ -222,6 +247,7 @@ def test_config_refuses_bad_compression(options, words):
     (["--tp_comm_dtype=int8", "--tp_comm_block=-1"], ["tp_comm_block", "-1"]),
     (["--tp_comm_dtype=fp8", "--tp_size=1"], ["tp_comm_dtype='fp8'", "tp_size=1"]),
     (["--tp_comm_dtype=int8", "--sequence_parallel=True"], ["tp_comm_dtype='int8'", "sequence_parallel=True"]),
+    (["--tp_comm_exchange=two_shot"], ["tp_comm_exchange='two_shot'", "tp_comm_dtype"]),
 ])
 def test_train_refuses_bad_compression(tmp_path, char_data, args, words):
     r = run_script("train.py", "config/train_shakespeare_char_spd.py", *TINY, f"--data_dir={char_data}",
@@ -268,6 +294,19 @@ def test_real_tp2_equals_simulated(real_results, dtype):
         if "counts" in result:
             real, sim = result["counts"]
             assert real == sim and real["compressed_allreduces"] == real["fwd_allreduces"] > 0, key
+
+
+def test_real_tp2_two_shot_equals_simulated(real_results):
+    """Real tp=2 two_shot (all-to-all, then all-gather, both of packed bytes) against its simulation, fp64 (the
+    worker's TOL): training with dropout, the ladder's asynchronous reductions, decoding with padded chunks."""
+    checks = {k: v for k, v in real_results.items() if k.startswith("two_shot/")}
+    assert len(checks) == 3 * 2 * 2, sorted(checks)
+    for key, result in checks.items():
+        assert result["ok"] if "ok" in result else result["ratio"] <= 1.0, (key, json.dumps(result))
+        if "counts" in result:
+            real, sim = result["counts"]
+            assert real == sim and real["compressed_allreduces"] == real["fwd_allreduces"] > 0, key
+    assert real_results["can_fail/two_shot_vs_one_shot"]["ratio"] > 10
 
 
 def test_real_tp2_comparisons_can_fail(real_results):

@@ -160,7 +160,7 @@ class SimulatedTP:
     def sum_partials(self, x):
         """g's sum of the residual stream's partial sums (L, N, C) -> (N, C): sum_shards, or with a codec the sum of
         what each shard's partial sum arrives as, dequantized (see tpcomm.compression), in shard order."""
-        return self.sum_shards(x) if self.codec is None else self.codec.roundtrip(x).sum(0)
+        return self.sum_shards(x) if self.codec is None else self.codec.reduce(x)
 
     def sum_partials_async(self, x):
         """sum_partials to be waited for: summed at once here, (the sum, None)."""
@@ -277,12 +277,30 @@ class RealTP:
         partials, in rank order, once wait(work) has returned."""
         if self.codec is None:
             return self.sum_shards_async(x)
+        if self.codec.exchange == "two_shot":
+            return self.two_shot_async(x)
         payload = self.codec.pack(x[0])
         gathered = payload.new_empty(self.tp * payload.numel())  # every rank's payload, rank order
         start = time.perf_counter()
         work = self.in_flight(dist.all_gather_single(gathered, payload, group=self.group, async_op=True), start)
         out = x.new_empty(x.shape[1:])
         return out, _Decompress(work, gathered.view(self.tp, -1), self.codec, out)
+
+    def two_shot_async(self, x):
+        """The two_shot exchange of (1, N, C) partial sums (tpcomm.compression): the rows in tp chunks of
+        ceil(N/tp) (zero-padded), chunk j of every rank's packed partial sent to rank j by an all-to-all issued now;
+        wait(work) sums the dequantized chunks, all-gathers that sum packed again and writes all of it into the
+        (N, C) buffer returned. The all-gather runs inside wait: exposed, while the all-to-all may overlap."""
+        rows = x[0].reshape(-1, x.shape[-1])
+        per = -(-rows.shape[0] // self.tp)
+        padded = torch.nn.functional.pad(rows, (0, 0, 0, per * self.tp - rows.shape[0]))
+        send = self.codec.pack_each(padded.view(self.tp, per, -1))  # (tp, chunk payload): row j goes to rank j
+        recv = torch.empty_like(send)
+        start = time.perf_counter()
+        work = self.in_flight(dist.all_to_all_single(recv.view(-1), send.view(-1), group=self.group, async_op=True),
+                              start)
+        out = x.new_empty(x.shape[1:])
+        return out, _TwoShot(self, work, recv, out, per)
 
     def max_shards(self, x):
         return self.all_reduce(x, op=dist.ReduceOp.MAX).squeeze(0)
@@ -376,6 +394,27 @@ class _Decompress:
         # written through .data, unseen by autograd (as an all-reduce writes its buffer): g's output, a view of out
         # made by _Reduced, is not to be read before this wait, and nothing has used it yet
         self.out.data.copy_(self.codec.unpack(self.gathered, self.out.shape, self.out.dtype).sum(0))
+
+
+class _TwoShot:
+    """The work of a two_shot sum_partials_async: wait() waits for the all-to-all of the packed row chunks into
+    `recv` (tp, chunk payload), sums this rank's chunk dequantized, all-gathers it packed again (blocking, timed as
+    busy here and as exposed by RealTP.wait) and writes every rank's chunk, dequantized, into `out`."""
+
+    def __init__(self, group, work, recv, out, per):
+        self.group, self.work, self.recv, self.out, self.per = group, work, recv, out, per
+
+    def wait(self):
+        self.work.wait()
+        g, codec, shape = self.group, self.group.codec, (self.per, self.out.shape[-1])
+        mine = codec.unpack(self.recv, shape, self.out.dtype).sum(0)  # this rank's rows of the sum, rank order
+        payload = codec.pack(mine)
+        gathered = payload.new_empty(g.tp * payload.numel())
+        start = time.perf_counter()
+        dist.all_gather_single(gathered, payload, group=g.group)
+        g.counter.busy_seconds += time.perf_counter() - start
+        rows = codec.unpack(gathered.view(g.tp, -1), shape, self.out.dtype).reshape(-1, shape[1])
+        self.out.data.copy_(rows[:self.out.numel() // shape[1]].view(self.out.shape))  # as _Decompress writes
 
 
 def tp_group(tp, pd=None, *, codec=None):

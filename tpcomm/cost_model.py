@@ -262,7 +262,7 @@ class Compression(NamedTuple):
     bits: int = 8  # per value on the wire (int8 or fp8)
     block: int = 32  # values per absmax scale (tp_comm_block)
     scale_bytes: int = 4  # one fp32 scale per block
-    exchange: str = "allgather"  # 'allgather': what the repo implements; 'ring': compressed ring (not implemented)
+    exchange: str = "one_shot"  # tp_comm_exchange: 'one_shot' all-gathers the partials, 'two_shot' RS + AG
 
 
 INT8 = Compression()
@@ -275,21 +275,22 @@ def compressed_bytes(values, comp=INT8):
 
 
 def compressed_reduce_time(values, p, *, alpha, busbw, hbm_bw, launch, comp=INT8, value_bytes=BF16):
-    """Seconds for one reduction of `values` partial sums compressed. 'allgather' (the repo's): every rank
-    all-gathers the p compressed partials, (p-1) n_c bytes received per rank, and sums them locally; 'ring': the
-    ring all-reduce's 2(p-1)/p of n_c (ideal: each reduce step would requantize). Plus the quantize pass (read n,
-    write n_c) and the dequantize-and-sum pass (read the p or 2 partials, write n) at HBM bandwidth, two kernels."""
+    """Seconds for one reduction of `values` partial sums compressed (n = values x value_bytes, n_c compressed).
+    'one_shot': one all-gather of the p compressed partials, (p-1) n_c sent per rank, then a quantize pass (read n,
+    write n_c) and a dequantize-and-sum pass (read p n_c, write n): two kernels. 'two_shot': an all-to-all of row
+    chunks then an all-gather of each rank's summed chunk, 2(p-1)/p n_c sent per rank, two latencies; passes:
+    quantize (n, n_c), dequantize-and-sum the chunk (n_c, n/p), requantize it (n/p, n_c/p), dequantize what is
+    gathered (n_c, n): four kernels. All passes at HBM bandwidth."""
     if p == 1:
         return 0.0
-    nc = compressed_bytes(values, comp)
-    if comp.exchange == "allgather":
-        wire, read = (p - 1) * nc, p * nc
-    elif comp.exchange == "ring":
-        wire, read = ring_bytes(nc, p), 2 * nc
+    nc, n = compressed_bytes(values, comp), values * value_bytes
+    if comp.exchange == "one_shot":
+        calls, wire, moved, kernels = 1, (p - 1) * nc, n + nc + p * nc + n, 2
+    elif comp.exchange == "two_shot":
+        calls, wire, moved, kernels = 2, ring_bytes(nc, p), (n + nc) + (nc + n / p) + (n / p + nc / p) + (nc + n), 4
     else:
-        raise ValueError(f"exchange must be 'allgather' or 'ring', got {comp.exchange!r}")
-    passes = (values * value_bytes + nc + read + values * value_bytes) / hbm_bw + 2 * launch
-    return alpha + wire / busbw + passes
+        raise ValueError(f"exchange must be 'one_shot' or 'two_shot', got {comp.exchange!r}")
+    return calls * alpha + wire / busbw + moved / hbm_bw + kernels * launch
 
 
 def overlapped_syncs(block_types):
@@ -324,8 +325,8 @@ class Options(NamedTuple):
 def train_variants(shape, *, tp, link, tokens, seq_len, mfu, opts=Options(), peak=None):
     """{variant: (compute s, exposed communication s)} of one training micro-step: blocking all 'tp'; with
     sequence parallelism; tp_overlap=K on every module forward and backward (Domino-style); all 'ladder' as the repo
-    runs it (forward all-reduces delayed, backward blocking); int8-compressed forward reductions (backward ones stay
-    bf16 all-reduces); dropped: all 'spd' and ['parallel','spd']*(L/2)."""
+    runs it (forward all-reduces delayed, backward blocking); int8-compressed forward reductions, one_shot and
+    two_shot exchange (backward ones stay bf16 all-reduces); dropped: all 'spd' and ['parallel','spd']*(L/2)."""
     peak = const("h100_bf16_flops") if peak is None else peak
     L, n = shape.n_layer, tokens * shape.n_embd * BF16
     per_flop = tokens / (tp * peak * mfu)
@@ -336,12 +337,13 @@ def train_variants(shape, *, tp, link, tokens, seq_len, mfu, opts=Options(), pea
     kw = dict(alpha=link.alpha, busbw=link.busbw, efficiency=opts.efficiency)
     overlap = sum(chunked_exposed(c, n, tp, chunks=opts.chunks, **kw)
                   + chunked_exposed(2 * c, n, tp, chunks=opts.chunks, **kw) for c in fwd)
-    squeezed = compressed_reduce_time(tokens * shape.n_embd, tp, alpha=link.alpha, busbw=link.busbw,
-                                      hbm_bw=opts.hbm_bw, launch=opts.launch, comp=opts.comp)
+    squeezed = {e: compressed_reduce_time(tokens * shape.n_embd, tp, alpha=link.alpha, busbw=link.busbw,
+                                          hbm_bw=opts.hbm_bw, launch=opts.launch, comp=opts.comp._replace(exchange=e))
+                for e in ("one_shot", "two_shot")}
     comm = {"blocking": 4 * L * t, "+sp": 4 * L * sp_time(n, tp, alpha=link.alpha, busbw=link.busbw),
             f"overlap K={opts.chunks}": overlap,
             "ladder": ladder_exposed([t] * 2 * L, fwd, efficiency=opts.efficiency) + 2 * L * t,
-            "int8": 2 * L * (squeezed + t),
+            "int8": 2 * L * (squeezed["one_shot"] + t), "int8 2shot": 2 * L * (squeezed["two_shot"] + t),
             "all spd": 2 * forward_syncs(["spd"] * L) * t,
             "parallel/spd": 2 * forward_syncs(["parallel", "spd"] * (L // 2)) * t}
     return {k: (compute, v) for k, v in comm.items()}
@@ -375,17 +377,17 @@ def decode_variants(shape, *, context, batch, tp, link, opts=Options()):
     """{variant: (memory s, exposed communication s)} of one decode step: memory-bound modules (weights/tp and the
     KV cache read at HBM bandwidth; attention's module holds q, o, k, v and the cache, the MLP its 3 d ffn weights,
     the rest embedding and lm_head) and batch x d bf16 all-reduces: blocking all 'tp', all 'ladder', int8
-    (all-gather, the repo's; ring), all 'spd'. tp_overlap is left out: a chunk re-reads the weights."""
+    (one_shot and two_shot exchange), all 'spd'. tp_overlap is left out: a chunk re-reads the weights."""
     L, d = shape.n_layer, shape.n_embd
     attn, mlp, rest = decode_modules(shape, context=context, batch=batch, tp=tp, hbm_bw=opts.hbm_bw)
     memory = L * (attn + mlp) + rest
     t = allreduce_time(batch * d * BF16, tp, alpha=link.alpha, busbw=link.busbw)
     squeezed = {e: compressed_reduce_time(batch * d, tp, alpha=link.alpha, busbw=link.busbw, hbm_bw=opts.hbm_bw,
                                           launch=opts.launch, comp=opts.comp._replace(exchange=e))
-                for e in ("allgather", "ring")}
+                for e in ("one_shot", "two_shot")}
     comm = {"blocking": 2 * L * t,
             "ladder": ladder_exposed([t] * 2 * L, [attn, mlp] * L, efficiency=opts.efficiency),
-            "int8": 2 * L * squeezed["allgather"], "int8 ring": 2 * L * squeezed["ring"], "all spd": L * t}
+            "int8": 2 * L * squeezed["one_shot"], "int8 2shot": 2 * L * squeezed["two_shot"], "all spd": L * t}
     return {k: (memory, v) for k, v in comm.items()}
 
 
@@ -473,7 +475,7 @@ def print_published(cfg, opts):
         print(f"| {what} | {shown_p} | {shown_m} | {err} |")
 
 
-TRAIN_COLUMNS = ("+sp", "overlap", "ladder", "int8", "all spd", "parallel/spd")
+TRAIN_COLUMNS = ("+sp", "overlap", "ladder", "int8", "int8 2shot", "all spd", "parallel/spd")
 
 
 def print_training(cfg, opts):
@@ -487,7 +489,8 @@ def print_training(cfg, opts):
           f"tp_overlap={K} on every module, forward and backward (Domino-style; chunk k's all-reduce hides behind "
           "chunk k+1's compute, the last chunk's exposed). ladder: all 'ladder' as the repo runs it (forward "
           "all-reduce of module i hides behind module i+1, backward blocking). int8: forward reductions "
-          "block-quantized (1.125 B per value, all-gather exchange, the repo's), backward bf16. all spd: L "
+          "block-quantized (1.125 B per value), all-gathered (one_shot) or reduce-scattered and all-gathered "
+          "(2shot: tp_comm_exchange='two_shot'), backward bf16. all spd: L "
           "forward syncs; parallel/spd: L/2.\n")
     print("| model | params | tp | network | compute ms | blocking step ms | comm share | "
           + " | ".join(c if c != "overlap" else f"overlap K={K}" for c in TRAIN_COLUMNS) + " |")
@@ -513,13 +516,13 @@ def print_training(cfg, opts):
 def print_decode(cfg, opts):
     """Per-token decode latency of the LLaMA2-70B shape at tp 8: each variant's ms/token and speedup."""
     tp, batch = 8, cfg["decode_batch"]
-    names = ("blocking", "ladder", "int8", "int8 ring", "all spd")
+    names = ("blocking", "ladder", "int8", "int8 2shot", "all spd")
     print(f"\n## Decode, LLaMA2-70B shape (80 layers, d 8192, GQA 8 KV heads, MLP 3 x d x 28672, 70B params), tp {tp}, "
           f"batch {batch}, context {cfg['decode_context']}, bf16\n")
     print("Per token: each module's weights/tp (attention: also its KV cache) read from HBM at the datasheet "
           f"bandwidth, then its all-reduce of batch x d x 2 B = {batch * LLAMA_70B.n_embd * BF16:,} B. blocking: all "
-          "'tp', 160 all-reduces; ladder: each hides behind the next module's reads; int8: all-gather exchange (the "
-          "repo's), int8 ring: compressed ring (not implemented, for comparison); all spd: 80 all-reduces. "
+          "'tp', 160 all-reduces; ladder: each hides behind the next module's reads; int8: one_shot exchange (an "
+          "all-gather), int8 2shot: tp_comm_exchange='two_shot' (all-to-all + all-gather); all spd: 80 all-reduces. "
           "tp_overlap is left out: at decode a chunk re-reads the weights.")
     attn, mlp, _ = decode_modules(LLAMA_70B, context=cfg["decode_context"], batch=batch, tp=tp, hbm_bw=opts.hbm_bw)
     print(f"Reads per GPU: {attn * 1e6:.1f} us per attention module, {mlp * 1e6:.1f} us per MLP module.\n")
