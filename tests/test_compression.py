@@ -210,8 +210,11 @@ def test_error_table():
     """The command's table (heavy-tailed data, quick): one row per dtype and block, smaller blocks more accurate,
     bf16 (2 bytes a value) the most, every error below 5%; bytes ratio vs fp32: 1.25/4 at block 16."""
     rows = reduction_errors(source="heavy", tps=(2, 4), blocks=(16, 128))
-    by = {(r["dtype"], r["block"]): r for r in rows}
+    two = {(r["dtype"], r["block"]): r for r in rows if r["exchange"] == "two_shot"}
+    by = {(r["dtype"], r["block"]): r for r in rows if r["exchange"] == "one_shot"}
     assert set(by) == {("bf16", None), ("fp8", 16), ("fp8", 128), ("int8", 16), ("int8", 128)}
+    assert set(two) == {("bf16", None), ("fp8", 32), ("int8", 32)}  # the second quantization adds its error
+    assert all(two[k]["err_tp4"] > by[k]["err_tp4"] for k in [("bf16", None)])
     for tp in (2, 4):
         e = {k: r[f"err_tp{tp}"] for k, r in by.items()}
         for dtype in ("fp8", "int8"):

@@ -49,23 +49,32 @@ def heavy_tailed_partials(tp, *, seed=0, n=512, C=1024):
 
 
 def relative_error(parts, codec):
-    """||sum_i deq(s_i) - sum_i s_i|| / ||sum_i s_i|| (Frobenius), both sums in fp64 so only compression counts."""
+    """||g(s) - sum_i s_i|| / ||sum_i s_i|| (Frobenius), g the codec's compressed reduction (one_shot: sum_i
+    deq(s_i); two_shot: deq(q(that))), both sums in fp64 so only compression counts."""
     exact = parts.double().sum(0)
-    return ((codec.roundtrip(parts).double().sum(0) - exact).norm() / exact.norm()).item()
+    got = codec.roundtrip(parts).double().sum(0)
+    if codec.exchange == "two_shot":
+        got = codec.roundtrip(got)
+    return ((got - exact).norm() / exact.norm()).item()
 
 
-def reduction_errors(*, dtypes=ERROR_DTYPES, blocks=ERROR_BLOCKS, tps=ERROR_TPS, source="gpt", seed=0):
-    """Rows {dtype, block, bytes_per_value, bytes_ratio (vs fp32), source, err_tp<t>: mean relative error over the
-    layers}: one compressed reduction per dtype and block size at each tp. source 'gpt' (mlp_partials) or
-    'heavy' (heavy_tailed_partials). bf16 has no blocks: one row, block None."""
+def reduction_errors(*, dtypes=ERROR_DTYPES, blocks=ERROR_BLOCKS, tps=ERROR_TPS, source="gpt", seed=0,
+                     two_shot_blocks=(32,)):
+    """Rows {dtype, block, exchange, bytes_per_value, bytes_ratio (vs fp32), source, err_tp<t>: mean relative error
+    over the layers}: one compressed reduction per dtype and block size at each tp, one_shot, and two_shot at
+    two_shot_blocks. source 'gpt' (mlp_partials) or 'heavy' (heavy_tailed_partials). bf16 has no blocks: block
+    None."""
     make = dict(gpt=mlp_partials, heavy=heavy_tailed_partials)[source]
     parts = {tp: make(tp, seed=seed) for tp in tps}
     rows = []
     for dtype in dtypes:
-        for block in (blocks if dtype in QMAX else [None]):
-            codec = Codec(dtype, block or 1)
+        settings = [(b, "one_shot") for b in (blocks if dtype in QMAX else [None])]
+        settings += [(b, "two_shot") for b in (two_shot_blocks if dtype in QMAX else [None])]
+        for block, exchange in settings:
+            codec = Codec(dtype, block or 1, exchange)
             per_value = codec.payload_bytes(1 if block is None else block) / (block or 1)
-            row = dict(source=source, dtype=dtype, block=block, bytes_per_value=per_value, bytes_ratio=per_value / 4)
+            row = dict(source=source, dtype=dtype, block=block, exchange=exchange, bytes_per_value=per_value,
+                       bytes_ratio=per_value / 4)
             for tp in tps:
                 row[f"err_tp{tp}"] = sum(relative_error(p, codec) for p in parts[tp]) / len(parts[tp])
             rows.append(row)
@@ -75,10 +84,10 @@ def reduction_errors(*, dtypes=ERROR_DTYPES, blocks=ERROR_BLOCKS, tps=ERROR_TPS,
 def error_table(rows):
     """reduction_errors rows as a markdown table."""
     tps = [k for k in rows[0] if k.startswith("err_tp")]
-    head = ["data", "dtype", "block", "bytes/value", "vs fp32", *[f"rel. error tp={k[6:]}" for k in tps]]
+    head = ["data", "dtype", "block", "exchange", "bytes/value", "vs fp32", *[f"rel. error tp={k[6:]}" for k in tps]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["source"], r["dtype"], "-" if r["block"] is None else str(r["block"]),
+        cells = [r["source"], r["dtype"], "-" if r["block"] is None else str(r["block"]), r["exchange"],
                  f"{r['bytes_per_value']:.4g}", f"{r['bytes_ratio']:.3f}", *[f"{r[k]:.2e}" for k in tps]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
