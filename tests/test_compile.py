@@ -35,7 +35,9 @@ def test_compiled_traces_once_and_equals_eager(model_type, dropout):
 
 
 @pytest.mark.parametrize("extra", [dict(tp_overlap=2), dict(sequence_parallel=True), dict(tp_comm_dtype="int8"),
-                                   dict(block_types=["ladder", "tp"])], ids=["overlap2", "sp", "int8", "ladder"])
+                                   dict(tp_comm_dtype="int8", tp_comm_exchange="two_shot"),
+                                   dict(block_types=["ladder", "tp"])], ids=["overlap2", "sp", "int8", "int8-2shot",
+                                                                             "ladder"])
 def test_hide_delay_shrink_compile_once_and_equal_eager(extra):
     """Chunked overlap, sequence parallelism, compressed reductions and the ladder block trace into one graph too."""
     r = run_steps("distributed_gpt", 0.1, extra=extra)
@@ -89,7 +91,8 @@ def test_real_tp_compiled_traces_once_and_equals_eager(tmp_path):
 def test_real_tp_hide_delay_shrink_compiled_equal_eager(tmp_path):
     """Real mode's asynchronous all-reduces (chunks, ladder), compressed exchanges and sequence parallelism's
     reduce-scatter / all-gather: compiled (collectives break the graph in real mode) == eager, no recompile."""
-    variants = [dict(tp_overlap=2, tp_comm_dtype="int8", block_types=["ladder", "tp"]), dict(sequence_parallel=True)]
+    variants = [dict(tp_overlap=2, tp_comm_dtype="int8", block_types=["ladder", "tp"]), dict(sequence_parallel=True),
+                dict(tp_comm_dtype="int8", tp_comm_exchange="two_shot", block_types=["ladder", "tp"])]
     out = tmp_path / "compile.json"
     r = run_script(*TORCHRUN, "--nproc_per_node=2", "tests/compile_worker.py", str(out), json.dumps(variants),
                    timeout=300)

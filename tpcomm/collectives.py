@@ -295,12 +295,13 @@ class RealTP:
         per = -(-rows.shape[0] // self.tp)
         padded = torch.nn.functional.pad(rows, (0, 0, 0, per * self.tp - rows.shape[0]))
         send = self.codec.pack_each(padded.view(self.tp, per, -1))  # (tp, chunk payload): row j goes to rank j
-        recv = torch.empty_like(send)
+        # the buffers a collective writes are not views (torch.compile: a compiled region's output viewed, then
+        # written in place, is refused)
+        recv = send.new_empty(send.numel())
         start = time.perf_counter()
-        work = self.in_flight(dist.all_to_all_single(recv.view(-1), send.view(-1), group=self.group, async_op=True),
-                              start)
+        work = self.in_flight(dist.all_to_all_single(recv, send.reshape(-1), group=self.group, async_op=True), start)
         out = x.new_empty(x.shape[1:])
-        return out, _TwoShot(self, work, recv, out, per)
+        return out, _TwoShot(self, work, recv.view(self.tp, -1), out, per)
 
     def max_shards(self, x):
         return self.all_reduce(x, op=dist.ReduceOp.MAX).squeeze(0)
@@ -404,6 +405,7 @@ class _TwoShot:
     def __init__(self, group, work, recv, out, per):
         self.group, self.work, self.recv, self.out, self.per = group, work, recv, out, per
 
+    @torch.compiler.disable  # eager, as real mode's collectives are: its buffers are written in place between them
     def wait(self):
         self.work.wait()
         g, codec, shape = self.group, self.group.codec, (self.per, self.out.shape[-1])
