@@ -778,6 +778,7 @@ def test_result_files_are_committed_and_run_directories_ignored():
     assert ignored("experiments/cpu-long/all-tp-seed1337/metrics.jsonl")
     assert ignored("experiments/cpu-long/results.md") and ignored("experiments/cpu-long/runs/x.json.tmp")
     assert ignored("experiments/cpu+max_iters=20/runs/24comm-seed1337.json")  # a quick try
+    assert ignored("experiments/local/cpu/runs/24comm-seed1337.json")  # make experiment's own runs
 
 
 def test_on_a_terminal_the_run_progress_goes_into_the_one_sweep_bar():
