@@ -108,7 +108,7 @@ def sweep_answer(ctx, name):
             results.fmt_ci(*diff["final"][:2])
         reading = "" if r["config"] == r["baseline"] else reading_of(diff)
         note = " (delayed)" if "ladder" in r["block_pattern"] else ""
-        note += f" ({r['tp_comm_dtype']})" if r.get("tp_comm_dtype") else ""
+        note += f" ({comm_dtype_label(r)})" if r.get("tp_comm_dtype") else ""
         lines.append(f"| `{r['block_pattern']}` | {r['fwd_allreduces']}{note} | {r['val_loss_mean']:.4f} | "
                      f"{cell} | {r['n_seeds']} | {reading} |")
     return data_warning(rows) + "\n".join(lines)
@@ -139,7 +139,12 @@ def pattern_name(row):
     after it when its syncs were compressed."""
     name = next((p for p, f in sweeps.PATTERNS.items() if results.compact_list(f(row["n_layer"])) ==
                  row["block_pattern"]), row["block_pattern"])
-    return name + (f"-{row['tp_comm_dtype']}" if row.get("tp_comm_dtype") else "")
+    return name + (f"-{comm_dtype_label(row).replace(' ', '-')}" if row.get("tp_comm_dtype") else "")
+
+
+def comm_dtype_label(row):
+    """'int8', or 'int8 2shot' for a row whose compressed reductions used the two_shot exchange."""
+    return row["tp_comm_dtype"] + (" 2shot" if row.get("tp_comm_exchange") == "two_shot" else "")
 
 
 def penalties(rows):

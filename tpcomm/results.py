@@ -328,7 +328,8 @@ def _row(label, recs):
     median_ms = statistics.median(step_ms) if step_ms else None
     return dict(
         config=label, config_file=first.get("config_file", ""), block_pattern=block_pattern(cfg),
-        tp_comm_dtype=cfg.get("tp_comm_dtype"), tp_overlap=cfg.get("tp_overlap", 1),
+        tp_comm_dtype=cfg.get("tp_comm_dtype"), tp_comm_exchange=cfg.get("tp_comm_exchange", "one_shot")
+        if cfg.get("tp_comm_dtype") else None, tp_overlap=cfg.get("tp_overlap", 1),
         sequence_parallel=cfg.get("sequence_parallel", False), tp_size=cfg.get("tp_size"), tp_mode=cfg.get("tp_mode"), n_layer=cfg.get("n_layer"),
         n_embd=cfg.get("n_embd"), n_head=cfg.get("n_head"), params_non_embedding=first["params"].get("non_embedding"),
         params_total=first["params"].get("total"), fwd_allreduces=first["comm"].get("fwd_allreduces"),
