@@ -294,7 +294,7 @@ class RealTP:
         rows = x[0].reshape(-1, x.shape[-1])
         per = -(-rows.shape[0] // self.tp)
         padded = torch.nn.functional.pad(rows, (0, 0, 0, per * self.tp - rows.shape[0]))
-        send = self.codec.pack_each(padded.view(self.tp, per, -1))  # (tp, chunk payload): row j goes to rank j
+        send = self.codec.pack_each(padded.view(self.tp, per, -1))  # (tp, chunk payload): chunk j goes to rank j
         # the buffers a collective writes are not views (torch.compile: a compiled region's output viewed, then
         # written in place, is refused)
         recv = send.new_empty(send.numel())
