@@ -111,27 +111,33 @@ exit_on_run_error = exit_in_one_line(RunError, 1)  # a run that cannot go on: on
 class RunLock:
     """An exclusive lock on a run (or sweep) directory, held while the run works in it: a second run in the same
     directory refuses at start, in one line, instead of interleaving its files with the first. It is an OS lock
-    (flock on DIR/.lock), released by the kernel when the holding process ends, so a killed run never leaves a
-    stuck lock behind."""
+    (flock on DIR/NAME, default DIR/.lock), released by the kernel when the holding process ends, so a killed run
+    never leaves a stuck lock behind. wait=True blocks until the holder lets go instead of refusing."""
 
-    def __init__(self, directory, *, what="run"):
-        self.directory, self.what, self.fd = directory, what, None
+    def __init__(self, directory, *, what="run", name=".lock", wait=False):
+        self.directory, self.what, self.name, self.wait, self.fd = directory, what, name, wait, None
 
-    def __enter__(self):
+    def acquire(self):
+        """True with the lock held; False when another process holds it (never with wait=True)."""
         os.makedirs(self.directory, exist_ok=True)
-        path = os.path.join(self.directory, ".lock")
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.fd = os.open(os.path.join(self.directory, self.name), os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(self.fd, fcntl.LOCK_EX | (0 if self.wait else fcntl.LOCK_NB))
         except OSError as e:
             os.close(self.fd)
             self.fd = None
             if e.errno in (errno.EAGAIN, errno.EACCES):
-                raise ConfigError(f"{self.directory!r} is in use by another {self.what} (lock {path}); wait for it "
-                                  f"or use another directory") from None
+                return False
             raise
         os.ftruncate(self.fd, 0)
         os.write(self.fd, f"{os.getpid()}\n".encode())
+        return True
+
+    def __enter__(self):
+        if not self.acquire():
+            path = os.path.join(self.directory, self.name)
+            raise ConfigError(f"{self.directory!r} is in use by another {self.what} (lock {path}); wait for it "
+                              f"or use another directory")
         return self
 
     def __exit__(self, *exc):

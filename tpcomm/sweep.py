@@ -27,14 +27,14 @@ committed files alone. A run shared by two sweeps (Run.home: tp-axis's and size-
 cpu-long's) lives in its home sweep's directory. A run without a result file whose directory has a valid done.json
 is recorded, not rerun; any other (interrupted) run is started again from scratch, or, when its config checkpoints
 at every eval (always_save_checkpoint, as the axes sweeps), goes on from its ckpt.pt. Ctrl-C or kill stops the sweep
-and its train.py. A sweep holds a lock on each directory it writes while it runs: a second sweep there refuses to
-start. Results: results.md/.csv/.json and three PNGs in the sweep directory; with 2+ seeds also paired.md and
+and its train.py. A sweep locks each run while it trains it (job_lock): a second sweep process over the same runs
+(the same command in another shell, or tp-axis beside cpu-long) skips those and trains the others, so N processes
+train N runs at a time. Results: results.md/.csv/.json and three PNGs in the sweep directory; with 2+ seeds also paired.md and
 paired_difference_vs_tokens.png (differences to the baseline seed by seed, 95% CIs). Runner options and every
 run's train.py config are checked before the first run starts; a user error (a bad value, a corrupt file of a
-finished run, a locked directory) is one line naming it, exit status 2.
+finished run) is one line naming it, exit status 2.
 """
 
-import contextlib
 import hashlib
 import json
 import os
@@ -471,31 +471,53 @@ def finish_job(job, *, progress, say):
     return record_job(job, git=git and dict(git, when="run start"))
 
 
+def job_lock(job):
+    """The lock a sweep holds on a run while it trains it (a file beside the run's directory, which a redo
+    removes): two sweep processes over the same runs share them out instead of training one run twice."""
+    from tpcomm.runtime import RunLock  # torch: imported only when a sweep trains
+
+    return RunLock(os.path.dirname(job.out_dir), what="experiment.py sweep",
+                   name=f".{os.path.basename(job.out_dir)}.lock")
+
+
 def run_sweep(jobs, *, desc="sweep"):
     """Run the jobs without a valid result file one after another, writing each one's result file; jobs with one
-    are skipped. One progress bar, on a terminal only: a log gets plain lines, no escape codes."""
+    are skipped, and so are jobs another sweep process is training (their locks, job_lock): the same sweep started
+    twice trains two runs at a time. Returns the jobs left to another process. One progress bar, on a terminal
+    only: a log gets plain lines, no escape codes."""
     from tqdm import tqdm
 
     signal.signal(signal.SIGTERM, stop_on_sigterm)
     tty = sys.stderr.isatty()
+    busy = []
     with tqdm(total=len(jobs), desc=desc, unit="run", dynamic_ncols=True, disable=not tty) as bar:
         say = tqdm.write if tty else print
         for k, job in enumerate(jobs, 1):
             head = f"[{k}/{len(jobs)}] "
-            problem = result_problem(job)
-            if problem is None:
-                say(f"{head}skip {job.label}: already finished ({job.result_path})")
-            else:
-                if os.path.exists(job.result_path):
-                    say(f"{head}redo {job.label}: {job.result_path}: {problem}")
-                progress = RunProgress(bar, job.label, job.cfg["max_iters"] + 1) if tty else None
-                rec = finish_job(job, progress=progress, say=say)
-                timing = rec["timing"]
-                say(f"{head}done {job.label}: val loss {rec['val_loss']:.4f} at iter {rec['final_iter']}, fwd "
-                    f"all-reduces {rec['comm']['fwd_allreduces']}, {results.fmt(timing['step_ms'], '.1f')} ms/step "
-                    f"(median; p90/median {results.fmt(timing['p90_over_median'], '.2f')}), "
-                    f"{results.fmt(timing['wall_s'], '.0f')} s")
+            lock = job_lock(job)
+            if result_problem(job) is not None and not lock.acquire():
+                say(f"{head}busy {job.label}: another sweep process is training it; left to it")
+                busy.append(job)
+                bar.update(1)
+                continue
+            try:
+                problem = result_problem(job)  # again under the lock: another process may have just finished it
+                if problem is None:
+                    say(f"{head}skip {job.label}: already finished ({job.result_path})")
+                else:
+                    if os.path.exists(job.result_path):
+                        say(f"{head}redo {job.label}: {job.result_path}: {problem}")
+                    progress = RunProgress(bar, job.label, job.cfg["max_iters"] + 1) if tty else None
+                    rec = finish_job(job, progress=progress, say=say)
+                    timing = rec["timing"]
+                    say(f"{head}done {job.label}: val loss {rec['val_loss']:.4f} at iter {rec['final_iter']}, fwd "
+                        f"all-reduces {rec['comm']['fwd_allreduces']}, {results.fmt(timing['step_ms'], '.1f')} "
+                        f"ms/step (median; p90/median {results.fmt(timing['p90_over_median'], '.2f')}), "
+                        f"{results.fmt(timing['wall_s'], '.0f')} s")
+            finally:
+                lock.__exit__()
             bar.update(1)
+    return busy
 
 
 def finished_seeds(dirs, runs):
@@ -675,8 +697,11 @@ def main(argv, *, report_main=None):
     if opts.get("report-only"):
         found = sorted(finished_seeds(dirs, runs))
         jobs = plan(runs, seeds=opts["seeds"] or found or seeds, nproc=opts["nproc"], check_data=False, **planned)
-        record_finished(jobs)
-        table, plots = report(jobs, sweep_dir, title=title, note=note, remark=remark)
+        from tpcomm.runtime import RunLock
+
+        with RunLock(sweep_dir, what="experiment.py sweep", wait=True):  # one report writer at a time
+            record_finished(jobs)
+            table, plots = report(jobs, sweep_dir, title=title, note=note, remark=remark)
         show_report(sweep_dir, table, plots, remark=remark)
         return
     jobs = plan(runs, seeds=seeds, nproc=opts["nproc"], check_data=False, **planned)
@@ -689,23 +714,22 @@ def main(argv, *, report_main=None):
         for j in jobs:
             print(("skip  " if is_finished(j) else "run   ") + shown(command(j)))
         return
+    t0 = time.time()
+    try:
+        busy = run_sweep(jobs, desc=f"sweep {sweep}")
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    print(f"sweep wall time: {time.time() - t0:.0f} s")
+    if busy:
+        print(f"{len(busy)} run(s) left to another sweep process: this report lacks them until it finishes "
+              f"(then: --report-only)")
+    extra = sorted(finished_seeds(dirs, runs) - set(seeds))  # seeds of earlier invocations
+    if extra:
+        jobs += plan(runs, seeds=extra, nproc=opts["nproc"], check_data=False, **planned)
     from tpcomm.runtime import RunLock
 
-    # held for the whole sweep, report included: a second sweep in one of these directories refuses to start (a
-    # ConfigError, one line) instead of deleting and rewriting the runs of this one
-    with contextlib.ExitStack() as locks:
-        for d in dirs:
-            locks.enter_context(RunLock(d, what="experiment.py sweep"))
-        t0 = time.time()
-        try:
-            run_sweep(jobs, desc=f"sweep {sweep}")
-        except RuntimeError as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(1)
-        print(f"sweep wall time: {time.time() - t0:.0f} s")
-        extra = sorted(finished_seeds(dirs, runs) - set(seeds))  # seeds of earlier invocations
-        if extra:
-            jobs += plan(runs, seeds=extra, nproc=opts["nproc"], check_data=False, **planned)
+    with RunLock(sweep_dir, what="experiment.py sweep", wait=True):  # one report writer at a time
         table, plots = report(jobs, sweep_dir, title=title, note=note, remark=remark)
     show_report(sweep_dir, table, plots, remark=remark)
 
