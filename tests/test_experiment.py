@@ -746,6 +746,12 @@ def test_report_regenerates_tables_and_plots_and_check_catches_an_edit(docs_copy
     for png in ("axes_penalty_vs_tp.png", "axes_penalty_vs_size.png", "cpu_long_paired_difference.png"):
         assert plots.png_digest(str(docs_copy / "docs" / png)) is not None, png
     assert (docs_copy / "experiments" / "tp-axis" / "results.md").exists()  # the sweep's own outputs too
+    # the README's answer in words, from the same numbers: per axis every pattern, the verdict from the intervals
+    readme = (docs_copy / "README.md").read_text()
+    assert "- **Tensor-parallel degree** (`tp-axis`): all `spd`: tp 2 +0.003 [+0.001, +0.005] (3), tp 4 +0.003 " \
+        "[+0.001, +0.005] (3), tp 8 +0.003 [+0.001, +0.005] (3);" in readme, readme
+    assert "- **Model size at 6.5 tokens per parameter** (`size-axis`): all `spd`: 25k params +0.003" in readme
+    assert "Worse than all `tp` (95%): all `spd` at tp 2, all `spd` at tp 4, all `spd` at tp 8," in readme
     capsys.readouterr()
     assert report.main(check=True, root=root) == 0 and capsys.readouterr().out == ""
 
@@ -790,6 +796,16 @@ def test_answer_reading_follows_the_interval():
     assert reading_of(dict(final=(0.02, 0.03, [0.0, 0.02, 0.04]))) == "no difference detected (±0.030)"
     assert reading_of(dict(final=(0.02, None, [0.02]))) == "pending (1 paired seed)"
     assert reading_of(None) == "pending (0 paired seed)"
+
+
+def test_answer_verdict_follows_the_intervals():
+    """The README answer's verdict names a pattern only when its 95% interval excludes 0 (anti-vacuity: the same
+    mean with a wider interval is named nowhere)."""
+    from tpcomm.report import _verdict
+
+    assert _verdict({"a": (0.02, 0.01, 3), "b": (-0.02, 0.01, 3), "c": (0.02, 0.03, 3), "d": (0.02, None, 1)}) == \
+        "Worse than all `tp` (95%): a. Better than all `tp` (95%): b."
+    assert _verdict({"a": (0.02, 0.03, 3), "b": (-0.02, 0.03, 3)}) == "No interval excludes 0."
 
 
 def test_report_cli_bad_input_is_one_line():

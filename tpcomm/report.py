@@ -9,7 +9,8 @@ A table lives in a markdown file (README.md, docs/*.md) between two markers:
     <!-- /report:NAME -->
 
 NAME is a key of blocks(): `<sweep>` (its results table), `<sweep>-paired` (paired differences to the baseline, 95%
-CIs), and the axes tables (tp-axis-penalty, tp-axis-alltp, size-axis-penalty, axes-compute). A plot is a PNG in
+CIs), `<sweep>-answer` (the README's compact table), the axes tables (tp-axis-penalty, tp-axis-alltp,
+size-axis-penalty, axes-compute) and `answer` (the README's answer in words, every axis). A plot is a PNG in
 docs/ (plot_specs()) whose metadata holds the sha256 of the numbers it shows (plots.save_png). `report` also rewrites
 each sweep's own outputs (experiments/<sweep>/results.md ...). `report --check` regenerates everything in memory and
 exits 0 only when every marked table equals the generated one and every plot's stored digest equals the generated
@@ -235,6 +236,69 @@ def size_axis_penalty(ctx):
     return data_warning(rows) + "\n".join(lines)
 
 
+ANSWER_LABELS = {"all-spd": "all `spd`", "parallel-spd": "`['parallel','spd']*6`", "all-parallel": "all `parallel`",
+                 "all-ladder": "all `ladder`", "ladder-upper": "`ladder` in the upper half", "all-tp-bf16": "bf16",
+                 "all-tp-fp8": "fp8", "all-tp-int8": "int8", "all-spd-int8": "all `spd` + int8"}
+ANSWER_GROUPS = (("drop", ("all-spd", "parallel-spd", "all-parallel")), ("delay", ("all-ladder", "ladder-upper")),
+                 ("shrink all `tp`'s syncs to", ("all-tp-bf16", "all-tp-fp8", "all-tp-int8")),
+                 ("shrink and drop", ("all-spd-int8",)))
+
+
+def _short(p):
+    """'+0.020 [-0.005, +0.044] (2)': a paired difference, its 95% interval and its seeds, in 3 decimals."""
+    return f"{results.fmt_ci(p[0], p[1], 3)} ({p[2]})"
+
+
+def _verdict(found):
+    """Which of {label: penalty} the 95% interval puts above or below the baseline, in one sentence."""
+    side = {w: [k for k, p in found.items() if p[1] is not None and abs(p[0]) > p[1] and (p[0] > 0) == (w == "worse")]
+            for w in ("worse", "better")}
+    if not side["worse"] + side["better"]:
+        return "No interval excludes 0."
+    return " ".join(f"{w.capitalize()} than all `tp` (95%): {', '.join(side[w])}." for w in side if side[w])
+
+
+def answer_summary(ctx):
+    """The README's answer in words: every paired difference to all `tp`, axis by axis, from the result files."""
+    out = []
+    rows = ctx.rows("cpu-long")
+    pen = {k[0]: v for k, v in penalties(rows).items()}
+    if pen:
+        base = next(r for r in rows if r["config"] == r["baseline"])
+        parts = [f"{verb} " + ", ".join(f"{ANSWER_LABELS[n]} {_short(pen[n])}" for n in names if n in pen)
+                 for verb, names in ANSWER_GROUPS if any(n in pen for n in names)]
+        out.append(f"- **After {base['tokens'] / 1e6:.2f}M tokens** ({base['n_layer']} x {base['n_embd']}, tp "
+                   f"{base['tp_size']}, `cpu-long`, {sum(r['n_seeds'] for r in rows)} result files): "
+                   + "; ".join(parts) + ". " + _verdict({ANSWER_LABELS[n]: p for n, p in pen.items()}))
+    short = next((r["tokens"] for r in rows if r["config"] == r["baseline"]), None)
+    rows = ctx.rows("convergence")
+    pen = {k[0]: v for k, v in penalties(rows).items()}
+    if pen:
+        base = next(r for r in rows if r["config"] == r["baseline"])
+        found = {ANSWER_LABELS[n]: p for n, p in pen.items()}
+        longer = f"{base['tokens'] / short:g}x the training, " if short else ""
+        out.append(f"- **{longer}{base['tokens'] / 1e6:.2f}M tokens** (`convergence`; the baseline still fell "
+                   f"{100 * results.flatness(base)[0]:.2f}% over its last fifth, not flat): "
+                   + ", ".join(f"{k} {_short(p)}" for k, p in found.items()) + ". " + _verdict(found))
+    for axis, title in (("tp-axis", "Tensor-parallel degree"), ("size-axis", "Model size at 6.5 tokens per parameter")):
+        rows = ctx.rows(axis)
+        pen = penalties(rows)
+        size = {results.group_key(r): r["params_non_embedding"] for r in rows if r["config"] == r["baseline"]}
+        where = (lambda k: f"tp {k[1]}") if axis == "tp-axis" else (lambda k: f"{size[k[2]] / 1e3:.0f}k params")
+        order = (lambda k: k[1]) if axis == "tp-axis" else (lambda k: size[k[2]])
+        found, lines = {}, []
+        for name in [n for n in ANSWER_LABELS if any(k[0] == n for k in pen)]:  # all-tp at tp 2, 8: its own table
+            keys = sorted((k for k in pen if k[0] == name), key=order)
+            if len(keys) > 1:
+                lines.append(f"{ANSWER_LABELS[name]}: " + ", ".join(f"{where(k)} {_short(pen[k])}" for k in keys))
+                found.update({f"{ANSWER_LABELS[name]} at {where(k)}": pen[k] for k in keys})
+        out.append(f"- **{title}** (`{axis}`): " + ("; ".join(lines) + ". " + _verdict(found) if lines else
+                                                     "pending: the `cpu-long` runs are its only point so far."))
+    return ("Differences of the final val loss to all `tp` (exactly GPT), paired seed by seed: mean [95% interval by "
+            "Student's t] (seeds), nats/token; generated by `python experiment.py report` from the committed result "
+            "files.\n\n" + "\n".join(out))
+
+
 def axes_compute(ctx):
     lines = ["| sweep | runs (own + shared) | with a result file | wall hours of its own finished runs | ms/step, "
              "median (range over runs) | runs flagged scattered |", "|---|---:|---:|---:|---:|---:|"]
@@ -305,6 +369,7 @@ def blocks():
     out["tp-axis-alltp"] = (("tp-axis", "cpu-long"), tp_axis_alltp)
     out["size-axis-penalty"] = (("size-axis", "cpu-long"), size_axis_penalty)
     out["axes-compute"] = (AXES, axes_compute)
+    out["answer"] = (AXES, answer_summary)
     return out
 
 
