@@ -721,9 +721,10 @@ def main(argv, *, report_main=None):
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     print(f"sweep wall time: {time.time() - t0:.0f} s")
+    busy = [j for j in busy if not is_finished(j)]  # the other process may have finished them meanwhile
     if busy:
-        print(f"{len(busy)} run(s) left to another sweep process: this report lacks them until it finishes "
-              f"(then: --report-only)")
+        print(f"{len(busy)} run(s) still trained by another sweep process: this report lacks them (when it "
+              f"finishes, its report has them; or: --report-only)")
     extra = sorted(finished_seeds(dirs, runs) - set(seeds))  # seeds of earlier invocations
     if extra:
         jobs += plan(runs, seeds=extra, nproc=opts["nproc"], check_data=False, **planned)
