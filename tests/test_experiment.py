@@ -17,7 +17,7 @@ import pytest
 
 from tpcomm import sweep as experiment
 from tpcomm import plots, results
-from configurator import ConfigError, _literal
+from configurator import _literal
 from conftest import ROOT, TINY, run_script
 
 TINY_SWEEP = [a for a in TINY if not a.startswith(("--n_layer", "--log_interval"))] + [
