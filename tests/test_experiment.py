@@ -772,6 +772,32 @@ def test_report_regenerates_tables_and_plots_and_check_catches_an_edit(docs_copy
     assert not any("tp-axis" in line or "penalty_vs_tp" in line for line in lines), lines
 
 
+def test_alltp_table_says_how_long_the_degrees_agree(tmp_path):
+    """tp-axis-alltp: all-tp at tp 2 and 8 against tp 4, same seed: agreement up to rounding (1e-4) through which
+    eval, the drift after it against the seed spread; a curve apart from the first eval is NOT the same model."""
+    from tpcomm import report
+
+    root = str(tmp_path)
+    for name in ("cpu-long", "tp-axis"):
+        fake_results(root, name)
+    text = report.tp_axis_alltp(report.Results(root=root, say=lambda *a: None))
+    assert "agree within 1e-04 through iter 5,000 at least" in text and "one baseline serves every degree" in text
+    assert "| 2 | 1337 | " in text and "| 8 | 1337 | " in text
+
+    path = os.path.join(root, "experiments", "tp-axis", "runs", "all-tp-tp8-seed1337.json")
+    rec = json.load(open(path))
+    for point in rec["val_curve"][6:]:  # apart from iter 1500 on, by more than the seed spread at the end
+        point[2] += 0.05
+    rec["val_loss"] = rec["val_curve"][-1][2]
+    results.write_record(rec, path)
+    text = report.tp_axis_alltp(report.Results(root=root, say=lambda *a: None))
+    assert "through iter 1,250 at least" in text and "NOT small beside the seed spread" in text, text
+    for point in rec["val_curve"]:
+        point[2] += 0.05
+    results.write_record(rec, path)
+    assert "NOT the same model" in report.tp_axis_alltp(report.Results(root=root, say=lambda *a: None))
+
+
 def test_report_without_result_files_notes_them_and_refuses_bad_markers(docs_copy, capsys):
     from tpcomm import report
 
