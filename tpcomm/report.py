@@ -169,7 +169,8 @@ def tp_axis_penalty(ctx):
     base = next(r for r in rows if r["config"] == r["baseline"])
     lines = [f"Final val loss minus the all-`tp` baseline's (tp {base['tp_size']}, {base['n_seeds']} seeds: "
              f"{base['val_loss_mean']:.4f} ± {base['val_loss_std']:.4f}), same seed, at {base['tokens']:,} tokens; "
-             f"mean [95% CI] (seeds). All-`tp` is the same model at every tp degree (table `tp-axis-alltp`).", "",
+             f"mean [95% CI] (seeds). All-`tp` is the same model at every tp degree, up to fp32 rounding (table "
+             f"`tp-axis-alltp`).", "",
              "| block pattern | fwd all-reduces | " + " | ".join(f"tp {tp}" for tp in tps) + " |",
              "|---|---:|" + "---:|" * len(tps)]
     for name in [p for p in sweeps.PATTERNS if any(k[0] == p for k in pen)]:
