@@ -121,9 +121,15 @@ def reading_of(diff):
     if diff is None or diff["final"][1] is None:
         return f"pending ({0 if diff is None else len(diff['final'][2])} paired seed)"
     mean, ci = diff["final"][:2]
-    if abs(mean) > ci:
-        return f"{'worse' if mean > 0 else 'better'} (95%)"
-    return f"no difference detected (±{ci:.3f})"
+    side = side_of(mean, ci)
+    return f"{side} (95%)" if side else f"no difference detected (±{ci:.3f})"
+
+
+def side_of(mean, ci):
+    """'worse' / 'better' than the baseline when the 95% interval mean ± ci excludes 0, else None."""
+    if ci is None or abs(mean) <= ci:
+        return None
+    return "worse" if mean > 0 else "better"
 
 
 def data_warning(rows):
@@ -213,13 +219,15 @@ def tp_axis_alltp(ctx):
                          f"{'—' if through is None else f'{through:,}'} | {max(diffs):.1e} |")
     spread = ref["val_loss_std"]
     first = None if None in agreed else min(agreed)  # a degree apart from the first eval on: not the same model
-    verdict = (f"the curves agree within {ROUNDING:.0e} through iter {first:,} at least, then fp32 rounding "
-               f"differences compound (each degree sums its shards in another order) and the curves wander up to "
-               f"{largest:.1e} apart, {final:.1e} at the end: {largest / spread:.2f} and {final / spread:.2f} of the "
-               f"seed-to-seed std of the final loss ({spread:.4f})" +
-               (", noise the paired intervals already carry: one baseline serves every degree" if final < spread
-                else ", NOT small beside the seed spread") if first is not None else
-               "a degree's curve differs from the first eval on: NOT the same model")
+    if first is None:
+        verdict = "a degree's curve differs from the first eval on: NOT the same model"
+    else:
+        verdict = (f"the curves agree within {ROUNDING:.0e} through iter {first:,} at least, then fp32 rounding "
+                   f"differences compound (each degree sums its shards in another order) and the curves wander up "
+                   f"to {largest:.1e} apart, {final:.1e} at the end: {largest / spread:.2f} and {final / spread:.2f} "
+                   f"of the seed-to-seed std of the final loss ({spread:.4f}), " +
+                   ("noise the paired intervals already carry: one baseline serves every degree" if final < spread
+                    else "NOT small beside the seed spread"))
     return "\n".join([
         f"The all-`tp` model at each tp degree against tp {ref['tp_size']}, same seed (same initial weights, same "
         f"batches): {verdict}. That the models are the same step by step is proved by the tests "
@@ -267,8 +275,7 @@ def _short(p):
 
 def _verdict(found):
     """Which of {label: penalty} the 95% interval puts above or below the baseline, in one sentence."""
-    side = {w: [k for k, p in found.items() if p[1] is not None and abs(p[0]) > p[1] and (p[0] > 0) == (w == "worse")]
-            for w in ("worse", "better")}
+    side = {w: [k for k, p in found.items() if side_of(*p[:2]) == w] for w in ("worse", "better")}
     if not side["worse"] + side["better"]:
         return "No interval excludes 0."
     return " ".join(f"{w.capitalize()} than all `tp` (95%): {', '.join(side[w])}." for w in side if side[w])

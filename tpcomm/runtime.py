@@ -141,6 +141,9 @@ class RunLock:
         return self
 
     def __exit__(self, *exc):
+        self.release()
+
+    def release(self):
         if self.fd is not None:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)

@@ -29,10 +29,10 @@ is recorded, not rerun; any other (interrupted) run is started again from scratc
 at every eval (always_save_checkpoint, as the axes sweeps), goes on from its ckpt.pt. Ctrl-C or kill stops the sweep
 and its train.py. A sweep locks each run while it trains it (job_lock): a second sweep process over the same runs
 (the same command in another shell, or tp-axis beside cpu-long) skips those and trains the others, so N processes
-train N runs at a time. Results: results.md/.csv/.json and three PNGs in the sweep directory; with 2+ seeds also paired.md and
-paired_difference_vs_tokens.png (differences to the baseline seed by seed, 95% CIs). Runner options and every
-run's train.py config are checked before the first run starts; a user error (a bad value, a corrupt file of a
-finished run) is one line naming it, exit status 2.
+train N runs at a time. Results: results.md/.csv/.json and three PNGs in the sweep directory; with 2+ seeds also
+paired.md and paired_difference_vs_tokens.png (differences to the baseline seed by seed, 95% CIs). Runner options
+and every run's train.py config are checked before the first run starts; a user error (a bad value, a corrupt file
+of a finished run) is one line naming it, exit status 2.
 """
 
 import hashlib
@@ -474,10 +474,29 @@ def finish_job(job, *, progress, say):
 def job_lock(job):
     """The lock a sweep holds on a run while it trains it (a file beside the run's directory, which a redo
     removes): two sweep processes over the same runs share them out instead of training one run twice."""
-    from tpcomm.runtime import RunLock  # torch: imported only when a sweep trains
+    from tpcomm.runtime import RunLock  # torch: imported only when a sweep trains or reports
 
     return RunLock(os.path.dirname(job.out_dir), what="experiment.py sweep",
                    name=f".{os.path.basename(job.out_dir)}.lock")
+
+
+def report_lock(sweep_dir):
+    """Held while a sweep writes its report: one writer at a time (a second waits)."""
+    from tpcomm.runtime import RunLock
+
+    return RunLock(sweep_dir, what="experiment.py sweep", wait=True)
+
+
+def run_one(job, head, problem, *, bar, tty, say):
+    """Train (or record) one job that has no valid result file, and say how it went."""
+    if os.path.exists(job.result_path):
+        say(f"{head}redo {job.label}: {job.result_path}: {problem}")
+    progress = RunProgress(bar, job.label, job.cfg["max_iters"] + 1) if tty else None
+    rec = finish_job(job, progress=progress, say=say)
+    timing = rec["timing"]
+    say(f"{head}done {job.label}: val loss {rec['val_loss']:.4f} at iter {rec['final_iter']}, fwd all-reduces "
+        f"{rec['comm']['fwd_allreduces']}, {results.fmt(timing['step_ms'], '.1f')} ms/step (median; p90/median "
+        f"{results.fmt(timing['p90_over_median'], '.2f')}), {results.fmt(timing['wall_s'], '.0f')} s")
 
 
 def run_sweep(jobs, *, desc="sweep"):
@@ -495,27 +514,20 @@ def run_sweep(jobs, *, desc="sweep"):
         for k, job in enumerate(jobs, 1):
             head = f"[{k}/{len(jobs)}] "
             lock = job_lock(job)
-            if result_problem(job) is not None and not lock.acquire():
+            if result_problem(job) is None:
+                say(f"{head}skip {job.label}: already finished ({job.result_path})")
+            elif not lock.acquire():
                 say(f"{head}busy {job.label}: another sweep process is training it; left to it")
                 busy.append(job)
-                bar.update(1)
-                continue
-            try:
-                problem = result_problem(job)  # again under the lock: another process may have just finished it
-                if problem is None:
-                    say(f"{head}skip {job.label}: already finished ({job.result_path})")
-                else:
-                    if os.path.exists(job.result_path):
-                        say(f"{head}redo {job.label}: {job.result_path}: {problem}")
-                    progress = RunProgress(bar, job.label, job.cfg["max_iters"] + 1) if tty else None
-                    rec = finish_job(job, progress=progress, say=say)
-                    timing = rec["timing"]
-                    say(f"{head}done {job.label}: val loss {rec['val_loss']:.4f} at iter {rec['final_iter']}, fwd "
-                        f"all-reduces {rec['comm']['fwd_allreduces']}, {results.fmt(timing['step_ms'], '.1f')} "
-                        f"ms/step (median; p90/median {results.fmt(timing['p90_over_median'], '.2f')}), "
-                        f"{results.fmt(timing['wall_s'], '.0f')} s")
-            finally:
-                lock.__exit__()
+            else:
+                try:
+                    problem = result_problem(job)  # again under the lock: the other process may have just finished it
+                    if problem is None:
+                        say(f"{head}skip {job.label}: already finished ({job.result_path})")
+                    else:
+                        run_one(job, head, problem, bar=bar, tty=tty, say=say)
+                finally:
+                    lock.release()
             bar.update(1)
     return busy
 
@@ -697,9 +709,7 @@ def main(argv, *, report_main=None):
     if opts.get("report-only"):
         found = sorted(finished_seeds(dirs, runs))
         jobs = plan(runs, seeds=opts["seeds"] or found or seeds, nproc=opts["nproc"], check_data=False, **planned)
-        from tpcomm.runtime import RunLock
-
-        with RunLock(sweep_dir, what="experiment.py sweep", wait=True):  # one report writer at a time
+        with report_lock(sweep_dir):
             record_finished(jobs)
             table, plots = report(jobs, sweep_dir, title=title, note=note, remark=remark)
         show_report(sweep_dir, table, plots, remark=remark)
@@ -728,9 +738,7 @@ def main(argv, *, report_main=None):
     extra = sorted(finished_seeds(dirs, runs) - set(seeds))  # seeds of earlier invocations
     if extra:
         jobs += plan(runs, seeds=extra, nproc=opts["nproc"], check_data=False, **planned)
-    from tpcomm.runtime import RunLock
-
-    with RunLock(sweep_dir, what="experiment.py sweep", wait=True):  # one report writer at a time
+    with report_lock(sweep_dir):
         table, plots = report(jobs, sweep_dir, title=title, note=note, remark=remark)
     show_report(sweep_dir, table, plots, remark=remark)
 
