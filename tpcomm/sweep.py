@@ -9,7 +9,7 @@ $ python experiment.py cpu --max_iters=20 --eval_interval=10 --lr_decay_iters=20
 $ python experiment.py cpu --report-only               # table and plots again from the result files
 $ python experiment.py gpt2 --nproc=8                  # GPT-2 124M on OpenWebText, 20k steps per run (GPUs)
 $ python experiment.py cpu-real                        # real TP over 2 processes (gloo): does wall time drop?
-$ python experiment.py cpu-long                        # the axes model, 10 patterns, 5000 steps, 3 seeds (docs/axes.md)
+$ python experiment.py cpu-long                        # the axes model, 11 patterns, 5000 steps, 3-11 seeds (docs/axes.md)
 $ python experiment.py tp-axis                         # the same at tp 2, 4, 8 (tp 4: cpu-long's runs, shared)
 $ python experiment.py size-axis                       # 3 model sizes at one tokens/parameter (12 x 64: cpu-long's)
 $ python experiment.py convergence                     # the axes model trained 4x cpu-long (20,000 steps)
@@ -84,6 +84,9 @@ def delay_shrink_runs(pattern):
 # ---- the axes sweeps (docs/axes.md): one model, varied along one axis at a time, 3 seeds, resumable ----
 AXES_CONFIG = "config/sweep_axes.py"  # 12 layers x 64, 8 heads, tp 4, 5000 steps, eval every 250 on 50 batches
 AXES_SIZE, AXES_STEPS, AXES_SEEDS = (12, 64, 8), 5000, (1337, 1338, 1339)
+# cpu-long's resolved patterns get ten seeds, all spd and its baseline eleven: the power calculation in docs/axes.md
+# ("Seeds for a 0.010 half-width")
+RESOLVED_SEEDS = tuple(range(1337, 1348))
 PATTERNS = {  # block pattern of n layers
     "all-tp": lambda n: ["tp"] * n,
     "all-spd": lambda n: ["spd"] * n,
@@ -101,7 +104,8 @@ SIZES = {(12, 64, 8): 5000, (4, 48, 4): 940, (2, 32, 4): 200}
 CONVERGENCE_STEPS = 20000  # docs/axes.md: planned from the old cpu-long curve; the baseline is still not flat here
 
 
-def axes_run(pattern, *, tp=4, size=AXES_SIZE, steps=AXES_STEPS, home=None, seeds=None, comm_dtype=None):
+def axes_run(pattern, *, tp=4, size=AXES_SIZE, steps=AXES_STEPS, home=None, seeds=None, comm_dtype=None,
+             exchange=None):
     """A run of the axes model with one thing changed. The schedule scales with the steps: warmup 1%, cosine decay
     to the last step, an eval every 5% (5000 steps: warmup 50, eval every 250, as config/sweep_axes.py)."""
     n_layer, n_embd, n_head = size
@@ -110,6 +114,9 @@ def axes_run(pattern, *, tp=4, size=AXES_SIZE, steps=AXES_STEPS, home=None, seed
     if comm_dtype is not None:  # the syncs shrunk: block-quantized (docs/compression.md)
         overrides.append(f"--tp_comm_dtype={comm_dtype}")
         name += f"-{comm_dtype}"
+    if exchange is not None:  # 'two_shot': reduce-scatter then all-gather of the compressed sums
+        overrides.append(f"--tp_comm_exchange={exchange}")
+        name += "-2shot" if exchange == "two_shot" else f"-{exchange}"
     if tp != 4:
         overrides.append(f"--tp_size={tp}")
         name += f"-tp{tp}"
@@ -136,12 +143,16 @@ SWEEPS = {
     # the CPU configs with real tensor parallelism: 2 processes, one shard each, all-reduces through gloo
     "cpu-real": comm_runs("config/train_shakespeare_char_{}comm.py", (24, 18, 16, 12, 8, 6, 4, 3, 2, 1),
                           overrides=("--tp_size=2", "--tp_mode=real"), nproc=2),
-    # past the early phase: the axes model (cpu's 12 x 64 with 8 heads), 10x longer than "cpu", in ten patterns:
-    # three that drop syncs, two that delay them (ladder), four that shrink them; replaces the old n_head=4 cpu-long (never committed)
-    "cpu-long": [*(axes_run(p) for p in ("all-tp", "all-spd", "parallel-spd", "all-parallel", "all-ladder",
-                                         "ladder-upper")),
-                 *(axes_run("all-tp", comm_dtype=d) for d in ("bf16", "fp8", "int8")),  # shrunk: 24 syncs
-                 axes_run("all-spd", comm_dtype="int8")],
+    # past the early phase: the axes model (cpu's 12 x 64 with 8 heads), 10x longer than "cpu", in eleven patterns:
+    # three that drop syncs, two that delay them (ladder), five that shrink them (int8 also two-shot);
+    # the resolved patterns (all tp, three drops, all ladder, int8 one- and two-shot) with RESOLVED_SEEDS, the rest 3
+    "cpu-long": [*(axes_run(p) for p in ("all-tp", "all-spd")),
+                 *(axes_run(p, seeds=RESOLVED_SEEDS[:10]) for p in ("parallel-spd", "all-parallel", "all-ladder")),
+                 axes_run("ladder-upper", seeds=AXES_SEEDS),
+                 *(axes_run("all-tp", comm_dtype=d, seeds=AXES_SEEDS) for d in ("bf16", "fp8")),  # shrunk: 24 syncs
+                 axes_run("all-tp", comm_dtype="int8", seeds=RESOLVED_SEEDS[:10]),
+                 axes_run("all-spd", comm_dtype="int8", seeds=RESOLVED_SEEDS[:10]),
+                 axes_run("all-tp", comm_dtype="int8", exchange="two_shot", seeds=RESOLVED_SEEDS[:10])],
     # the tp degree: 2, 4 (cpu-long's runs) and 8; all-tp once at tp 4, and for seed 1337 at tp 2 and 8 to show it
     # is the same model at every degree
     "tp-axis": [shared("all-tp"),
@@ -154,7 +165,8 @@ SWEEPS = {
     # which 20,000 steps do not: docs/axes.md says why and what that costs
     "convergence": [axes_run(p, steps=CONVERGENCE_STEPS) for p in ("all-tp", "all-spd", "all-parallel")],
 }
-SWEEP_SEEDS = {name: AXES_SEEDS for name in ("cpu-long", "tp-axis", "size-axis", "convergence")}  # else 1337
+SWEEP_SEEDS = {**{name: AXES_SEEDS for name in ("tp-axis", "size-axis", "convergence")},
+               "cpu-long": RESOLVED_SEEDS}  # else 1337
 SWEEP_REMARKS = {  # printed with the sweep's table and written into its results.md
     "cpu": "These 500-step runs (384,000 tokens) are early training: here fewer syncs give a LOWER loss. Trained 10x "
            "longer (docs/axes.md, `python experiment.py cpu-long`, 3.84M tokens) the advantage is gone and all-"
