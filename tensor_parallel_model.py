@@ -9,7 +9,7 @@ L = 1 in real mode (each rank holds its own). Inside the blocks the stream is fl
 per shard (L, N, C), N = B*T, so no view sits between a tensor and its uses (autograd can then accumulate a
 stream's two gradients in place). Parameters keep GPT's names and, simulated, GPT's exact shapes, so a GPT state
 dict loads as it is; in real mode each rank holds its slice (tpcomm/sharding.py). All communication goes through f and
-g (tpcomm/collectives.py), which count every collective they run.
+g (tpcomm/collectives.py), which count every collective they run (tpcomm/counting.py).
 """
 
 from dataclasses import dataclass
@@ -25,10 +25,12 @@ from tpcomm.dropout import ATTN_OUT, ATTN_PROBS, EMBED, MLP_OUT, DropoutKey, Key
 from tpcomm.models import ModelInterface, clip_to_norm_, grad_sq_sums, local, whole
 from tpcomm.sharding import TPSharding, is_block_replicated
 from tpcomm.compression import make_codec, validate_compression
-from tpcomm.collectives import (FINAL_SYNC, VOCAB_EMBED, VOCAB_HEAD, AsyncReduction, copy_to_tp_region,
-                                gather_from_sequence_region, gather_to_tp_region, reduce_from_tp_region,
-                                reduce_from_tp_region_async, reduce_scatter_from_tp_region, scatter_to_sequence_region,
-                                tp_group, vocab_parallel_cross_entropy)
+from tpcomm.collectives import (AsyncReduction, copy_to_tp_region, reduce_from_tp_region, reduce_from_tp_region_async,
+                                tp_group)
+from tpcomm.counting import FINAL_SYNC, VOCAB_EMBED, VOCAB_HEAD
+from tpcomm.sequence_parallel import (gather_from_sequence_region, gather_to_tp_region, reduce_scatter_from_tp_region,
+                                      scatter_to_sequence_region)
+from tpcomm.vocab_parallel import vocab_parallel_cross_entropy
 
 SP_EMBED = (None, None, "sp_embed")  # trace site: the embedding output scattered onto the token shards
 
@@ -237,7 +239,7 @@ class ShardedBlock(nn.Module):
         super().__init__()
         self.group, self.key, self.layer, self.p = group, key, layer, config.dropout
         self.overlap = config.tp_overlap  # K: chunks of the batch, each chunk's all-reduce overlapping the next chunk
-        # where this block's collectives run, for their trace labels (collectives.traced): (layer, block type, site)
+        # where this block's collectives run, for their trace labels (counting.traced): (layer, block type, site)
         kind = next((name for name, cls in BLOCKS.items() if type(self) is cls), type(self).__name__)
         self.sites = {site: (layer, kind, site) for site in ("attn", "mlp")}
         self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
