@@ -4,6 +4,7 @@ equations: tpcomm/cost_model.py; the measurements: tpcomm/calibration.py; docs/c
 
 $ python comm_model.py predict                                   # published-figure checks, then the GPU tables
 $ python comm_model.py --tp_overlap=4 --efficiency=0.8           # other overlap assumptions
+$ python comm_model.py --baseline=blocking                       # speedups over blocking all 'tp' (default: megatron)
 $ python comm_model.py measure --out=calibration.json            # calibrate on this machine (real TP, gloo)
 $ python comm_model.py validate --calibration=calibration.json   # leave-one-pattern-out errors
 """

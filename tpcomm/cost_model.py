@@ -10,11 +10,15 @@ sends and receives 2(p-1)/p * n bytes per rank, so B is what nccl-tests reports 
 sits on the critical path (Megatron's: the next matmul needs its result). Syncs that move instead of being dropped
 leave part of it there: exposed = sum over modules of max(0, comm_i - efficiency * compute hiding it) (overlap:
 tp_overlap chunks, ladder), a smaller comm_i (int8/fp8 compression, plus its quantize pass), or the same bytes in
-two collectives (sequence parallelism). docs/cost_model.md has the equations and their checks; tpcomm/calibration.py
-measures them on this machine.
+two collectives (sequence parallelism). The backward has its own hiding: Megatron-LM issues each column-parallel
+layer's input-gradient all-reduce asynchronously and computes the weight gradient meanwhile (exposed = max(0, t -
+efficiency * wgrad GEMM)); that is the default baseline ('megatron'; 'blocking' is the older, weaker one), and
+Domino's backward chunks and the ladder's backward slack add to it. docs/cost_model.md has the equations and their
+checks; tpcomm/calibration.py measures them on this machine.
 
 $ python comm_model.py                                          # GPU predictions from published constants (< 2 s)
 $ python comm_model.py --mfu=0.5 --batch_size=16 --seq_len=2048 # other assumptions
+$ python comm_model.py --baseline=blocking                      # speedups over all 'tp' with blocking backward
 $ python comm_model.py measure --out=calibration.json           # gloo microbenchmark + bench.py under real TP (CPU)
 $ python comm_model.py validate --calibration=calibration.json  # measured vs predicted ms/iter per block pattern
 """
@@ -230,18 +234,34 @@ def exposed(comms, hiders, *, efficiency=1.0):
     return sum(max(0.0, m - efficiency * c) for m, c in zip(comms, hiders))
 
 
-def chunked_exposed(compute, nbytes, p, *, chunks, alpha, busbw, efficiency=1.0):
+def chunked_exposed(compute, nbytes, p, *, chunks, alpha, busbw, efficiency=1.0, tail=0.0):
     """Exposed communication of one module run in K chunks (tp_overlap=K, Domino-style): each chunk's all-reduce
-    of nbytes / K runs while the next chunk computes compute / K; the last chunk's is exposed. K times the latency,
-    1/K the bytes each. Equals the two-stage pipeline's makespan minus the compute."""
+    of nbytes / K runs while the next chunk computes compute / K; the last chunk's hides behind `tail` only (0 in
+    the forward; in a backward with Megatron's asynchronous input-gradient all-reduce, the last chunk's
+    weight-gradient GEMM, w / K). K times the latency, 1/K the bytes each. Equals the two-stage pipeline's makespan
+    minus the compute (backward: each chunk's all-reduce issued after its input-gradient GEMM, before its
+    weight-gradient GEMM)."""
     m = allreduce_time(nbytes / chunks, p, alpha=alpha, busbw=busbw)
-    return exposed([m] * chunks, [compute / chunks] * (chunks - 1) + [0.0], efficiency=efficiency)
+    return exposed([m] * chunks, [compute / chunks] * (chunks - 1) + [tail], efficiency=efficiency)
 
 
-def ladder_exposed(comms, computes, *, efficiency=1.0):
+def async_grad_exposed(comms, wgrads, *, efficiency=1.0):
+    """Megatron-LM's asynchronous input-gradient all-reduce (LinearWithGradAccumulationAndAsyncCommunication): in
+    the backward of each column-parallel layer (c_attn, c_fc: the f operators) the all-reduce of the input gradient
+    is issued as soon as that gradient is computed and waited for after the layer's weight-gradient GEMM, so each
+    hides behind its own layer's wgrad GEMM and nothing else: sum of max(0, comms[i] - efficiency * wgrads[i])."""
+    return exposed(comms, wgrads, efficiency=efficiency)
+
+
+def ladder_exposed(comms, computes, *, efficiency=1.0, own=None):
     """Exposed communication of a run of ladder modules: module i's all-reduce runs while module i+1 computes;
-    the run's last module has nothing after it to hide behind (the next block or ln_f needs the stream)."""
-    return exposed(comms, list(computes[1:]) + [0.0], efficiency=efficiency)
+    the run's last module has nothing after it to hide behind (the next block or ln_f needs the stream). own[i]:
+    compute of module i itself that also runs while its all-reduce is in flight (the backward's wgrad GEMM under
+    the asynchronous input-gradient all-reduce; default none). For the backward, pass the modules in backward
+    order (the reverse of the forward's): module i's input-gradient all-reduce is needed by module i-2's backward,
+    so it runs while module i-1's backward computes."""
+    own = [0.0] * len(comms) if own is None else own
+    return exposed(comms, [o + c for o, c in zip(own, list(computes[1:]) + [0.0])], efficiency=efficiency)
 
 
 def sp_time(nbytes, p, *, alpha, busbw):
@@ -313,6 +333,14 @@ def module_flops(shape, seq_len):
     return 8 * d * d + 4 * d * seq_len, 16 * d * d, 6 * shape.vocab * d
 
 
+def wgrad_flops(shape):
+    """FLOPs per token of the weight-gradient GEMM of each module's column-parallel layer, the compute Megatron's
+    asynchronous input-gradient all-reduce hides behind: c_attn (d -> 3d) 6 d^2, c_fc (d -> 4d) 8 d^2 (a GEMM's
+    wgrad costs what its forward does)."""
+    d = shape.n_embd
+    return 6 * d * d, 8 * d * d
+
+
 class Options(NamedTuple):
     """How the syncs move, for the GPU tables: tp_overlap chunks, overlap efficiency, compression."""
     chunks: int = 2
@@ -322,30 +350,63 @@ class Options(NamedTuple):
     hbm_bw: float = const("h100_hbm_bw")
 
 
-def train_variants(shape, *, tp, link, tokens, seq_len, mfu, opts=Options(), peak=None):
-    """{variant: (compute s, exposed communication s)} of one training micro-step: blocking all 'tp'; with
-    sequence parallelism; tp_overlap=K on every module forward and backward (Domino-style); all 'ladder' as the repo
-    runs it (forward all-reduces delayed, backward blocking); int8-compressed forward reductions, one_shot and
-    two_shot exchange (backward ones stay bf16 all-reduces); dropped: all 'spd' and ['parallel','spd']*(L/2)."""
+# tp_comm_dtype on the wire (docs/compression.md): 'bf16' is a plain cast, no scales (under bf16 autocast the same
+# bytes as no compression, but still exchanged as compressed: all-gathered, or all-to-all + all-gather); 'fp8' and
+# 'int8' are 1 byte a value plus an fp32 scale per 32: the model cannot tell them apart (same bytes, same passes).
+WIRE = {"bf16": Compression(bits=16, scale_bytes=0), "fp8": INT8, "int8": INT8}
+BASELINES = ("megatron", "blocking")  # what "all tp" means: with Megatron's async input-gradient all-reduce, or not
+
+
+def train_variants(shape, *, tp, link, tokens, seq_len, mfu, opts=Options(), peak=None, async_grad=False):
+    """{variant: (compute s, exposed communication s)} of one training micro-step. The baseline 'all tp': 2L forward
+    all-reduces, blocking, and 2L backward ones (one per f), blocking, or with async_grad (Megatron-LM's default)
+    each hidden behind its column-parallel layer's weight-gradient GEMM. The others, each with the same backward
+    rule for the all-reduces it keeps (async_grad: every backward f all-reduce can hide behind its own wgrad GEMM):
+    '+sp' sequence parallelism; 'overlap K=k' tp_overlap=k on every module forward and backward (Domino-style);
+    'ladder' all 'ladder' as the repo runs it (forward delayed); 'ladder fwd+bwd' the backward delayed too (module
+    i's input-gradient all-reduce behind module i-1's backward); 'int8', 'fp8', 'bf16' and their '2shot': the
+    forward reductions compressed, one_shot or two_shot exchange (backward ones stay bf16 all-reduces); 'spd int8';
+    dropped: 'all spd', 'parallel/spd' (['parallel','spd']*(L/2)), 'all parallel'. async_grad=False gives the
+    numbers of the blocking model this repository printed before."""
     peak = const("h100_bf16_flops") if peak is None else peak
-    L, n = shape.n_layer, tokens * shape.n_embd * BF16
+    L, n, eta = shape.n_layer, tokens * shape.n_embd * BF16, opts.efficiency
     per_flop = tokens / (tp * peak * mfu)
     attn, mlp, rest = module_flops(shape, seq_len)
     fwd = [attn * per_flop, mlp * per_flop] * L  # the 2L modules in order
     compute = 3 * sum(fwd) + rest * per_flop  # forward + backward (twice forward) + embedding and lm_head
+    # what each module's backward all-reduce hides behind by itself: its wgrad GEMM under async_grad, else nothing
+    wgrad = [w * per_flop for w in wgrad_flops(shape)] * L if async_grad else [0.0] * (2 * L)
     t = allreduce_time(n, tp, alpha=link.alpha, busbw=link.busbw)
-    kw = dict(alpha=link.alpha, busbw=link.busbw, efficiency=opts.efficiency)
+    kw = dict(alpha=link.alpha, busbw=link.busbw, efficiency=eta)
+    backward = async_grad_exposed([t] * 2 * L, wgrad, efficiency=eta)  # the 2L f all-reduces of all 'tp'
+    half = sp_time(n, tp, alpha=link.alpha, busbw=link.busbw) / 2  # one reduce-scatter or all-gather
     overlap = sum(chunked_exposed(c, n, tp, chunks=opts.chunks, **kw)
-                  + chunked_exposed(2 * c, n, tp, chunks=opts.chunks, **kw) for c in fwd)
-    squeezed = {e: compressed_reduce_time(tokens * shape.n_embd, tp, alpha=link.alpha, busbw=link.busbw,
-                                          hbm_bw=opts.hbm_bw, launch=opts.launch, comp=opts.comp._replace(exchange=e))
-                for e in ("one_shot", "two_shot")}
-    comm = {"blocking": 4 * L * t, "+sp": 4 * L * sp_time(n, tp, alpha=link.alpha, busbw=link.busbw),
+                  + chunked_exposed(2 * c, n, tp, chunks=opts.chunks, tail=w / opts.chunks, **kw)
+                  for c, w in zip(fwd, wgrad))
+    ladder_fwd = ladder_exposed([t] * 2 * L, fwd, efficiency=eta)
+    ladder_bwd = ladder_exposed([t] * 2 * L, [2 * c for c in fwd[::-1]], own=wgrad[::-1], efficiency=eta)
+
+    def dropped(block_types, forward_comm=t):
+        # N forward syncs (forward_comm each) and N backward all-reduces, each at a block's input f: hides behind
+        # that block's attention QKV wgrad GEMM under async_grad
+        N = forward_syncs(block_types)
+        return N * forward_comm + async_grad_exposed([t] * N, [wgrad[0]] * N, efficiency=eta)
+
+    comm = {"all tp": 2 * L * t + backward,
+            # forward: AG + RS per module; backward: the g's AG blocking, the f's RS behind the wgrad GEMM
+            "+sp": 2 * L * 2 * half + 2 * L * half + async_grad_exposed([half] * 2 * L, wgrad, efficiency=eta),
             f"overlap K={opts.chunks}": overlap,
-            "ladder": ladder_exposed([t] * 2 * L, fwd, efficiency=opts.efficiency) + 2 * L * t,
-            "int8": 2 * L * (squeezed["one_shot"] + t), "int8 2shot": 2 * L * (squeezed["two_shot"] + t),
-            "all spd": 2 * forward_syncs(["spd"] * L) * t,
-            "parallel/spd": 2 * forward_syncs(["parallel", "spd"] * (L // 2)) * t}
+            "ladder": ladder_fwd + backward, "ladder fwd+bwd": ladder_fwd + ladder_bwd}
+    for dtype, comp in WIRE.items():
+        for exchange, suffix in (("one_shot", ""), ("two_shot", " 2shot")):
+            squeezed = compressed_reduce_time(tokens * shape.n_embd, tp, alpha=link.alpha, busbw=link.busbw,
+                                              hbm_bw=opts.hbm_bw, launch=opts.launch,
+                                              comp=comp._replace(exchange=exchange))
+            comm[dtype + suffix] = 2 * L * squeezed + backward
+            if dtype == "int8" and exchange == "one_shot":
+                comm["spd int8"] = dropped(["spd"] * L, forward_comm=squeezed)
+    comm.update({"all spd": dropped(["spd"] * L), "parallel/spd": dropped(["parallel", "spd"] * (L // 2)),
+                 "all parallel": dropped(["parallel"] * L)})
     return {k: (compute, v) for k, v in comm.items()}
 
 
@@ -394,6 +455,7 @@ def decode_variants(shape, *, context, batch, tp, link, opts=Options()):
 # ---------- python comm_model.py: GPU predictions ----------
 
 PREDICT_DEFAULTS = {
+    "baseline": "megatron",  # all 'tp' as Megatron-LM runs it (async input-gradient all-reduce), or 'blocking'
     "mfu": const("mfu"),
     "batch_size": 8,  # sequences per micro-batch of one tp group
     "seq_len": 1024,  # tokens per sequence (attention FLOPs)
@@ -407,19 +469,28 @@ PREDICT_DEFAULTS = {
 GPT3_SHAPES = (Shape("GPT-3 2.7B", 32, 2560, 32), Shape("GPT-3 6.7B", 32, 4096, 32), Shape("GPT-3 13B", 40, 5120, 40))
 
 
-def predict(cfg):
-    """The checks against published figures, then the GPU tables: training step time per model shape, tp and
-    network and LLaMA2-70B decode latency, with blocking, overlapped, delayed, shrunk and dropped syncs; sequence
-    parallelism's activation memory; every constant with its source."""
+def check_config(cfg):
+    """ConfigError naming the key and value for anything predict cannot use."""
+    if cfg["baseline"] not in BASELINES:
+        raise ConfigError(f"baseline must be one of {', '.join(map(repr, BASELINES))}, got {cfg['baseline']!r}")
     for key in ("batch_size", "seq_len", "decode_batch", "decode_context", "tp_overlap"):
         if type(cfg[key]) is not int or cfg[key] < 1:
             raise ConfigError(f"{key} must be an int >= 1, got {cfg[key]!r}")
     for key in ("mfu", "efficiency"):
         if not 0 < cfg[key] <= 1:
             raise ConfigError(f"{key} must be a fraction in (0, 1], got {cfg[key]!r}")
+
+
+def predict(cfg):
+    """The checks against published figures, then the GPU tables: training step time per model shape, tp and
+    network against the chosen baseline, every speedup against both baselines, and LLaMA2-70B decode latency, with
+    blocking, overlapped, delayed, shrunk and dropped syncs; sequence parallelism's activation memory; every
+    constant with its source."""
+    check_config(cfg)
     opts = options(cfg)
     print_published(cfg, opts)
     print_training(cfg, opts)
+    print_both_baselines(cfg, opts)
     print_decode(cfg, opts)
     print_memory(cfg)
     print("\nConstants:")
@@ -432,27 +503,43 @@ def options(cfg):
     return Options(chunks=cfg["tp_overlap"], efficiency=cfg["efficiency"])
 
 
-def speedup(variants, name):
-    return sum(variants["blocking"]) / sum(variants[name])
+def speedup(variants, name, *, base="all tp"):
+    return sum(variants[base]) / sum(variants[name])
+
+
+def domino_runs(cfg, opts, *, async_grad):
+    """train_variants of Domino's grid (GPT-3 shapes, tp 8, NVLink, sequence 2048, micro-batch 4, 8, 16)."""
+    return [train_variants(s, tp=8, link=LINKS[0], tokens=b * 2048, seq_len=2048, mfu=cfg["mfu"], opts=opts,
+                           async_grad=async_grad) for s in GPT3_SHAPES for b in (4, 8, 16)]
 
 
 def published_checks(cfg, opts):
     """The model's numbers beside the published ones (NVLink, H100): Domino's TP share of a training step and its
     speedup over Megatron-LM on GPT-3 shapes at tp 8 (seq 2048, micro-batch 4, 8, 16: assumed), and Ladder
-    Residual's decode speedup on the 70B shape at tp 8, batch 1 and over batch 1-64. [(what, published, model)]."""
-    nvlink = LINKS[0]
-    runs = [train_variants(s, tp=8, link=nvlink, tokens=b * 2048, seq_len=2048, mfu=cfg["mfu"], opts=opts)
-            for s in GPT3_SHAPES for b in (4, 8, 16)]
-    share = [v["blocking"][1] / sum(v["blocking"]) for v in runs]
-    domino = max(speedup(v, f"overlap K={opts.chunks}") for v in runs)
-    bound = max(sum(v["blocking"]) / v["blocking"][0] for v in runs)
-    ladder = [speedup(decode_variants(LLAMA_70B, context=cfg["decode_context"], batch=b, tp=8, link=nvlink,
-                                      opts=opts), "ladder") for b in (1, 4, 16, 64)]
-    return [("Domino: TP communication share of a training step (range)",
-             (const("domino_share_low"), const("domino_share_high")), (min(share), max(share))),
-            (f"Domino: best speedup over blocking (model: tp_overlap={opts.chunks} per module)",
-             const("domino_speedup"), domino),
-            ("Domino: best speedup if all TP communication were hidden (the bound)", const("domino_speedup"), bound),
+    Residual's decode speedup on the 70B shape at tp 8, batch 1 and over batch 1-64. Domino's speedup is checked
+    twice: against Megatron-LM with its asynchronous input-gradient all-reduce (the published comparison: both
+    sides hide backward communication) and against the blocking baseline (the check as first made). Every check
+    is returned, whatever its error. [(what, published, model)]."""
+    K = opts.chunks
+    blocking, megatron = domino_runs(cfg, opts, async_grad=False), domino_runs(cfg, opts, async_grad=True)
+    share = [v["all tp"][1] / sum(v["all tp"]) for v in blocking]
+    exposed_share = [v["all tp"][1] / sum(v["all tp"]) for v in megatron]
+    ladder = [speedup(decode_variants(LLAMA_70B, context=cfg["decode_context"], batch=b, tp=8, link=LINKS[0],
+                                      opts=opts), "ladder", base="blocking") for b in (1, 4, 16, 64)]
+    best = lambda runs, name: max(speedup(v, name) for v in runs)  # noqa: E731
+    bound = lambda runs: max(sum(v["all tp"]) / v["all tp"][0] for v in runs)  # noqa: E731
+    pub, pub_share = const("domino_speedup"), (const("domino_share_low"), const("domino_share_high"))
+    return [("Domino: TP communication share of a training step (range; all time in collectives, blocking)",
+             pub_share, (min(share), max(share))),
+            ("Domino: exposed TP communication share of Megatron's step (range; async backward)",
+             pub_share, (min(exposed_share), max(exposed_share))),
+            (f"Domino: best speedup over Megatron-LM (model: tp_overlap={K} fwd + bwd vs async backward)",
+             pub, best(megatron, f"overlap K={K}")),
+            ("Domino: best speedup over Megatron-LM if all TP communication were hidden (the bound)",
+             pub, bound(megatron)),
+            (f"Domino, as first checked: best speedup over blocking (tp_overlap={K} fwd + bwd, no async)",
+             pub, best(blocking, f"overlap K={K}")),
+            ("Domino, as first checked: the bound over blocking", pub, bound(blocking)),
             ("Ladder Residual: 70B decode speedup, tp 8, batch 1", const("ladder_speedup"), ladder[0]),
             ("Ladder Residual: 70B decode speedup over batch 1-64 (range)",
              (const("ladder_speedup_low"), const("ladder_speedup_high")), (min(ladder), max(ladder)))]
@@ -462,7 +549,10 @@ def print_published(cfg, opts):
     print("## Checked against published figures (H100 SXM, NVLink, tp 8), before any new prediction\n")
     print(f"Domino: GPT-3 2.7B, 6.7B and 13B shapes, sequence 2048, micro-batch 4, 8 and 16, MFU {cfg['mfu']:.0%}; "
           f"Ladder: the 70B decode shape below, context {cfg['decode_context']}, batch 1, 4, 16, 64. Overlap "
-          f"efficiency {opts.efficiency:g}. A range's error is given at each end.\n")
+          f"efficiency {opts.efficiency:g}. Every check is printed with its error; a range's error at each end. "
+          "Domino compares against Megatron-LM, whose backward already hides each input-gradient all-reduce "
+          "behind its weight-gradient GEMM: the rows 'over Megatron-LM' model that; the rows 'as first checked' "
+          "compare against a blocking baseline instead.\n")
     print("| figure | published | model | error |")
     print("|---|---:|---:|---:|")
     for what, published, model in published_checks(cfg, opts):
@@ -475,26 +565,38 @@ def print_published(cfg, opts):
         print(f"| {what} | {shown_p} | {shown_m} | {err} |")
 
 
-TRAIN_COLUMNS = ("+sp", "overlap", "ladder", "int8", "int8 2shot", "all spd", "parallel/spd")
+TRAIN_COLUMNS = ("+sp", "overlap", "ladder", "ladder fwd+bwd", "int8", "int8 2shot", "all spd", "parallel/spd",
+                 "all parallel")
+BASELINE_WORDS = {
+    "megatron": "Megatron-LM's default all 'tp': 2L blocking forward all-reduces, and 2L backward ones each issued "
+                "asynchronously and hidden behind its column-parallel layer's weight-gradient GEMM (c_attn 6 d^2, "
+                "c_fc 8 d^2 FLOPs a token); every variant keeps that rule for the backward all-reduces it keeps",
+    "blocking": "all 'tp' with every all-reduce blocking (4L); no variant hides a backward all-reduce behind its "
+                "own wgrad GEMM (the numbers this repository printed before the Megatron baseline)"}
+
+
+def column_names(K):
+    return [c if c != "overlap" else f"overlap K={K}" for c in TRAIN_COLUMNS]
 
 
 def print_training(cfg, opts):
-    """Training step per shape, tp and network: blocking all 'tp', then the speedup of each other variant."""
-    tokens = cfg["batch_size"] * cfg["seq_len"]
-    K = opts.chunks
+    """Training step per shape, tp and network: the chosen baseline's step, then the speedup of each variant."""
+    tokens, K, base = cfg["batch_size"] * cfg["seq_len"], opts.chunks, cfg["baseline"]
     print(f"\n## Training step, H100 SXM bf16, MFU {cfg['mfu']:.0%}, micro-batch {cfg['batch_size']} x "
-          f"{cfg['seq_len']} = {tokens:,} tokens per tp group\n")
-    print("Blocking: compute + 4L all-reduces t(tokens x d x 2 B, tp) (all 'tp'). Speedup = blocking step / the "
-          f"variant's step. +sp: sequence parallelism (RS + AG, same bytes, twice the latency). overlap: "
+          f"{cfg['seq_len']} = {tokens:,} tokens per tp group, baseline {base}\n")
+    print(f"Baseline (--baseline={base}): {BASELINE_WORDS[base]}. Speedup = baseline step / the variant's step. "
+          "+sp: sequence parallelism (RS + AG, same bytes, twice the latency). overlap: "
           f"tp_overlap={K} on every module, forward and backward (Domino-style; chunk k's all-reduce hides behind "
-          "chunk k+1's compute, the last chunk's exposed). ladder: all 'ladder' as the repo runs it (forward "
-          "all-reduce of module i hides behind module i+1, backward blocking). int8: forward reductions "
-          "block-quantized (1.125 B per value), all-gathered (one_shot) or reduce-scattered and all-gathered "
-          "(2shot: tp_comm_exchange='two_shot'), backward bf16. all spd: L "
-          "forward syncs; parallel/spd: L/2.\n")
-    print("| model | params | tp | network | compute ms | blocking step ms | comm share | "
-          + " | ".join(c if c != "overlap" else f"overlap K={K}" for c in TRAIN_COLUMNS) + " |")
-    print("|---|---:|---:|---|---:|---:|---:|" + "---:|" * len(TRAIN_COLUMNS))
+          "chunk k+1's compute, the last chunk's exposed, or in the backward behind its wgrad GEMM under async). "
+          "ladder: all 'ladder' as the repo runs it (forward all-reduce of module i hides behind module i+1). "
+          "ladder fwd+bwd: the backward delayed too (module i's input-gradient all-reduce hides behind module "
+          "i-1's backward). int8: forward reductions block-quantized (1.125 B per value), all-gathered (one_shot) "
+          "or reduce-scattered and all-gathered (2shot: tp_comm_exchange='two_shot'), backward bf16. all spd: L "
+          "forward syncs; parallel/spd: L/2; all parallel: 1 (the final sync).\n")
+    names = column_names(K)
+    print("| model | params | tp | network | compute ms | blocking step ms | megatron step ms | comm share | "
+          + " | ".join(names) + " |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|" + "---:|" * len(names))
     skipped = []
     for shape in SHAPES:
         for tp in (2, 4, 8):
@@ -502,15 +604,60 @@ def print_training(cfg, opts):
                 skipped.append(f"{shape.name} at tp {tp} ({shape.n_head} heads)")
                 continue
             for link in LINKS:
-                v = train_variants(shape, tp=tp, link=link, tokens=tokens, seq_len=cfg["seq_len"], mfu=cfg["mfu"],
-                                   opts=opts)
-                compute, comm = v["blocking"]
-                names = [c if c != "overlap" else f"overlap K={K}" for c in TRAIN_COLUMNS]
+                kw = dict(tp=tp, link=link, tokens=tokens, seq_len=cfg["seq_len"], mfu=cfg["mfu"], opts=opts)
+                blocking, megatron = (train_variants(shape, **kw, async_grad=a) for a in (False, True))
+                v = megatron if base == "megatron" else blocking
+                compute, comm = blocking["all tp"]
                 print(f"| {shape.name} | {shape.params / 1e6:,.0f}M | {tp} | {link.name} | {compute * 1e3:.2f} | "
-                      f"{(compute + comm) * 1e3:.2f} | {comm / (compute + comm):.1%} | "
-                      + " | ".join(f"{speedup(v, n):.2f}x" for n in names) + " |")
+                      f"{(compute + comm) * 1e3:.2f} | {sum(megatron['all tp']) * 1e3:.2f} | "
+                      f"{comm / (compute + comm):.1%} | " + " | ".join(f"{speedup(v, n):.2f}x" for n in names) + " |")
+    print("\ncomm share: all time in collectives over the blocking step.")
     if skipped:
-        print(f"\nNot shown: {', '.join(skipped)}: tp must divide the heads.")
+        print(f"Not shown: {', '.join(skipped)}: tp must divide the heads.")
+
+
+# The ways of giving up a sync in the trade-off figure (issue 33), named as tpcomm.report.pattern_name names the
+# quality runs, each mapped to its train_variants key; tp_overlap and sequence parallelism leave the math unchanged.
+FIGURE_VARIANTS = {"all-spd": "all spd", "parallel-spd": "parallel/spd", "all-parallel": "all parallel",
+                   "tp_overlap=2": "overlap K=2", "sequence_parallel": "+sp", "all-ladder": "ladder fwd+bwd",
+                   "all-ladder-fwd-only": "ladder", "all-tp-bf16": "bf16", "all-tp-bf16-2shot": "bf16 2shot",
+                   "all-tp-fp8": "fp8", "all-tp-fp8-2shot": "fp8 2shot", "all-tp-int8": "int8",
+                   "all-tp-int8-2shot": "int8 2shot", "all-spd-int8": "spd int8"}
+FIGURE_SHAPE = SHAPES[1]  # the 1.3B shape (24 x 2048) at tp 8
+LINK_ALIASES = {"nvlink": LINKS[0], "ib": LINKS[1], "infiniband": LINKS[1], **{lk.name.lower(): lk for lk in LINKS}}
+
+
+def predicted_speedups(link_name, baseline="megatron", *, cfg=None):
+    """{variant name: predicted step speedup over the baseline} for the trade-off figure: the 1.3B shape (24 x
+    2048) at tp 8, on link_name ('nvlink' or 'ib', or a LINKS name), baseline 'megatron' (all 'tp' with Megatron's
+    async input-gradient all-reduce) or 'blocking', at `python comm_model.py predict`'s assumptions (cfg: its
+    defaults unless given; tp_overlap=2 is the default's chunk count). Names: FIGURE_VARIANTS' keys."""
+    cfg = {**PREDICT_DEFAULTS, **(cfg or {}), "baseline": baseline}
+    check_config(cfg)
+    link = LINK_ALIASES.get(link_name.lower()) if isinstance(link_name, str) else None
+    if link is None:
+        raise ValueError(f"link_name must be one of {', '.join(map(repr, ['nvlink', 'ib']))}, got {link_name!r}")
+    opts = options(cfg)
+    v = train_variants(FIGURE_SHAPE, tp=8, link=link, tokens=cfg["batch_size"] * cfg["seq_len"],
+                       seq_len=cfg["seq_len"], mfu=cfg["mfu"], opts=opts, async_grad=baseline == "megatron")
+    names = {k.replace("tp_overlap=2", f"tp_overlap={opts.chunks}"): val.replace("K=2", f"K={opts.chunks}")
+             for k, val in FIGURE_VARIANTS.items()}
+    return {name: speedup(v, key) for name, key in names.items()}
+
+
+def print_both_baselines(cfg, opts):
+    """The figure's variants (1.3B, tp 8) and the table's tp 8 rows, each speedup against both baselines."""
+    print("\n## Predicted speedups against both baselines (1.3B (24 x 2048), tp 8; `predicted_speedups`)\n")
+    print("Each cell: speedup over Megatron's all 'tp' (async backward) / over the blocking all 'tp'. Names as the "
+          "quality runs' (tpcomm.report.pattern_name); all-ladder delays forward and backward all-reduces, "
+          "all-ladder-fwd-only the forward ones (as the repo runs it); fp8 and int8 move the same bytes.\n")
+    both = {link.name: {b: predicted_speedups(key, b, cfg=cfg) for b in BASELINES}
+            for key, link in (("nvlink", LINKS[0]), ("ib", LINKS[1]))}
+    print("| variant | " + " | ".join(f"{name}: megatron / blocking" for name in both) + " |")
+    print("|---|" + "---:|" * len(both))
+    for variant in next(iter(both.values()))["megatron"]:
+        print(f"| {variant} | " + " | ".join(f"{s['megatron'][variant]:.2f}x / {s['blocking'][variant]:.2f}x"
+                                              for s in both.values()) + " |")
 
 
 def print_decode(cfg, opts):
@@ -534,7 +681,7 @@ def print_decode(cfg, opts):
         memory, comm = v["blocking"]
         print(f"| {link.name} | {memory * 1e3:.2f} | {comm / 160 * 1e6:.1f} | "
               + " | ".join(f"{sum(v[n]) * 1e3:.2f}" for n in names) + " | "
-              + " | ".join(f"{speedup(v, n):.2f}x" for n in names[1:]) + " |")
+              + " | ".join(f"{speedup(v, n, base='blocking'):.2f}x" for n in names[1:]) + " |")
     target = const("spd_paper_saving")
     # saving = L t / (memory + 2 L t) = target  =>  t = target * memory / (L (1 - 2 target))
     needed = target * memory / (80 * (1 - 2 * target))
