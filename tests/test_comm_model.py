@@ -508,16 +508,67 @@ def test_domino_backward_chunks_by_hand_and_bounded_by_the_chunk_compute():
 
 def test_ladder_backward_by_hand():
     """Forward [attn 12, mlp 16, attn 12, mlp 16] us, t = 30: hiders [16, 12, 16, 0] -> 14 + 18 + 14 + 30 = 76.
-    Backward in reverse order, compute [32, 24, 32, 24], own wgrads [8, 6, 8, 6]: hiders [8 + 24, 6 + 32, 8 + 24,
-    6] -> only the last, 30 - 6 = 24 exposed (blocking world: hiders [24, 32, 24, 0] -> 6 + 0 + 6 + 30 = 42)."""
+    Backward in reverse order, compute [32, 24, 32, 24], own wgrads [8, 6, 8, 6]: each all-reduce gets the compute
+    from its issue to the next one's, [8 + 24 - 6, 6 + 32 - 8, 8 + 24 - 6, 6] = [26, 30, 26, 6] -> 4 + 0 + 4 + 24 =
+    32 (the blocking world, no own: [24, 32, 24, 0] -> 6 + 0 + 6 + 30 = 42)."""
     megatron = cm.train_variants(HAND, **HAND_KW, async_grad=True)
     blocking = cm.train_variants(HAND, **HAND_KW)
-    assert megatron["ladder fwd+bwd"][1] == pytest.approx(76 * US + 24 * US, rel=EXACT)
+    assert megatron["ladder fwd+bwd"][1] == pytest.approx(76 * US + 32 * US, rel=EXACT)
     assert blocking["ladder fwd+bwd"][1] == pytest.approx(76 * US + 42 * US, rel=EXACT)
     assert megatron["ladder"][1] == pytest.approx(76 * US + 2 * 46 * US, rel=EXACT)  # backward: Megatron's
     assert blocking["ladder"][1] == pytest.approx(76 * US + 4 * 30 * US, rel=EXACT)  # backward blocking (as before)
-    assert cm.ladder_exposed([30.0] * 3, [1.0, 5.0, 2.0], own=[1.0, 1.0, 40.0]) == pytest.approx(
-        (30 - 6) + (30 - 3) + 0.0, rel=EXACT)
+    # hiders [2 + 20 - 4, 4 + 30 - 6, 6] = [18, 28, 6]: 12 + 2 + 24
+    assert cm.ladder_exposed([30.0] * 3, [10.0, 20.0, 30.0], own=[2.0, 4.0, 6.0]) == pytest.approx(38.0, rel=EXACT)
+    # the same case on the reference schedule below: exact here
+    assert simulate([(8.0, 2.0, 30.0, None), (16.0, 4.0, 30.0, None), (24.0, 6.0, 30.0, 0)]) == pytest.approx(38.0)
+
+
+def simulate(segments):
+    """Reference schedule, independent of the model's sums: one compute stream and one link, each doing one thing
+    at a time. segments in program order, (pre, post, comm, needs): wait for segment `needs`' all-reduce (None: no
+    wait), compute `pre`, issue `comm` on the link (first come, first served), compute `post`. The end waits for
+    every all-reduce. Returns the makespan minus the compute: the exposed communication (efficiency 1)."""
+    now = link = 0.0
+    done = []
+    for pre, post, comm, needs in segments:
+        now = max(now, done[needs]) if needs is not None else now
+        now += pre
+        link = max(link, now) + comm
+        done.append(link)
+        now += post
+    return max([now] + done) - sum(p + q for p, q, _, _ in segments)
+
+
+GRID = [(c, w, t) for c in (5.0, 20.0, 60.0) for w in (0.0, 1.0, 4.0) for t in (1.0, 10.0, 30.0, 100.0)]
+
+
+def test_the_sums_against_the_reference_schedule():
+    """Megatron's async term and Domino's chunks (forward and backward, tail = wgrad / K) are exact schedules; the
+    forward ladder is exact; the backward ladder with its own wgrad GEMMs is exact when every all-reduce fits its
+    window or none does, and otherwise never under the schedule (non-overlapping windows: conservative)."""
+    for c, w, t in GRID:
+        mods = [c, 1.5 * c, c, 1.5 * c, c]
+        wg = [min(w, m) for m in mods]
+        # Megatron, module k's backward needs module k-1's input gradient: each all-reduce hides behind its wgrad
+        sched = [(m - o, o, t, k - 1 if k else None) for k, (m, o) in enumerate(zip(mods, wg))]
+        assert cm.async_grad_exposed([t] * 5, wg) == pytest.approx(simulate(sched), abs=1e-9)
+        for K in (1, 2, 4):  # one module's K independent chunks, backward with the wgrad tail
+            chunks = [((2 * c - w) / K, w / K, t / K, None)] * K
+            got = cm.exposed([t / K] * K, [2 * c / K] * (K - 1) + [w / K])
+            assert got == pytest.approx(simulate(chunks), abs=1e-9)
+        # ladder: module k needs module k-2's all-reduce
+        fwd = [(m, 0.0, t, k - 2 if k >= 2 else None) for k, m in enumerate(mods)]
+        assert cm.ladder_exposed([t] * 5, mods) == pytest.approx(simulate(fwd), abs=1e-9)
+        bwd = [(m - o, o, t, k - 2 if k >= 2 else None) for k, (m, o) in enumerate(zip(mods, wg))]
+        model, ref = cm.ladder_exposed([t] * 5, mods, own=wg), simulate(bwd)
+        assert model >= ref - 1e-9
+        windows = [o + m - o2 for o, m, o2 in zip(wg, mods[1:], wg[1:])]
+        if all(t <= x for x in windows) or all(t >= x + o for x, o in zip(windows, wg[1:])):
+            assert model == pytest.approx(ref, abs=1e-9)
+    # anti-vacuity: the overlapping windows (own + the whole next module) would be under the schedule here
+    mods, wg, t = [20.0, 20.0, 20.0], [4.0, 4.0, 4.0], 30.0
+    overlapping = cm.exposed([t] * 3, [o + m for o, m in zip(wg, mods[1:])] + [wg[-1]])
+    assert overlapping < simulate([(m - o, o, t, k - 2 if k >= 2 else None) for k, (m, o) in enumerate(zip(mods, wg))])
 
 
 def old_train_variants(shape, *, tp, link, tokens, seq_len, mfu, opts=cm.Options(), peak=None):

@@ -255,13 +255,16 @@ def async_grad_exposed(comms, wgrads, *, efficiency=1.0):
 
 def ladder_exposed(comms, computes, *, efficiency=1.0, own=None):
     """Exposed communication of a run of ladder modules: module i's all-reduce runs while module i+1 computes;
-    the run's last module has nothing after it to hide behind (the next block or ln_f needs the stream). own[i]:
-    compute of module i itself that also runs while its all-reduce is in flight (the backward's wgrad GEMM under
-    the asynchronous input-gradient all-reduce; default none). For the backward, pass the modules in backward
-    order (the reverse of the forward's): module i's input-gradient all-reduce is needed by module i-2's backward,
-    so it runs while module i-1's backward computes."""
+    the run's last module has nothing after it to hide behind (the next block or ln_f needs the stream).
+    own[i]: the part of module i's compute that runs after its all-reduce is issued (the backward's wgrad GEMM
+    under the asynchronous input-gradient all-reduce; default none). Each all-reduce is then given the compute
+    from its issue to the next one's, own[i] + computes[i+1] - own[i+1] (windows that do not overlap: the link
+    moves one at a time); the last gets own[-1]. For the backward, pass the modules in backward order (the
+    forward's reversed): module i's input-gradient all-reduce is needed by module i-2's backward, so it runs while
+    module i-1's backward computes."""
     own = [0.0] * len(comms) if own is None else own
-    return exposed(comms, [o + c for o, c in zip(own, list(computes[1:]) + [0.0])], efficiency=efficiency)
+    hiders = [o + c - o_next for o, c, o_next in zip(own, computes[1:], own[1:])] + [own[-1]]
+    return exposed(comms, hiders, efficiency=efficiency)
 
 
 def sp_time(nbytes, p, *, alpha, busbw):
