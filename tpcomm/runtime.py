@@ -93,11 +93,48 @@ def make_grad_scaler(device_type, dtype, pd=None, *, data_parallel="ddp"):
     enabled = dtype == "float16"
     if pd is not None and pd.distributed and (pd.tp > 1 or (data_parallel == "fsdp" and pd.dp > 1)):
         import torch.distributed as dist
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
         group = dist.group.WORLD if data_parallel == "fsdp" and pd.dp > 1 else pd.tp_group
-        return ShardedGradScaler(device_type, enabled=enabled, process_group=group)
+        return agreeing_grad_scaler(device_type, enabled=enabled, process_group=group)
     return torch.amp.GradScaler(device_type, enabled=enabled)
+
+
+def agreeing_grad_scaler(device_type, *, enabled, process_group):
+    """A ShardedGradScaler over process_group whose step() always unscales first (AgreeingGradScaler)."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    class AgreeingGradScaler(ShardedGradScaler):
+        """torch's GradScaler.step, given an optimizer that unscales inside its own kernel (fused AdamW:
+        _step_supports_amp_scaling), checks each device for inf/nan and steps without calling unscale_, which is
+        where ShardedGradScaler all-reduces found_inf over its group: with grad_clip=0 (nothing calls unscale_
+        before step) a rank whose gradients overflowed would skip the step while the others took it, and the
+        shards would drift apart. So step() calls unscale_ itself when the caller has not: found_inf is then
+        always the group's, and every rank skips or steps together (one extra pass over the gradients, fp16
+        only)."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._unscaled = set()  # id(optimizer) unscaled since the last update()
+
+        def unscale_(self, optimizer):
+            super().unscale_(optimizer)
+            self._unscaled.add(id(optimizer))
+            # ShardedGradScaler keeps found_inf as shape (1,), GradScaler as (); a fused AdamW subtracts it from its
+            # () step counters in place, which fails on (1,) (torch 2.13: "output with shape [] doesn't match the
+            # broadcast shape [1]"), so after an unscale_ (grad clipping) FSDP/TP fp16 with fused AdamW crashed
+            state = self._per_optimizer_states[id(optimizer)]
+            state["found_inf_per_device"] = {d: t.reshape(()) for d, t in state["found_inf_per_device"].items()}
+
+        def step(self, optimizer, *args, **kwargs):
+            if self.is_enabled() and id(optimizer) not in self._unscaled:
+                self.unscale_(optimizer)
+            return super().step(optimizer, *args, **kwargs)
+
+        def update(self, new_scale=None):
+            self._unscaled.clear()
+            super().update(new_scale)
+
+    return AgreeingGradScaler(device_type, enabled=enabled, process_group=process_group)
 
 
 class RunError(Exception):
