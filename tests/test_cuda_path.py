@@ -92,3 +92,115 @@ def test_torch_scaler_alone_lets_the_ranks_disagree(overflow):
     optimizer, torch's ShardedGradScaler decides per rank; rank 0 steps while rank 1 skips."""
     r = [rank["torch_clip0"] for rank in overflow]
     assert r[0]["moved"] and not r[1]["moved"], r
+
+
+# ---------------------------------------------------------------- bench.py's clock waits for the device
+
+class FakeDevice:
+    """A device that queues work: its clock advances only when synchronize() waits for the queued work, as a GPU's
+    work shows on the host clock only once it is waited for. Host time is never seen."""
+
+    def __init__(self):
+        self.t, self.queued, self.log = 0.0, 0.0, []
+
+    def run(self, seconds):
+        self.queued += seconds
+
+    def clock(self):
+        self.log.append("clock")
+        return self.t
+
+    def synchronize(self):
+        self.log.append("sync")
+        self.t, self.queued = self.t + self.queued, 0.0
+
+    def device_clock(self):
+        from tpcomm.runtime import DeviceClock
+
+        return DeviceClock("cpu", clock=self.clock, synchronize=self.synchronize)
+
+
+def tiny_gpt():
+    from model import GPTConfig
+    from tpcomm.models import PlainGPT
+
+    torch.manual_seed(0)
+    return PlainGPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=65, bias=False))
+
+
+def test_timed_steps_bill_only_the_timed_steps_device_work(monkeypatch):
+    import bench
+
+    cfg = dict(bench.DEFAULTS, vocab_size=65, block_size=16, batch_size=2, warmup=2, compile=False)
+    dev, calls = FakeDevice(), []
+
+    def queued_step(*args):  # warm-up steps are slow (a compile, autotuning); the timed ones take 1 s each
+        calls.append(len(calls))
+        dev.run(10.0 if len(calls) <= cfg["warmup"] else 1.0)
+
+    monkeypatch.setattr(bench, "step", queued_step)
+    dt, _, _ = bench.timed_steps(tiny_gpt(), cfg, "cpu", "cpu", "float32", 4, clock=dev.device_clock())
+    assert len(calls) == 6
+    assert dt == 1.0  # without the wait before the first reading: (2 x 10 + 4) / 4 = 6
+    assert dev.log == ["sync", "clock", "sync", "clock"]  # each reading after a wait
+    assert dev.queued == 0.0  # nothing of the timed steps left unbilled
+
+
+def test_timed_steps_use_the_device_clock_by_default(monkeypatch):
+    import bench
+
+    made = []
+
+    class Recording(FakeDevice):
+        def __init__(self, device):
+            super().__init__()
+            made.append(device)
+
+        def now(self):
+            self.synchronize()
+            return self.clock()
+
+    monkeypatch.setattr(bench, "DeviceClock", Recording)
+    cfg = dict(bench.DEFAULTS, vocab_size=65, block_size=16, batch_size=2, warmup=0, compile=False)
+    bench.timed_steps(tiny_gpt(), cfg, "cpu", "cpu", "float32", 1)
+    assert made == ["cpu"]
+
+
+def test_decode_timing_bills_prefill_and_tokens_apart():
+    import bench
+
+    dev = FakeDevice()
+
+    class QueuingModel(torch.nn.Module):
+        """Queues 5 s of device work for a prefill, 1 s per decoded token."""
+        config = SimpleNamespace(n_layer=1)
+
+        def forward(self, idx, kv_cache=None):
+            dev.run(5.0 if idx.size(1) > 1 else 1.0)
+            return torch.zeros(idx.size(0), idx.size(1), 65), None
+
+        def reset_comm_counts(self):
+            pass
+
+        def comm_report(self, *, micro_steps, tokens):
+            return {}
+
+    dev.run(7.0)  # earlier work still queued (a warm-up): billed to nothing
+    prefill_ms, per_token_ms, _, _ = bench.decode_times(QueuingModel(), batch=2, prompt_len=4, new_tokens=3,
+                                                        vocab_size=65, device="cpu", ctx=torch.no_grad(),
+                                                        clock=dev.device_clock())
+    assert (prefill_ms, per_token_ms) == (5000.0, 1000.0)
+    assert dev.log == ["sync", "clock"] * 3
+
+
+def test_device_clock_synchronizes_cuda_and_not_cpu(monkeypatch):
+    from tpcomm.runtime import DeviceClock, device_synchronizer
+
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
+    device_synchronizer("cuda:1")()
+    assert waited == [torch.device("cuda:1")]
+    device_synchronizer("cpu")()
+    assert waited == [torch.device("cuda:1")]  # CPU work is done when the call returns: nothing to wait for
+    t0 = DeviceClock("cpu").now()
+    assert DeviceClock("cpu").now() >= t0 > 0

@@ -9,6 +9,7 @@ import errno
 import fcntl
 import os
 import sys
+import time
 
 import torch
 
@@ -57,6 +58,34 @@ def autocast_context(device_type, dtype):
         return contextlib.nullcontext()
     ptdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     return torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+
+
+def device_synchronizer(device):
+    """A function that returns once the work queued on `device` so far is done: torch.cuda.synchronize on CUDA
+    (kernels are queued and run later), torch.mps.synchronize on MPS, nothing on CPU (work is done when the call
+    returns)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    if device.type == "mps":
+        return torch.mps.synchronize
+    return lambda: None
+
+
+class DeviceClock:
+    """Seconds as the device's work sees them: now() first waits for everything queued on the device, then reads
+    the host clock. A timing between two now() calls bills exactly the work queued between them: not the warm-up
+    still running on a GPU when the first is read (perf_counter alone would bill it), and all of the timed work
+    (perf_counter alone would miss what is still queued). clock and synchronize are injectable (tests substitute a
+    fake device)."""
+
+    def __init__(self, device, *, clock=time.perf_counter, synchronize=None):
+        self.clock = clock
+        self.synchronize = device_synchronizer(device) if synchronize is None else synchronize
+
+    def now(self):
+        self.synchronize()
+        return self.clock()
 
 
 def keep_freed_memory():
