@@ -465,7 +465,7 @@ def bench(cfg, pd, device, device_type, dtype):
     width = max(16, *map(len, models))
     for name, model in models.items():
         dt, comm_dt, busy_dt = min(times[name])  # best round: the least disturbed by other work on the machine
-        mfu = model.estimate_mfu(cfg["batch_size"], dt, device=device)
+        mfu = model.estimate_mfu(cfg["batch_size"], dt, device=device, dtype=dtype)
         line = (f"{name:{width}s} {dt * 1000:8.2f} ms/iter  {tokens / dt:10,.0f} tok/s  "
                 f"mfu {'n/a' if mfu is None else f'{mfu * 100:.1f}%'}")
         X = torch.randint(cfg["vocab_size"], (cfg["batch_size"], cfg["block_size"]), device=device)

@@ -503,6 +503,7 @@ class Run:
     iter_num: int = 0
     best_val_loss: float = 1e9
     saved_iter: Optional[int] = None  # the iteration of the last checkpoint this run wrote
+    dtype: str = "float32"  # the training precision: MFU's peak depends on it
 
 
 def load_optimizer_state(raw_model, optimizer, state):
@@ -624,7 +625,7 @@ def start_run(cfg, setup, pd):
                batches=Batches(setup.data_dir, block_size=cfg["block_size"], batch_size=cfg["batch_size"],
                                seed=cfg["seed"], device=device),
                metrics=metrics, grad_accum=grad_accum, micro_offset=pd.dp_rank * grad_accum,
-               iter_num=iter_num, best_val_loss=best_val_loss)
+               iter_num=iter_num, best_val_loss=best_val_loss, dtype=setup.dtype)
 
 
 def eval_losses(run, split, ks, n):
@@ -806,7 +807,8 @@ def train(run):
         # logging
         if run.iter_num % cfg["log_interval"] == 0 and master:
             if local_iter_num >= 5:  # let the training loop settle a bit
-                mfu = run.raw_model.estimate_mfu(cfg["batch_size"] * run.grad_accum, dt, device=run.device)
+                mfu = run.raw_model.estimate_mfu(cfg["batch_size"] * run.grad_accum, dt, device=run.device,
+                                                   dtype=run.dtype)
                 if mfu is not None:
                     mfu /= run.pd.pp  # a replica runs on pp times the devices of one stage group
                     running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu

@@ -204,3 +204,44 @@ def test_device_clock_synchronizes_cuda_and_not_cpu(monkeypatch):
     assert waited == [torch.device("cuda:1")]  # CPU work is done when the call returns: nothing to wait for
     t0 = DeviceClock("cpu").now()
     assert DeviceClock("cpu").now() >= t0 > 0
+
+
+# ---------------------------------------------------------------- MFU: the peak of the exact device and dtype
+
+@pytest.mark.parametrize("name, dtype, tflops", [
+    ("NVIDIA H100 80GB HBM3", "bfloat16", 989), ("NVIDIA H100 PCIe", "bfloat16", 756),
+    ("NVIDIA H100 NVL", "bfloat16", 835), ("NVIDIA H200", "bfloat16", 989), ("NVIDIA A100-SXM4-80GB", "bfloat16", 312),
+    ("NVIDIA H100 80GB HBM3", "float32", 495), ("NVIDIA H100 PCIe", "float32", 378),  # TF32, not the bf16 peak
+    ("NVIDIA A100-PCIE-40GB", "float16", 312), ("NVIDIA A100 80GB PCIe", "float32", 156),
+    ("NVIDIA H100 80GB HBM3", torch.bfloat16, 989),  # a torch dtype works too
+])
+def test_peak_is_the_exact_devices_for_the_dtype(monkeypatch, name, dtype, tflops):
+    from model import device_peak_flops
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert device_peak_flops("cuda:0", dtype) == tflops * 1e12
+
+
+@pytest.mark.parametrize("device, name, dtype", [
+    ("cuda", "NVIDIA H100 80GB HBM3e Experimental", "bfloat16"),  # unknown name: substring of a known one's family
+    ("cuda", "NVIDIA H800", "bfloat16"),
+    ("cuda", "Tesla V100-SXM2-32GB", "bfloat16"),  # no bf16 tensor cores: no bf16 peak
+    ("cuda", "NVIDIA H100 80GB HBM3", None),  # the peak depends on the dtype: none given, no MFU
+    ("cpu", "NVIDIA H100 80GB HBM3", "float32"),
+])
+def test_no_peak_no_mfu(monkeypatch, device, name, dtype):
+    from model import device_peak_flops
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: name)
+    assert device_peak_flops(device, dtype) is None
+    assert tiny_gpt().estimate_mfu(1, 1.0, device=device, dtype=dtype) is None
+
+
+def test_mfu_divides_by_the_dtypes_peak(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H100 PCIe")
+    m = tiny_gpt()
+    bf16 = m.estimate_mfu(4, 0.5, device="cuda:0", dtype="bfloat16")
+    fp32 = m.estimate_mfu(4, 0.5, device="cuda:0", dtype="float32")
+    cfg = m.config
+    flops = (6 * m.get_num_params() + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size) * cfg.block_size * 4 / 0.5
+    assert bf16 == pytest.approx(flops / 756e12, rel=1e-12) and fp32 == pytest.approx(flops / 378e12, rel=1e-12)
