@@ -3,8 +3,9 @@ Train GPT or DistributedGPT, nanoGPT style. Single process:
 $ python train.py config/train_shakespeare_char.py --device=cpu --compile=False
 Data parallel on one node (4 GPUs):
 $ torchrun --standalone --nproc_per_node=4 train.py config/train_gpt2.py
-Real tensor parallel (dp=2 x tp=2 on CPU):
-$ torchrun --standalone --nproc_per_node=4 train.py config/train_shakespeare_char_spd.py --tp_mode=real
+Real tensor parallel (dp=2 x tp=2 on CPU; the global micro-batches split over the 2 replicas):
+$ torchrun --standalone --nproc_per_node=4 train.py config/train_shakespeare_char_spd.py --tp_mode=real \
+      --gradient_accumulation_steps=2
 Multi-node: torchrun --nnodes=2 --node_rank=0 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 ...
 Pipeline stages (pp x dp x tp; here pp 2 x dp 2 x tp 2 real, 1F1B over gradient_accumulation_steps/dp micro-batches):
 $ torchrun --standalone --nproc_per_node=8 train.py config/train_shakespeare_char_spd.py --tp_mode=real --tp_size=2 \
