@@ -320,7 +320,8 @@ def memory_bench(cfg, pd, device, device_type, dtype):
     if not meta:
         model.to(device)
     # DDP needs the weights before wrapping (it broadcasts rank 0's), FSDP shards before materialising
-    run, _ = parallelize(model, pd, kind=cfg["data_parallel"], device=device, device_type=device_type, meta=meta)
+    run, _ = parallelize(model, pd, kind=cfg["data_parallel"], device=device, device_type=device_type, meta=meta,
+                         dtype=dtype)
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device_type)
     held = sum(local(p).numel() * local(p).element_size() for p in model.parameters()) / 2**20
     at_init = peak_memory_mb(device)

@@ -600,7 +600,8 @@ def start_run(cfg, setup, pd):
         run_model = sync_module = None
     else:
         run_model, sync_module = parallelize(model, pd, kind=cfg["data_parallel"], device=device,
-                                             device_type=setup.device_type, meta=meta, compile=cfg["compile"])
+                                             device_type=setup.device_type, meta=meta, compile=cfg["compile"],
+                                             dtype=setup.dtype)
     if weights is not None and meta:
         model.load_gpt_state_dict(cropped(weights, model.config.block_size))
     del weights
