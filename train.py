@@ -586,12 +586,12 @@ def start_run(cfg, setup, pd):
         model.load_gpt_state_dict(weights)
     if cfg["block_size"] < model.config.block_size:  # before sharding: it replaces the wpe parameter
         model.crop_block_size(cfg["block_size"])
-    if not meta:
+    if not meta and pd.pp == 1:  # pipeline stages: each rank moves only its own stages (Pipeline)
         model.to(device)
     if cfg["compile"] and pd.is_master:
         print("compiling the model... (takes a ~minute)")
     pipe = None
-    if pd.pp > 1:  # every rank holds the whole model and runs its stages' part (DDP over dp per stage)
+    if pd.pp > 1:  # every rank holds the whole model (on the CPU) and runs its stages' part (DDP over dp per stage)
         from tpcomm.pipeline import Pipeline
 
         pipe = Pipeline(model, pd, schedule=cfg["pp_schedule"], n_microbatches=grad_accum,
