@@ -73,6 +73,16 @@ def test_a_claim_waits_for_free_gpus_and_respects_the_users_choice(eight_gpus, m
         sweep.GPUClaim(4).__enter__()
 
 
+def test_cpu_runs_hold_no_gpu(eight_gpus, monkeypatch, tmp_path):
+    envs = []
+    monkeypatch.setattr(sweep.subprocess, "Popen", lambda cmd, *, env, **kw: envs.append(env) or FakeProc())
+    cpu_job = job(tmp_path, "on-cpu", 1)
+    cpu_job.cfg["device"] = "cpu"
+    with sweep.GPUClaim(8):  # every GPU taken: a CPU run does not wait for one
+        sweep.run_job(cpu_job)
+    assert "CUDA_VISIBLE_DEVICES" not in envs[0]
+
+
 def test_no_gpus_no_pinning(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     envs = []

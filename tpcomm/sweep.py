@@ -36,6 +36,7 @@ and every run's train.py config are checked before the first run starts; a user 
 of a finished run) is one line naming it, exit status 2.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -461,7 +462,9 @@ def run_job(job, *, bar=None):
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // job.nproc))
     log_path = os.path.join(job.out_dir, "train.log")
     t0 = time.time()
-    with open(log_path, "a" if resume else "w", buffering=1) as log, GPUClaim(job.nproc) as gpus:
+    on_gpus = str(job.cfg.get("device", "auto")).split(":")[0] in ("auto", "cuda")  # not --device=cpu runs
+    with open(log_path, "a" if resume else "w", buffering=1) as log, \
+            (GPUClaim(job.nproc) if on_gpus else contextlib.nullcontext()) as gpus:
         # line-buffered: complete up to a kill; gpus: this run's own devices, held until it ends
         if gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
