@@ -31,8 +31,8 @@ and its train.py. A sweep locks each run while it trains it (job_lock): a second
 (the same command in another shell, or tp-axis beside cpu-long) skips those and trains the others, so N processes
 train N runs at a time; on a GPU machine each run's train.py gets GPUs no other run of this user holds
 (CUDA_VISIBLE_DEVICES, GPUClaim), waiting for them when all are taken. Results: results.md/.csv/.json and three
-PNGs in the sweep directory; with 2+ seeds also paired.md and paired_difference_vs_tokens.png (differences to the baseline seed by seed, 95% CIs). Runner options
-and every run's train.py config are checked before the first run starts; a user error (a bad value, a corrupt file
+PNGs in the sweep directory; with 2+ seeds also paired.md and paired_difference_vs_tokens.png (differences to the
+baseline seed by seed, 95% CIs). Runner options and every run's train.py config are checked before the first run starts; a user error (a bad value, a corrupt file
 of a finished run) is one line naming it, exit status 2.
 """
 
@@ -462,7 +462,8 @@ def run_job(job, *, bar=None):
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // job.nproc))
     log_path = os.path.join(job.out_dir, "train.log")
     t0 = time.time()
-    on_gpus = str(job.cfg.get("device", "auto")).split(":")[0] in ("auto", "cuda")  # not --device=cpu runs
+    # GPUs of its own for a run that picks its device (not --device=cpu, nor a cuda:N of the user's choosing)
+    on_gpus = job.cfg.get("device", "auto") in ("auto", "cuda")
     with open(log_path, "a" if resume else "w", buffering=1) as log, \
             (GPUClaim(job.nproc) if on_gpus else contextlib.nullcontext()) as gpus:
         # line-buffered: complete up to a kill; gpus: this run's own devices, held until it ends
