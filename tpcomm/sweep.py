@@ -32,8 +32,8 @@ and its train.py. A sweep locks each run while it trains it (job_lock): a second
 train N runs at a time; on a GPU machine each run's train.py gets GPUs no other run of this user holds
 (CUDA_VISIBLE_DEVICES, GPUClaim), waiting for them when all are taken. Results: results.md/.csv/.json and three
 PNGs in the sweep directory; with 2+ seeds also paired.md and paired_difference_vs_tokens.png (differences to the
-baseline seed by seed, 95% CIs). Runner options and every run's train.py config are checked before the first run starts; a user error (a bad value, a corrupt file
-of a finished run) is one line naming it, exit status 2.
+baseline seed by seed, 95% CIs). Runner options and every run's train.py config are checked before the first run
+starts; a user error (a bad value, a corrupt file of a finished run) is one line naming it, exit status 2.
 """
 
 import contextlib
