@@ -35,11 +35,10 @@ $ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 bench.py --mode=pip
 
 import os
 import sys
-import time
 
 import torch
 
-from tpcomm.runtime import autocast_context, pick_device, pick_dtype, setup_runtime
+from tpcomm.runtime import DeviceClock, autocast_context, pick_device, pick_dtype, setup_runtime
 from tpcomm.build import build_model
 from configurator import ConfigError, configure, exit_on_config_error
 from tpcomm.parallel_dims import check_layout, init_parallel, launched_by_torchrun, shutdown
@@ -97,19 +96,20 @@ def training_setup(model, cfg, device, device_type, dtype):
     return run, optimizer, ctx, X, Y
 
 
-def timed_steps(model, cfg, device, device_type, dtype, n):
+def timed_steps(model, cfg, device, device_type, dtype, n, *, clock=None):
     """Run n training steps; return seconds per step and, per step, the exposed and the busy seconds of the model's
-    collectives (comm_report's comm_seconds, comm_busy_seconds: 0 for GPT and simulated TP). CUDA work is waited
-    for through .item()."""
+    collectives (comm_report's comm_seconds, comm_busy_seconds: 0 for GPT and simulated TP). The clock
+    (runtime.DeviceClock of `device` unless given) waits for the device before each reading: the warm-up's queued
+    work is done before the timing starts, the timed steps' work before it ends."""
+    clock = clock or DeviceClock(device)
     run, optimizer, ctx, X, Y = training_setup(model, cfg, device, device_type, dtype)
     for _ in range(cfg["warmup"]):
         step(run, model, optimizer, ctx, X, Y)
+    start = clock.now()
     model.reset_comm_counts()
-    start = time.perf_counter()
     for _ in range(n):
-        loss = step(run, model, optimizer, ctx, X, Y)
-    loss.item()
-    elapsed = time.perf_counter() - start
+        step(run, model, optimizer, ctx, X, Y)
+    elapsed = clock.now() - start
     # real TP: exposed (the compute thread inside collectives or waiting for them) and busy (the collectives'
     # own durations, overlapped compute included) seconds since reset_comm_counts, all n steps together
     report = model.comm_report(micro_steps=n, tokens=X.numel())
@@ -320,7 +320,8 @@ def memory_bench(cfg, pd, device, device_type, dtype):
     if not meta:
         model.to(device)
     # DDP needs the weights before wrapping (it broadcasts rank 0's), FSDP shards before materialising
-    run, _ = parallelize(model, pd, kind=cfg["data_parallel"], device=device, device_type=device_type, meta=meta)
+    run, _ = parallelize(model, pd, kind=cfg["data_parallel"], device=device, device_type=device_type, meta=meta,
+                         dtype=dtype)
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device_type)
     held = sum(local(p).numel() * local(p).element_size() for p in model.parameters()) / 2**20
     at_init = peak_memory_mb(device)
@@ -351,25 +352,26 @@ def memory_bench(cfg, pd, device, device_type, dtype):
     return rows
 
 
-def decode_times(model, *, batch, prompt_len, new_tokens, vocab_size, device, ctx):
+def decode_times(model, *, batch, prompt_len, new_tokens, vocab_size, device, ctx, clock=None):
     """One greedy generation with the KV cache: (prefill ms, decode ms per token, ms per decoded token in
-    collectives and the exposed part of it). Every tp rank runs it alike; the token read back (.tolist) waits for the device."""
+    collectives and the exposed part of it). Every tp rank runs it alike; the clock (runtime.DeviceClock of
+    `device` unless given) waits for the device at each reading, so the prompt's copy is not billed to the prefill
+    nor the prefill to the decode."""
     from model import KVCache
 
+    clock = clock or DeviceClock(device)
     prompt = torch.randint(vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(0)).to(device)
     cache = KVCache(model.config.n_layer, prompt_len + new_tokens)
     with torch.no_grad(), ctx:
-        t0 = time.perf_counter()
+        t0 = clock.now()
         logits, _ = model(prompt, kv_cache=cache)
         token = logits[:, -1].argmax(-1, keepdim=True)
-        token.tolist()
-        t1 = time.perf_counter()
+        t1 = clock.now()
         model.reset_comm_counts()
         for _ in range(new_tokens):
             logits, _ = model(token, kv_cache=cache)
             token = logits[:, -1].argmax(-1, keepdim=True)
-        token.tolist()
-        t2 = time.perf_counter()
+        t2 = clock.now()
     report = model.comm_report(micro_steps=1, tokens=1)
     per_token = 1e3 / new_tokens
     return ((t1 - t0) * 1e3, (t2 - t1) * per_token, report.get("comm_busy_seconds", 0.0) * per_token,
@@ -464,7 +466,7 @@ def bench(cfg, pd, device, device_type, dtype):
     width = max(16, *map(len, models))
     for name, model in models.items():
         dt, comm_dt, busy_dt = min(times[name])  # best round: the least disturbed by other work on the machine
-        mfu = model.estimate_mfu(cfg["batch_size"], dt, device=device)
+        mfu = model.estimate_mfu(cfg["batch_size"], dt, device=device, dtype=dtype)
         line = (f"{name:{width}s} {dt * 1000:8.2f} ms/iter  {tokens / dt:10,.0f} tok/s  "
                 f"mfu {'n/a' if mfu is None else f'{mfu * 100:.1f}%'}")
         X = torch.randint(cfg["vocab_size"], (cfg["batch_size"], cfg["block_size"]), device=device)

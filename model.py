@@ -224,9 +224,10 @@ class GPT(nn.Module):
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         return configure_adamw(self, weight_decay, learning_rate, betas, device_type)
 
-    def estimate_mfu(self, fwdbwd_per_iter, dt, *, device=None, n_devices=1):
-        """Model FLOPs utilization: achieved FLOP/s over the peak of the actual device(s) the model runs on."""
-        return estimate_mfu(self, fwdbwd_per_iter, dt, device=device, n_devices=n_devices)
+    def estimate_mfu(self, fwdbwd_per_iter, dt, *, device=None, n_devices=1, dtype=None):
+        """Model FLOPs utilization: achieved FLOP/s over the peak of the actual device(s) the model runs on, for
+        the training dtype ('bfloat16', 'float16', 'float32'); None where that peak is unknown."""
+        return estimate_mfu(self, fwdbwd_per_iter, dt, device=device, n_devices=n_devices, dtype=dtype)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, *, use_cache=True):
@@ -289,34 +290,55 @@ def configure_adamw(model, weight_decay, learning_rate, betas, device_type):
     return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **({"fused": True} if fused else {}))
 
 
-# Dense bf16/fp16 tensor-core peak FLOP/s (no sparsity), from the vendors' data sheets.
+# Dense (no sparsity) peak FLOP/s per GPU, from the vendors' data sheets, by the exact name
+# torch.cuda.get_device_name reports and by the training dtype: bf16/fp16 are the tensor-core rates with fp32
+# accumulation (what autocast's matmuls use); float32 is TF32's (train.py and bench.py allow TF32 matmuls on CUDA),
+# or the fp32 CUDA-core rate where there is no TF32 (V100, T4). Variants of one chip differ (H100 SXM 989, NVL 835,
+# PCIe 756 bf16 TFLOP/s), so names are never matched by substring: an unknown name gives no MFU, not another's.
+_H100_SXM = dict(bfloat16=989e12, float16=989e12, float32=495e12)  # H100 SXM5, H200 SXM, GH200
+_NVL = dict(bfloat16=835e12, float16=835e12, float32=418e12)  # H100 NVL, H200 NVL (per GPU)
+_A100 = dict(bfloat16=312e12, float16=312e12, float32=156e12)  # every A100 form factor
+_V100_SXM2, _V100_PCIE = dict(float16=125e12, float32=15.7e12), dict(float16=112e12, float32=14e12)  # no bf16, TF32
 PEAK_FLOPS = {
-    "H200": 989e12, "H100": 989e12, "A100": 312e12, "A10": 125e12, "L4": 121e12, "L40": 181e12,
-    "4090": 165e12, "3090": 71e12, "V100": 125e12, "T4": 65e12,
+    "NVIDIA H100 80GB HBM3": _H100_SXM,
+    "NVIDIA H100 PCIe": dict(bfloat16=756e12, float16=756e12, float32=378e12),
+    "NVIDIA H100 NVL": _NVL,
+    "NVIDIA H200": _H100_SXM,
+    "NVIDIA H200 NVL": _NVL,
+    "NVIDIA GH200 480GB": _H100_SXM,
+    "NVIDIA A100-SXM4-40GB": _A100, "NVIDIA A100-SXM4-80GB": _A100,
+    "NVIDIA A100-PCIE-40GB": _A100, "NVIDIA A100 80GB PCIe": _A100,
+    "NVIDIA A10": dict(bfloat16=125e12, float16=125e12, float32=62.5e12),
+    "NVIDIA L4": dict(bfloat16=121e12, float16=121e12, float32=60e12),
+    "NVIDIA L40": dict(bfloat16=181e12, float16=181e12, float32=90.5e12),
+    "NVIDIA L40S": dict(bfloat16=362e12, float16=362e12, float32=183e12),
+    "NVIDIA GeForce RTX 4090": dict(bfloat16=165e12, float16=165e12, float32=82.6e12),
+    "NVIDIA GeForce RTX 3090": dict(bfloat16=71e12, float16=71e12, float32=35.6e12),
+    "Tesla V100-SXM2-16GB": _V100_SXM2, "Tesla V100-SXM2-32GB": _V100_SXM2,
+    "Tesla V100-PCIE-16GB": _V100_PCIE, "Tesla V100-PCIE-32GB": _V100_PCIE,
+    "Tesla T4": dict(float16=65e12, float32=8.1e12),
 }
 
 
-def device_peak_flops(device):
-    """Peak FLOP/s of the device the model runs on; None when unknown (e.g. CPU)."""
+def device_peak_flops(device, dtype):
+    """Peak FLOP/s of the device the model runs on for the training dtype ('float32', 'bfloat16', 'float16'); None
+    when not known (CPU, a GPU or dtype missing from PEAK_FLOPS, no dtype)."""
     device = torch.device(device)
-    if device.type != "cuda":
+    if device.type != "cuda" or dtype is None:
         return None
-    name = torch.cuda.get_device_name(device)
-    for key, flops in PEAK_FLOPS.items():
-        if key in name:
-            return flops
-    return None
+    return PEAK_FLOPS.get(torch.cuda.get_device_name(device), {}).get(str(dtype).removeprefix("torch."))
 
 
-def estimate_mfu(model, fwdbwd_per_iter, dt, *, device=None, n_devices=1):
+def estimate_mfu(model, fwdbwd_per_iter, dt, *, device=None, n_devices=1, dtype=None):
     """MFU per the PaLM paper (appendix B): FLOP/s achieved by `model` (on `n_devices` devices together, e.g.
-    the tp ranks of a replica) over their peak. None if the device's peak is unknown (CPU)."""
+    the tp ranks of a replica) over their peak for the training dtype. None if that peak is unknown (CPU, an
+    unlisted GPU, no dtype given)."""
     cfg = model.config
     N = model.get_num_params()
     L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.block_size
     flops_per_token = 6 * N + 12 * L * H * Q * T
     flops_achieved = flops_per_token * T * fwdbwd_per_iter / dt
-    peak = device_peak_flops(device if device is not None else next(model.parameters()).device)
+    peak = device_peak_flops(device if device is not None else next(model.parameters()).device, dtype)
     return None if peak is None else flops_achieved / (peak * n_devices)
 
 

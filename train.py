@@ -3,8 +3,9 @@ Train GPT or DistributedGPT, nanoGPT style. Single process:
 $ python train.py config/train_shakespeare_char.py --device=cpu --compile=False
 Data parallel on one node (4 GPUs):
 $ torchrun --standalone --nproc_per_node=4 train.py config/train_gpt2.py
-Real tensor parallel (dp=2 x tp=2 on CPU):
-$ torchrun --standalone --nproc_per_node=4 train.py config/train_shakespeare_char_spd.py --tp_mode=real
+Real tensor parallel (dp=2 x tp=2 on CPU; the global micro-batches split over the 2 replicas):
+$ torchrun --standalone --nproc_per_node=4 train.py config/train_shakespeare_char_spd.py --tp_mode=real \
+      --gradient_accumulation_steps=2
 Multi-node: torchrun --nnodes=2 --node_rank=0 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 ...
 Pipeline stages (pp x dp x tp; here pp 2 x dp 2 x tp 2 real, 1F1B over gradient_accumulation_steps/dp micro-batches):
 $ torchrun --standalone --nproc_per_node=8 train.py config/train_shakespeare_char_spd.py --tp_mode=real --tp_size=2 \
@@ -503,6 +504,7 @@ class Run:
     iter_num: int = 0
     best_val_loss: float = 1e9
     saved_iter: Optional[int] = None  # the iteration of the last checkpoint this run wrote
+    dtype: str = "float32"  # the training precision: MFU's peak depends on it
 
 
 def load_optimizer_state(raw_model, optimizer, state):
@@ -584,12 +586,12 @@ def start_run(cfg, setup, pd):
         model.load_gpt_state_dict(weights)
     if cfg["block_size"] < model.config.block_size:  # before sharding: it replaces the wpe parameter
         model.crop_block_size(cfg["block_size"])
-    if not meta:
+    if not meta and pd.pp == 1:  # pipeline stages: each rank moves only its own stages (Pipeline)
         model.to(device)
     if cfg["compile"] and pd.is_master:
         print("compiling the model... (takes a ~minute)")
     pipe = None
-    if pd.pp > 1:  # every rank holds the whole model and runs its stages' part (DDP over dp per stage)
+    if pd.pp > 1:  # every rank holds the whole model (on the CPU) and runs its stages' part (DDP over dp per stage)
         from tpcomm.pipeline import Pipeline
 
         pipe = Pipeline(model, pd, schedule=cfg["pp_schedule"], n_microbatches=grad_accum,
@@ -598,7 +600,8 @@ def start_run(cfg, setup, pd):
         run_model = sync_module = None
     else:
         run_model, sync_module = parallelize(model, pd, kind=cfg["data_parallel"], device=device,
-                                             device_type=setup.device_type, meta=meta, compile=cfg["compile"])
+                                             device_type=setup.device_type, meta=meta, compile=cfg["compile"],
+                                             dtype=setup.dtype)
     if weights is not None and meta:
         model.load_gpt_state_dict(cropped(weights, model.config.block_size))
     del weights
@@ -624,7 +627,7 @@ def start_run(cfg, setup, pd):
                batches=Batches(setup.data_dir, block_size=cfg["block_size"], batch_size=cfg["batch_size"],
                                seed=cfg["seed"], device=device),
                metrics=metrics, grad_accum=grad_accum, micro_offset=pd.dp_rank * grad_accum,
-               iter_num=iter_num, best_val_loss=best_val_loss)
+               iter_num=iter_num, best_val_loss=best_val_loss, dtype=setup.dtype)
 
 
 def eval_losses(run, split, ks, n):
@@ -806,7 +809,8 @@ def train(run):
         # logging
         if run.iter_num % cfg["log_interval"] == 0 and master:
             if local_iter_num >= 5:  # let the training loop settle a bit
-                mfu = run.raw_model.estimate_mfu(cfg["batch_size"] * run.grad_accum, dt, device=run.device)
+                mfu = run.raw_model.estimate_mfu(cfg["batch_size"] * run.grad_accum, dt, device=run.device,
+                                                   dtype=run.dtype)
                 if mfu is not None:
                     mfu /= run.pd.pp  # a replica runs on pp times the devices of one stage group
                     running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu

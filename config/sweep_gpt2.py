@@ -5,7 +5,9 @@
 # On its own this is the all-TP baseline (24 forward all-reduces), like train_gpt2_24comm.py:
 # $ torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2_24comm.py
 out_dir = 'out-gpt2-sweep'
-wandb_log = True
+# off unless asked for (--wandb_log=True, after `wandb login`): the sweep runs train.py as a non-interactive
+# subprocess, where wandb cannot ask for a key and the run would fail at its start
+wandb_log = False
 wandb_project = 'owt'
 wandb_run_name = 'gpt2-124M-sweep'
 

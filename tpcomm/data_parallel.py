@@ -12,23 +12,43 @@ DATA_PARALLEL = ("ddp", "fsdp")
 INIT_DEVICES = ("default", "meta")  # 'meta': build without memory, each rank materialising only what it holds
 
 
-def apply_data_parallel(model, pd, *, kind, device_type):
-    """The module to run forward/backward through: model itself (dp 1, or FSDP, which shards in place) or its
-    DDP wrapper. The model keeps its interface (GPT-layout state, clipping, ...) either way.
+def mixed_precision_policies(dtype, device_type):
+    """FSDP2's MixedPrecisionPolicy for the blocks and for the root (embeddings, ln_f, the tied lm_head), given the
+    training dtype ('float32', 'bfloat16', 'float16'; None: full precision) and the device type.
 
-    FSDP's MixedPrecisionPolicy is left at its default, full precision: parameters are gathered and gradients
-    reduced in the parameters' own dtype (fp32). Under bf16, autocast does the matmuls, so the residual stream
-    stays fp32 as in GPT and gradients are averaged in fp32, exactly as DDP does."""
+    On CUDA under bf16/fp16 (torchtitan's defaults: param bf16, reduce fp32): the blocks' parameters are gathered
+    in the autocast dtype (half the all-gather bytes; autocast rounds each matmul's weight to it anyway) and their
+    gradients reduce-scattered in fp32, so averaging over many ranks loses nothing to bf16's 8-bit mantissa
+    (docs/fsdp.md). cast_forward_inputs=False: the fp32 residual stream enters each block as it is (FSDP's default
+    would round it to bf16 at every block boundary), and autocast decides each op's dtype as under DDP (CUDA
+    autocast runs layer_norm in fp32, so bf16 layer-norm weights meet the fp32 stream there). The root keeps fp32
+    parameters: a bf16 wte/wpe would make the embedding's output, and with it the whole stream, bf16.
+    Elsewhere (CPU, MPS) and in fp32: full precision (exactly DDP's math). CPU autocast does not run layer_norm in
+    fp32 (fp32 stream x bf16 weight fails there), and gloo's all-gather is a memory copy: nothing to save."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    full = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None)
+    if dtype in (None, "float32") or device_type != "cuda":
+        return full, full
+    low = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    return (MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32, cast_forward_inputs=False),
+            MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32))
+
+
+def apply_data_parallel(model, pd, *, kind, device_type, dtype=None):
+    """The module to run forward/backward through: model itself (dp 1, or FSDP, which shards in place) or its
+    DDP wrapper. The model keeps its interface (GPT-layout state, clipping, ...) either way. FSDP gathers and
+    reduces in the precisions of mixed_precision_policies (the training dtype's, on CUDA)."""
     if pd.dp == 1:
         return model
     if kind == "ddp":
         return DDP(model, process_group=pd.dp_group, device_ids=[pd.local_rank] if device_type == "cuda" else None)
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import fully_shard
 
-    mp = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None)
+    blocks, root = mixed_precision_policies(dtype, device_type)
     for block in model.transformer.h:
-        fully_shard(block, mesh=pd.mesh["dp"], mp_policy=mp)
-    fully_shard(model, mesh=pd.mesh["dp"], mp_policy=mp)
+        fully_shard(block, mesh=pd.mesh["dp"], mp_policy=blocks)
+    fully_shard(model, mesh=pd.mesh["dp"], mp_policy=root)
     return model
 
 
@@ -43,16 +63,17 @@ def set_gradient_sync(run, *, enabled):
         run.set_requires_gradient_sync(enabled)
 
 
-def parallelize(model, pd, *, kind, device, device_type, meta=False, compile=False):
+def parallelize(model, pd, *, kind, device, device_type, meta=False, compile=False, dtype=None):
     """The model ready to train, in the one order each kind needs: (the module to run, the module gradient sync is
     set on). `model` is on `device`, or (meta=True) on the meta device, in which case it is materialised here with
-    GPT's initial weights, bitwise (model.materialize_).
+    GPT's initial weights, bitwise (model.materialize_). dtype: the training precision (FSDP's gathers follow it;
+    None: full precision).
       ddp:  materialise, compile, wrap in DDP (DDP broadcasts rank 0's weights, so they must exist first; nanoGPT
             compiles before wrapping)
       fsdp: shard (fully_shard, in place), materialise (each rank allocates its shards only), compile
     At dp 1 both are the plain model."""
     if kind == "fsdp":
-        apply_data_parallel(model, pd, kind="fsdp", device_type=device_type)  # in place: model is the FSDPModule
+        apply_data_parallel(model, pd, kind="fsdp", device_type=device_type, dtype=dtype)  # in place: the FSDPModule
         if meta:
             model.materialize_(device)
         return (torch.compile(model) if compile else model), model

@@ -55,9 +55,11 @@ class ModelInterface:
         global RNG (see tpcomm.dropout)."""
         self.dropout_key.set(key, self.lm_head.weight.device)
 
-    def estimate_mfu(self, fwdbwd_per_iter, dt, *, device=None):
-        """MFU over the peak of all the devices one model replica runs on (real TP: tp of them)."""
-        return super().estimate_mfu(fwdbwd_per_iter, dt, device=device, n_devices=self.devices_per_replica)
+    def estimate_mfu(self, fwdbwd_per_iter, dt, *, device=None, dtype=None):
+        """MFU over the peak of all the devices one model replica runs on (real TP: tp of them), for the training
+        dtype."""
+        return super().estimate_mfu(fwdbwd_per_iter, dt, device=device, n_devices=self.devices_per_replica,
+                                    dtype=dtype)
 
     def gpt_state_dict(self):
         """The weights in GPT's unsharded layout (what checkpoints hold), gathered from wherever they are sharded:

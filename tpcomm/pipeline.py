@@ -24,8 +24,11 @@ dp then averages over replicas. The tied wte/lm_head weight lives on the first s
 its two gradients are summed over the {first, last} pp ranks of each (dp, tp) coordinate (Megatron's embedding
 group), so both copies take the same AdamW steps and stay equal.
 
-Every rank builds the whole model (so the GPT-2 init is the full model's, whatever the layout) and keeps its stages'
-parts; the rest is unused memory for now.
+Every rank builds the whole model on the CPU (so the GPT-2 init is the full model's, whatever the layout) and moves
+only its stages' parts to its device (Pipeline); the rest stays in host memory, unused. Checkpoint gathers move
+tensors by broadcasts over pp (GPTLayout.gather), never as pickles. The stream crosses a cut in its own dtype, fp32
+under bf16 autocast as well: rounding it there would make the model depend on where the cuts are
+(docs/pipeline.md, "Precision at the cuts").
 
 This module is the library (layout checks, stages, the recorded schedule and its replay, the Pipeline runner that
 train.py uses); the benchmark of bench.py --mode=pipeline and the demo are in tpcomm/pipeline_demo.py:
@@ -33,6 +36,7 @@ train.py uses); the benchmark of bench.py --mode=pipeline and the demo are in tp
 """
 
 import contextlib
+import math
 from typing import NamedTuple
 
 import torch
@@ -342,6 +346,7 @@ class Pipeline:
         self.modules = [StageModule(model, *self.layers[s], is_first=s == 0, is_last=s == self.n_stages - 1)
                         for s in self.stage_ids]
         self.local = nn.ModuleList(self.modules)  # for the optimizer: every local parameter once
+        self.local.to(self.device)  # only this rank's stages (the model may be on the CPU, whole)
         self.recorder = Recorder(model)
         self.cut_streams = [cut_stream(model, end - 1) for _, end in self.layers[:-1]]
         mb, dtype = batch_size // n_microbatches, next(model.parameters()).dtype
@@ -540,20 +545,44 @@ class GPTLayout:
 
     def gather(self, local, name=lambda key: key):
         """{key: this rank's tensor} -> the whole model's {key: tensor} on every rank: tensors of sharded parameters
-        (name(key) is the parameter's GPT name) gathered over tp, then every pp stage's entries (collectives over tp
-        and pp; dp replicas hold the same). The first pp rank's entry wins: its copy of the tied weight."""
+        (name(key) is the parameter's GPT name) gathered over tp, then every pp stage's entries, on the CPU
+        (collectives over tp and pp; dp replicas hold the same). The first pp rank's entry wins: its copy of the
+        tied weight."""
         sharding = self.model.sharding
         if sharding is not None:
             local = {k: sharding.gather(name(k), t) if t.dim() > 0 else t for k, t in local.items()}
         if self.dims.pp == 1:
             return local
-        parts = [None] * self.dims.pp
-        dist.all_gather_object(parts, {k: t.detach().cpu() for k, t in local.items()}, group=self.dims.pp_group)
+        return self._gather_over_pp(local)
+
+    def _gather_over_pp(self, local):
+        """Every pp rank's entries on every rank (CPU tensors), by tensor collectives: only the keys, shapes and
+        dtypes go round as objects; then each pp rank broadcasts the entries it is the first to hold, flattened into
+        one buffer per dtype, on the process group's device (NCCL: this rank's GPU), at most one such buffer on the
+        device at a time."""
+        group, pp, me = self.dims.pp_group, self.dims.pp, self.dims.pp_rank
+        device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl"
+                  else torch.device("cpu"))
+        held = [None] * pp
+        dist.all_gather_object(held, [(k, tuple(t.shape), str(t.dtype).removeprefix("torch."))
+                                      for k, t in local.items()], group=group)
+        owner = {}  # key -> (first pp rank holding it, shape, dtype), in the order the ranks list them
+        for r, entries in enumerate(held):
+            for k, shape, dtype in entries:
+                owner.setdefault(k, (r, shape, dtype))
         merged = {}
-        for part in parts:
-            for k, t in part.items():
-                merged.setdefault(k, t)
-        return merged
+        for r in range(pp):
+            for dtype in sorted({d for o, _, d in owner.values() if o == r}):
+                keys = [(k, shape) for k, (o, shape, d) in owner.items() if o == r and d == dtype]
+                sizes = [math.prod(shape) for _, shape in keys]
+                if r == me:
+                    flat = torch.cat([local[k].detach().reshape(-1).to(device) for k, _ in keys])
+                else:
+                    flat = torch.empty(sum(sizes), dtype=getattr(torch, dtype), device=device)
+                dist.broadcast(flat, group=group, group_src=r)
+                for (k, shape), part in zip(keys, flat.cpu().split(sizes)):
+                    merged[k] = part.view(shape).clone()
+        return {k: merged[k] for k in owner}
 
     def local_named(self, value):
         """{GPT name: value(p)} for every local (name, parameter), the tied weight under both of GPT's names."""

@@ -9,6 +9,7 @@ import errno
 import fcntl
 import os
 import sys
+import time
 
 import torch
 
@@ -59,6 +60,34 @@ def autocast_context(device_type, dtype):
     return torch.amp.autocast(device_type=device_type, dtype=ptdtype)
 
 
+def device_synchronizer(device):
+    """A function that returns once the work queued on `device` so far is done: torch.cuda.synchronize on CUDA
+    (kernels are queued and run later), torch.mps.synchronize on MPS, nothing on CPU (work is done when the call
+    returns)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    if device.type == "mps":
+        return torch.mps.synchronize
+    return lambda: None
+
+
+class DeviceClock:
+    """Seconds as the device's work sees them: now() first waits for everything queued on the device, then reads
+    the host clock. A timing between two now() calls bills exactly the work queued between them: not the warm-up
+    still running on a GPU when the first is read (perf_counter alone would bill it), and all of the timed work
+    (perf_counter alone would miss what is still queued). clock and synchronize are injectable (tests substitute a
+    fake device)."""
+
+    def __init__(self, device, *, clock=time.perf_counter, synchronize=None):
+        self.clock = clock
+        self.synchronize = device_synchronizer(device) if synchronize is None else synchronize
+
+    def now(self):
+        self.synchronize()
+        return self.clock()
+
+
 def keep_freed_memory():
     """glibc only: keep freed memory in the process instead of returning it to the OS. A CPU training step
     frees and re-allocates the same MB-sized activations every step; with glibc's default trimming each
@@ -93,11 +122,48 @@ def make_grad_scaler(device_type, dtype, pd=None, *, data_parallel="ddp"):
     enabled = dtype == "float16"
     if pd is not None and pd.distributed and (pd.tp > 1 or (data_parallel == "fsdp" and pd.dp > 1)):
         import torch.distributed as dist
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
         group = dist.group.WORLD if data_parallel == "fsdp" and pd.dp > 1 else pd.tp_group
-        return ShardedGradScaler(device_type, enabled=enabled, process_group=group)
+        return agreeing_grad_scaler(device_type, enabled=enabled, process_group=group)
     return torch.amp.GradScaler(device_type, enabled=enabled)
+
+
+def agreeing_grad_scaler(device_type, *, enabled, process_group):
+    """A ShardedGradScaler over process_group whose step() always unscales first (AgreeingGradScaler)."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    class AgreeingGradScaler(ShardedGradScaler):
+        """torch's GradScaler.step, given an optimizer that unscales inside its own kernel (fused AdamW:
+        _step_supports_amp_scaling), checks each device for inf/nan and steps without calling unscale_, which is
+        where ShardedGradScaler all-reduces found_inf over its group: with grad_clip=0 (nothing calls unscale_
+        before step) a rank whose gradients overflowed would skip the step while the others took it, and the
+        shards would drift apart. So step() calls unscale_ itself when the caller has not: found_inf is then
+        always the group's, and every rank skips or steps together (one extra pass over the gradients, fp16
+        only)."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._unscaled = set()  # id(optimizer) unscaled since the last update()
+
+        def unscale_(self, optimizer):
+            super().unscale_(optimizer)
+            self._unscaled.add(id(optimizer))
+            # ShardedGradScaler keeps found_inf as shape (1,), GradScaler as (); a fused AdamW subtracts it from its
+            # () step counters in place, which fails on (1,) (torch 2.13: "output with shape [] doesn't match the
+            # broadcast shape [1]"), so after an unscale_ (grad clipping) FSDP/TP fp16 with fused AdamW crashed
+            state = self._per_optimizer_states[id(optimizer)]
+            state["found_inf_per_device"] = {d: t.reshape(()) for d, t in state["found_inf_per_device"].items()}
+
+        def step(self, optimizer, *args, **kwargs):
+            if self.is_enabled() and id(optimizer) not in self._unscaled:
+                self.unscale_(optimizer)
+            return super().step(optimizer, *args, **kwargs)
+
+        def update(self, new_scale=None):
+            self._unscaled.clear()
+            super().update(new_scale)
+
+    return AgreeingGradScaler(device_type, enabled=enabled, process_group=process_group)
 
 
 class RunError(Exception):

@@ -7,7 +7,7 @@ $ python experiment.py cpu                             # Shakespeare-char, 16 co
 $ python experiment.py cpu --seeds=1337,1338,1339      # more seeds (runs with a result file are skipped, not redone)
 $ python experiment.py cpu --max_iters=20 --eval_interval=10 --lr_decay_iters=20   # quick try, own directory
 $ python experiment.py cpu --report-only               # table and plots again from the result files
-$ python experiment.py gpt2 --nproc=8                  # GPT-2 124M on OpenWebText, 20k steps per run (GPUs)
+$ python experiment.py gpt2                            # GPT-2 124M on OpenWebText, 20k steps per run, a process per GPU
 $ python experiment.py cpu-real                        # real TP over 2 processes (gloo): does wall time drop?
 $ python experiment.py cpu-long                        # the axes model, 11 patterns, 5000 steps, 3-11 seeds (docs/axes.md)
 $ python experiment.py tp-axis                         # the same at tp 2, 4, 8 (tp 4: cpu-long's runs, shared)
@@ -29,12 +29,14 @@ is recorded, not rerun; any other (interrupted) run is started again from scratc
 at every eval (always_save_checkpoint, as the axes sweeps), goes on from its ckpt.pt. Ctrl-C or kill stops the sweep
 and its train.py. A sweep locks each run while it trains it (job_lock): a second sweep process over the same runs
 (the same command in another shell, or tp-axis beside cpu-long) skips those and trains the others, so N processes
-train N runs at a time. Results: results.md/.csv/.json and three PNGs in the sweep directory; with 2+ seeds also
-paired.md and paired_difference_vs_tokens.png (differences to the baseline seed by seed, 95% CIs). Runner options
-and every run's train.py config are checked before the first run starts; a user error (a bad value, a corrupt file
-of a finished run) is one line naming it, exit status 2.
+train N runs at a time; on a GPU machine each run's train.py gets GPUs no other run of this user holds
+(CUDA_VISIBLE_DEVICES, GPUClaim), waiting for them when all are taken. Results: results.md/.csv/.json and three
+PNGs in the sweep directory; with 2+ seeds also paired.md and paired_difference_vs_tokens.png (differences to the
+baseline seed by seed, 95% CIs). Runner options and every run's train.py config are checked before the first run
+starts; a user error (a bad value, a corrupt file of a finished run) is one line naming it, exit status 2.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -60,7 +62,7 @@ class Run:
     name: str  # e.g. '24comm'; run directories are <name>-seed<S>
     config: str  # relative to the repo root
     overrides: tuple = ()
-    nproc: int = 1  # processes per run (torchrun when > 1)
+    nproc: int = 1  # processes per run (torchrun when > 1); None: one per GPU of the node (node_gpus)
     home: str = None  # the sweep whose directory holds this run when another sweep shares it (None: this sweep's)
     seeds: tuple = None  # the only seeds this run is trained with (None: every seed of the sweep)
 
@@ -138,8 +140,9 @@ SWEEPS = {
     # the six SPEC budgets plus lower ones, then 24 syncs delayed or shrunk; one token budget, ~27 s per run
     "cpu": [*comm_runs("config/train_shakespeare_char_{}comm.py", (24, 18, 16, 12, 8, 6, 4, 3, 2, 1)),
             *delay_shrink_runs("config/train_shakespeare_char_{}comm.py")],
-    # GPT-2 124M on OpenWebText, 20k steps (~9.8B tokens) per run: for a GPU node (--nproc=8)
-    "gpt2": comm_runs("config/train_gpt2_{}comm.py", (24, 18, 16, 12, 8, 6)),
+    # GPT-2 124M on OpenWebText, 20k steps (~9.8B tokens) per run: one process per GPU of the node (nproc None:
+    # node_gpus(), e.g. 8; --nproc=N overrides)
+    "gpt2": comm_runs("config/train_gpt2_{}comm.py", (24, 18, 16, 12, 8, 6), nproc=None),
     # the CPU configs with real tensor parallelism: 2 processes, one shard each, all-reduces through gloo
     "cpu-real": comm_runs("config/train_shakespeare_char_{}comm.py", (24, 18, 16, 12, 8, 6, 4, 3, 2, 1),
                           overrides=("--tp_size=2", "--tp_mode=real"), nproc=2),
@@ -229,7 +232,7 @@ def plan(runs, *, sweep_dir, seeds, overrides=(), nproc=None, check_data=True, s
                 check_train_config(cfg)
             except ConfigError as e:
                 raise SweepError(f"{run.name}: {e}") from None
-            n = nproc or run.nproc
+            n = nproc or run.nproc or node_gpus()
             if cfg["tp_mode"] == "real" and n == 1:
                 n = cfg["tp_size"]
             tp = cfg["tp_size"] if cfg["tp_mode"] == "real" else 1
@@ -369,6 +372,82 @@ def resumable(job):
     return job.cfg.get("always_save_checkpoint", False) and os.path.isfile(os.path.join(job.out_dir, "ckpt.pt"))
 
 
+def node_gpus():
+    """The GPUs a run may use on this machine (at least 1, so a machine without any runs one process)."""
+    return max(1, len(visible_gpus()))
+
+
+def visible_gpus():
+    """The ids of the GPUs this sweep may use: CUDA_VISIBLE_DEVICES's list when it is set (the user's choice of
+    devices for the sweep), else every GPU torch sees; [] without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [d.strip() for d in listed.split(",") if d.strip()][:torch.cuda.device_count()]
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def gpu_lock_dir():
+    """Where sweep processes of this user on this machine lock the GPUs they run on (shared by every checkout)."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"tpcomm-gpus-{os.getuid()}")
+
+
+class GPUClaim:
+    """nproc of the visible GPUs held for one run, each by an OS lock (runtime.RunLock on gpu<id>.lock), so sweep
+    processes run side by side (another shell, tp-axis beside cpu-long) never put two runs on one GPU: without
+    CUDA_VISIBLE_DEVICES every train.py would start on GPU 0 (and its torchrun ranks on GPUs 0..n-1). A claim waits
+    (polling every `poll` s) until enough GPUs are free; it yields the ids for CUDA_VISIBLE_DEVICES, or None on a
+    machine without GPUs. The locks die with the process, so a killed sweep frees its GPUs."""
+
+    def __init__(self, nproc, *, gpus=None, lock_dir=None, poll=10.0, say=print):
+        self.nproc, self.poll, self.say = nproc, poll, say
+        self.gpus = visible_gpus() if gpus is None else gpus
+        self.lock_dir = lock_dir or gpu_lock_dir()
+        self.held = []
+
+    def try_claim(self):
+        from tpcomm.runtime import RunLock
+
+        for gpu in self.gpus:
+            lock = RunLock(self.lock_dir, what="experiment.py sweep", name=f"gpu{gpu}.lock")
+            if lock.acquire():
+                self.held.append((gpu, lock))
+                if len(self.held) == self.nproc:
+                    return [g for g, _ in self.held]
+        self.release()
+        return None
+
+    def release(self):
+        for _, lock in self.held:
+            lock.release()
+        self.held = []
+
+    def __enter__(self):
+        if not self.gpus:
+            return None
+        if self.nproc > len(self.gpus):
+            raise RuntimeError(f"a run of {self.nproc} processes needs {self.nproc} GPUs, this sweep sees "
+                               f"{len(self.gpus)} ({','.join(self.gpus)}); pass --nproc={len(self.gpus)} or fewer")
+        said = False
+        while True:
+            ids = self.try_claim()
+            if ids is not None:
+                return ids
+            if not said:
+                self.say(f"waiting for {self.nproc} free GPU(s) of {','.join(self.gpus)} (other sweep processes "
+                         f"hold them; locks in {self.lock_dir})")
+                said = True
+            time.sleep(self.poll)
+
+    def __exit__(self, *exc):
+        self.release()
+
+
 def run_job(job, *, bar=None):
     """Run train.py (from scratch, or from the run's own checkpoint when resumable), tee its output to train.log,
     and mark success with done.json. Raises RuntimeError with the log's tail when train.py fails."""
@@ -383,8 +462,15 @@ def run_job(job, *, bar=None):
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // job.nproc))
     log_path = os.path.join(job.out_dir, "train.log")
     t0 = time.time()
-    with open(log_path, "a" if resume else "w", buffering=1) as log:  # line-buffered: complete up to a kill
-        log.write(shown(cmd) + "\n")
+    # GPUs of its own for a run that picks its device (not --device=cpu, nor a cuda:N of the user's choosing)
+    on_gpus = job.cfg.get("device", "auto") in ("auto", "cuda")
+    with open(log_path, "a" if resume else "w", buffering=1) as log, \
+            (GPUClaim(job.nproc) if on_gpus else contextlib.nullcontext()) as gpus:
+        # line-buffered: complete up to a kill; gpus: this run's own devices, held until it ends
+        if gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        log.write(shown(cmd) + ("" if gpus is None else f"  # CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}")
+                  + "\n")
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, bufsize=1)
         try:
