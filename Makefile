@@ -1,7 +1,7 @@
 # `make test` is the README's test command; `make setup` installs what it needs.
 PY ?= python
 
-.PHONY: setup test test-fast experiment
+.PHONY: setup test test-fast experiment gpu-check
 setup:
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0 || $(PY) -m pip install -q "torch>=2.4"
 	$(PY) -m pip install -q -r requirements.txt
@@ -22,3 +22,9 @@ test-fast: setup
 experiment: setup
 	test -f data/shakespeare_char/train.bin -a -f data/shakespeare_char/val.bin || $(PY) data/shakespeare_char/prepare.py
 	$(PY) experiment.py cpu --out=experiments/local/cpu
+
+# One CUDA GPU, ~6 min (at most 8): GPT-2 124M step, MFU and compile, simulated tp 8, decode, real TP on the one GPU,
+# the bf16 identity and comm-time checks, into docs/gpu.json and docs/gpu.md's generated section (docs/gpu.md).
+# Its CPU rehearsal: python -m tpcomm.gpu_check --sizes=tiny --device=cpu --out_dir=/tmp
+gpu-check: setup
+	$(PY) -m tpcomm.gpu_check --out_dir=docs
