@@ -104,6 +104,12 @@ def test_a_failing_or_slow_section_is_recorded_and_the_rest_run(tmp_path, monkey
 
 @pytest.mark.parametrize("arg, key", [("--sizes=huge", "sizes"), ("--sections=gpt_train,nope", "sections"),
                                       ("--out_dir=/nonexistent/dir", "out_dir"), ("--device=tpu", "device")])
-def test_bad_options_are_one_line(arg, key):
-    line = one_line_error(run_script("-m", "tpcomm.gpu_check", arg, timeout=120))
-    assert line.startswith(f"error: {key}") and arg.split("=", 1)[1] in line
+def test_bad_options_name_key_and_value(arg, key):
+    k, v = arg[2:].split("=", 1)
+    with pytest.raises(gpu_check.ConfigError, match=f"^{key}.*{v}"):
+        gpu_check.validate(dict(gpu_check.DEFAULTS, **{k: v}))
+
+
+def test_bad_option_is_one_line():
+    line = one_line_error(run_script("-m", "tpcomm.gpu_check", "--sizes=huge", timeout=120))
+    assert line == "error: sizes must be one of ['full', 'tiny'], got 'huge'"
