@@ -90,3 +90,16 @@ def test_bad_input_names_key_and_value(args, key):
 def test_bad_input_is_one_line():
     line = one_line_error(run_script("experiment.py", "gpu-node", "--report-only", "--out=/nonexistent", timeout=120))
     assert line == "error: no result files in /nonexistent/runs"
+
+
+def test_gpt2_sweep_real_tp_dry_run_states_gpu_hours():
+    """experiment.py gpt2: cpu-long's delay and shrink variants, --tp_mode=real under torchrun, GPU-hours."""
+    r = run_script("experiment.py", "gpt2", "--dry-run", "--tp_mode=real", "--nproc=8", timeout=300)
+    assert r.returncode == 0, r.stderr
+    runs = [line for line in r.stdout.splitlines() if line.startswith("run   ")]
+    assert len(runs) == 13 and all("--nproc_per_node=8" in x and "--tp_mode=real" in x for x in runs)
+    for change in ("--block_types=['ladder']*12", "--tp_comm_dtype=int8 --tp_comm_exchange=two_shot"):
+        assert any(change in x for x in runs), change
+    assert "experiments/gpt2+tp_mode=real/" in r.stdout  # its own runs, apart from the simulated ones
+    hours = [line for line in r.stdout.splitlines() if line.startswith("expected:")]
+    assert len(hours) == 1 and "13 run(s)" in hours[0] and "GPU-hours" in hours[0] and "h wall" in hours[0]

@@ -285,6 +285,31 @@ def git_commit():
         return None
 
 
+# ---------- experiment.py gpt2 --dry-run: what the quality sweep costs on GPUs ----------
+
+def gpt2_gpu_hours(jobs):
+    """One line for `experiment.py gpt2 --dry-run`: the GPU-hours of the jobs still to train, from their FLOPs
+    (tpcomm.cost_model: 6 N + 12 L d T per token trained, a third of that per token evaluated) on H100 SXM bf16 at
+    the cost model's assumed MFU; and the wall time with each job's processes."""
+    from tpcomm.cost_model import Shape, const
+
+    peak, mfu = const("h100_bf16_flops"), const("mfu")
+    gpu_s = wall_s = 0.0
+    for j in jobs:
+        c = j.cfg
+        shape = Shape("", c["n_layer"], c["n_embd"], c["n_head"], 50304)
+        per_token = 6 * shape.params + 12 * c["n_layer"] * c["n_embd"] * c["block_size"]
+        tokens = c["batch_size"] * c["block_size"] * c["gradient_accumulation_steps"] * (c["max_iters"] + 1)
+        evals = (c["max_iters"] // c["eval_interval"] + 1) * 2 * c["eval_iters"] * c["batch_size"] * c["block_size"]
+        s = (tokens * per_token + evals * per_token / 3) / (peak * mfu)
+        gpu_s += s
+        wall_s += s / j.nproc
+    return (f"expected: {len(jobs)} run(s) to train, {gpu_s / 3600:,.0f} GPU-hours ({gpu_s / 3600 / max(1, len(jobs)):,.1f} "
+            f"per run; H100 SXM bf16 at the cost model's assumed {mfu:.0%} MFU, measured by `make gpu-check`), "
+            f"{wall_s / 3600:,.0f} h wall with each run's processes (--nproc); simulated TP computes every shard on "
+            f"each GPU (docs/gpu.md: sim_tp8's ratio to GPT), real TP adds its exposed communication (gpu-node)")
+
+
 # ---------- the runner and the report ----------
 
 def report(cfg):
