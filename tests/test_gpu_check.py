@@ -113,3 +113,9 @@ def test_bad_options_name_key_and_value(arg, key):
 def test_bad_option_is_one_line():
     line = one_line_error(run_script("-m", "tpcomm.gpu_check", "--sizes=huge", timeout=120))
     assert line == "error: sizes must be one of ['full', 'tiny'], got 'huge'"
+
+
+def test_full_sizes_need_a_gpu(tmp_path):
+    with pytest.raises(gpu_check.ConfigError, match="sizes='full' needs a CUDA GPU"):
+        gpu_check.run_check(dict(gpu_check.DEFAULTS, device="cpu", out_dir=str(tmp_path)), say=lambda *a: None)
+    assert not (tmp_path / "gpu.json").exists()

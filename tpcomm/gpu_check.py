@@ -571,6 +571,9 @@ def run_check(cfg, *, say=print):
     if device == "mps":
         raise ConfigError("device: gpu_check runs on 'cuda' or 'cpu', got mps")
     device_type = torch.device(device).type
+    if cfg["sizes"] == "full" and device_type != "cuda":
+        raise ConfigError(f"sizes='full' needs a CUDA GPU, got device={device!r} (torch {torch.__version__}, CUDA "
+                          f"available: {torch.cuda.is_available()}); the CPU rehearsal is --sizes=tiny --device=cpu")
     size = SIZES[cfg["sizes"]]
     if device_type == "cuda" and cfg["sizes"] == "full" and not torch.cuda.is_bf16_supported():
         size = dict(size, dtype="float16")
