@@ -41,6 +41,8 @@ experiment: setup
 
 # One CUDA GPU, ~6 min (at most 8): GPT-2 124M step, MFU and compile, simulated tp 8, decode, real TP on the one GPU,
 # the bf16 identity and comm-time checks, into docs/gpu.json and docs/gpu.md's generated section (docs/gpu.md).
-# Its CPU rehearsal: python -m tpcomm.gpu_check --sizes=tiny --device=cpu --out_dir=/tmp
-gpu-check: setup
+# Its CPU rehearsal: python -m tpcomm.gpu_check --sizes=tiny --device=cpu --out_dir=/tmp. It needs torch only, so a
+# GPU machine without network runs it as it is (`make setup` only when torch is missing).
+gpu-check:
+	$(PY) -c "import torch" 2>/dev/null || $(MAKE) setup
 	$(PY) -m tpcomm.gpu_check --out_dir=docs
