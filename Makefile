@@ -1,9 +1,25 @@
 # `make test` is the README's test command; `make setup` installs what it needs.
 PY ?= python
 
-.PHONY: setup test test-fast experiment
+.PHONY: setup test test-fast experiment gpu-check
+# torch: 2.13 is the floor (requirements.txt, docs/gpu.md). An installed torch >= 2.13 is kept (on a machine with an
+# NVIDIA GPU only if it is a CUDA build). Else, with a GPU (nvidia-smi works): PyPI's torch==$(TORCH), which is its
+# CUDA build; without one: torch==$(TORCH)+cpu, the CPU build (PyPI's plain torch would pull the multi-GB CUDA build
+# and its NVIDIA libraries), falling back to the plain wheel where no CPU build can be found.
+TORCH ?= 2.13.0
+TORCH_OK = import sys, torch; v = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2]); \
+	sys.exit(v < (2, 13) or (sys.argv[1] == 'gpu' and not torch.cuda.is_available()))
 setup:
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0 || $(PY) -m pip install -q "torch>=2.4"
+	@gpu=$$(nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu); \
+	if $(PY) -c "$(TORCH_OK)" $$gpu 2>/dev/null; then \
+	  echo "make setup: keeping torch $$($(PY) -c 'import torch; print(torch.__version__)') (2.13 is the floor: docs/gpu.md)"; \
+	elif [ $$gpu = gpu ]; then \
+	  echo "make setup: NVIDIA GPU found: installing torch==$(TORCH) from PyPI, its CUDA build (docs/gpu.md)"; \
+	  $(PY) -m pip uninstall -y -q torch 2>/dev/null; $(PY) -m pip install -q torch==$(TORCH); \
+	else \
+	  echo "make setup: no NVIDIA GPU: installing torch==$(TORCH)+cpu, the CPU build (a plain torch is the multi-GB CUDA build)"; \
+	  $(PY) -m pip install -q torch==$(TORCH)+cpu || $(PY) -m pip install -q torch==$(TORCH); \
+	fi
 	$(PY) -m pip install -q -r requirements.txt
 
 # the full suite (CI runs it): ~14 min on 2 CPU cores
@@ -22,3 +38,11 @@ test-fast: setup
 experiment: setup
 	test -f data/shakespeare_char/train.bin -a -f data/shakespeare_char/val.bin || $(PY) data/shakespeare_char/prepare.py
 	$(PY) experiment.py cpu --out=experiments/local/cpu
+
+# One CUDA GPU, ~6 min (at most 8): GPT-2 124M step, MFU and compile, simulated tp 8, decode, real TP on the one GPU,
+# the bf16 identity and comm-time checks, into docs/gpu.json and docs/gpu.md's generated section (docs/gpu.md).
+# Its CPU rehearsal: python -m tpcomm.gpu_check --sizes=tiny --device=cpu --out_dir=/tmp. It needs torch only, so a
+# GPU machine without network runs it as it is (`make setup` only when torch is missing).
+gpu-check:
+	$(PY) -c "import torch" 2>/dev/null || $(MAKE) setup
+	$(PY) -m tpcomm.gpu_check --out_dir=docs

@@ -7,6 +7,7 @@ $ python experiment.py cpu --seeds=1337,1338,1339   # more seeds (finished runs 
 $ python experiment.py cpu --report-only            # tables and plots again from the result files
 $ python experiment.py cpu-long                     # the axes (docs/axes.md): cpu-long, tp-axis, size-axis, convergence
 $ python experiment.py gpt2 --nproc=8               # GPT-2 124M on OpenWebText (GPUs)
+$ python experiment.py gpu-node                     # real TP on one 8-GPU node: every way to give up a sync, timed
 $ python experiment.py report                       # README/docs tables and plots from the committed result files
 $ python experiment.py report --check               # exit 1, one line per mismatch, when they are stale
 """
@@ -17,4 +18,9 @@ from tpcomm.report import main as report_main
 from tpcomm.sweep import cli
 
 if __name__ == "__main__":
-    cli(sys.argv[1:], report_main=report_main)
+    if sys.argv[1:2] == ["gpu-node"]:  # its own runner: tpcomm/gpu_node.py
+        from tpcomm.gpu_node import cli as gpu_node_cli
+
+        gpu_node_cli(sys.argv[2:])
+    else:
+        cli(sys.argv[1:], report_main=report_main)

@@ -220,6 +220,14 @@ def check_experiment(args):
 
     parse, keys_only = split_arguments(args)
     parse = [os.path.relpath(a, ROOT) if os.path.isabs(a) else a for a in parse]  # the sweep's name, not a path
+    if parse[:1] == ["gpu-node"]:  # its own runner (tpcomm/gpu_node.py)
+        from tpcomm import gpu_node
+
+        try:
+            gpu_node.parse(parse[1:])
+        except gpu_node.NodeError as e:
+            return [str(e)]
+        return [f"unknown key --{k}" for k in keys_only if k not in gpu_node.OPTIONS]
     problems = [f"unknown key --{k}" for k in keys_only if k not in train.DEFAULTS and k not in sweep.RUNNER_OPTIONS]
     try:
         _, _, overrides = sweep.parse_args(parse)
@@ -282,8 +290,14 @@ SCRIPT_CHECKS = {
     "train.py": check_train, "sample.py": check_sample, "bench.py": check_bench, "spd.py": check_spd,
     "export_hf.py": check_export_hf, "comm_model.py": check_comm_model, "experiment.py": check_experiment,
 }
+def check_gpu_check(args):
+    from tpcomm import gpu_check
+
+    return configure_check(gpu_check.DEFAULTS, args)
+
+
 MODULE_CHECKS = {"tpcomm.pipeline_demo": check_pipeline_demo, "tpcomm.trace": check_trace,
-                 "tpcomm.sharded_checkpoint": check_sharded_checkpoint}
+                 "tpcomm.sharded_checkpoint": check_sharded_checkpoint, "tpcomm.gpu_check": check_gpu_check}
 
 
 def module_problem(name):

@@ -175,7 +175,9 @@ def test_defined_sweeps_share_one_budget_and_name_their_configs():
             assert j.run.config.endswith(f"_{j.run.name.split('-')[0]}.py") or j.run.config == experiment.AXES_CONFIG
     assert [r.name for r in experiment.SWEEPS["cpu"]] == [f"{n}comm" for n in (24, 18, 16, 12, 8, 6, 4, 3, 2, 1)] + [
         "24comm-ladder", "24comm-ladder-upper", "24comm-bf16", "24comm-fp8", "24comm-int8", "12comm-int8"]
-    assert [r.name for r in experiment.SWEEPS["gpt2"]] == [f"{n}comm" for n in (24, 18, 16, 12, 8, 6)]
+    assert [r.name for r in experiment.SWEEPS["gpt2"]] == [f"{n}comm" for n in (24, 18, 16, 12, 8, 6)] + [
+        "24comm-ladder", "24comm-ladder-upper", "24comm-bf16", "24comm-fp8", "24comm-int8", "12comm-int8",
+        "24comm-int8-2shot"]  # cpu-long's delay and shrink variants
 
 
 def axes_jobs(name, seeds=None):
@@ -232,7 +234,8 @@ def test_size_axis_follows_its_tokens_per_parameter_rule():
 def test_cli_dry_run_and_bad_input():
     r = run_script("experiment.py", "gpt2", "--dry-run", "--seeds=1,2")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.count("run   python train.py config/train_gpt2_") == 12
+    assert r.stdout.count("run   python train.py config/train_gpt2_") == 26  # 13 configs x 2 seeds
+    assert "GPU-hours" in r.stdout
     r = run_script("experiment.py", "cpu", "--dry-run", "--max_iters=20", "--lr_decay_iters=20")
     assert r.returncode == 0 and "experiments/cpu+max_iters=20+lr_decay_iters=20/24comm-seed1337" in r.stdout
     for args, words in ((["nosuch"], "sweep must be one of"), (["cpu", "--no_such_key=1"], "no_such_key"),

@@ -47,7 +47,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tpcomm import plots, results
 from configurator import ConfigError
@@ -140,9 +140,14 @@ SWEEPS = {
     # the six SPEC budgets plus lower ones, then 24 syncs delayed or shrunk; one token budget, ~27 s per run
     "cpu": [*comm_runs("config/train_shakespeare_char_{}comm.py", (24, 18, 16, 12, 8, 6, 4, 3, 2, 1)),
             *delay_shrink_runs("config/train_shakespeare_char_{}comm.py")],
-    # GPT-2 124M on OpenWebText, 20k steps (~9.8B tokens) per run: one process per GPU of the node (nproc None:
-    # node_gpus(), e.g. 8; --nproc=N overrides)
-    "gpt2": comm_runs("config/train_gpt2_{}comm.py", (24, 18, 16, 12, 8, 6), nproc=None),
+    # GPT-2 124M on OpenWebText, 20k steps (~9.8B tokens) per run, one process per GPU of the node (nproc None:
+    # node_gpus(), e.g. 8; --nproc=N overrides): the six budgets, then cpu-long's delay and shrink variants (all
+    # ladder, ladder upper half, bf16/fp8/int8, int8 on all spd, int8 two-shot); --tp_mode=real trains them with
+    # real TP (into experiments/gpt2+tp_mode=real)
+    "gpt2": [replace(run, nproc=None) for run in (
+        *comm_runs("config/train_gpt2_{}comm.py", (24, 18, 16, 12, 8, 6)),
+        *delay_shrink_runs("config/train_gpt2_{}comm.py"),
+        Run("24comm-int8-2shot", "config/train_gpt2_24comm.py", ("--tp_comm_dtype=int8", "--tp_comm_exchange=two_shot")))],
     # the CPU configs with real tensor parallelism: 2 processes, one shard each, all-reduces through gloo
     "cpu-real": comm_runs("config/train_shakespeare_char_{}comm.py", (24, 18, 16, 12, 8, 6, 4, 3, 2, 1),
                           overrides=("--tp_size=2", "--tp_mode=real"), nproc=2),
@@ -821,6 +826,9 @@ def main(argv, *, report_main=None):
     if opts.get("dry-run"):
         for j in jobs:
             print(("skip  " if is_finished(j) else "run   ") + shown(command(j)))
+        if sweep == "gpt2":  # GPU-hours (tpcomm/gpu_node.py)
+            from tpcomm.gpu_node import gpt2_gpu_hours
+            print(gpt2_gpu_hours([j for j in jobs if not is_finished(j)]))
         return
     t0 = time.time()
     try:

@@ -1,0 +1,627 @@
+"""
+`make gpu-check`: what one CUDA GPU can measure in a few minutes, written to OUT_DIR/gpu.json and into the generated
+section of OUT_DIR/gpu.md (docs/gpu.md says how to read it). A GPU may be at hand only briefly, so every section is
+time-boxed and failure-isolated: a section that fails or runs out of time records its error and the next one runs.
+
+$ python -m tpcomm.gpu_check                                   # one CUDA GPU: GPT-2 124M sizes, ~6 min, into docs/
+$ python -m tpcomm.gpu_check --sizes=tiny --device=cpu --out_dir=/tmp/gc   # the CPU rehearsal of every section (~30 s)
+$ python -m tpcomm.gpu_check --sections=gpt_train,bf16_identity           # some sections only
+
+Sections (SECTIONS, in order):
+- gpt_train: GPT, bf16, block 1024, batch 12: ms/iter, tokens/s and MFU against the device's peak, eager and
+  torch.compile'd (interleaved rounds, best kept), and the graphs dynamo compiled (one expected, no graph break).
+- sim_tp8: simulated DistributedGPT at tp 8, all 'tp', 'spd', 'parallel' and 'ladder', each step as a ratio to GPT's
+  timed in the same rounds (8 heads: 12 do not split over 8 shards).
+- decode: KV-cache greedy decode, batch 1 and 16: ms/token of GPT, all 'tp' and all 'spd' (simulated tp 8).
+- real_tp: 2 processes sharing the one GPU (gloo on CUDA tensors: NCCL refuses two ranks on one device), launched
+  with torch.distributed.run from here: 10 AdamW steps of real tp 2 against the simulation, losses to 1e-4 (fp32,
+  TF32 off: both sides must round alike); and the comm-time sanity check on the same ranks.
+- comm_sanity: a 64 MiB all-reduce through the model's tp group: its in-collective time (the counter the sweeps
+  read) must be above what the fastest link could do (64 MiB / 1 TB/s) and below the synchronised wall time of the
+  step that holds it. A clock that reads queued work (NCCL returns at enqueue) fails the first bound.
+- bf16_identity: every block's c_proj zeroed, so each block must leave the stream unchanged: the largest deviation
+  of the stream entering ln_f from the embedding, under bf16 autocast, per block type at tp 2, 4 and 8.
+- cost_model: the cost model's assumed MFU (tpcomm.cost_model) beside the measured one, and its compute-term step
+  time beside the measured step.
+Timings on CUDA synchronise the device before reading the clock.
+"""
+
+import contextlib
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+from configurator import ConfigError, configure, exit_on_config_error
+from tpcomm import ROOT
+
+SECTIONS = ("gpt_train", "sim_tp8", "decode", "real_tp", "comm_sanity", "bf16_identity", "cost_model")
+BLOCK_TYPES = ("tp", "spd", "parallel", "ladder")
+LOSS_TOL = 1e-4  # real vs simulated losses over REAL_STEPS steps (the issue's bound; fp32 without TF32 gives ~1e-6)
+REAL_STEPS = 10
+COMM_MIB = 64
+FASTEST_LINK = 1e12  # B/s: no link moves an all-reduce faster than this (NVLink 4 busbw ~0.45e12), so a reading
+# below COMM_MIB MiB / FASTEST_LINK timed queueing, not the collective
+BEGIN, END = "<!-- gpu-check:begin (written by python -m tpcomm.gpu_check) -->", "<!-- gpu-check:end -->"
+
+# model sizes, step counts and time boxes (seconds) per --sizes; 'full' is for one CUDA GPU (the boxes add up to 440 s,
+# inside the 8 minutes a short GPU loan allows), 'tiny' rehearses every section on CPU (~20 s of CPU time; its boxes
+# are wide because a shared CPU host can stretch wall time 5x)
+SIZES = {
+    "full": dict(model=dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304),
+                 batch_size=12, sim_batch_size=8, tp8_heads=8, warmup=3, iters=10, rounds=3, compile_backend="inductor",
+                 prompt_len=128, new_tokens=32, decode_batches=(1, 16),
+                 real=dict(block_size=256, batch_size=4), dtype="bfloat16",
+                 budget=dict(gpt_train=180, sim_tp8=70, decode=50, real_tp=100, comm_sanity=5, bf16_identity=30,
+                             cost_model=5)),
+    "tiny": dict(model=dict(n_layer=4, n_head=8, n_embd=64, block_size=16, vocab_size=128),
+                 batch_size=4, sim_batch_size=4, tp8_heads=8, warmup=1, iters=2, rounds=2, compile_backend="eager",
+                 prompt_len=8, new_tokens=4, decode_batches=(1, 16),
+                 real=dict(block_size=16, batch_size=2), dtype="bfloat16",
+                 budget=dict(gpt_train=120, sim_tp8=60, decode=60, real_tp=180, comm_sanity=5, bf16_identity=60,
+                             cost_model=5)),
+}
+
+DEFAULTS = dict(
+    sizes="full",  # 'full' (GPT-2 124M, one CUDA GPU, ~6 min) | 'tiny' (every section on CPU in seconds)
+    device="auto",  # 'auto': cuda if there is one, else cpu
+    out_dir=os.path.join(ROOT, "docs"),  # gpu.json and the generated section of gpu.md go here
+    sections="all",  # 'all' or a comma-separated subset of SECTIONS
+    worker="",  # internal: 'real_tp' runs one rank of the 2-process check (under torch.distributed.run)
+    worker_out="",  # internal: where rank 0 of the worker writes its JSON
+)
+
+
+class SectionTimeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def time_box(seconds):
+    """Raise SectionTimeout in this (main) thread after `seconds` (SIGALRM; the call in progress finishes first)."""
+    def expire(signum, frame):
+        raise SectionTimeout(f"timed out after {seconds} s")
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def sync(device):
+    """Wait for the device's queued work before the clock is read (CPU work is already done)."""
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def model_args(size, **changes):
+    return {**size["model"], "bias": False, "dropout": 0.0, **changes}
+
+
+def timed_steps(run, model, optimizer, ctx, X, Y, n, device):
+    """Seconds per training step (forward, backward, AdamW) over n steps, device synchronised at both ends."""
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(n):
+        with ctx:
+            _, loss = run(X, Y)
+        loss.backward()
+        model.sync_replicated_grads()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    sync(device)
+    return (time.perf_counter() - start) / n
+
+
+def interleaved(runs, size, batch_size, device, ctx):
+    """{name: best seconds per step} of several (run, model) pairs timed in rounds, one after another in each round
+    (as bench.py does, so that machine noise hits all alike); each gets its own AdamW and its warm-up steps (where a
+    compiled one compiles) in the first round."""
+    cfg = size["model"]
+    g = torch.Generator().manual_seed(1337)
+    X = torch.randint(cfg["vocab_size"], (batch_size, cfg["block_size"]), generator=g).to(device)
+    Y = torch.randint(cfg["vocab_size"], (batch_size, cfg["block_size"]), generator=g).to(device)
+    device_type = torch.device(device).type
+    opts = {name: model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device_type) for name, (_, model) in runs.items()}
+    best = {}
+    for r in range(size["rounds"]):
+        for name, (run, model) in runs.items():
+            if r == 0:
+                timed_steps(run, model, opts[name], ctx, X, Y, size["warmup"], device)
+            dt = timed_steps(run, model, opts[name], ctx, X, Y, size["iters"], device)
+            best[name] = min(best.get(name, dt), dt)
+    return best
+
+
+# ---------- the sections: each takes the check's state and returns a dict of results ----------
+
+def gpt_train(st):
+    """GPT eager and compiled: ms/iter, tokens/s, MFU; the graphs dynamo compiled and its graph breaks."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from model import device_peak_flops
+    from tpcomm.build import build_model
+
+    size, device = st["size"], st["device"]
+    torch.manual_seed(1337)
+    model = build_model("gpt", model_args(size)).to(device)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend=size["compile_backend"])
+    best = interleaved({"eager": (model, model), "compiled": (compiled, model)}, size, size["batch_size"], device,
+                       st["ctx"])
+    tokens = size["batch_size"] * size["model"]["block_size"]
+    out = dict(params=model.get_num_params(), batch_size=size["batch_size"], tokens_per_iter=tokens,
+               compile_backend=size["compile_backend"], peak_flops=device_peak_flops(device),
+               compiled_graphs=int(counters["stats"]["unique_graphs"]),
+               graph_breaks=int(sum(counters["graph_break"].values())))
+    for mode, dt in best.items():
+        mfu = model.estimate_mfu(size["batch_size"], dt, device=device)
+        out[mode] = dict(ms_per_iter=dt * 1e3, tokens_per_s=tokens / dt, mfu=mfu)
+    out["ok"] = out["compiled_graphs"] == 1 and out["graph_breaks"] == 0
+    return out
+
+
+def sim_tp8(st):
+    """Simulated DistributedGPT at tp 8, one block type throughout, against GPT in the same rounds."""
+    from tpcomm.build import build_model
+
+    size, device = st["size"], st["device"]
+    args = model_args(size, n_head=size["tp8_heads"])
+    runs = {}
+    torch.manual_seed(1337)
+    gpt = build_model("gpt", args).to(device)
+    runs["gpt"] = (gpt, gpt)
+    for kind in BLOCK_TYPES:
+        torch.manual_seed(1337)
+        m = build_model("distributed_gpt", dict(args, tp_size=8, block_types=kind)).to(device)
+        runs[kind] = (m, m)
+    best = interleaved(runs, size, size["sim_batch_size"], device, st["ctx"])
+    return dict(tp_size=8, n_head=size["tp8_heads"], batch_size=size["sim_batch_size"], compile=False,
+                ms_per_iter={k: v * 1e3 for k, v in best.items()},
+                ratio_to_gpt={k: best[k] / best["gpt"] for k in BLOCK_TYPES})
+
+
+def decode_ms(model, *, batch, prompt_len, new_tokens, vocab_size, device, ctx):
+    """(prefill ms, ms per decoded token) of one greedy generation with the KV cache, device synchronised."""
+    from model import KVCache
+
+    prompt = torch.randint(vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(0)).to(device)
+    cache = KVCache(model.config.n_layer, prompt_len + new_tokens)
+    with torch.no_grad(), ctx:
+        sync(device)
+        t0 = time.perf_counter()
+        logits, _ = model(prompt, kv_cache=cache)
+        token = logits[:, -1].argmax(-1, keepdim=True)
+        sync(device)
+        t1 = time.perf_counter()
+        for _ in range(new_tokens):
+            logits, _ = model(token, kv_cache=cache)
+            token = logits[:, -1].argmax(-1, keepdim=True)
+        sync(device)
+        t2 = time.perf_counter()
+    return (t1 - t0) * 1e3, (t2 - t1) * 1e3 / new_tokens
+
+
+def decode(st):
+    """KV-cache decode ms/token of GPT, all 'tp' and all 'spd' (simulated tp 8), each batch size, best of rounds."""
+    from tpcomm.build import build_model
+
+    size, device = st["size"], st["device"]
+    args = model_args(size, n_head=size["tp8_heads"])
+    models = {}
+    torch.manual_seed(1337)
+    models["gpt"] = build_model("gpt", args).to(device).eval()
+    for kind in ("tp", "spd"):
+        torch.manual_seed(1337)
+        models[kind] = build_model("distributed_gpt", dict(args, tp_size=8, block_types=kind)).to(device).eval()
+    kw = dict(prompt_len=size["prompt_len"], vocab_size=size["model"]["vocab_size"], device=device, ctx=st["ctx"])
+    best = {}
+    for _ in range(size["rounds"]):
+        for name, model in models.items():
+            for b in size["decode_batches"]:
+                decode_ms(model, batch=b, new_tokens=2, **kw)  # warm-up
+                t = decode_ms(model, batch=b, new_tokens=size["new_tokens"], **kw)
+                best[name, b] = min(best.get((name, b), t), t, key=lambda x: x[1])
+    return dict(tp_size=8, prompt_len=size["prompt_len"], new_tokens=size["new_tokens"],
+                rows=[dict(model=name, batch=b, prefill_ms=best[name, b][0], ms_per_token=best[name, b][1])
+                      for name in models for b in size["decode_batches"]])
+
+
+def real_tp(st):
+    """Launch the 2-rank worker (torch.distributed.run, gloo) and keep its results for real_tp and comm_sanity."""
+    out = os.path.join(st["tmp"], "real_tp.json")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+           "tpcomm.gpu_check", "--worker=real_tp", f"--sizes={st['sizes']}", f"--device={st['device']}",
+           f"--worker_out={out}"]
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    limit = st["size"]["budget"]["real_tp"] - 5
+    code, log = launch(cmd, env=env, timeout=limit)
+    if code is None:
+        raise SectionTimeout(f"the 2-process worker timed out after {limit} s")
+    if code != 0 or not os.path.exists(out):
+        raise RuntimeError(f"the 2-process worker failed (exit {code}): {log[-600:]}")
+    with open(out) as f:
+        res = json.load(f)
+    st["comm_sanity"] = res.get("comm_sanity")
+    if "error" in res["real_tp"]:
+        raise RuntimeError(res["real_tp"]["error"])
+    return res["real_tp"]
+
+
+def launch(cmd, *, env, timeout):
+    """(exit status, output) of a launcher command in its own process group; on timeout (or a time box expiring)
+    the whole group, torchrun's workers included, is killed, and the status is None."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, log
+    except subprocess.TimeoutExpired:
+        return None, ""
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def comm_sanity(st):
+    """The 64 MiB all-reduce check, measured by the real_tp worker (it needs 2 ranks)."""
+    res = st.get("comm_sanity")
+    if res is None:
+        raise RuntimeError("no measurement: it runs inside the real_tp section's worker, which did not report")
+    if "error" in res:
+        raise RuntimeError(res["error"])
+    return res
+
+
+def zero_c_proj(model):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".c_proj." in name:
+                p.zero_()
+    return model
+
+
+def stream_deviation(model, idx, ctx):
+    """Largest |stream entering ln_f - embedding output| of one forward pass under ctx."""
+    seen = {}
+    h1 = model.transformer.drop.register_forward_hook(lambda m, a, out: seen.__setitem__("embed", out.float()))
+    h2 = model.transformer.ln_f.register_forward_pre_hook(lambda m, a: seen.__setitem__("final", a[0].float()))
+    try:
+        with torch.no_grad(), ctx:
+            model(idx)
+    finally:
+        h1.remove()
+        h2.remove()
+    return (seen["final"].reshape(seen["embed"].shape) - seen["embed"]).abs().max().item()
+
+
+def bf16_identity(st):
+    """Zeroed c_proj everywhere: under bf16 autocast each model must give ln_f the embedding unchanged."""
+    from tpcomm.build import build_model
+    from tpcomm.runtime import autocast_context
+
+    size, device = st["size"], st["device"]
+    # 4 layers (one of each block type's transitions is enough; the defect is per block), biases on: c_proj's zeroed too
+    args = model_args(size, n_head=size["tp8_heads"], n_layer=4, bias=True)
+    ctx = autocast_context(torch.device(device).type, "bfloat16")
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(args["vocab_size"], (2, args["block_size"]), generator=g).to(device)
+    torch.manual_seed(0)
+    dev = {"gpt": stream_deviation(zero_c_proj(build_model("gpt", args).to(device)), idx, ctx)}
+    for tp in (2, 4, 8):
+        for kind in BLOCK_TYPES:
+            torch.manual_seed(0)
+            m = build_model("distributed_gpt", dict(args, tp_size=tp, block_types=kind)).to(device)
+            dev[f"{kind} tp{tp}"] = stream_deviation(zero_c_proj(m), idx, ctx)
+    return dict(dtype="bfloat16", max_deviation=dev, worst=max(dev.values()), ok=max(dev.values()) == 0.0)
+
+
+def cost_model(st):
+    """The cost model's assumed MFU and its compute-term step time beside what gpt_train measured."""
+    from tpcomm.cost_model import LINKS, Shape, const, train_step
+
+    m = st["results"].get("gpt_train", {})
+    mode = "compiled" if "compiled" in m else "eager" if "eager" in m else None
+    measured = m[mode] if mode else {}
+    out = dict(assumed_mfu=const("mfu"), measured_mfu=measured.get("mfu"), measured_from=mode,
+               peak_flops=m.get("peak_flops"))
+    if mode and m.get("peak_flops"):
+        size = st["size"]["model"]
+        shape = Shape("gpt_train", size["n_layer"], size["n_embd"], size["n_head"], size["vocab_size"])
+        compute, _ = train_step(shape, tp=1, link=LINKS[0], tokens=m["tokens_per_iter"], seq_len=size["block_size"],
+                                mfu=const("mfu"), fwd_syncs=0, peak=m["peak_flops"])
+        out.update(predicted_ms_per_iter=compute * 1e3, measured_ms_per_iter=measured["ms_per_iter"],
+                   error_pct=100 * (compute * 1e3 - measured["ms_per_iter"]) / measured["ms_per_iter"])
+    return out
+
+
+RUNNERS = dict(gpt_train=gpt_train, sim_tp8=sim_tp8, decode=decode, real_tp=real_tp, comm_sanity=comm_sanity,
+               bf16_identity=bf16_identity, cost_model=cost_model)
+
+
+# ---------- the 2-rank worker ----------
+
+def allreduce_sanity(group, device, *, mib=COMM_MIB):
+    """One all-reduce of `mib` MiB through a tp group object (collectives.RealTP), inside a 'step' that consumes its
+    result: the in-collective seconds the group's counter recorded against a physical floor and the synchronised wall
+    time of that step. Used by the gpu-check worker (gloo, one GPU) and the gpu-node sweep (NCCL)."""
+    n = int(mib * 2 ** 20 // 4)
+    buf = torch.randn(n, device=device)
+    group.all_reduce(buf)  # warm-up: the first collective sets up its connections
+    sync(device)
+    group.counter.reset()
+    sync(device)
+    start = time.perf_counter()
+    y = group.all_reduce(buf)
+    y.sum().item()  # the step goes on with the result (and reads it back to the host)
+    sync(device)
+    step = time.perf_counter() - start
+    coll = group.counter.busy_seconds
+    floor = n * 4 / FASTEST_LINK
+    return dict(mib=mib, in_collective_ms=coll * 1e3, step_ms=step * 1e3, floor_ms=floor * 1e3,
+                ok=floor < coll <= step)
+
+
+def real_tp_worker(cfg):
+    """One of 2 ranks: real tp 2 (this rank's shards, gloo) against the simulation (both shards here) from the same
+    weights and batches, REAL_STEPS AdamW steps per pattern; then the all-reduce sanity check. Rank 0 writes."""
+    from tpcomm.build import build_model
+    from tpcomm.parallel_dims import init_parallel, shutdown
+
+    size = SIZES[cfg["sizes"]]
+    device = cfg["device"]
+    if device.startswith("cuda"):
+        torch.cuda.set_device(0)  # both ranks on the one GPU
+        torch.backends.cuda.matmul.allow_tf32 = False  # real and simulated must round alike (TF32: ~1e-3)
+        torch.backends.cudnn.allow_tf32 = False
+    # gloo for the group (it reduces CUDA tensors through the host); the mesh on 'cpu' so nothing asks NCCL
+    pd = init_parallel(dp=1, tp=2, device_type="cpu", backend="gloo")
+    res = {}
+    try:
+        try:
+            res["real_tp"] = compare_real_sim(pd, size, device)
+        except Exception as e:  # noqa: BLE001 (recorded, and the sanity check still runs)
+            res["real_tp"] = dict(error=f"{type(e).__name__}: {e}")
+        try:
+            torch.manual_seed(0)
+            m = build_model("distributed_gpt", dict(model_args(size, n_head=size["tp8_heads"]), tp_size=2,
+                                                    block_types="tp"), pd=pd)
+            res["comm_sanity"] = dict(allreduce_sanity(m.group, device), backend="gloo", ranks=2)
+        except Exception as e:  # noqa: BLE001
+            res["comm_sanity"] = dict(error=f"{type(e).__name__}: {e}")
+        if pd.is_master:
+            write_json(res, cfg["worker_out"])
+    finally:
+        shutdown(pd, finished=True)
+
+
+def compare_real_sim(pd, size, device):
+    from tpcomm.build import build_model
+
+    cfg = dict(model_args(size, n_head=size["tp8_heads"]), block_size=size["real"]["block_size"])
+    L, B, T, V = cfg["n_layer"], size["real"]["batch_size"], cfg["block_size"], cfg["vocab_size"]
+    device_type = torch.device(device).type
+    patterns = [(list(BLOCK_TYPES) * L)[:L], (["ladder", "tp", "spd", "parallel"] * L)[:L]]  # ends ladder / desynced
+    out = dict(tp_size=2, backend="gloo", dtype="float32", steps=REAL_STEPS, tolerance=LOSS_TOL, patterns={})
+    for pattern in patterns:
+        losses = {}
+        for mode, p in (("real", pd), ("simulated", None)):
+            torch.manual_seed(1337)
+            model = build_model("distributed_gpt", dict(cfg, tp_size=2, block_types=pattern), pd=p).to(device)
+            opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), device_type)
+            g = torch.Generator().manual_seed(7)
+            losses[mode] = []
+            for _ in range(REAL_STEPS):
+                X = torch.randint(V, (B, T), generator=g).to(device)
+                _, loss = model(X, X)
+                loss.backward()
+                model.sync_replicated_grads()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                losses[mode].append(loss.item())
+        diff = max(abs(a - b) for a, b in zip(losses["real"], losses["simulated"]))
+        out["patterns"][str(pattern)] = dict(max_abs_diff=diff, real=losses["real"], simulated=losses["simulated"])
+    out["max_abs_diff"] = max(p["max_abs_diff"] for p in out["patterns"].values())
+    out["ok"] = out["max_abs_diff"] <= LOSS_TOL
+    return out
+
+
+# ---------- output ----------
+
+def write_json(obj, path):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def fmt(x, spec=".2f", none="n/a"):
+    return none if x is None else format(x, spec)
+
+
+def markdown(report):
+    """The generated section of gpu.md: what ran where, then one short table or line per section."""
+    s = report["sections"]
+    lines = [f"Measured by `python -m tpcomm.gpu_check --sizes={report['sizes']}` on {report['date']}: "
+             f"**{report['device_name']}**, torch {report['torch']}, CUDA {report['cuda'] or 'n/a'}, "
+             f"peak {fmt(report['peak_flops'] and report['peak_flops'] / 1e12, '.0f')} TFLOP/s (dense bf16), "
+             f"{report['total_s']:.0f} s in all. Raw numbers: `gpu.json` beside this file.", ""]
+
+    def failed(name):
+        r = s.get(name)
+        if r is None:
+            lines.append(f"- `{name}`: not run")
+        elif r.get("error"):
+            lines.append(f"- `{name}`: **failed** ({r['error'][:300]})")
+        else:
+            return False
+        return True
+
+    lines.append("**GPT training step** (`gpt_train`, bf16 autocast, synthetic batch):")
+    lines.append("")
+    if not failed("gpt_train"):
+        r = s["gpt_train"]
+        lines += [f"| GPT {r['params'] / 1e6:.1f}M, batch {r['batch_size']} x {r['tokens_per_iter'] // r['batch_size']}"
+                  f" | ms/iter | tokens/s | MFU |", "|---|---:|---:|---:|"]
+        for mode in ("eager", "compiled"):
+            m = r[mode]
+            lines.append(f"| {mode} | {m['ms_per_iter']:.1f} | {m['tokens_per_s']:,.0f} | "
+                         f"{fmt(m['mfu'] and 100 * m['mfu'], '.1f')}{'%' if m['mfu'] is not None else ''} |")
+        lines += ["", f"torch.compile ({r['compile_backend']}): {r['compiled_graphs']} compiled graph(s), "
+                      f"{r['graph_breaks']} graph break(s) (one graph expected)."]
+    lines += ["", "**Simulated tensor parallelism, tp 8** (`sim_tp8`, eager, step time over GPT's in the same rounds):",
+              ""]
+    if not failed("sim_tp8"):
+        r = s["sim_tp8"]
+        lines += ["| model | ms/iter | / GPT |", "|---|---:|---:|", f"| GPT | {r['ms_per_iter']['gpt']:.1f} | 1 |"]
+        lines += [f"| all `{k}` | {r['ms_per_iter'][k]:.1f} | {r['ratio_to_gpt'][k]:.2f} |" for k in BLOCK_TYPES]
+    lines += ["", "**KV-cache decode** (`decode`, greedy, simulated tp 8):", ""]
+    if not failed("decode"):
+        r = s["decode"]
+        lines += [f"| model | batch | prefill ms ({r['prompt_len']} tokens) | ms/token |", "|---|---:|---:|---:|"]
+        lines += [f"| {'GPT' if row['model'] == 'gpt' else 'all `' + row['model'] + '`'} | {row['batch']} | "
+                  f"{row['prefill_ms']:.2f} | {row['ms_per_token']:.3f} |" for row in r["rows"]]
+    lines += ["", "**Checks**:", ""]
+    if not failed("real_tp"):
+        r = s["real_tp"]
+        lines.append(f"- `real_tp`: real tp 2 (2 processes, {r['backend']}, one device) vs simulated, {r['steps']} AdamW "
+                     f"steps, {r['dtype']}: largest loss difference {r['max_abs_diff']:.2e} "
+                     f"(bound {r['tolerance']:g}): **{'ok' if r['ok'] else 'FAILED'}**")
+    if not failed("comm_sanity"):
+        r = s["comm_sanity"]
+        lines.append(f"- `comm_sanity`: {r['mib']} MiB all-reduce ({r['backend']}, {r['ranks']} ranks): "
+                     f"{r['in_collective_ms']:.2f} ms in the collective, step {r['step_ms']:.2f} ms, floor "
+                     f"{r['floor_ms']:.3f} ms: **{'ok' if r['ok'] else 'FAILED'}**")
+    if not failed("bf16_identity"):
+        r = s["bf16_identity"]
+        worst = sorted(r["max_deviation"].items(), key=lambda kv: -kv[1])[:3]
+        lines.append(f"- `bf16_identity`: zeroed c_proj under bf16 autocast, largest stream deviation "
+                     f"{r['worst']:.2e} ({', '.join(f'{k}: {v:.1e}' for k, v in worst)}): "
+                     f"**{'ok' if r['ok'] else 'FAILED'}**")
+    if not failed("cost_model"):
+        r = s["cost_model"]
+        line = (f"- `cost_model`: assumed MFU {100 * r['assumed_mfu']:.0f}%, measured "
+                f"{fmt(r['measured_mfu'] and 100 * r['measured_mfu'], '.1f')}"
+                f"{'%' if r['measured_mfu'] is not None else ''} ({r['measured_from'] or 'n/a'})")
+        if "predicted_ms_per_iter" in r:
+            line += (f"; its compute term predicts {r['predicted_ms_per_iter']:.1f} ms/iter for the measured "
+                     f"{r['measured_ms_per_iter']:.1f} ({r['error_pct']:+.0f}%)")
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(report, path):
+    """Replace the generated section of `path` (between BEGIN and END), keeping the hand-written rest; a missing
+    file gets a title and the section."""
+    body = f"{BEGIN}\n{markdown(report)}{END}"
+    if os.path.exists(path):
+        with open(path) as f:
+            text = f.read()
+        if BEGIN in text and END in text:
+            head, rest = text.split(BEGIN, 1)
+            text = head + body + rest.split(END, 1)[1]
+        else:
+            text = text.rstrip("\n") + "\n\n## Measured by `make gpu-check`\n\n" + body + "\n"
+    else:
+        text = f"# GPU check\n\n{body}\n"
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+# ---------- the check ----------
+
+def validate(cfg):
+    if cfg["sizes"] not in SIZES:
+        raise ConfigError(f"sizes must be one of {sorted(SIZES)}, got {cfg['sizes']!r}")
+    if cfg["device"] != "auto" and cfg["device"] != "cpu" and not str(cfg["device"]).startswith("cuda"):
+        raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {cfg['device']!r}")
+    if cfg["sections"] != "all":
+        names = [n for n in str(cfg["sections"]).split(",") if n]
+        bad = [n for n in names if n not in SECTIONS]
+        if bad or not names:
+            raise ConfigError(f"sections must be 'all' or a comma-separated subset of {list(SECTIONS)}, got "
+                              f"{cfg['sections']!r}")
+    if cfg["worker"] not in ("", "real_tp"):
+        raise ConfigError(f"worker is internal ('' or 'real_tp'), got {cfg['worker']!r}")
+    if not cfg["worker"] and not os.path.isdir(cfg["out_dir"]):
+        raise ConfigError(f"out_dir must be an existing directory, got {cfg['out_dir']!r}")
+
+
+def run_check(cfg, *, say=print):
+    """Every selected section in order, each time-boxed and failure-isolated; returns the report (also written)."""
+    from tpcomm.runtime import autocast_context, pick_device, setup_runtime
+
+    device = pick_device(cfg["device"])
+    if device == "mps":
+        raise ConfigError("device: gpu_check runs on 'cuda' or 'cpu', got mps")
+    device_type = torch.device(device).type
+    if cfg["sizes"] == "full" and device_type != "cuda":
+        raise ConfigError(f"sizes='full' needs a CUDA GPU, got device={device!r} (torch {torch.__version__}, CUDA "
+                          f"available: {torch.cuda.is_available()}); the CPU rehearsal is --sizes=tiny --device=cpu")
+    size = SIZES[cfg["sizes"]]
+    if device_type == "cuda" and cfg["sizes"] == "full" and not torch.cuda.is_bf16_supported():
+        size = dict(size, dtype="float16")
+    from model import device_peak_flops
+
+    names = SECTIONS if cfg["sections"] == "all" else [n for n in SECTIONS if n in cfg["sections"].split(",")]
+    cuda = device_type == "cuda"
+    report = dict(schema=1, sizes=cfg["sizes"], device=device,
+                  device_name=torch.cuda.get_device_name(device) if cuda else "CPU (rehearsal)",
+                  torch=torch.__version__, cuda=torch.version.cuda, date=datetime.datetime.now(
+                      datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                  peak_flops=device_peak_flops(device), dtype=size["dtype"], sections={})
+    t_all = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        st = dict(size=size, sizes=cfg["sizes"], device=device, tmp=tmp, results=report["sections"],
+                  ctx=autocast_context(device_type, size["dtype"]))
+        for name in names:
+            setup_runtime(device_type, 1337)
+            budget = size["budget"][name]
+            t0 = time.perf_counter()
+            try:
+                with time_box(budget):
+                    result = RUNNERS[name](st)
+                result = dict(result, error=None)
+            except Exception as e:  # noqa: BLE001 (one failing section must not stop the others)
+                result = dict(error=f"{type(e).__name__}: {e}".strip())
+            result["seconds"] = time.perf_counter() - t0
+            report["sections"][name] = result
+            status = f"error: {result['error'][:200]}" if result["error"] else \
+                "ok" if result.get("ok", True) else "CHECK FAILED"
+            say(f"gpu_check: {name}: {status} ({result['seconds']:.1f} s)")
+            if cuda:
+                torch.cuda.empty_cache()
+    report["total_s"] = time.perf_counter() - t_all
+    write_json(report, os.path.join(cfg["out_dir"], "gpu.json"))
+    write_markdown(report, os.path.join(cfg["out_dir"], "gpu.md"))
+    say(f"gpu_check: wrote {os.path.join(cfg['out_dir'], 'gpu.json')} and gpu.md ({report['total_s']:.0f} s)")
+    return report
+
+
+@exit_on_config_error
+def main(argv):
+    cfg = configure(DEFAULTS, argv)
+    validate(cfg)
+    if cfg["worker"] == "real_tp":
+        return real_tp_worker(cfg)
+    run_check(cfg)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
