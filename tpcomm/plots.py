@@ -298,7 +298,7 @@ def write_paired(rows, out_dir, *, title="Communication sweep"):
 WAY_COLORS = {"drop": "tab:red", "hide": "tab:green", "delay": "tab:blue", "shrink": "tab:purple"}
 
 
-def _dodge(xs, *, near=1.1, step=1.02):
+def _dodge(xs, *, near=1.1, step=1.035):
     """(x factors, label offsets in points) that set points within `near` of each other (as a ratio) side by side
     on a log axis, their labels stacked, so no two hide each other."""
     order = sorted(range(len(xs)), key=lambda i: xs[i])
@@ -374,5 +374,5 @@ def draw_tradeoff(data, *, title):
     half = (len(key) + 1) // 2
     for col, part in enumerate((key[:half], key[half:])):
         fig.text(0.08 + 0.46 * col, 0.01, "\n".join(part), fontsize=8, family="monospace", va="bottom")
-    fig.tight_layout(rect=(0, 0.035 * half, 1, 1))
+    fig.tight_layout(rect=(0, 0.022 * half + 0.01, 1, 1))
     return fig
