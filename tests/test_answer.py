@@ -140,3 +140,17 @@ def test_the_readme_does_not_claim_the_exposed_invariant_or_a_cpu_build():
     text = "\n".join(readme_lines())
     assert "upper bound of what a GPU" not in text and "CPU build)" not in text
     assert "part of the time in collectives" not in text and "within 7%" not in text
+
+
+def test_the_sentences_follow_the_intervals(fake_long):
+    """Where every interval excludes 0 there is no bound to state: the first sentence names each cost instead."""
+    ctx = report.Results(root=str(fake_long), say=lambda *a: None)
+    first = report.answer_summary(ctx).split(". On GPUs")[0]
+    assert first.startswith("After 3.84M tokens the 95% intervals rule out costs above ")
+    assert "all `parallel` costs +0.017 [" in first and "all `ladder` costs +0.002 [" in first
+    pen, base = report._long_penalties(ctx)
+    narrow = {k: (abs(m) + 0.01, 0.001, n) for k, (m, c, n) in pen.items() if c is not None}  # all above 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(report, "_long_penalties", lambda ctx: (narrow, base))
+        first = report.answer_summary(ctx).split(". On GPUs")[0]
+    assert first.startswith("After 3.84M tokens, at 95%: all `spd` costs +0.013 [") and "rule out" not in first

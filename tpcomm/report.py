@@ -395,16 +395,21 @@ def answer_summary(ctx):
     gpu, links, _, _ = gpu_speedups()
     nv, ib = links
     measured = {n: p for n, p in pen.items() if p[1] is not None and n in ANSWER_LABELS}
-    worse = [n for n, p in measured.items() if side_of(*p[:2]) == "worse"]
+    worse = [n for n, p in measured.items() if side_of(*p[:2]) is not None]  # a cost (or a gain) at 95%
     bounded = sorted((p[0] + p[1], n) for n, p in measured.items() if side_of(*p[:2]) is None)
     wide = [ANSWER_LABELS[n] for b, n in bounded if b > 0.01 * loss]
-    out = [f"After {base['tokens'] / 1e6:.2f}M tokens the 95% intervals rule out costs above "
-           f"{bounded[0][0]:+.3f} nats ({ANSWER_LABELS[bounded[0][1]]}) to {bounded[-1][0]:+.3f} "
-           f"({ANSWER_LABELS[bounded[-1][1]]}), {100 * bounded[0][0] / loss:.1f}% to {100 * bounded[-1][0] / loss:.1f}% "
-           f"of all `tp`'s {loss:.3f}" + (f", so a cost under 1% is not yet shown for {', '.join(wide)}"
-                                          if wide else "") +
-           ("; " + "; ".join(f"{ANSWER_LABELS[n]} {claim(measured[n], loss)}" for n in worse) if worse else "")
-           + "." if bounded else "No pattern has 2 paired seeds yet."]
+    costs = "; ".join(f"{ANSWER_LABELS[n]} {claim(measured[n], loss)}" for n in worse)
+    if bounded:
+        first = (f"After {base['tokens'] / 1e6:.2f}M tokens the 95% intervals rule out costs above "
+                 f"{bounded[0][0]:+.3f} nats ({ANSWER_LABELS[bounded[0][1]]}) to {bounded[-1][0]:+.3f} "
+                 f"({ANSWER_LABELS[bounded[-1][1]]}), {100 * bounded[0][0] / loss:.1f}% to "
+                 f"{100 * bounded[-1][0] / loss:.1f}% of all `tp`'s {loss:.3f}"
+                 + (f", so a cost under 1% is not yet shown for {', '.join(wide)}" if wide else "")
+                 + (f"; {costs}" if costs else "") + ".")
+    else:
+        first = (f"After {base['tokens'] / 1e6:.2f}M tokens, at 95%: {costs}." if costs else
+                 "No pattern has 2 paired seeds yet.")
+    out = [first]
     hide, delay, half = gpu["overlap K=2"], gpu["ladder"], gpu["all spd"]
     out.append(f"On GPUs (predicted, {GPU_SHAPE} at tp {GPU_TP}), hiding the syncs (`tp_overlap=2`, same math) "
                f"recovers {_share(hide[nv], half[nv])} of what dropping half of them (all `spd`) saves on "
