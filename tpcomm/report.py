@@ -9,11 +9,11 @@ A table lives in a markdown file (README.md, docs/*.md) between two markers:
     <!-- /report:NAME -->
 
 NAME is a key of blocks(): `<sweep>` (its results table), `<sweep>-paired` (paired differences to the baseline, 95%
-CIs), `<sweep>-answer` (each pattern's claim at 95%, claim(); pending for a run without files), the axes tables (tp-axis-penalty, tp-axis-alltp,
-size-axis-penalty, axes-compute), `answer-table` and `answer` (the README's answer: each way of giving up a sync, its
-quality cost at 95% and its predicted GPU speedup from tpcomm/cost_model.py, called in gpu_speedups() alone; the
-figure docs/answer_tradeoff.png draws the same). A plot is a PNG in
-docs/ (plot_specs()) whose metadata holds the sha256 of the numbers it shows (plots.save_png). `report` also rewrites
+CIs), `<sweep>-answer` (each pattern's claim at 95%, claim(); pending for a run without files), the axes tables
+(tp-axis-penalty, tp-axis-alltp, size-axis-penalty, axes-compute), `answer-table` and `answer` (the README's answer:
+each way of giving up a sync, its quality cost at 95% and its predicted GPU speedup from tpcomm/cost_model.py,
+called in gpu_speedups() alone; the figure docs/answer_tradeoff.png draws the same). A plot is a PNG in docs/
+(plot_specs()) whose metadata holds the sha256 of the numbers it shows (plots.save_png). `report` also rewrites
 each sweep's own outputs (experiments/<sweep>/results.md ...). `report --check` regenerates everything in memory and
 exits 0 only when every marked table equals the generated one and every plot's stored digest equals the generated
 data's; otherwise it prints one line per mismatch and exits 1. A sweep without result files gets a note in place of
