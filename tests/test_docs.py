@@ -9,7 +9,7 @@ What counts as a command: a line inside a ``` code block, or an inline `...` cod
 shell keywords such as `do`, and environment assignments such as OMP_NUM_THREADS=1) starts with `python` or
 `torchrun`; a trailing backslash continues a code line; `&&`, `;` and `|` separate commands.
 
-The README's commands also run on a fresh clone, and twice (test_readme_commands_run_on_a_fresh_clone_or_say_what_they_need):
+The README's commands also run on a fresh clone, and twice (the test_readme_commands_run_on_a_fresh_clone... test):
 train.py with --overwrite=True, a command that reads an earlier one's output saying `# needs ...`, and no sweep
 training into a directory of committed result files.
 
