@@ -9,6 +9,10 @@ What counts as a command: a line inside a ``` code block, or an inline `...` cod
 shell keywords such as `do`, and environment assignments such as OMP_NUM_THREADS=1) starts with `python` or
 `torchrun`; a trailing backslash continues a code line; `&&`, `;` and `|` separate commands.
 
+The README's commands also run on a fresh clone, and twice (the test_readme_commands_run_on_a_fresh_clone... test):
+train.py with --overwrite=True, a command that reads an earlier one's output saying `# needs ...`, and no sweep
+training into a directory of committed result files.
+
 Placeholders, the only things not checked: a token `...` (it stands for more arguments), and the value of an
 argument written `--key=...` or `--key=$VAR` (a shell variable): for those the key is still checked, the value
 is not. torchrun's own options are not checked (they are torchrun's); they must be written `--opt=value`.
@@ -487,3 +491,49 @@ def test_links_between_pages_resolve():
                 linked_from_readme.add(os.path.relpath(path, ROOT))
     pages = {d for d in DOC_FILES if d.startswith("docs" + os.sep)}
     assert pages - linked_from_readme == set(), f"docs pages the README does not link: {pages - linked_from_readme}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the README's commands on a fresh clone
+
+READS_A_RUN = ("sample.py", "spd.py", "export_hf.py")  # they read an out_dir an earlier command trained
+# (and `python -m tpcomm.trace` reads a trace an earlier command wrote)
+
+
+def script_of(words):
+    """The script (or -m module) a command runs, past torchrun's and the interpreter's own options."""
+    rest = [w for w in words[1:] if w != "..."]
+    while rest and rest[0].startswith("-") and rest[0] != "-m":
+        rest = rest[1:]
+    return (rest[1] if rest[:1] == ["-m"] else rest[0]) if rest else None, rest
+
+
+def fresh_clone_problems(text):
+    """A README command that would fail or touch committed results on a fresh clone, or the second time it runs:
+    a train.py run without --overwrite=True or --init_from=resume (refused once its out_dir holds a checkpoint);
+    a command reading another's output whose line does not say `needs ...`; a sweep training into a directory
+    that holds committed result files without its own --out."""
+    lines, problems = text.split("\n"), []
+    for line, command, words in extract_commands(text):
+        script, rest = script_of(words)
+        said = lines[line - 1].partition("#")[2]
+        if script == "train.py" and not {"--overwrite=True", "--init_from=resume"} & set(rest):
+            problems.append(f"README.md:{line}: train.py without --overwrite=True (a second run is refused)")
+        if (script in READS_A_RUN or script == "tpcomm.trace") and "needs" not in said:
+            problems.append(f"README.md:{line}: {script} reads an earlier command's output; say `# needs ...`")
+        if script == "experiment.py" and len(rest) > 1 and rest[1] != "report" and \
+                not any(w.startswith("--out=") for w in rest) and \
+                glob.glob(os.path.join(ROOT, "experiments", rest[1], "runs", "*.json")):
+            problems.append(f"README.md:{line}: trains into experiments/{rest[1]}, which holds committed results")
+    return problems
+
+
+def test_readme_commands_run_on_a_fresh_clone_or_say_what_they_need():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        problems = fresh_clone_problems(f.read())
+    assert not problems, "\n".join(problems)
+    # anti-vacuity: each rule catches its case
+    bad = "\n".join(["```sh", "python train.py config/train_shakespeare_char_cpu.py",
+                     "python sample.py --out_dir=out-shakespeare-char", "python experiment.py cpu --seeds=1338",
+                     "python -m tpcomm.trace summary /tmp/trace/t.json", "```"])
+    assert len(fresh_clone_problems(bad)) == 4, fresh_clone_problems(bad)

@@ -293,3 +293,86 @@ def write_paired(rows, out_dir, *, title="Communication sweep"):
     data, draw = paired_plot(rows, title=title)
     save_png(draw(), png, data)
     return [md, png]
+
+
+WAY_COLORS = {"drop": "tab:red", "hide": "tab:green", "delay": "tab:blue", "shrink": "tab:purple"}
+
+
+def _dodge(xs, *, near=1.1, step=1.035):
+    """(x factors, label offsets in points) that set points within `near` of each other (as a ratio) side by side
+    on a log axis, their labels stacked, so no two hide each other."""
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    groups, shift, offset = [], [1.0] * len(xs), [8] * len(xs)
+    for i in order:
+        if groups and xs[i] / xs[groups[-1][0]] < near:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    for g in groups:
+        for k, i in enumerate(g):
+            shift[i] = step ** (k - (len(g) - 1) / 2)
+            offset[i] = (6, -10, 18, -22, 30, -34)[k % 6]
+    return shift, offset
+
+
+def draw_tradeoff(data, *, title):
+    """The answer's figure: one panel per network; x the predicted step speedup, y the paired quality cost with
+    its 95% interval; the ways that keep the math at 0 (hollow diamonds), patterns without 2 paired seeds yet on the
+    floor (crosses). Points at about the same speedup are set side by side."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    plt = pyplot()
+    points, links = data["points"], data["links"]
+    measured = [p for p in points if p["status"] == "measured"]
+    top = max([p["mean"] + p["ci"] for p in measured] + [0.01]) * 1.15
+    floor = min([p["mean"] - p["ci"] for p in measured] + [0.0]) - 0.012
+    fig, axes = plt.subplots(1, len(links), figsize=(13, 7.5), sharey=True)
+    for k, (ax, link) in enumerate(zip(axes, links)):
+        ax.axhline(0, color="black", lw=1)
+        ax.axvline(1, color="grey", lw=1, ls=":")
+        one = 0.01 * data["base_loss"]
+        ax.axhline(one, color="grey", lw=1, ls="--")
+        ax.text(0.01, one, "1% of all tp's loss", va="bottom", fontsize=7, color="grey",
+                transform=ax.get_yaxis_transform())
+        xs = [p["speedup"][k] for p in points]
+        shift, offset = _dodge(xs)
+        for j, p in enumerate(points):
+            x, color = xs[j] * shift[j], WAY_COLORS.get(p["way"], "black")
+            if p["status"] == "measured":
+                ax.errorbar([x], [p["mean"]], yerr=[p["ci"]], fmt="o", capsize=4, color=color)
+                y = p["mean"]
+            elif p["status"] == "same math":
+                ax.plot([x], [0], "D", mfc="white", color=color, ms=8)
+                y = 0.0
+            else:
+                y = floor + 0.004
+                ax.plot([x], [y], "x", color=color, ms=8)
+            ax.annotate(str(j + 1), (x, y), xytext=(4, offset[j]), textcoords="offset points", fontsize=8,
+                        color=color, weight="bold")
+        ax.set_xscale("log")
+        lo, hi = min(xs) / 1.1, max(xs) * 1.35
+        ax.set_xlim(lo, hi)
+        ticks = [t for t in ((0.6, 0.8, 1, 1.25, 1.5, 2) if hi < 2.5 else (0.6, 0.8, 1, 1.5, 2, 3, 4, 6, 8))
+                 if lo <= t <= hi]
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticklabels([f"{t:g}x" for t in ticks])
+        ax.set_title(f"{link} (predicted)", fontsize=10)
+        ax.set_xlabel("predicted step speedup over the blocking all-tp step")
+        ax.grid(alpha=0.3)
+        ax.set_ylim(floor, top)
+    axes[0].set_ylabel("final val loss minus all tp's, same seed (nats/token)\nmean and 95% interval (seeds)")
+    handles = [plt.Line2D([], [], color=c, marker="o", ls="", label=w) for w, c in WAY_COLORS.items()] + [
+        plt.Line2D([], [], color="grey", marker="o", ls="", label="measured (seeds)"),
+        plt.Line2D([], [], color="grey", marker="D", mfc="white", ls="", label="0 by construction (same math)"),
+        plt.Line2D([], [], color="grey", marker="x", ls="", label="quality pending (< 2 seeds)")]
+    axes[-1].legend(handles=handles, loc="lower right", fontsize=7.5)
+    fig.suptitle("\n".join(textwrap.wrap(title, 140)), fontsize=9)
+    key = [f"{j + 1} {p['way']}: {p['label']}" + (f" ({p['seeds']} seeds)" if p["status"] == "measured" else
+                                                  " (same math)" if p["status"] == "same math" else " (pending)")
+           + ": " + ", ".join(f"{x:.2f}x {link}" for x, link in zip(p["speedup"], links)) for j, p in enumerate(points)]
+    half = (len(key) + 1) // 2
+    for col, part in enumerate((key[:half], key[half:])):
+        fig.text(0.08 + 0.46 * col, 0.01, "\n".join(part), fontsize=8, family="monospace", va="bottom")
+    fig.tight_layout(rect=(0, 0.022 * half + 0.01, 1, 1))
+    return fig

@@ -9,9 +9,11 @@ A table lives in a markdown file (README.md, docs/*.md) between two markers:
     <!-- /report:NAME -->
 
 NAME is a key of blocks(): `<sweep>` (its results table), `<sweep>-paired` (paired differences to the baseline, 95%
-CIs), `<sweep>-answer` (the README's compact table), the axes tables (tp-axis-penalty, tp-axis-alltp,
-size-axis-penalty, axes-compute) and `answer` (the README's answer in words, every axis). A plot is a PNG in
-docs/ (plot_specs()) whose metadata holds the sha256 of the numbers it shows (plots.save_png). `report` also rewrites
+CIs), `<sweep>-answer` (each pattern's claim at 95%, claim(); pending for a run without files), the axes tables
+(tp-axis-penalty, tp-axis-alltp, size-axis-penalty, axes-compute), `answer-table` and `answer` (the README's answer:
+each way of giving up a sync, its quality cost at 95% and its predicted GPU speedup from tpcomm/cost_model.py,
+called in gpu_speedups() alone; the figure docs/answer_tradeoff.png draws the same). A plot is a PNG in docs/
+(plot_specs()) whose metadata holds the sha256 of the numbers it shows (plots.save_png). `report` also rewrites
 each sweep's own outputs (experiments/<sweep>/results.md ...). `report --check` regenerates everything in memory and
 exits 0 only when every marked table equals the generated one and every plot's stored digest equals the generated
 data's; otherwise it prints one line per mismatch and exits 1. A sweep without result files gets a note in place of
@@ -94,35 +96,31 @@ def sweep_paired(ctx, name):
 
 
 def sweep_answer(ctx, name):
-    """The README's compact quality table: per pattern its forward syncs, the mean final val loss and the paired
-    difference to the all-tp baseline with its 95% interval (one seed: the difference alone), seeds counted."""
+    """A sweep's compact quality table: per pattern its forward syncs, the mean final val loss, the paired
+    difference to the all-tp baseline with its 95% interval (one seed: the difference alone), seeds counted, and
+    what that says at 95% (claim())."""
     rows = ctx.rows(name)
     if not rows:
         return no_results(name)
     pairs = results.paired(rows)
     lines = [source_line(name, rows), "",
-             "| pattern | fwd syncs | val loss (mean) | difference to all `tp` [95% CI] | seeds | reading |",
+             "| pattern | fwd syncs | val loss (mean) | difference to all `tp` [95% CI] | seeds | at 95% it |",
              "|---|---:|---:|---:|---:|---|"]
     for r in rows:
         diff = pairs.get(r["config"])
         cell = "baseline" if r["config"] == r["baseline"] else "—" if diff is None else \
             results.fmt_ci(*diff["final"][:2])
-        reading = "" if r["config"] == r["baseline"] else reading_of(diff)
+        base_loss = next(b["val_loss_mean"] for b in rows if b["config"] == r["baseline"])
+        reading = "" if r["config"] == r["baseline"] else \
+            claim(None if diff is None else (*diff["final"][:2], len(diff["seeds"])), base_loss)
         note = " (delayed)" if "ladder" in r["block_pattern"] else ""
         note += f" ({comm_dtype_label(r)})" if r.get("tp_comm_dtype") else ""
         lines.append(f"| `{r['block_pattern']}` | {r['fwd_allreduces']}{note} | {r['val_loss_mean']:.4f} | "
                      f"{cell} | {r['n_seeds']} | {reading} |")
+    have = {r["config"] for r in rows}
+    lines += [f"| {run.name} | — | — | — | 0 | pending (no result file yet) |" for run in sweeps.SWEEPS[name]
+              if run.name not in have]
     return data_warning(rows) + "\n".join(lines)
-
-
-def reading_of(diff):
-    """What a paired difference says: worse / better than the baseline when its 95% interval excludes 0, else no
-    difference detected at that interval's resolution; with fewer than 2 paired seeds, that it is pending."""
-    if diff is None or diff["final"][1] is None:
-        return f"pending ({0 if diff is None else len(diff['final'][2])} paired seed)"
-    mean, ci = diff["final"][:2]
-    side = side_of(mean, ci)
-    return f"{side} (95%)" if side else f"no difference detected (±{ci:.3f})"
 
 
 def side_of(mean, ci):
@@ -260,12 +258,81 @@ def size_axis_penalty(ctx):
     return data_warning(rows) + "\n".join(lines)
 
 
+# ---------- the answer: each way of giving up a sync, its quality cost at 95% and its predicted GPU speedup ----------
+
 ANSWER_LABELS = {"all-spd": "all `spd`", "parallel-spd": "`['parallel','spd']*6`", "all-parallel": "all `parallel`",
                  "all-ladder": "all `ladder`", "ladder-upper": "`ladder` in the upper half", "all-tp-bf16": "bf16",
-                 "all-tp-fp8": "fp8", "all-tp-int8": "int8", "all-spd-int8": "all `spd` + int8"}
-ANSWER_GROUPS = (("drop", ("all-spd", "parallel-spd", "all-parallel")), ("delay", ("all-ladder", "ladder-upper")),
-                 ("shrink all `tp`'s syncs to", ("all-tp-bf16", "all-tp-fp8", "all-tp-int8")),
-                 ("shrink and drop", ("all-spd-int8",)))
+                 "all-tp-fp8": "fp8", "all-tp-int8": "int8", "all-tp-int8-2shot": "int8 two-shot",
+                 "all-spd-int8": "all `spd` + int8"}
+
+# (way, what, cpu-long run name or None (the math is all tp's: 0 by construction), the GPU variant or None (not
+# modelled)); the GPU variants are gpu_speedups()' keys. One row per way of giving up a sync, in the README's table.
+WAYS = (("drop", "all `spd`", "all-spd", "all spd"),
+        ("drop", "`['parallel','spd']*6`", "parallel-spd", "parallel/spd"),
+        ("drop", "all `parallel`", "all-parallel", "all parallel"),
+        ("hide", "`tp_overlap=2`", None, "overlap K=2"),
+        ("hide", "sequence parallelism", None, "+sp"),
+        ("delay", "all `ladder`", "all-ladder", "ladder"),
+        ("delay", "`ladder` in the upper half", "ladder-upper", None),
+        ("shrink", "bf16", "all-tp-bf16", "bf16"),
+        ("shrink", "fp8", "all-tp-fp8", "fp8"),
+        ("shrink", "int8", "all-tp-int8", "int8"),
+        ("shrink", "int8 two-shot", "all-tp-int8-2shot", "int8 2shot"),
+        ("drop + shrink", "all `spd` + int8", "all-spd-int8", None))
+GPU_SHAPE, GPU_TP = "1.3B", 8  # the answer's GPU case: the cost model's 1.3B shape (24 x 2048) at tp 8
+
+
+def gpu_speedups():
+    """{variant: {network: predicted training-step speedup over the cost model's baseline}} for the answer's GPU
+    case, and a line saying what it assumes. The only place the answer calls tpcomm/cost_model.py: re-point it
+    here (another baseline, a backward-overlap term). Drops are the blocking step with a pattern's syncs
+    (train_step); hide, delay and shrink are train_variants' columns; fp8 moves int8's bytes (8 bits and a scale per
+    32 values); 'bf16' under bf16 autocast is a plain cast of sums that already are bf16: the same bytes as no
+    compression, so the baseline's step."""
+    from tpcomm import cost_model as cm
+
+    cfg = cm.PREDICT_DEFAULTS
+    shape = next(s for s in cm.SHAPES if s.name.startswith(GPU_SHAPE))
+    tokens = cfg["batch_size"] * cfg["seq_len"]
+    out = {}
+    for link in cm.LINKS:
+        kw = dict(tp=GPU_TP, link=link, tokens=tokens, seq_len=cfg["seq_len"], mfu=cfg["mfu"])
+        v = cm.train_variants(shape, opts=cm.options(cfg), **kw)
+        base = sum(v["blocking"])
+        step = {k: sum(t) for k, t in v.items()}
+        step["bf16"], step["fp8"] = base, step["int8"]
+        for name, run in (("all spd", "all-spd"), ("parallel/spd", "parallel-spd"), ("all parallel", "all-parallel")):
+            step[name] = sum(cm.train_step(shape, fwd_syncs=cm.forward_syncs(sweeps.PATTERNS[run](shape.n_layer)),
+                                           **kw))
+        for name, t in step.items():
+            out.setdefault(name, {})[link.name] = base / t
+    assumes = (f"{shape.name} at tp {GPU_TP} on H100 SXM, bf16 at MFU {cfg['mfu']:.0%}, {cfg['batch_size']} x "
+               f"{cfg['seq_len']} tokens per tp group; links by assumed constants (" +
+               ", ".join(f"{link.name.split(' (')[0]} {link.busbw / 1e9:.0f} GB/s, {link.alpha * 1e6:.0f} us" for link
+                         in cm.LINKS) +
+               f"); overlap at efficiency {cfg['efficiency']:g} (the compute beside a collective hides it one for "
+               "one); the baseline is the blocking all-`tp` step (Megatron-LM also overlaps part of the backward "
+               "pass's communication: a faster baseline, not modelled here)")
+    checks = [(what, end, cm.error(m, p)) for what, published, model in cm.published_checks(cfg, cm.options(cfg))
+              for end, m, p in (zip(("low ", "high "), model, published) if isinstance(published, tuple)
+                                else [("", model, published)])]
+    return out, [link.name for link in cm.LINKS], assumes, checks
+
+
+def claim(p, base_loss):
+    """What a paired difference (mean, ci, seeds) says at 95%: where the interval holds 0, the largest cost it
+    rules out ("costs at most +0.008 nats (0.5%)"); where it does not, the cost (or gain) with its interval; with
+    fewer than 2 paired seeds, that it is pending."""
+    if p is None or p[1] is None:
+        return f"pending ({0 if p is None else p[2]} paired seed{'' if p and p[2] == 1 else 's'})"
+    mean, ci, _ = p
+    side = side_of(mean, ci)
+    pct = lambda x: f"{100 * x / base_loss:.1f}%"  # noqa: E731
+    if side is None:
+        return f"costs at most {mean + ci:+.3f} nats ({pct(mean + ci)})"
+    if side == "worse":
+        return f"costs {mean:+.3f} [{mean - ci:+.3f}, {mean + ci:+.3f}] nats ({pct(mean)})"
+    return f"gains {-mean:.3f} [{mean - ci:+.3f}, {mean + ci:+.3f}] nats ({pct(-mean)})"
 
 
 def _short(p):
@@ -273,53 +340,120 @@ def _short(p):
     return f"{results.fmt_ci(p[0], p[1], 3)} ({p[2]})"
 
 
-def _verdict(found):
-    """Which of {label: penalty} the 95% interval puts above or below the baseline, in one sentence."""
-    side = {w: [k for k, p in found.items() if side_of(*p[:2]) == w] for w in ("worse", "better")}
-    if not side["worse"] + side["better"]:
-        return "No interval excludes 0."
-    return " ".join(f"{w.capitalize()} than all `tp` (95%): {', '.join(side[w])}." for w in side if side[w])
+def _long_penalties(ctx):
+    """(cpu-long's {run name: (mean, ci, seeds)}, its baseline row or None)."""
+    rows = ctx.rows("cpu-long")
+    base = next((r for r in rows if r["config"] == r["baseline"]), None)
+    return {k[0]: v for k, v in penalties(rows).items()}, base
+
+
+def answer_table(ctx):
+    """The README's one table: every way of giving up a sync, its quality cost at 95% in cpu-long and its predicted
+    GPU speedup."""
+    pen, base = _long_penalties(ctx)
+    if base is None:
+        return no_results("cpu-long")
+    gpu, links, assumes, checks = gpu_speedups()
+    lines = [f"Quality: final val loss minus all `tp`'s ({base['val_loss_mean']:.3f}, exactly GPT), paired seed by "
+             f"seed, mean [95% interval] (seeds), after {base['tokens'] / 1e6:.2f}M tokens (`cpu-long`, "
+             f"{sum(r['n_seeds'] for r in ctx.rows('cpu-long'))} result files); time: predicted step speedup over "
+             f"the blocking all-`tp` step, {GPU_SHAPE} at tp {GPU_TP} (docs/cost_model.md). Generated by `python "
+             "experiment.py report`.", "",
+             "| way | what | quality cost [95%] (seeds) | at 95% it | NVLink | InfiniBand |",
+             "|---|---|---:|---|---:|---:|"]
+    for way, what, run, variant in WAYS:
+        p = pen.get(run)
+        cost = "0 (same math)" if run is None else "pending" if p is None else _short(p)
+        said = "costs nothing: the math is all `tp`'s" if run is None else claim(p, base["val_loss_mean"])
+        times = [f"{gpu[variant][n]:.2f}x" if variant else "not modelled" for n in links]
+        lines.append(f"| {way} | {what} | {cost} | {said} | " + " | ".join(times) + " |")
+    errors = {}
+    for what, end, err in checks:
+        errors.setdefault(what.replace(" (range)", ""), []).append(f"{end}{err:+.1f}%")
+    lines += ["", f"The prediction assumes {assumes}. Before it, the cost model is checked against every published "
+              "figure it can be (docs/cost_model.md), each with its error: " +
+              "; ".join(f"{what} {', '.join(e)}" for what, e in errors.items()) + "."]
+    return data_warning(ctx.rows("cpu-long")) + "\n".join(lines)
+
+
+def _share(part, whole):
+    """How much of whole's saving part recovers, from their speedups: '81%' of (1.27x - 1)."""
+    return f"{100 * (part - 1) / (whole - 1):.0f}%" if whole > 1 else "—"
+
+
+def _pace(x):
+    """A predicted speedup in words: within 2% of 1 is about even."""
+    return f"gains {x:.2f}x" if x >= 1.02 else f"is slower ({x:.2f}x)" if x <= 0.98 else f"is about even ({x:.2f}x)"
 
 
 def answer_summary(ctx):
-    """The README's answer in words: every paired difference to all `tp`, axis by axis, from the result files."""
-    out = []
-    rows = ctx.rows("cpu-long")
-    pen = {k[0]: v for k, v in penalties(rows).items()}
-    if pen:
-        base = next(r for r in rows if r["config"] == r["baseline"])
-        parts = [f"{verb} " + ", ".join(f"{ANSWER_LABELS[n]} {_short(pen[n])}" for n in names if n in pen)
-                 for verb, names in ANSWER_GROUPS if any(n in pen for n in names)]
-        out.append(f"- **After {base['tokens'] / 1e6:.2f}M tokens** ({base['n_layer']} x {base['n_embd']}, tp "
-                   f"{base['tp_size']}, `cpu-long`, {sum(r['n_seeds'] for r in rows)} result files): "
-                   + "; ".join(parts) + ". " + _verdict({ANSWER_LABELS[n]: p for n, p in pen.items()}))
-    short = next((r["tokens"] for r in rows if r["config"] == r["baseline"]), None)
-    rows = ctx.rows("convergence")
-    pen = {k[0]: v for k, v in penalties(rows).items()}
-    if pen:
-        base = next(r for r in rows if r["config"] == r["baseline"])
-        found = {ANSWER_LABELS[n]: p for n, p in pen.items()}
-        longer = f"{base['tokens'] / short:g}x the training, " if short else ""
-        out.append(f"- **{longer}{base['tokens'] / 1e6:.2f}M tokens** (`convergence`; the baseline still fell "
-                   f"{100 * results.flatness(base)[0]:.2f}% over its last fifth, not flat): "
-                   + ", ".join(f"{k} {_short(p)}" for k, p in found.items()) + ". " + _verdict(found))
-    for axis, title in (("tp-axis", "Tensor-parallel degree"), ("size-axis", "Model size at 6.5 tokens per parameter")):
-        rows = ctx.rows(axis)
-        pen = penalties(rows)
-        size = {results.group_key(r): r["params_non_embedding"] for r in rows if r["config"] == r["baseline"]}
-        where = (lambda k: f"tp {k[1]}") if axis == "tp-axis" else (lambda k: f"{size[k[2]] / 1e3:.0f}k params")
-        order = (lambda k: k[1]) if axis == "tp-axis" else (lambda k: size[k[2]])
-        found, lines = {}, []
-        for name in [n for n in ANSWER_LABELS if any(k[0] == n for k in pen)]:  # all-tp at tp 2, 8: its own table
-            keys = sorted((k for k in pen if k[0] == name), key=order)
-            if len(keys) > 1:
-                lines.append(f"{ANSWER_LABELS[name]}: " + ", ".join(f"{where(k)} {_short(pen[k])}" for k in keys))
-                found.update({f"{ANSWER_LABELS[name]} at {where(k)}": pen[k] for k in keys})
-        out.append(f"- **{title}** (`{axis}`): " + ("; ".join(lines) + ". " + _verdict(found) if lines else
-                                                     "pending: the `cpu-long` runs are its only point so far."))
-    return ("Differences of the final val loss to all `tp` (exactly GPT), paired seed by seed: mean [95% interval by "
-            "Student's t] (seeds), nats/token; generated by `python experiment.py report` from the committed result "
-            "files.\n\n" + "\n".join(out))
+    """The README's answer in four sentences (quality at 95%; hiding and delaying against dropping on each link;
+    shrinking; 4x the training), every number from the result files (claim()) and the cost model
+    (gpu_speedups())."""
+    pen, base = _long_penalties(ctx)
+    if base is None:
+        return no_results("cpu-long")
+    loss = base["val_loss_mean"]
+    gpu, links, _, _ = gpu_speedups()
+    nv, ib = links
+    measured = {n: p for n, p in pen.items() if p[1] is not None and n in ANSWER_LABELS}
+    worse = [n for n, p in measured.items() if side_of(*p[:2]) is not None]  # a cost (or a gain) at 95%
+    bounded = sorted((p[0] + p[1], n) for n, p in measured.items() if side_of(*p[:2]) is None)
+    wide = [ANSWER_LABELS[n] for b, n in bounded if b > 0.01 * loss]
+    costs = "; ".join(f"{ANSWER_LABELS[n]} {claim(measured[n], loss)}" for n in worse)
+    if bounded:
+        first = (f"After {base['tokens'] / 1e6:.2f}M tokens the 95% intervals rule out costs above "
+                 f"{bounded[0][0]:+.3f} nats ({ANSWER_LABELS[bounded[0][1]]}) to {bounded[-1][0]:+.3f} "
+                 f"({ANSWER_LABELS[bounded[-1][1]]}), {100 * bounded[0][0] / loss:.1f}% to "
+                 f"{100 * bounded[-1][0] / loss:.1f}% of all `tp`'s {loss:.3f}"
+                 + (f", so a cost under 1% is not yet shown for {', '.join(wide)}" if wide else "")
+                 + (f"; {costs}" if costs else "") + ".")
+    else:
+        first = (f"After {base['tokens'] / 1e6:.2f}M tokens, at 95%: {costs}." if costs else
+                 "No pattern has 2 paired seeds yet.")
+    out = [first]
+    hide, delay, half = gpu["overlap K=2"], gpu["ladder"], gpu["all spd"]
+    out.append(f"On GPUs (predicted, {GPU_SHAPE} at tp {GPU_TP}), hiding the syncs (`tp_overlap=2`, same math) "
+               f"recovers {_share(hide[nv], half[nv])} of what dropping half of them (all `spd`) saves on "
+               f"{nv.split(' (')[0]} ({hide[nv]:.2f}x against {half[nv]:.2f}x) and {_share(hide[ib], half[ib])} over "
+               f"{ib.split(' (')[0]} ({hide[ib]:.2f}x against {half[ib]:.2f}x); delaying them (all `ladder`) "
+               f"{_share(delay[nv], half[nv])} and {_share(delay[ib], half[ib])}.")
+    one, two = gpu["int8"], gpu["int8 2shot"]
+    out.append(f"Shrinking them to int8 with the one-shot all-gather {_pace(one[nv])} on {nv.split(' (')[0]} and "
+               f"{_pace(one[ib])} over {ib.split(' (')[0]} at tp {GPU_TP}; the two-shot exchange {_pace(two[nv])} "
+               f"and {_pace(two[ib])} (its quality: {claim(pen.get('all-tp-int8-2shot'), loss)}); bf16 moves what no "
+               f"compression moves under bf16 autocast (its cost here is that of rounding the fp32 runs' sums).")
+    longer = ctx.rows("convergence")
+    cpen = {k[0]: v for k, v in penalties(longer).items()}
+    cbase = next((r for r in longer if r["config"] == r["baseline"]), None)
+    if cbase is not None and cpen:
+        out.append(f"After {cbase['tokens'] / base['tokens']:g}x the training ({cbase['tokens'] / 1e6:.2f}M tokens, "
+                   "`convergence`): " + ", ".join(f"{ANSWER_LABELS[n]} {claim(p, cbase['val_loss_mean'])}"
+                                                  for n, p in cpen.items()) + ".")
+    return " ".join(out)
+
+
+def tradeoff_plot(ctx):
+    """(data, draw) of the answer's figure: each way's quality cost (paired, 95%) against its predicted speedup."""
+    pen, base = _long_penalties(ctx)
+    if base is None:
+        return None
+    gpu, links, _, _ = gpu_speedups()
+    points = []
+    for way, what, run, variant in WAYS:
+        if variant is None:
+            continue
+        p = (0.0, 0.0, 0) if run is None else pen.get(run)
+        status = "same math" if run is None else "pending" if p is None or p[1] is None else "measured"
+        mean, ci, n = (None, None, 0 if p is None else p[2]) if status == "pending" else p
+        points.append(dict(way=way, label=what.replace("`", ""), status=status, mean=mean, ci=ci, seeds=n,
+                           speedup=[gpu[variant][name] for name in links]))
+    data = dict(points=points, links=[n.split(" (")[0] for n in links], base_loss=base["val_loss_mean"])
+    title = (f"Each way of giving up a sync: its quality cost, measured on CPU (`cpu-long`: a "
+             f"{base['params_total'] / 1e6:.1f}M-parameter character model, {base['tokens'] / 1e6:.2f}M tokens, tp "
+             f"{base['tp_size']}), against its training-step speedup, predicted for GPUs by the cost model "
+             f"({GPU_SHAPE} at tp {GPU_TP}, H100; the assumptions: the README, under the answer's table)")
+    return data, lambda: plots.draw_tradeoff(data, title=title)
 
 
 def axes_compute(ctx):
@@ -392,7 +526,8 @@ def blocks():
     out["tp-axis-alltp"] = (("tp-axis", "cpu-long"), tp_axis_alltp)
     out["size-axis-penalty"] = (("size-axis", "cpu-long"), size_axis_penalty)
     out["axes-compute"] = (AXES, axes_compute)
-    out["answer"] = (AXES, answer_summary)
+    out["answer"] = (("cpu-long", "convergence"), answer_summary)
+    out["answer-table"] = (("cpu-long",), answer_table)
     return out
 
 
@@ -408,6 +543,7 @@ def plot_specs():
         "docs/convergence_paired_difference.png": (("convergence",), paired_plot("convergence")),
         "docs/axes_penalty_vs_tp.png": (("tp-axis", "cpu-long"), penalty_vs_tp),
         "docs/axes_penalty_vs_size.png": (("size-axis", "cpu-long"), penalty_vs_size),
+        "docs/answer_tradeoff.png": (("cpu-long",), tradeoff_plot),
     }
 
 

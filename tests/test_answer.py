@@ -1,0 +1,156 @@
+"""The README's answer (tpcomm/report.py): each way of giving up a sync, its quality cost stated as a bound at 95%
+and its predicted GPU speedup, in one table, a few generated sentences and one figure; and the README's shape
+around it (what it is, the answer, the Quickstart's two commands before line 60, the GPU pointer, the tools).
+Nothing is trained: the quality side reads made-up result files (test_experiment.fake_results)."""
+
+import os
+import re
+import shutil
+
+import pytest
+
+from conftest import ROOT
+from test_experiment import fake_results
+from tpcomm import plots, report
+
+
+# ---------- a paired difference stated at 95% ----------
+
+def test_claim_bounds_a_cost_where_the_interval_holds_zero():
+    """Holding 0: the largest cost ruled out (the interval's upper end) and its share of the baseline; excluding 0:
+    the cost (or the gain) with its interval; under 2 paired seeds: pending."""
+    assert report.claim((0.002, 0.006, 10), 1.7) == "costs at most +0.008 nats (0.5%)"
+    assert report.claim((0.025, 0.022, 3), 1.7) == "costs +0.025 [+0.003, +0.047] nats (1.5%)"
+    assert report.claim((-0.046, 0.026, 3), 2.0) == "gains 0.046 [-0.072, -0.020] nats (2.3%)"
+    # anti-vacuity: the same mean with a narrower interval is a cost, not a bound
+    assert report.claim((0.002, 0.001, 10), 1.7).startswith("costs +0.002 [")
+    assert report.claim((0.02, None, 1), 1.7) == "pending (1 paired seed)"
+    assert report.claim(None, 1.7) == "pending (0 paired seeds)"
+
+
+# ---------- the GPU side: the cost model, called in one place ----------
+
+def test_gpu_speedups_are_the_cost_models():
+    """Drops through train_step agree with train_variants' own drop columns; fp8 moves int8's bytes; bf16 under
+    autocast is the baseline's step; every published-figure check comes back with its error."""
+    from tpcomm import cost_model as cm
+
+    gpu, links, assumes, checks = report.gpu_speedups()
+    assert links == [link.name for link in cm.LINKS] and "tp 8" in assumes and "blocking" in assumes
+    cfg = cm.PREDICT_DEFAULTS
+    shape = next(s for s in cm.SHAPES if s.name.startswith("1.3B"))
+    for link in cm.LINKS:
+        v = cm.train_variants(shape, tp=8, link=link, tokens=cfg["batch_size"] * cfg["seq_len"],
+                              seq_len=cfg["seq_len"], mfu=cfg["mfu"], opts=cm.options(cfg))
+        for name in ("all spd", "parallel/spd", "ladder", "int8", "int8 2shot", "+sp"):
+            assert gpu[name][link.name] == pytest.approx(cm.speedup(v, name), rel=1e-12), name
+        assert gpu["fp8"][link.name] == gpu["int8"][link.name] and gpu["bf16"][link.name] == 1.0
+        assert gpu["all parallel"][link.name] > gpu["parallel/spd"][link.name] > gpu["all spd"][link.name] > 1
+    published = cm.published_checks(cfg, cm.options(cfg))
+    ends = sum(2 if isinstance(p, tuple) else 1 for _, p, _ in published)
+    assert len(checks) == ends == 7  # every check, each end of a range, not the best one
+
+
+# ---------- a pattern without result files: pending, not a crash ----------
+
+@pytest.fixture(scope="module")
+def fake_long(tmp_path_factory):
+    """Made-up result files of every cpu-long run (all seeds), written once for this file's tests."""
+    root = tmp_path_factory.mktemp("long")
+    fake_results(str(root), "cpu-long")
+    return root
+
+
+def test_a_pattern_without_result_files_is_pending(tmp_path, fake_long):
+    shutil.copytree(fake_long, tmp_path, dirs_exist_ok=True)
+    root = str(tmp_path)
+    runs = tmp_path / "experiments" / "cpu-long" / "runs"
+    for path in runs.glob("all-tp-int8-2shot-seed*.json"):
+        path.unlink()
+    ctx = report.Results(root=root, say=lambda *a: None)
+    table = report.answer_table(ctx)
+    assert "| shrink | int8 two-shot | pending | pending (0 paired seeds) |" in table, table
+    assert "| all-tp-int8-2shot | — | — | — | 0 | pending (no result file yet) |" in report.sweep_answer(ctx,
+                                                                                             "cpu-long")
+    data, draw = report.tradeoff_plot(ctx)
+    (point,) = [p for p in data["points"] if p["label"] == "int8 two-shot"]
+    assert point["status"] == "pending" and point["mean"] is None
+    assert "its quality: pending (0 paired seeds)" in report.answer_summary(ctx)
+    plots.save_png(draw(), str(tmp_path / "a.png"), data)  # it draws
+
+    # one seed of it: still pending (no interval), said so
+    fake_results(root, "cpu-long", seeds=(1337,))
+    ctx = report.Results(root=root, say=lambda *a: None)
+    assert "| shrink | int8 two-shot | +0.000 (1) | pending (1 paired seed) |" in report.answer_table(ctx)
+
+
+def test_the_figure_marks_the_ways_that_keep_the_math(fake_long):
+    """Hiding (tp_overlap, sequence parallelism) is 0 by construction and drawn so; every way in the figure has
+    both networks' speedups; a changed cost-model number changes the figure's digest (report --check sees it)."""
+    ctx = report.Results(root=str(fake_long), say=lambda *a: None)
+    data, _ = report.tradeoff_plot(ctx)
+    status = {p["label"]: p["status"] for p in data["points"]}
+    assert status["tp_overlap=2"] == status["sequence parallelism"] == "same math"
+    assert status["all spd"] == status["int8"] == status["all ladder"] == "measured"
+    assert {p["way"] for p in data["points"]} == {"drop", "hide", "delay", "shrink"}
+    assert all(len(p["speedup"]) == 2 for p in data["points"])
+    moved = dict(data, points=[dict(p, speedup=[s * 1.01 for s in p["speedup"]]) for p in data["points"]])
+    assert plots.data_digest(moved) != plots.data_digest(data)
+    assert "docs/answer_tradeoff.png" in report.plot_specs()
+
+
+# ---------- the README's shape ----------
+
+def readme_lines():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        return f.read().split("\n")
+
+
+def test_readme_leads_with_the_answer_then_the_two_commands():
+    lines = readme_lines()
+    assert len(lines) <= 251, f"README.md has {len(lines)} lines (at most 250)"
+    heads = [(i + 1, line) for i, line in enumerate(lines) if line.startswith("## ")]
+    names = [h for _, h in heads]
+    order = ["## The answer", "## Quickstart", "## On GPUs", "## The tools"]
+    assert names[:4] == order, names
+    at = dict((h, i) for i, h in heads)
+    assert at["## The answer"] - 1 <= 12, "what it is: at most 10 lines before the answer"
+    # the Quickstart's two commands, before line 60, each with its time
+    commands = {c: i + 1 for i, line in enumerate(lines) for c in ("make experiment", "make test")
+                if line.startswith(c + " ")}
+    assert set(commands) == {"make experiment", "make test"} and max(commands.values()) < 60, commands
+    for c, i in commands.items():
+        assert re.search(r"\d+ (s|min)\b", lines[i - 1]), f"{c}: no time on line {i}"
+    # the answer: the figure, one table of at most 12 rows, at most 5 sentences
+    answer = "\n".join(lines[at["## The answer"]:at["## Quickstart"] - 1])
+    assert "](docs/answer_tradeoff.png)" in answer
+    rows = [line for line in answer.split("\n") if line.startswith("| ") and not line.startswith("| way")]
+    assert 0 < len(rows) <= 12 and answer.count("\n|---") == 1, rows
+    words = re.search(r"<!-- report:answer -->(.*?)<!-- /report:answer -->(.*)", answer, re.S)
+    sentences = re.findall(r"[.!?](?=\s|$)", words.group(1) + words.group(2))
+    assert 0 < len(sentences) <= 5, len(sentences)
+    # what it does not cover, and where it is said in full
+    assert all(w in words.group(2) for w in ("0.6M-parameter", "3.84M", "character-level", "4x the training",
+                                              "predictions"))
+    assert "docs/axes.md#what-the-answer-does-not-cover" in words.group(2)
+
+
+def test_the_readme_does_not_claim_the_exposed_invariant_or_a_cpu_build():
+    """Two contradictions whose code others own: the README states neither until it is true."""
+    text = "\n".join(readme_lines())
+    assert "upper bound of what a GPU" not in text and "CPU build)" not in text
+    assert "part of the time in collectives" not in text and "within 7%" not in text
+
+
+def test_the_sentences_follow_the_intervals(fake_long):
+    """Where every interval excludes 0 there is no bound to state: the first sentence names each cost instead."""
+    ctx = report.Results(root=str(fake_long), say=lambda *a: None)
+    first = report.answer_summary(ctx).split(". On GPUs")[0]
+    assert first.startswith("After 3.84M tokens the 95% intervals rule out costs above ")
+    assert "all `parallel` costs +0.017 [" in first and "all `ladder` costs +0.002 [" in first
+    pen, base = report._long_penalties(ctx)
+    narrow = {k: (abs(m) + 0.01, 0.001, n) for k, (m, c, n) in pen.items() if c is not None}  # all above 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(report, "_long_penalties", lambda ctx: (narrow, base))
+        first = report.answer_summary(ctx).split(". On GPUs")[0]
+    assert first.startswith("After 3.84M tokens, at 95%: all `spd` costs +0.013 [") and "rule out" not in first
