@@ -31,24 +31,24 @@ def test_claim_bounds_a_cost_where_the_interval_holds_zero():
 # ---------- the GPU side: the cost model, called in one place ----------
 
 def test_gpu_speedups_are_the_cost_models():
-    """Drops through train_step agree with train_variants' own drop columns; fp8 moves int8's bytes; bf16 under
-    autocast is the baseline's step; every published-figure check comes back with its error."""
+    """The answer's speedups are the cost model's predicted_speedups over Megatron's baseline, for every way that
+    has a GPU variant; drops order as their syncs do; every published-figure check comes back with its error."""
     from tpcomm import cost_model as cm
 
     gpu, links, assumes, checks = report.gpu_speedups()
-    assert links == [link.name for link in cm.LINKS] and "tp 8" in assumes and "blocking" in assumes
-    cfg = cm.PREDICT_DEFAULTS
-    shape = next(s for s in cm.SHAPES if s.name.startswith("1.3B"))
+    assert links == [link.name for link in cm.LINKS] and "tp 8" in assumes and "Megatron" in assumes
     for link in cm.LINKS:
-        v = cm.train_variants(shape, tp=8, link=link, tokens=cfg["batch_size"] * cfg["seq_len"],
-                              seq_len=cfg["seq_len"], mfu=cfg["mfu"], opts=cm.options(cfg))
-        for name in ("all spd", "parallel/spd", "ladder", "int8", "int8 2shot", "+sp"):
-            assert gpu[name][link.name] == pytest.approx(cm.speedup(v, name), rel=1e-12), name
-        assert gpu["fp8"][link.name] == gpu["int8"][link.name] and gpu["bf16"][link.name] == 1.0
-        assert gpu["all parallel"][link.name] > gpu["parallel/spd"][link.name] > gpu["all spd"][link.name] > 1
+        want = cm.predicted_speedups(link.name, "megatron")
+        for _, _, _, variant in report.WAYS:
+            if variant is not None:
+                assert gpu[variant][link.name] == pytest.approx(want[variant], rel=1e-12), variant
+        assert gpu["all-parallel"][link.name] > gpu["parallel-spd"][link.name] > gpu["all-spd"][link.name] > 1
+        blocking = cm.predicted_speedups(link.name, "blocking")
+        assert blocking["all-spd"] != gpu["all-spd"][link.name]  # the baseline matters: the comparison can fail
+    cfg = cm.PREDICT_DEFAULTS
     published = cm.published_checks(cfg, cm.options(cfg))
     ends = sum(2 if isinstance(p, tuple) else 1 for _, p, _ in published)
-    assert len(checks) == ends == 7  # every check, each end of a range, not the best one
+    assert len(checks) == ends >= 7  # every check, each end of a range, not the best one
 
 
 # ---------- a pattern without result files: pending, not a crash ----------

@@ -358,7 +358,7 @@ def draw_tradeoff(data, *, title):
         ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xticklabels([f"{t:g}x" for t in ticks])
         ax.set_title(f"{link} (predicted)", fontsize=10)
-        ax.set_xlabel("predicted step speedup over the blocking all-tp step")
+        ax.set_xlabel("predicted step speedup over Megatron-LM's all-tp step")
         ax.grid(alpha=0.3)
         ax.set_ylim(floor, top)
     axes[0].set_ylabel("final val loss minus all tp's, same seed (nats/token)\nmean and 95% interval (seeds)")

@@ -266,53 +266,44 @@ ANSWER_LABELS = {"all-spd": "all `spd`", "parallel-spd": "`['parallel','spd']*6`
                  "all-spd-int8": "all `spd` + int8"}
 
 # (way, what, cpu-long run name or None (the math is all tp's: 0 by construction), the GPU variant or None (not
-# modelled)); the GPU variants are gpu_speedups()' keys. One row per way of giving up a sync, in the README's table.
-WAYS = (("drop", "all `spd`", "all-spd", "all spd"),
-        ("drop", "`['parallel','spd']*6`", "parallel-spd", "parallel/spd"),
-        ("drop", "all `parallel`", "all-parallel", "all parallel"),
-        ("hide", "`tp_overlap=2`", None, "overlap K=2"),
-        ("hide", "sequence parallelism", None, "+sp"),
-        ("delay", "all `ladder`", "all-ladder", "ladder"),
+# modelled)); the GPU variants are cost_model.predicted_speedups' names. One row per way of giving up a sync, in the
+# README's table.
+WAYS = (("drop", "all `spd`", "all-spd", "all-spd"),
+        ("drop", "`['parallel','spd']*6`", "parallel-spd", "parallel-spd"),
+        ("drop", "all `parallel`", "all-parallel", "all-parallel"),
+        ("hide", "`tp_overlap=2`", None, "tp_overlap=2"),
+        ("hide", "sequence parallelism", None, "sequence_parallel"),
+        ("delay", "all `ladder`", "all-ladder", "all-ladder"),
         ("delay", "`ladder` in the upper half", "ladder-upper", None),
-        ("shrink", "bf16", "all-tp-bf16", "bf16"),
-        ("shrink", "fp8", "all-tp-fp8", "fp8"),
-        ("shrink", "int8", "all-tp-int8", "int8"),
-        ("shrink", "int8 two-shot", "all-tp-int8-2shot", "int8 2shot"),
-        ("drop + shrink", "all `spd` + int8", "all-spd-int8", None))
-GPU_SHAPE, GPU_TP = "1.3B", 8  # the answer's GPU case: the cost model's 1.3B shape (24 x 2048) at tp 8
+        ("shrink", "bf16", "all-tp-bf16", "all-tp-bf16"),
+        ("shrink", "fp8", "all-tp-fp8", "all-tp-fp8"),
+        ("shrink", "int8", "all-tp-int8", "all-tp-int8"),
+        ("shrink", "int8 two-shot", "all-tp-int8-2shot", "all-tp-int8-2shot"),
+        ("drop + shrink", "all `spd` + int8", "all-spd-int8", "all-spd-int8"))
+GPU_SHAPE, GPU_TP, GPU_BASELINE = "1.3B", 8, "megatron"  # the answer's GPU case (cost_model.predicted_speedups)
 
 
 def gpu_speedups():
-    """{variant: {network: predicted training-step speedup over the cost model's baseline}} for the answer's GPU
-    case, and a line saying what it assumes. The only place the answer calls tpcomm/cost_model.py: re-point it
-    here (another baseline, a backward-overlap term). Drops are the blocking step with a pattern's syncs
-    (train_step); hide, delay and shrink are train_variants' columns; fp8 moves int8's bytes (8 bits and a scale per
-    32 values); 'bf16' under bf16 autocast is a plain cast of sums that already are bf16: the same bytes as no
-    compression, so the baseline's step."""
+    """{variant: {network: predicted training-step speedup over Megatron-LM's all-'tp' step}} for the answer's GPU
+    case (the 1.3B shape at tp 8), the networks' names, a line saying what it assumes, and every published-figure
+    check with its error. The only place the answer calls tpcomm/cost_model.py."""
     from tpcomm import cost_model as cm
 
     cfg = cm.PREDICT_DEFAULTS
-    shape = next(s for s in cm.SHAPES if s.name.startswith(GPU_SHAPE))
-    tokens = cfg["batch_size"] * cfg["seq_len"]
+    shape = cm.FIGURE_SHAPE
+    by_link = {link.name: cm.predicted_speedups(link.name, GPU_BASELINE) for link in cm.LINKS}
     out = {}
-    for link in cm.LINKS:
-        kw = dict(tp=GPU_TP, link=link, tokens=tokens, seq_len=cfg["seq_len"], mfu=cfg["mfu"])
-        v = cm.train_variants(shape, opts=cm.options(cfg), **kw)
-        base = sum(v["blocking"])
-        step = {k: sum(t) for k, t in v.items()}
-        step["bf16"], step["fp8"] = base, step["int8"]
-        for name, run in (("all spd", "all-spd"), ("parallel/spd", "parallel-spd"), ("all parallel", "all-parallel")):
-            step[name] = sum(cm.train_step(shape, fwd_syncs=cm.forward_syncs(sweeps.PATTERNS[run](shape.n_layer)),
-                                           **kw))
-        for name, t in step.items():
-            out.setdefault(name, {})[link.name] = base / t
+    for name, speedups in by_link.items():
+        for variant, x in speedups.items():
+            out.setdefault(variant, {})[name] = x
     assumes = (f"{shape.name} at tp {GPU_TP} on H100 SXM, bf16 at MFU {cfg['mfu']:.0%}, {cfg['batch_size']} x "
                f"{cfg['seq_len']} tokens per tp group; links by assumed constants (" +
                ", ".join(f"{link.name.split(' (')[0]} {link.busbw / 1e9:.0f} GB/s, {link.alpha * 1e6:.0f} us" for link
                          in cm.LINKS) +
                f"); overlap at efficiency {cfg['efficiency']:g} (the compute beside a collective hides it one for "
-               "one); the baseline is the blocking all-`tp` step (Megatron-LM also overlaps part of the backward "
-               "pass's communication: a faster baseline, not modelled here)")
+               "one); the baseline is Megatron-LM's all-`tp` step, whose backward hides each input-gradient "
+               "all-reduce behind its weight-gradient GEMM (docs/cost_model.md); `ladder` delays its forward and "
+               "backward all-reduces")
     checks = [(what, end, cm.error(m, p)) for what, published, model in cm.published_checks(cfg, cm.options(cfg))
               for end, m, p in (zip(("low ", "high "), model, published) if isinstance(published, tuple)
                                 else [("", model, published)])]
@@ -357,7 +348,8 @@ def answer_table(ctx):
     lines = [f"Quality: final val loss minus all `tp`'s ({base['val_loss_mean']:.3f}, exactly GPT), paired seed by "
              f"seed, mean [95% interval] (seeds), after {base['tokens'] / 1e6:.2f}M tokens (`cpu-long`, "
              f"{sum(r['n_seeds'] for r in ctx.rows('cpu-long'))} result files); time: predicted step speedup over "
-             f"the blocking all-`tp` step, {GPU_SHAPE} at tp {GPU_TP} (docs/cost_model.md). Generated by `python "
+             f"Megatron-LM's all-`tp` step (its backward all-reduces hidden behind the weight-gradient GEMMs), "
+             f"{GPU_SHAPE} at tp {GPU_TP} (docs/cost_model.md). Generated by `python "
              "experiment.py report`.", "",
              "| way | what | quality cost [95%] (seeds) | at 95% it | NVLink | InfiniBand |",
              "|---|---|---:|---|---:|---:|"]
@@ -412,17 +404,18 @@ def answer_summary(ctx):
         first = (f"After {base['tokens'] / 1e6:.2f}M tokens, at 95%: {costs}." if costs else
                  "No pattern has 2 paired seeds yet.")
     out = [first]
-    hide, delay, half = gpu["overlap K=2"], gpu["ladder"], gpu["all spd"]
+    hide, delay, half = gpu["tp_overlap=2"], gpu["all-ladder"], gpu["all-spd"]
     out.append(f"On GPUs (predicted, {GPU_SHAPE} at tp {GPU_TP}), hiding the syncs (`tp_overlap=2`, same math) "
                f"recovers {_share(hide[nv], half[nv])} of what dropping half of them (all `spd`) saves on "
                f"{nv.split(' (')[0]} ({hide[nv]:.2f}x against {half[nv]:.2f}x) and {_share(hide[ib], half[ib])} over "
                f"{ib.split(' (')[0]} ({hide[ib]:.2f}x against {half[ib]:.2f}x); delaying them (all `ladder`) "
                f"{_share(delay[nv], half[nv])} and {_share(delay[ib], half[ib])}.")
-    one, two = gpu["int8"], gpu["int8 2shot"]
+    one, two, bf16 = gpu["all-tp-int8"], gpu["all-tp-int8-2shot"], gpu["all-tp-bf16"]
     out.append(f"Shrinking them to int8 with the one-shot all-gather {_pace(one[nv])} on {nv.split(' (')[0]} and "
                f"{_pace(one[ib])} over {ib.split(' (')[0]} at tp {GPU_TP}; the two-shot exchange {_pace(two[nv])} "
-               f"and {_pace(two[ib])} (its quality: {claim(pen.get('all-tp-int8-2shot'), loss)}); bf16 moves what no "
-               f"compression moves under bf16 autocast (its cost here is that of rounding the fp32 runs' sums).")
+               f"and {_pace(two[ib])} (its quality: {claim(pen.get('all-tp-int8-2shot'), loss)}); bf16 sums, already "
+               f"the autocast dtype, gain nothing from compression and the one-shot all-gather of them "
+               f"{_pace(bf16[nv])} on {nv.split(' (')[0]}.")
     longer = ctx.rows("convergence")
     cpen = {k[0]: v for k, v in penalties(longer).items()}
     cbase = next((r for r in longer if r["config"] == r["baseline"]), None)
