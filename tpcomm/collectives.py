@@ -532,7 +532,13 @@ class ColumnInput:
         parts, ln_in = self.parts, None
         if norm == "fan_out" and not group.real:  # LN(s) once; s passed twice (dynamo wants distinct tensors)
             parts, ln_in = (parts[0].view_as(parts[0]), *parts[1:]), parts[0]
-        return _FusedColumn.apply(group, norm, resid, site, self.link, W, b, self.ln_w, self.ln_b, ln_in, *parts)
+        apply = _apply_eagerly if group.real else _FusedColumn.apply
+        return apply(group, norm, resid, site, self.link, W, b, self.ln_w, self.ln_b, ln_in, *parts)
+
+
+@torch.compiler.disable  # real mode: compiled code runs it eagerly between its graphs, as it does f and g there
+def _apply_eagerly(*args):
+    return _FusedColumn.apply(*args)
 
 
 # ---------- sequence parallelism (Megatron-LM, arXiv 2205.05198): f and g along the tokens ----------
