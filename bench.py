@@ -545,6 +545,8 @@ def variant_name(variant):
     parts = []
     if variant.get("tp_overlap", 1) > 1:
         parts.append(f"overlap{variant['tp_overlap']}")
+    if variant.get("tp_async_grad"):
+        parts.append("async-grad")
     if variant.get("sequence_parallel"):
         parts.append("sp")
     if variant.get("tp_comm_dtype"):

@@ -25,7 +25,7 @@ from tpcomm.dropout import ATTN_OUT, ATTN_PROBS, EMBED, MLP_OUT, DropoutKey, Key
 from tpcomm.models import ModelInterface, clip_to_norm_, grad_sq_sums, local, whole
 from tpcomm.sharding import TPSharding, is_block_replicated
 from tpcomm.compression import make_codec, validate_compression
-from tpcomm.collectives import (AsyncReduction, copy_to_tp_region, reduce_from_tp_region, reduce_from_tp_region_async,
+from tpcomm.collectives import (AsyncReduction, ColumnInput, copy_to_tp_region, reduce_from_tp_region, reduce_from_tp_region_async,
                                 tp_group)
 from tpcomm.counting import FINAL_SYNC, VOCAB_EMBED, VOCAB_HEAD
 from tpcomm.sequence_parallel import (gather_from_sequence_region, gather_to_tp_region, reduce_scatter_from_tp_region,
@@ -57,7 +57,7 @@ def validate_tp_args(*, n_layer, n_head, n_embd, tp_size, block_types):
         raise ConfigError(f"block_types: unknown block type(s) {bad}; use {list(BLOCK_TYPES)}")
 
 
-def validate_sync_options(*, tp_overlap, sequence_parallel, block_types):
+def validate_sync_options(*, tp_overlap, sequence_parallel, block_types, tp_async_grad=False):
     """tp_overlap and sequence_parallel (docs/overlap.md): ConfigError naming the keys and values. block_types is
     the expanded list. The batch-size conditions are checked where the batch is known (train.py, the forward)."""
     if isinstance(tp_overlap, bool) or not isinstance(tp_overlap, int) or tp_overlap < 1:
@@ -67,6 +67,11 @@ def validate_sync_options(*, tp_overlap, sequence_parallel, block_types):
     if tp_overlap > 1 and not {"tp", "spd"} & set(block_types):
         raise ConfigError(f"tp_overlap={tp_overlap} has nothing to overlap: it chunks 'tp' and 'spd' blocks, and "
                           f"block_types={block_types} has none (a 'ladder' block overlaps by itself)")
+    if not isinstance(tp_async_grad, bool):
+        raise ConfigError(f"tp_async_grad must be True or False, got {tp_async_grad!r}")
+    if tp_async_grad and sequence_parallel:
+        raise ConfigError("tp_async_grad=True does not run with sequence_parallel=True (its backward collectives are "
+                          "reduce-scatters and all-gathers, not f's all-reduce; docs/overlap.md): use one of them")
     if sequence_parallel and tp_overlap > 1:
         raise ConfigError(f"sequence_parallel=True does not run with tp_overlap={tp_overlap} (the chunks' "
                           f"reduce-scatters and all-gathers are not asynchronous; docs/overlap.md): use one of them")
@@ -84,6 +89,7 @@ class TPConfig(GPTConfig):
     loss_parallel: bool = False
     # how the blocks' syncs move (docs/overlap.md, docs/compression.md): none of them changes the weights
     tp_overlap: int = 1  # K > 1: a tp/spd block's batch in K chunks, each chunk's all-reduce overlapping the next
+    tp_async_grad: bool = False  # f's backward all-reduce issued asynchronously, waited for after the weight gradient
     sequence_parallel: bool = False  # Megatron SP: the synced stream sharded along the tokens between tp blocks
     tp_comm_dtype: Optional[str] = None  # compress every g reduction's partial sums (block-quantized); None: off
     tp_comm_block: int = 32  # values per absmax scale along the hidden dimension (tp_comm_dtype)
@@ -95,7 +101,7 @@ class TPConfig(GPTConfig):
         kinds = "tp" if self.block_types is None else self.block_types
         self.block_types = [kinds] * self.n_layer if isinstance(kinds, str) else list(kinds)
         validate_sync_options(tp_overlap=self.tp_overlap, sequence_parallel=self.sequence_parallel,
-                              block_types=self.block_types)
+                              block_types=self.block_types, tp_async_grad=self.tp_async_grad)
         validate_compression(tp_comm_dtype=self.tp_comm_dtype, tp_comm_block=self.tp_comm_block, n_embd=self.n_embd,
                              tp_size=self.tp_size, sequence_parallel=self.sequence_parallel,
                              tp_comm_exchange=self.tp_comm_exchange)
@@ -138,14 +144,22 @@ class ShardedAttention(nn.Module):
         self.c_proj = nn.Linear(local * self.Cs, C, bias=config.bias)  # columns sharded, bias b_A replicated
 
     def heads(self, h, T, drop=None, kv=None):  # h: (L, N, C), N = B*T tokens -> (L, N, Cs)
-        L, N, C = h.shape
-        B, Cs, nh = N // T, self.Cs, self.nh
+        W, b = self.qkv_weight()
+        return self.attend(torch.bmm(h, W) if b is None else torch.baddbmm(b, h, W), T, drop, kv)
+
+    def qkv_weight(self):
+        """(W (L, C, 3Cs), b (L, 1, 3Cs) or None): shard i's q, k, v columns of c_attn, qkv = h @ W + b."""
+        Cs, C = self.Cs, self.c_attn.weight.shape[1]
+        L = self.c_attn.weight.shape[0] // (3 * Cs)
         w = self.c_attn.weight.view(3, L, Cs, C).transpose(0, 1).reshape(L, 3 * Cs, C)  # shard i: its q, k, v
-        if self.c_attn.bias is not None:
-            b = self.c_attn.bias.view(3, L, 1, Cs).transpose(0, 1).reshape(L, 1, 3 * Cs)
-            qkv = torch.baddbmm(b, h, w.transpose(1, 2))  # (L, N, 3Cs)
-        else:
-            qkv = torch.bmm(h, w.transpose(1, 2))
+        b = self.c_attn.bias
+        if b is not None:
+            b = b.view(3, L, 1, Cs).transpose(0, 1).reshape(L, 1, 3 * Cs)
+        return w.transpose(1, 2), b
+
+    def attend(self, qkv, T, drop=None, kv=None):  # qkv: (L, N, 3Cs) -> (L, N, Cs)
+        L, N, _ = qkv.shape
+        B, Cs, nh = N // T, self.Cs, self.nh
         # shards x batch as one batch dim, 4-D as GPT does, so SDPA can take its fused kernel
         q, k, v = qkv.view(L * B, T, 3, nh, Cs // nh).permute(2, 0, 3, 1, 4).unbind(0)  # (L*B, nh, T, hs)
         if kv is not None:
@@ -172,12 +186,16 @@ class ShardedMLP(nn.Module):
         self.gelu_approximate = config.gelu_approximate
 
     def hidden(self, h):  # h: (L, N, C) -> (L, N, Hs)
-        L, N, C = h.shape
-        w = self.c_fc.weight.view(L, self.Hs, C).transpose(1, 2)  # (L, C, Hs)
-        if self.c_fc.bias is not None:
-            u = torch.baddbmm(self.c_fc.bias.view(L, 1, self.Hs), h, w)
-        else:
-            u = torch.bmm(h, w)
+        w, b = self.fc_weight()
+        return self.gelu(torch.bmm(h, w) if b is None else torch.baddbmm(b, h, w))
+
+    def fc_weight(self):
+        """(W (L, C, Hs), b (L, 1, Hs) or None): shard i's columns of c_fc."""
+        L = self.c_fc.weight.shape[0] // self.Hs
+        w = self.c_fc.weight.view(L, self.Hs, -1).transpose(1, 2)  # (L, C, Hs)
+        return w, None if self.c_fc.bias is None else self.c_fc.bias.view(L, 1, self.Hs)
+
+    def gelu(self, u):
         return F.gelu(u, approximate=self.gelu_approximate)
 
     def out(self, u, **kw):
@@ -214,6 +232,16 @@ class Pending(NamedTuple):
         return x if self.bias is None else x + self.bias
 
 
+def stream_parts(x, pending):
+    """x plus one pending output (or None) as the parts a ColumnInput sums, (x, value, bias); a stand-in for Pending
+    that is already added (a pipeline cut's) as its sum."""
+    if pending is None:
+        return (x,)
+    if isinstance(pending, Pending):
+        return (x, pending.value, pending.bias)
+    return (pending.add_to(x),)
+
+
 def add_pending(x, pending):
     """x (N, C) plus the pending outputs (a tuple of Pending, maybe empty), in order, each waited for."""
     for p in pending:
@@ -239,6 +267,7 @@ class ShardedBlock(nn.Module):
         super().__init__()
         self.group, self.key, self.layer, self.p = group, key, layer, config.dropout
         self.overlap = config.tp_overlap  # K: chunks of the batch, each chunk's all-reduce overlapping the next chunk
+        self.async_grad = config.tp_async_grad  # f's backward all-reduce asynchronous (docs/overlap.md)
         # where this block's collectives run, for their trace labels (counting.traced): (layer, block type, site)
         kind = next((name for name, cls in BLOCKS.items() if type(self) is cls), type(self).__name__)
         self.sites = {site: (layer, kind, site) for site in ("attn", "mlp")}
@@ -284,6 +313,20 @@ class ShardedBlock(nn.Module):
         rs = [None] * K if r is None else r.split(n, dim=1)
         return [(k * n, x, rk) for k, (x, rk) in enumerate(zip(xbar.split(n), rs))]
 
+    def fused_f(self):
+        """Whether f runs fused with its projection, its backward all-reduce asynchronous (tp_async_grad; in
+        training passes: a pass without gradients has no backward)."""
+        return self.async_grad and torch.is_grad_enabled()
+
+    def column_input(self, parts, ln, *, synced=True, defer=False):
+        """ColumnInput of the synced stream parts[0] + parts[1] + ... and the LayerNorm ln on it (synced: the
+        replica's, used on the synced stream; else each shard's own, used after f). defer: its backward wait is a
+        node made now (real mode), so what is computed from here to its projection runs backward meanwhile."""
+        g = self.group
+        b = None if ln.bias is None else g.synced(ln.bias) if synced else ln.bias
+        w = g.synced(ln.weight) if synced else ln.weight
+        return ColumnInput(g, [p for p in parts if p is not None], w, b, defer=defer)
+
     def g(self, partials, site, *, overlap):
         """g of the (L, N, C) partials: waited for at once (Reduced) or, overlap, issued asynchronously."""
         if overlap:
@@ -320,6 +363,16 @@ class ShardedBlock(nn.Module):
         """share * a c_proj bias, for every shard's own stream (None without biases)."""
         return None if linear.bias is None else linear.bias * share
 
+    def shard_heads(self, xbar, r, T, kv, n0=0, *, sp=False, src=None):
+        """(r (L, N, C), the shards' attention heads of LN1(r)): shard_streams then attention; src: xbar's
+        ColumnInput (tp_async_grad), f and LN1 and c_attn fused."""
+        drop = self.probs_dropout(n0 // T)
+        if src is not None and r is None:
+            r, qkv = src.project(*self.attn.qkv_weight(), norm="fan_out", site=self.sites["attn"])
+            return r, self.attn.attend(qkv, T, drop, kv)
+        r, h = self.shard_streams(xbar, r, sp=sp)
+        return r, self.attn.heads(h, T, drop, kv)
+
     def shard_streams(self, xbar, r, *, sp=False):
         """The shards' streams and LN1 of them: a synced stream fans out first (through f; sequence parallel: an
         all-gather of its token shards)."""
@@ -329,11 +382,17 @@ class ShardedBlock(nn.Module):
             return self.group.fan_out(xbar, lambda x: layer_norm(self.ln_1, x), self.sites["attn"])
         return r, layer_norm(self.ln_1, r)
 
-    def attn_partials(self, xbar, r, T, kv, n0=0):
+    def attn_partials(self, xbar, r, T, kv, n0=0, *, src=None):
         """(R1 * A_i(LN1(.)) (L, N, C) for an all-reduce, R1): each shard's attention output dropped with the replica
         mask, read from the synced stream xbar (through f) or, desynced, from the shard's own r_i, whose
-        d_i = r_i - xbar then join the same sum. n0: a batch chunk's first token (its dropout masks' rows)."""
+        d_i = r_i - xbar then join the same sum. n0: a batch chunk's first token (its dropout masks' rows).
+        src: xbar's ColumnInput (tp_async_grad): f fused with LN1 and c_attn."""
         group = self.group
+        if r is None and src is not None:
+            qkv = src.project(*self.attn.qkv_weight(), norm="before", site=self.sites["attn"])
+            y = self.attn.attend(qkv, T, self.probs_dropout(n0 // T), kv)
+            R1 = self.replica_mask(xbar, ATTN_OUT, n0)
+            return self.attn.out(y, mask=R1), R1
         if r is None:
             y = self.attn.heads(copy_to_tp_region(synced_layer_norm(self.ln_1, xbar, group), group,
                                                   site=self.sites["attn"]), T, self.probs_dropout(n0 // T), kv)
@@ -354,6 +413,17 @@ class ShardedBlock(nn.Module):
         R2 = self.replica_mask(x, MLP_OUT, n0)
         return self.mlp.out(u, mask=R2), R2
 
+    def fused_mlp_partials(self, src, n0=0):
+        """mlp_partials of the synced stream x = the sum of src's parts, f fused with LN2 and c_fc (tp_async_grad):
+        (x (N, C), R2 * M_i(LN2(x)) (L, N, C), R2)."""
+        # x is formed inside (its gradient then joins LN2's there), else it is parts[0]; a deferred src's parts feed
+        # only the projection (their placeholder gradients must reach no other use), so x comes out of it
+        resid = len(src.parts) > 1 or src.link is not None
+        out = src.project(*self.mlp.fc_weight(), norm="before", resid=resid, site=self.sites["mlp"])
+        x, pre = out if resid else (src.parts[0], out)
+        R2 = self.replica_mask(x, MLP_OUT, n0)
+        return x, self.mlp.out(self.mlp.gelu(pre), mask=R2), R2
+
     def step(self, xbar, r, pending, T, kv=None, *, sp=False):
         """The model's stream through this block, (xbar, r, pending) -> (xbar, r, pending): outputs still pending
         (from a ladder block before it) are added first, then the block runs; it leaves nothing pending.
@@ -371,14 +441,26 @@ class TPBlock(ShardedBlock):
             return self.forward_sp(xbar, r, T, kv)
         chunks = self.chunks(xbar, r, T, kv)
         overlap = len(chunks) > 1
+        fused = self.fused_f()  # tp_async_grad: f fused with its projection, the backward all-reduce asynchronous
+        # with K chunks, every chunk's backward wait is a node made before any chunk computes, so each chunk's
+        # backward all-reduce runs while the other chunks' backward computes (ColumnInput)
+        srcs = [self.column_input((x,), self.ln_1, defer=overlap) if fused and rk is None else None
+                for _, x, rk in chunks]
         attn = []  # every chunk's attention, each chunk's all-reduce issued before the next chunk computes
-        for n0, x, rk in chunks:
-            a, R1 = self.attn_partials(x, rk, T, kv, n0)  # a desynced input's d_i join this all-reduce
+        for (n0, x, rk), src in zip(chunks, srcs):
+            a, R1 = self.attn_partials(x, rk, T, kv, n0, src=src)  # a desynced input's d_i join this all-reduce
             attn.append((self.g(a, "attn", overlap=overlap), R1))
+        if fused:  # x' = x + the attention's sum + its bias, as parts: the MLP's ColumnInputs, made before any MLP
+            srcs = [self.column_input((x, reduced.value, self.synced_bias(self.attn.c_proj, R1)), self.ln_2,
+                                      defer=overlap) for (_, x, _), (reduced, R1) in zip(chunks, attn)]
         mlp = []  # then per chunk: wait for its attention's sum, its MLP, issue (the previous chunk's runs meanwhile)
-        for (n0, x, _), (reduced, R1) in zip(chunks, attn):
-            x = self.add_synced_bias(x + reduced.wait(), self.attn.c_proj, R1)
-            m, R2 = self.mlp_partials(x, n0=n0)
+        for k, ((n0, x, _), (reduced, R1)) in enumerate(zip(chunks, attn)):
+            if fused:
+                reduced.wait()
+                x, m, R2 = self.fused_mlp_partials(srcs[k], n0)
+            else:
+                x = self.add_synced_bias(x + reduced.wait(), self.attn.c_proj, R1)
+                m, R2 = self.mlp_partials(x, n0=n0)
             mlp.append((x, self.g(m, "mlp", overlap=overlap), R2))
         return join([self.add_synced_bias(x + reduced.wait(), self.mlp.c_proj, R2) for x, reduced, R2 in mlp]), None
 
@@ -415,18 +497,21 @@ class SPDBlock(ShardedBlock):
             reduced = reduce_scatter_from_tp_region(s, self.group, site=self.sites["mlp"])
             return self.sp_close(-(self.group.tp - 1) * xbar, reduced, self.mlp.c_proj, MLP_OUT, masked=True), None
         chunks = self.chunks(xbar, r, T, kv)
+        # tp_async_grad: f fused with LN1 and c_attn; with K chunks, each chunk's backward wait made before any
+        # chunk computes (see TPBlock)
+        srcs = [self.column_input((x,), self.ln_1, synced=False, defer=len(chunks) > 1)
+                if self.fused_f() and rk is None else None for _, x, rk in chunks]
         issued = []
-        for n0, x, rk in chunks:
-            s, R = self.partials(x, rk, T, kv, n0)
+        for (n0, x, rk), src in zip(chunks, srcs):
+            s, R = self.partials(x, rk, T, kv, n0, src=src)
             issued.append((x, self.g(s, "mlp", overlap=len(chunks) > 1), R))
         return join([self.add_synced_bias(x + reduced.wait(), self.mlp.c_proj, R) for x, reduced, R in issued]), None
 
-    def partials(self, xbar, r, T, kv, n0=0, *, sp=False):
+    def partials(self, xbar, r, T, kv, n0=0, *, sp=False, src=None):
         """(s (L, N, C), R): the summands d_i + a_i + R * M_i(LN2(y_i)) of the block's one all-reduce (sp: r_i in
         place of d_i, see forward) and the replica mask R. n0: a batch chunk's first token (its masks' rows)."""
         group, tp, proj = self.group, self.group.tp, self.attn.c_proj
-        r, h = self.shard_streams(xbar, r, sp=sp)
-        heads = self.attn.heads(h, T, self.probs_dropout(n0 // T), kv)
+        r, heads = self.shard_heads(xbar, r, T, kv, n0, sp=sp, src=src)
         D = self.shard_mask(r, ATTN_OUT, n0)
         if D is None:  # y_i = r_i + A_i + b_A in one step
             y = self.attn.out(heads, acc=r, bias=proj.bias)
@@ -449,8 +534,8 @@ class ParallelBlock(ShardedBlock):
 
     def forward(self, xbar, r, T, kv=None, *, sp=False):
         tp = self.group.tp
-        r, h = self.shard_streams(xbar, r, sp=sp)
-        y = self.attn.heads(h, T, self.probs_dropout(), kv)
+        src = self.column_input((xbar,), self.ln_1, synced=False) if self.fused_f() and r is None else None
+        r, y = self.shard_heads(xbar, r, T, kv, sp=sp, src=src)
         r = self.attn.out(y, acc=r, bias=self.bias_share(self.attn.c_proj, 1 / tp), mask=self.shard_mask(r, ATTN_OUT))
         u = self.mlp.hidden(layer_norm(self.ln_2, r))
         r = self.mlp.out(u, acc=r, bias=self.bias_share(self.mlp.c_proj, 1 / tp), mask=self.shard_mask(r, MLP_OUT))
@@ -472,12 +557,35 @@ class LadderBlock(ShardedBlock):
         return self(xbar, r, T, kv, pending=pending)
 
     def forward(self, xbar, r, T, kv=None, pending=()):
+        if self.fused_f() and r is None:
+            return self.forward_async_grad(xbar, T, kv, pending)
         P_A, P_M = pending or (None, None)  # a ladder block's two outputs, or nothing after another block type
         u = xbar if P_A is None else P_A.add_to(xbar)  # waits for attention l-1's all-reduce (MLP l-1 ran meanwhile)
         a, R1 = self.attn_partials(u, r, T, kv)
         P_A = self.issue(a, self.attn.c_proj, R1, "attn")
         x = u if P_M is None else P_M.add_to(u)  # waits for MLP l-1's all-reduce (attention l ran meanwhile)
         m, R2 = self.mlp_partials(x, r)
+        return x, None, (P_A, self.issue(m, self.mlp.c_proj, R2, "mlp"))
+
+    def forward_async_grad(self, xbar, T, kv, pending):
+        """forward on a synced stream with tp_async_grad: f fused with LN1 and c_attn, and with LN2 and c_fc, each
+        backward all-reduce asynchronous. The MLP's backward wait is a node made before attention computes, so the
+        MLP's backward all-reduce runs while attention's backward computes (the ladder's delay, backward)."""
+        P_A, P_M = pending or (None, None)
+        src = self.column_input(stream_parts(xbar, P_A), self.ln_1)
+        if len(src.parts) > 1:
+            P_A.reduction.wait()  # attention l-1's all-reduce (MLP l-1 ran meanwhile)
+            u, qkv = src.project(*self.attn.qkv_weight(), norm="before", resid=True, site=self.sites["attn"])
+        else:
+            u, qkv = src.parts[0], src.project(*self.attn.qkv_weight(), norm="before", site=self.sites["attn"])
+        mlp_src = self.column_input(stream_parts(u, P_M), self.ln_2, defer=True)
+        y = self.attn.attend(qkv, T, self.probs_dropout(), kv)
+        R1 = self.replica_mask(xbar, ATTN_OUT)
+        a = self.attn.out(y, mask=R1)
+        P_A = self.issue(a, self.attn.c_proj, R1, "attn")
+        if isinstance(P_M, Pending):
+            P_M.reduction.wait()  # MLP l-1's all-reduce (attention l ran meanwhile)
+        x, m, R2 = self.fused_mlp_partials(mlp_src)
         return x, None, (P_A, self.issue(m, self.mlp.c_proj, R2, "mlp"))
 
     def issue(self, partials, linear, mask, site):
@@ -489,7 +597,7 @@ class LadderBlock(ShardedBlock):
 
 
 # The TPConfig keys that set how syncs move (build_model and train.py pass them through as they are)
-TP_COMM_OPTIONS = ("tp_overlap", "sequence_parallel", "tp_comm_dtype", "tp_comm_block", "tp_comm_exchange")
+TP_COMM_OPTIONS = ("tp_overlap", "tp_async_grad", "sequence_parallel", "tp_comm_dtype", "tp_comm_block", "tp_comm_exchange")
 
 # The block types: the names block_types accepts, and their classes. A new type is one class and one entry here.
 BLOCKS = {"tp": TPBlock, "spd": SPDBlock, "parallel": ParallelBlock, "ladder": LadderBlock}

@@ -84,6 +84,7 @@ DEFAULTS = dict(
     tp_mode="simulated",  # 'simulated' (one process holds every shard) | 'real' (torchrun, one shard per rank)
     loss_parallel=False,  # distributed_gpt: wte/lm_head sharded by vocabulary, vocab-parallel cross-entropy
     # distributed_gpt: how the syncs move (none changes the weights; docs/overlap.md, docs/compression.md)
+    tp_async_grad=False,  # f's backward all-reduce asynchronous, hidden behind the weight gradient (docs/overlap.md)
     tp_overlap=1,  # K > 1: each tp/spd block's batch in K chunks, chunk k's all-reduce overlapping chunk k+1
     sequence_parallel=False,  # Megatron sequence parallelism: reduce-scatter + all-gather instead of all-reduce
     tp_comm_dtype=None,  # None (off) | 'bf16' | 'fp8' | 'int8': block-quantized partial sums in every g reduction
