@@ -22,13 +22,14 @@ gathers and scatters: tpcomm/sequence_parallel.py; the compressed exchanges of g
 the vocabulary-parallel loss: tpcomm/vocab_parallel.py.
 """
 
-import time
+import contextlib
 
 import torch
 import torch.distributed as dist
 
 from tpcomm import compressed_exchange
-from tpcomm.counting import CommCounter, GRAD_NORM, GRAD_SYNC, count, traced
+from tpcomm.counting import (CommCounter, CudaEventClock, GRAD_NORM, GRAD_SYNC, Timing, WALL_CLOCK, count,
+                             direction_now, traced)
 
 
 class SimulatedTP:
@@ -109,44 +110,64 @@ class RealTP:
     real = True
     traceable = False  # torch.compile runs f and g (c10d calls) eagerly between its graphs
 
-    def __init__(self, tp, *, group, rank, codec=None):
+    def __init__(self, tp, *, group, rank, codec=None, clock=None):
         self.tp, self.local, self.first_shard = tp, 1, rank
         self.group, self.codec = group, codec
         self.counter = CommCounter()
+        # how collectives are timed (counting.Timing): None picks per tensor (clock_for); a test passes a fake
+        self.clock = clock
+        self.event_clock = None
 
-    def all_reduce(self, t, op=dist.ReduceOp.SUM):
-        """Sum (or op) over the tp group (a fresh tensor), timed into the counter."""
+    def clock_for(self, t):
+        """CUDA events for CUDA tensors (NCCL, and gloo on CUDA, return before the device has done the work), wall
+        time otherwise (gloo on CPU runs the collective on the host)."""
+        if self.clock is not None:
+            return self.clock
+        if t.is_cuda:
+            self.event_clock = self.event_clock or CudaEventClock()
+            return self.event_clock
+        return WALL_CLOCK
+
+    def all_reduce(self, t, op=dist.ReduceOp.SUM, *, direction=None):
+        """Sum (or op) over the tp group (a fresh tensor), timed into the counter (direction: fwd or bwd, by
+        default the pass it runs in)."""
         t = t.contiguous().clone()
-        start = time.perf_counter()
+        clock = self.clock_for(t)
+        start = clock.now()
         dist.all_reduce(t, op=op, group=self.group)
-        self.blocked(start)
+        self.blocked(start, clock, direction=direction)
         return t
 
     def all_reduce_async(self, t, op=dist.ReduceOp.SUM):
-        """Start a sum (or op) over the tp group and return at once: (a fresh tensor, its torch.distributed work).
-        The tensor holds the result only after work.wait() (see wait); the time to issue it is counted."""
+        """Start a sum (or op) over the tp group and return at once: (a fresh tensor, an InFlight holding its
+        torch.distributed work). The tensor holds the result only after wait(); the time to issue it is counted."""
         t = t.contiguous().clone()
-        start = time.perf_counter()
+        clock = self.clock_for(t)
+        start = clock.now()
         work = dist.all_reduce(t, op=op, group=self.group, async_op=True)
-        return t, self.in_flight(work, start)
+        return t, self.in_flight(work, start, clock)
 
-    def blocked(self, start):
-        """A blocking collective that began at `start` has returned: exposed and busy alike."""
-        dt = time.perf_counter() - start
-        self.counter.seconds += dt
-        self.counter.busy_seconds += dt
+    def blocked(self, start, clock=WALL_CLOCK, *, direction=None):
+        """A blocking collective that began at `start` (a mark of `clock`) has returned: exposed and busy alike."""
+        self.counter.add_timing(Timing(clock, direction or direction_now(), start, clock.now()))
 
-    def in_flight(self, work, start):
-        """An asynchronous collective issued at `start`: its issue time is exposed; an InFlight to wait() on."""
-        self.counter.seconds += time.perf_counter() - start
-        return InFlight(work, start, self.counter)
+    def in_flight(self, work, start, clock=WALL_CLOCK):
+        """An asynchronous collective issued at `start` (a mark of `clock`): its issue time is exposed; an InFlight
+        to wait() on."""
+        return InFlight(work, Timing(clock, direction_now(), start, clock.now()), self.counter)
+
+    @contextlib.contextmanager
+    def codec_time(self, t):
+        """Times the enclosed codec work on t's device (quantize, dequantize, sum) as counter.codec_seconds."""
+        clock = self.clock_for(t)
+        start = clock.now()
+        yield
+        self.counter.add_timing(Timing(clock, direction_now(), start, clock.now(), codec=True))
 
     def wait(self, work):
-        """Block until an asynchronous collective is done (an InFlight, or what wraps one), timed into the counter:
-        the time blocked here is exposed communication."""
-        start = time.perf_counter()
+        """Block until an asynchronous collective is done (an InFlight, or what wraps one): the InFlight adds the
+        time blocked here as exposed communication, and its issue to completion as busy."""
         work.wait()
-        self.counter.seconds += time.perf_counter() - start
 
     def sum_shards(self, x):
         return self.all_reduce(x).squeeze(0)
@@ -191,18 +212,20 @@ class RealTP:
         """All-gather along the tokens: this rank's (N/tp, C) -> (N, C), the ranks' shards in rank order."""
         x = x.contiguous()
         out = x.new_empty(x.shape[0] * self.tp, *x.shape[1:])
-        start = time.perf_counter()
+        clock = self.clock_for(x)
+        start = clock.now()
         dist.all_gather_single(out, x, group=self.group)
-        self.blocked(start)
+        self.blocked(start, clock)
         return out
 
     def reduce_scatter_tokens(self, x):
         """Reduce-scatter along the tokens: (1, N, C) partials -> this rank's (N/tp, C) rows of their sum."""
         x = x.squeeze(0).contiguous()
         out = x.new_empty(x.shape[0] // self.tp, *x.shape[1:])
-        start = time.perf_counter()
+        clock = self.clock_for(x)
+        start = clock.now()
         dist.reduce_scatter_single(out, x, group=self.group)
-        self.blocked(start)
+        self.blocked(start, clock)
         return out
 
     def synced(self, p):
@@ -226,7 +249,7 @@ class RealTP:
             return
         flat = torch.cat([g.reshape(-1) for g in grads])
         with traced(self, "sum", "bwd", GRAD_SYNC, flat.numel() * flat.element_size()):
-            flat = self.all_reduce(flat)
+            flat = self.all_reduce(flat, direction="bwd")  # after backward, part of it (as its trace label says)
         self.counter.grad_sync += 1
         offset = 0
         for g in grads:
@@ -235,25 +258,30 @@ class RealTP:
 
     def sum_over_shards(self, sq):
         with traced(self, "sum", "bwd", GRAD_NORM, sq.element_size()):
-            return self.all_reduce(sq.view(1)).view(())
+            return self.all_reduce(sq.view(1), direction="bwd").view(())
 
 
 class InFlight:
-    """An asynchronous collective's torch.distributed work, timed: a callback on its future notes when it completed
-    (on the communication thread), so wait() can add issue-to-completion to the counter's busy_seconds."""
+    """An asynchronous collective's torch.distributed work and its Timing (issue marks taken): a callback on the
+    work's future marks its completion (a wall-clock time on gloo's thread; on CUDA an event on a stream that waits
+    for the collective), so wait() can add issue-to-completion as busy and the time it blocked as exposed."""
 
-    def __init__(self, work, start, counter):
-        self.work, self.start, self.counter, self.done = work, start, counter, None
+    def __init__(self, work, timing, counter):
+        self.work, self.timing, self.counter = work, timing, counter
         work.get_future().add_done_callback(self.completed)
 
     def completed(self, _future):
-        self.done = time.perf_counter()
+        self.timing.done = self.timing.clock.now()
 
     def wait(self):
+        if self.timing is None:  # waited already
+            return
+        clock = self.timing.clock
+        w0 = clock.now()
         self.work.wait()
-        # the callback may run just after wait() returns: then now is the completion time, within microseconds
-        self.counter.busy_seconds += (self.done or time.perf_counter()) - self.start
-
+        self.timing.waited = (w0, clock.now())
+        self.counter.add_timing(self.timing)
+        self.timing = None
 
 
 def tp_group(tp, pd=None, *, codec=None):
