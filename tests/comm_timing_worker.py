@@ -91,6 +91,34 @@ def check_fake_clock(pd, gpt):
     return dict(before_report=before_report, reads=clock.reads, report={k: report.get(k) for k in TIME_KEYS})
 
 
+def check_bf16_identity(pd):
+    """Real TP under bf16 autocast, every c_proj zeroed: the stream entering ln_f must be GPT's, bitwise (see
+    tests/test_bf16_identity.py for the simulated checks): the largest difference per block type."""
+    gpt = make_gpt()
+    with torch.no_grad():
+        for name, p in gpt.named_parameters():
+            if "c_proj" in name:
+                p.zero_()
+        gpt.transformer.wpe.weight.mul_(100.0)  # |x| ~ 2-3, where bf16 rounds by ~1e-2
+    idx = torch.randint(61, (4, 32), generator=torch.Generator().manual_seed(2))
+
+    def stream(model):
+        seen = []
+        handle = model.transformer.ln_f.register_forward_hook(lambda m, inp, o: seen.append(inp[0].detach()))
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            model(idx)
+        handle.remove()
+        return seen[0]
+
+    want = stream(gpt)
+    out = {}
+    for kind in ("tp", "spd", "parallel", "ladder"):
+        for loss_parallel in (False, True):
+            model = DistributedGPT.from_gpt(gpt, pd.tp, [kind, "parallel"], pd=pd, loss_parallel=loss_parallel)
+            out[f"{kind}/loss_parallel={loss_parallel}"] = (stream(model) - want).abs().max().item()
+    return out
+
+
 def main(out):
     torch.set_num_threads(1)
     pd = init_parallel(dp=1, tp=2, device_type="cpu", backend="gloo")
@@ -103,6 +131,7 @@ def main(out):
             report = steps(model)
             results["variants"][name] = {k: report.get(k) for k in TIME_KEYS}
         results["fake_clock"] = check_fake_clock(pd, gpt)
+        results["bf16_identity"] = check_bf16_identity(pd)
         gathered = [None] * pd.world_size
         torch.distributed.all_gather_object(gathered, results)
         if pd.is_master:

@@ -82,3 +82,10 @@ def test_device_clock_marks_read_lazily_per_direction(worker):
         assert (r["comm_fwd_seconds"], r["comm_fwd_busy_seconds"]) == (3.0, 3.0)
         assert (r["comm_bwd_seconds"], r["comm_bwd_busy_seconds"]) == (4.0, 4.0)
         assert fake["reads"] > 0
+
+
+def test_real_tp_bf16_fan_out_keeps_the_stream(worker):
+    """Real TP, bf16 autocast, every c_proj zeroed: the stream entering ln_f is GPT's bitwise for every block type,
+    with the vocab-parallel embedding too (tests/test_bf16_identity.py: issue 37.1)."""
+    for rank in worker:
+        assert set(rank["bf16_identity"].values()) == {0.0}, rank["bf16_identity"]

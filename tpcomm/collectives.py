@@ -92,8 +92,9 @@ class SimulatedTP:
 
     def fan_out(self, xbar, norm, site=None):
         """The synced stream on the shards, r_i = f(xbar), and norm(r_i). Every shard's value is the same, so the
-        norm runs once on xbar; its gradient still reaches xbar once per shard (through the expand)."""
-        r = copy_to_tp_region(xbar, self, site=site)
+        norm runs once on xbar; its gradient still reaches xbar once per shard (through the expand). r_i keeps the
+        stream's value exactly under autocast (see fan_out_stream); the norm feeds matmuls, which autocast casts."""
+        r = fan_out_stream(xbar, self, site)
         return r, norm(xbar).unsqueeze(0).expand_as(r)
 
     def sync_replicated_grads(self, grads):
@@ -240,7 +241,7 @@ class RealTP:
         return _Delta.apply(r, xbar, float(self.tp))
 
     def fan_out(self, xbar, norm, site=None):
-        r = copy_to_tp_region(xbar, self, site=site)
+        r = fan_out_stream(xbar, self, site)  # the residual stream's exact value (see SimulatedTP.fan_out)
         return r, norm(r)
 
     def sync_replicated_grads(self, grads):
@@ -294,10 +295,33 @@ def tp_group(tp, pd=None, *, codec=None):
 
 def in_autocast_dtype(x):
     """Under autocast f's output only feeds matmuls and g's input comes from them: both move in the autocast
-    dtype, so the collectives carry bf16 both ways, as Megatron's do (forward values do not change)."""
+    dtype, so the collectives carry bf16 both ways, as Megatron's do (forward values do not change). Where that is
+    not so (the residual stream fanned out, the vocab-parallel embedding's sum), the caller runs f or g under
+    keep_dtype."""
     if torch.is_autocast_enabled(x.device.type):
         return x.to(torch.get_autocast_dtype(x.device.type))
     return x
+
+
+def keep_dtype(x):
+    """A context in which f and g move x in its own dtype, autocast or not: for a value that enters the residual
+    stream rather than a matmul (the vocab-parallel embedding's sum: fp32 under bf16 autocast, as GPT's embedding)."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.autocast(x.device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def fan_out_stream(xbar, group, site):
+    """r_i = f(xbar): the synced residual stream on the shards, its value exactly xbar's under autocast too.
+    f moves the autocast dtype (its backward all-reduce carries bf16, as before); its bf16(xbar) alone would start
+    each shard's stream rounded, and delta(y, xbar) would then add tp * (bf16(xbar) - xbar) to the fp32 stream in
+    every 'spd' and 'parallel' block (issue 37.1). So the rounding error, xbar - bf16(xbar) (exact in fp32), is
+    added back, outside autograd: the value is xbar bit for bit (b + (x - b) = x when b is x rounded), the gradient
+    f's as before."""
+    r = copy_to_tp_region(xbar, group, site=site)
+    if r.dtype == xbar.dtype:
+        return r
+    return r + (xbar - xbar.to(r.dtype).to(xbar.dtype)).detach()
 
 
 class _CopyToTPRegion(torch.autograd.Function):
