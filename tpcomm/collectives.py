@@ -26,6 +26,7 @@ import contextlib
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 
 from tpcomm import compressed_exchange
 from tpcomm.counting import (CommCounter, CudaEventClock, GRAD_NORM, GRAD_SYNC, Timing, WALL_CLOCK, count,
@@ -109,7 +110,12 @@ class RealTP:
     """One shard per rank of a tp process group: shard-side tensors are (1, N, C)."""
 
     real = True
-    traceable = False  # torch.compile runs f and g (c10d calls) eagerly between its graphs
+    # torch.compile traces f and g into its graph, backward included: while compiling, every collective is one of
+    # torch's functional collectives (torch.distributed._functional_collectives: all_reduce, all_gather_tensor,
+    # reduce_scatter_tensor, all_to_all_single, each waited for by wait_tensor), which dynamo traces and inductor
+    # schedules; eager, the c10d calls below. A compiled step runs no Python per collective: it counts them (into
+    # the counter's compiled slots) but does not time them (docs/trace.md)
+    traceable = True
 
     def __init__(self, tp, *, group, rank, codec=None, clock=None):
         self.tp, self.local, self.first_shard = tp, 1, rank
@@ -132,6 +138,8 @@ class RealTP:
     def all_reduce(self, t, op=dist.ReduceOp.SUM, *, direction=None):
         """Sum (or op) over the tp group (a fresh tensor), timed into the counter (direction: fwd or bwd, by
         default the pass it runs in)."""
+        if torch.compiler.is_compiling():
+            return funcol.wait_tensor(funcol.all_reduce(t.contiguous(), _FUNCTIONAL_OPS[op], self.group))
         t = t.contiguous().clone()
         clock = self.clock_for(t)
         start = clock.now()
@@ -141,7 +149,10 @@ class RealTP:
 
     def all_reduce_async(self, t, op=dist.ReduceOp.SUM):
         """Start a sum (or op) over the tp group and return at once: (a fresh tensor, an InFlight holding its
-        torch.distributed work). The tensor holds the result only after wait(); the time to issue it is counted."""
+        torch.distributed work). The tensor holds the result only after wait(); the time to issue it is counted.
+        Compiling: (the functional all-reduce's result, None): inductor decides where it waits."""
+        if torch.compiler.is_compiling():
+            return self.all_reduce(t, op), None
         t = t.contiguous().clone()
         clock = self.clock_for(t)
         start = clock.now()
@@ -167,8 +178,10 @@ class RealTP:
 
     def wait(self, work):
         """Block until an asynchronous collective is done (an InFlight, or what wraps one): the InFlight adds the
-        time blocked here as exposed communication, and its issue to completion as busy."""
-        work.wait()
+        time blocked here as exposed communication, and its issue to completion as busy. None: nothing to wait for
+        (compiled: a functional collective)."""
+        if work is not None:
+            work.wait()
 
     def sum_shards(self, x):
         return self.all_reduce(x).squeeze(0)
@@ -193,6 +206,8 @@ class RealTP:
         partials, in rank order, once wait(work) has returned."""
         if self.codec is None:
             return self.sum_shards_async(x)
+        if torch.compiler.is_compiling():  # functional collectives, the codec work traced around them
+            return compressed_exchange.compiled(self, x), None
         if self.codec.exchange == "two_shot":
             return compressed_exchange.two_shot_async(self, x)
         return compressed_exchange.one_shot_async(self, x)
@@ -201,9 +216,15 @@ class RealTP:
         return self.all_reduce(x, op=dist.ReduceOp.MAX).squeeze(0)
 
     def gather_shards(self, x):
+        if torch.compiler.is_compiling():  # (tp, ..., K): every rank's (1, ..., K) in rank order
+            return torch.cat(self.all_gather(x).unbind(0), dim=-1)
         parts = [torch.empty_like(x) for _ in range(self.tp)]
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat([p.squeeze(0) for p in parts], dim=-1)
+
+    def all_gather(self, x):
+        """Compiling: the functional all-gather of x along dim 0, rank order (tp * x.shape[0], ...)."""
+        return funcol.wait_tensor(funcol.all_gather_tensor(x.contiguous(), 0, self.group))
 
     def token_offset(self, n_held):
         """The first token of this rank's n_held = N/tp contiguous tokens of the token-sharded stream."""
@@ -212,6 +233,8 @@ class RealTP:
     def gather_tokens(self, x):
         """All-gather along the tokens: this rank's (N/tp, C) -> (N, C), the ranks' shards in rank order."""
         x = x.contiguous()
+        if torch.compiler.is_compiling():
+            return self.all_gather(x)
         out = x.new_empty(x.shape[0] * self.tp, *x.shape[1:])
         clock = self.clock_for(x)
         start = clock.now()
@@ -222,6 +245,8 @@ class RealTP:
     def reduce_scatter_tokens(self, x):
         """Reduce-scatter along the tokens: (1, N, C) partials -> this rank's (N/tp, C) rows of their sum."""
         x = x.squeeze(0).contiguous()
+        if torch.compiler.is_compiling():
+            return funcol.wait_tensor(funcol.reduce_scatter_tensor(x, "sum", 0, self.group))
         out = x.new_empty(x.shape[0] // self.tp, *x.shape[1:])
         clock = self.clock_for(x)
         start = clock.now()
@@ -260,6 +285,9 @@ class RealTP:
     def sum_over_shards(self, sq):
         with traced(self, "sum", "bwd", GRAD_NORM, sq.element_size()):
             return self.all_reduce(sq.view(1), direction="bwd").view(())
+
+
+_FUNCTIONAL_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MAX: "max"}  # c10d's ops by the functional names
 
 
 class InFlight:

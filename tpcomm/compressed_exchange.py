@@ -13,6 +13,7 @@ too (issue 33: the dequantize and sum inside wait() used to be billed as exposed
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 
 
 def one_shot_async(group, x):
@@ -48,6 +49,27 @@ def two_shot_async(group, x):
                            clock)
     out = x.new_empty(x.shape[1:])
     return out, _TwoShot(group, work, recv.view(group.tp, -1), out, per)
+
+
+def compiled(group, x):
+    """The exchange of (1, N, C) partial sums -> their (N, C) sum under torch.compile: the same packing, collectives
+    and sums as one_shot_async / two_shot_async and their waits, with functional collectives (traced into the
+    graph, no buffer written in place)."""
+    codec, tp, g = group.codec, group.tp, group.group
+    if codec.exchange != "two_shot":
+        payload = codec.pack(x[0])
+        gathered = funcol.wait_tensor(funcol.all_gather_tensor(payload, 0, g))
+        return codec.unpack(gathered.view(tp, -1), x.shape[1:], x.dtype).sum(0)
+    rows = x[0].reshape(-1, x.shape[-1])
+    per = -(-rows.shape[0] // tp)
+    padded = torch.nn.functional.pad(rows, (0, 0, 0, per * tp - rows.shape[0]))
+    send = codec.pack_each(padded.view(tp, per, -1)).reshape(-1)
+    recv = funcol.wait_tensor(funcol.all_to_all_single(send, None, None, g))
+    shape = (per, x.shape[-1])
+    mine = codec.unpack(recv.view(tp, -1), shape, x.dtype).sum(0)
+    gathered = funcol.wait_tensor(funcol.all_gather_tensor(codec.pack(mine), 0, g))
+    out = codec.unpack(gathered.view(tp, -1), shape, x.dtype).reshape(-1, shape[1])
+    return out[:rows.shape[0]].view(x.shape[1:])
 
 
 class _Decompress:
