@@ -15,8 +15,8 @@ from compiled_real_tp_worker import CASES
 from conftest import TORCHRUN, run_script
 
 # aot_eager runs the same aten ops as eager: measured bitwise equal; 1e-6 leaves room for op reordering.
-# inductor fuses and reorders float reductions: ~1e-7 relative per op in fp32 (tests/test_compile.py).
-TOL = {"aot_eager": 1e-6, "inductor": 1e-5}
+# (inductor: not yet verified under real TP, see compiled_real_tp_worker.CASES)
+TOL = {"aot_eager": 1e-6}
 
 
 def run_cases(tmp_path, cases):
@@ -39,17 +39,9 @@ def check(result, backend):
 
 @pytest.mark.slow
 def test_compiled_real_tp_is_one_graph_at_12_layers_and_with_every_option(tmp_path):
-    cases = [c for c in CASES if c[1] == "aot_eager"]
-    results = run_cases(tmp_path, cases)
-    for name, backend, _ in cases:
+    results = run_cases(tmp_path, CASES)
+    for name, backend, _ in CASES:
         check(results[name], backend)
     fwd, bwd = results["12 layers, every block type"]["eager_counts"][0][:2]
     assert (fwd, bwd) == (15, 12)  # tp 2 + spd 1 + parallel 0 + ladder 2, x3 (+ the final sync's fwd): it ran
     assert results["sequence parallel + loss parallel"]["eager_counts"][0][3:] == [3, 5]  # RS, vocab all-reduces
-
-
-@pytest.mark.slow
-def test_compiled_real_tp_with_inductor(tmp_path):
-    cases = [c for c in CASES if c[1] == "inductor"]
-    results = run_cases(tmp_path, cases)
-    check(results["inductor"], "inductor")
