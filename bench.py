@@ -461,11 +461,13 @@ def bench(cfg, pd, device, device_type, dtype):
     rounds = 3
     for _ in range(rounds):
         for name, model in models.items():
-            times[name].append(timed_steps(model, cfg, device, device_type, dtype, max(1, cfg["iters"] // rounds)))
+            n = max(1, cfg["iters"] // rounds)
+            times[name].append((*timed_steps(model, cfg, device, device_type, dtype, n), direction_seconds(model, n)))
     results, fwd_allreduces, rows = {}, {}, []
     width = max(16, *map(len, models))
     for name, model in models.items():
-        dt, comm_dt, busy_dt = min(times[name])  # best round: the least disturbed by other work on the machine
+        # best round: the least disturbed by other work on the machine
+        dt, comm_dt, busy_dt, split = min(times[name], key=lambda t: t[0])
         mfu = model.estimate_mfu(cfg["batch_size"], dt, device=device, dtype=dtype)
         line = (f"{name:{width}s} {dt * 1000:8.2f} ms/iter  {tokens / dt:10,.0f} tok/s  "
                 f"mfu {'n/a' if mfu is None else f'{mfu * 100:.1f}%'}")
@@ -476,10 +478,12 @@ def bench(cfg, pd, device, device_type, dtype):
             line += (f"  tp={cfg['tp_size']} {cfg['tp_mode']}  all-reduces fwd {comm['fwd_allreduces']} "
                      f"bwd {comm['bwd_allreduces']}  {comm['comm_bytes_per_token']:.0f} B/token")
             if cfg["tp_mode"] == "real":  # wall time this rank spent in all-reduces, waiting for the others included
-                line += f"  collectives {busy_dt * 1000:.2f} ms/iter, exposed {comm_dt * 1000:.2f} ({100 * comm_dt / dt:.0f}%)"
+                line += (f"  collectives {busy_dt * 1000:.2f} ms/iter, exposed {comm_dt * 1000:.2f} "
+                         f"({100 * comm_dt / dt:.0f}%); fwd / bwd: collectives {split['fwd_busy'] * 1000:.2f} / "
+                         f"{split['bwd_busy'] * 1000:.2f}, exposed {split['fwd'] * 1000:.2f} / {split['bwd'] * 1000:.2f}")
         say(line)
         results[name] = dt
-        rows.append(comm_row(name, model, cfg, comm, dt=dt, exposed=comm_dt, busy=busy_dt, X=X))
+        rows.append(dict(comm_row(name, model, cfg, comm, dt=dt, exposed=comm_dt, busy=busy_dt, X=X), split=split))
     if cfg["model_type"] == "distributed_gpt":
         comm_table(rows, cfg, say)
     for name in results:
@@ -555,6 +559,13 @@ def variant_name(variant):
     return "".join(f" +{p}" for p in parts)
 
 
+def direction_seconds(model, n):
+    """Seconds per step of the n steps timed last, per direction (real TP; 0 otherwise): exposed fwd / bwd and in
+    collectives fwd_busy / bwd_busy (comm_report's comm_fwd_seconds, ..., on the device's clock: tpcomm/counting.py)."""
+    report = model.comm_report(micro_steps=n, tokens=1)
+    return {k: report.get(f"comm_{k}_seconds", 0.0) / n for k in ("fwd", "bwd", "fwd_busy", "bwd_busy")}
+
+
 def comm_row(name, model, cfg, comm, *, dt, exposed, busy, X):
     """One row of the communication table: the counts, the times, and the activations autograd saves (measured on
     this rank) beside the prediction for the blocks (tpcomm.activation_memory: fp32 values and masks here)."""
@@ -594,14 +605,17 @@ def comm_table(rows, cfg, say):
     (real TP; the compute thread blocked in them), the collectives per forward and the saved activations."""
     real = cfg["tp_mode"] == "real"
     say("\n| pattern +variant | fwd all-reduces (async) | fwd RS / AG | ring B/token sent per rank | ms/iter | "
-        "in collectives ms/iter | exposed comm ms/iter | saved activations MB (blocks predicted) |")
-    say("|---|---:|---:|---:|---:|---:|---:|---:|")
+        "in collectives ms/iter | exposed comm ms/iter | saved activations MB (blocks predicted) | "
+        "in collectives fwd / bwd | exposed fwd / bwd |")
+    say("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         if r["name"] == "gpt":
             continue
         times = f"{r['busy_ms']:.2f} | {r['exposed_ms']:.2f}" if real else "n/a (simulated) | n/a"
+        ms = {k: 1e3 * v for k, v in r["split"].items()}
+        split = f"{ms['fwd_busy']:.2f} / {ms['bwd_busy']:.2f} | {ms['fwd']:.2f} / {ms['bwd']:.2f}" if real else "n/a | n/a"
         say(f"| `{r['name']}` | {r['fwd']} ({r['asyn']}) | {r['rs']} / {r['ag']} | {r['wire']:,.0f} | "
-            f"{r['ms']:.2f} | {times} | {r['act_mb']:.2f} ({r['pred_mb']:.2f}) |")
+            f"{r['ms']:.2f} | {times} | {r['act_mb']:.2f} ({r['pred_mb']:.2f}) | {split} |")
 
 
 def pattern_name(block_types):

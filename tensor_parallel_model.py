@@ -25,8 +25,8 @@ from tpcomm.dropout import ATTN_OUT, ATTN_PROBS, EMBED, MLP_OUT, DropoutKey, Key
 from tpcomm.models import ModelInterface, clip_to_norm_, grad_sq_sums, local, whole
 from tpcomm.sharding import TPSharding, is_block_replicated
 from tpcomm.compression import make_codec, validate_compression
-from tpcomm.collectives import (AsyncReduction, ColumnInput, copy_to_tp_region, reduce_from_tp_region, reduce_from_tp_region_async,
-                                tp_group)
+from tpcomm.collectives import (AsyncReduction, ColumnInput, copy_to_tp_region, keep_dtype, reduce_from_tp_region,
+                                reduce_from_tp_region_async, tp_group)
 from tpcomm.counting import FINAL_SYNC, VOCAB_EMBED, VOCAB_HEAD
 from tpcomm.sequence_parallel import (gather_from_sequence_region, gather_to_tp_region, reduce_scatter_from_tp_region,
                                       scatter_to_sequence_region)
@@ -719,7 +719,8 @@ class DistributedGPT(ModelInterface, GPT):
         mine = (ids >= 0) & (ids < W.size(1))
         rows = ids.clamp(0, W.size(1) - 1) + torch.arange(W.size(0), device=idx.device).unsqueeze(1) * W.size(1)
         parts = W.reshape(-1, W.size(-1))[rows] * mine.unsqueeze(-1)  # (L, N, C)
-        x = reduce_from_tp_region(parts, self.group, vocab=True, site=VOCAB_EMBED).view(*idx.shape, -1)
+        with keep_dtype(parts):  # the embedding enters the stream unrounded under bf16 autocast, as GPT's does
+            x = reduce_from_tp_region(parts, self.group, vocab=True, site=VOCAB_EMBED).view(*idx.shape, -1)
         return self.transformer.drop(x + self.transformer.wpe(pos))
 
     def vocab_parallel_head(self, x, targets):

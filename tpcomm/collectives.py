@@ -22,13 +22,15 @@ gathers and scatters: tpcomm/sequence_parallel.py; the compressed exchanges of g
 the vocabulary-parallel loss: tpcomm/vocab_parallel.py.
 """
 
-import time
+import contextlib
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 
 from tpcomm import compressed_exchange
-from tpcomm.counting import CommCounter, GRAD_NORM, GRAD_SYNC, count, traced
+from tpcomm.counting import (CommCounter, CudaEventClock, GRAD_NORM, GRAD_SYNC, Timing, WALL_CLOCK, count,
+                             direction_now, traced)
 
 
 class SimulatedTP:
@@ -91,8 +93,9 @@ class SimulatedTP:
 
     def fan_out(self, xbar, norm, site=None):
         """The synced stream on the shards, r_i = f(xbar), and norm(r_i). Every shard's value is the same, so the
-        norm runs once on xbar; its gradient still reaches xbar once per shard (through the expand)."""
-        r = copy_to_tp_region(xbar, self, site=site)
+        norm runs once on xbar; its gradient still reaches xbar once per shard (through the expand). r_i keeps the
+        stream's value exactly under autocast (see fan_out_stream); the norm feeds matmuls, which autocast casts."""
+        r = fan_out_stream(xbar, self, site)
         return r, norm(xbar).unsqueeze(0).expand_as(r)
 
     def sync_replicated_grads(self, grads):
@@ -107,46 +110,78 @@ class RealTP:
     """One shard per rank of a tp process group: shard-side tensors are (1, N, C)."""
 
     real = True
-    traceable = False  # torch.compile runs f and g (c10d calls) eagerly between its graphs
+    # torch.compile traces f and g into its graph, backward included: while compiling, every collective is one of
+    # torch's functional collectives (torch.distributed._functional_collectives: all_reduce, all_gather_tensor,
+    # reduce_scatter_tensor, all_to_all_single, each waited for by wait_tensor), which dynamo traces and inductor
+    # schedules; eager, the c10d calls below. A compiled step runs no Python per collective: it counts them (into
+    # the counter's compiled slots) but does not time them (docs/trace.md)
+    traceable = True
 
-    def __init__(self, tp, *, group, rank, codec=None):
+    def __init__(self, tp, *, group, rank, codec=None, clock=None):
         self.tp, self.local, self.first_shard = tp, 1, rank
         self.group, self.codec = group, codec
         self.counter = CommCounter()
+        # how collectives are timed (counting.Timing): None picks per tensor (clock_for); a test passes a fake
+        self.clock = clock
+        self.event_clock = None
 
-    def all_reduce(self, t, op=dist.ReduceOp.SUM):
-        """Sum (or op) over the tp group (a fresh tensor), timed into the counter."""
+    def clock_for(self, t):
+        """CUDA events for CUDA tensors (NCCL, and gloo on CUDA, return before the device has done the work), wall
+        time otherwise (gloo on CPU runs the collective on the host)."""
+        if self.clock is not None:
+            return self.clock
+        if t.is_cuda:
+            self.event_clock = self.event_clock or CudaEventClock()
+            return self.event_clock
+        return WALL_CLOCK
+
+    def all_reduce(self, t, op=dist.ReduceOp.SUM, *, direction=None):
+        """Sum (or op) over the tp group (a fresh tensor), timed into the counter (direction: fwd or bwd, by
+        default the pass it runs in)."""
+        if torch.compiler.is_compiling():
+            return funcol.wait_tensor(funcol.all_reduce(t.contiguous(), _FUNCTIONAL_OPS[op], self.group))
         t = t.contiguous().clone()
-        start = time.perf_counter()
+        clock = self.clock_for(t)
+        start = clock.now()
         dist.all_reduce(t, op=op, group=self.group)
-        self.blocked(start)
+        self.blocked(start, clock, direction=direction)
         return t
 
     def all_reduce_async(self, t, op=dist.ReduceOp.SUM):
-        """Start a sum (or op) over the tp group and return at once: (a fresh tensor, its torch.distributed work).
-        The tensor holds the result only after work.wait() (see wait); the time to issue it is counted."""
+        """Start a sum (or op) over the tp group and return at once: (a fresh tensor, an InFlight holding its
+        torch.distributed work). The tensor holds the result only after wait(); the time to issue it is counted.
+        Compiling: (the functional all-reduce's result, None): inductor decides where it waits."""
+        if torch.compiler.is_compiling():
+            return self.all_reduce(t, op), None
         t = t.contiguous().clone()
-        start = time.perf_counter()
+        clock = self.clock_for(t)
+        start = clock.now()
         work = dist.all_reduce(t, op=op, group=self.group, async_op=True)
-        return t, self.in_flight(work, start)
+        return t, self.in_flight(work, start, clock)
 
-    def blocked(self, start):
-        """A blocking collective that began at `start` has returned: exposed and busy alike."""
-        dt = time.perf_counter() - start
-        self.counter.seconds += dt
-        self.counter.busy_seconds += dt
+    def blocked(self, start, clock=WALL_CLOCK, *, direction=None):
+        """A blocking collective that began at `start` (a mark of `clock`) has returned: exposed and busy alike."""
+        self.counter.add_timing(Timing(clock, direction or direction_now(), start, clock.now()))
 
-    def in_flight(self, work, start):
-        """An asynchronous collective issued at `start`: its issue time is exposed; an InFlight to wait() on."""
-        self.counter.seconds += time.perf_counter() - start
-        return InFlight(work, start, self.counter)
+    def in_flight(self, work, start, clock=WALL_CLOCK):
+        """An asynchronous collective issued at `start` (a mark of `clock`): its issue time is exposed; an InFlight
+        to wait() on."""
+        return InFlight(work, Timing(clock, direction_now(), start, clock.now()), self.counter)
+
+    @contextlib.contextmanager
+    def codec_time(self, t):
+        """Times the enclosed codec work on t's device (quantize, dequantize, sum) as counter.codec_seconds."""
+        clock = self.clock_for(t)
+        start = clock.now()
+        yield
+        self.counter.add_timing(Timing(clock, direction_now(), start, clock.now(), codec=True))
 
     def wait(self, work):
-        """Block until an asynchronous collective is done (an InFlight, or what wraps one), timed into the counter:
-        the time blocked here is exposed communication."""
-        start = time.perf_counter()
-        work.wait()
-        self.counter.seconds += time.perf_counter() - start
+        """Block until an asynchronous collective is done (an InFlight, or what wraps one): the InFlight adds the
+        time blocked here as exposed communication, and its issue to completion as busy. None: nothing to wait for
+        (compiled: a functional collective)."""
+        if work is not None:
+            work.wait()
 
     def sum_shards(self, x):
         return self.all_reduce(x).squeeze(0)
@@ -171,6 +206,8 @@ class RealTP:
         partials, in rank order, once wait(work) has returned."""
         if self.codec is None:
             return self.sum_shards_async(x)
+        if torch.compiler.is_compiling():  # functional collectives, the codec work traced around them
+            return compressed_exchange.compiled(self, x), None
         if self.codec.exchange == "two_shot":
             return compressed_exchange.two_shot_async(self, x)
         return compressed_exchange.one_shot_async(self, x)
@@ -179,9 +216,15 @@ class RealTP:
         return self.all_reduce(x, op=dist.ReduceOp.MAX).squeeze(0)
 
     def gather_shards(self, x):
+        if torch.compiler.is_compiling():  # (tp, ..., K): every rank's (1, ..., K) in rank order
+            return torch.cat(self.all_gather(x).unbind(0), dim=-1)
         parts = [torch.empty_like(x) for _ in range(self.tp)]
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat([p.squeeze(0) for p in parts], dim=-1)
+
+    def all_gather(self, x):
+        """Compiling: the functional all-gather of x along dim 0, rank order (tp * x.shape[0], ...)."""
+        return funcol.wait_tensor(funcol.all_gather_tensor(x.contiguous(), 0, self.group))
 
     def token_offset(self, n_held):
         """The first token of this rank's n_held = N/tp contiguous tokens of the token-sharded stream."""
@@ -190,19 +233,25 @@ class RealTP:
     def gather_tokens(self, x):
         """All-gather along the tokens: this rank's (N/tp, C) -> (N, C), the ranks' shards in rank order."""
         x = x.contiguous()
+        if torch.compiler.is_compiling():
+            return self.all_gather(x)
         out = x.new_empty(x.shape[0] * self.tp, *x.shape[1:])
-        start = time.perf_counter()
+        clock = self.clock_for(x)
+        start = clock.now()
         dist.all_gather_single(out, x, group=self.group)
-        self.blocked(start)
+        self.blocked(start, clock)
         return out
 
     def reduce_scatter_tokens(self, x):
         """Reduce-scatter along the tokens: (1, N, C) partials -> this rank's (N/tp, C) rows of their sum."""
         x = x.squeeze(0).contiguous()
+        if torch.compiler.is_compiling():
+            return funcol.wait_tensor(funcol.reduce_scatter_tensor(x, "sum", 0, self.group))
         out = x.new_empty(x.shape[0] // self.tp, *x.shape[1:])
-        start = time.perf_counter()
+        clock = self.clock_for(x)
+        start = clock.now()
         dist.reduce_scatter_single(out, x, group=self.group)
-        self.blocked(start)
+        self.blocked(start, clock)
         return out
 
     def synced(self, p):
@@ -217,7 +266,7 @@ class RealTP:
         return _Delta.apply(r, xbar, float(self.tp))
 
     def fan_out(self, xbar, norm, site=None):
-        r = copy_to_tp_region(xbar, self, site=site)
+        r = fan_out_stream(xbar, self, site)  # the residual stream's exact value (see SimulatedTP.fan_out)
         return r, norm(r)
 
     def sync_replicated_grads(self, grads):
@@ -226,7 +275,7 @@ class RealTP:
             return
         flat = torch.cat([g.reshape(-1) for g in grads])
         with traced(self, "sum", "bwd", GRAD_SYNC, flat.numel() * flat.element_size()):
-            flat = self.all_reduce(flat)
+            flat = self.all_reduce(flat, direction="bwd")  # after backward, part of it (as its trace label says)
         self.counter.grad_sync += 1
         offset = 0
         for g in grads:
@@ -235,25 +284,33 @@ class RealTP:
 
     def sum_over_shards(self, sq):
         with traced(self, "sum", "bwd", GRAD_NORM, sq.element_size()):
-            return self.all_reduce(sq.view(1)).view(())
+            return self.all_reduce(sq.view(1), direction="bwd").view(())
+
+
+_FUNCTIONAL_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MAX: "max"}  # c10d's ops by the functional names
 
 
 class InFlight:
-    """An asynchronous collective's torch.distributed work, timed: a callback on its future notes when it completed
-    (on the communication thread), so wait() can add issue-to-completion to the counter's busy_seconds."""
+    """An asynchronous collective's torch.distributed work and its Timing (issue marks taken): a callback on the
+    work's future marks its completion (a wall-clock time on gloo's thread; on CUDA an event on a stream that waits
+    for the collective), so wait() can add issue-to-completion as busy and the time it blocked as exposed."""
 
-    def __init__(self, work, start, counter):
-        self.work, self.start, self.counter, self.done = work, start, counter, None
+    def __init__(self, work, timing, counter):
+        self.work, self.timing, self.counter = work, timing, counter
         work.get_future().add_done_callback(self.completed)
 
     def completed(self, _future):
-        self.done = time.perf_counter()
+        self.timing.done = self.timing.clock.now()
 
     def wait(self):
+        if self.timing is None:  # waited already
+            return
+        clock = self.timing.clock
+        w0 = clock.now()
         self.work.wait()
-        # the callback may run just after wait() returns: then now is the completion time, within microseconds
-        self.counter.busy_seconds += (self.done or time.perf_counter()) - self.start
-
+        self.timing.waited = (w0, clock.now())
+        self.counter.add_timing(self.timing)
+        self.timing = None
 
 
 def tp_group(tp, pd=None, *, codec=None):
@@ -266,10 +323,33 @@ def tp_group(tp, pd=None, *, codec=None):
 
 def in_autocast_dtype(x):
     """Under autocast f's output only feeds matmuls and g's input comes from them: both move in the autocast
-    dtype, so the collectives carry bf16 both ways, as Megatron's do (forward values do not change)."""
+    dtype, so the collectives carry bf16 both ways, as Megatron's do (forward values do not change). Where that is
+    not so (the residual stream fanned out, the vocab-parallel embedding's sum), the caller runs f or g under
+    keep_dtype."""
     if torch.is_autocast_enabled(x.device.type):
         return x.to(torch.get_autocast_dtype(x.device.type))
     return x
+
+
+def keep_dtype(x):
+    """A context in which f and g move x in its own dtype, autocast or not: for a value that enters the residual
+    stream rather than a matmul (the vocab-parallel embedding's sum: fp32 under bf16 autocast, as GPT's embedding)."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.autocast(x.device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def fan_out_stream(xbar, group, site):
+    """r_i = f(xbar): the synced residual stream on the shards, its value exactly xbar's under autocast too.
+    f moves the autocast dtype (its backward all-reduce carries bf16, as before); its bf16(xbar) alone would start
+    each shard's stream rounded, and delta(y, xbar) would then add tp * (bf16(xbar) - xbar) to the fp32 stream in
+    every 'spd' and 'parallel' block (issue 37.1). So the rounding error, xbar - bf16(xbar) (exact in fp32), is
+    added back, outside autograd: the value is xbar bit for bit (b + (x - b) = x when b is x rounded), the gradient
+    f's as before."""
+    r = copy_to_tp_region(xbar, group, site=site)
+    if r.dtype == xbar.dtype:
+        return r
+    return r + (xbar - xbar.to(r.dtype).to(xbar.dtype)).detach()
 
 
 class _CopyToTPRegion(torch.autograd.Function):

@@ -19,6 +19,7 @@ all-reduce: it is recorded too (sim). With no profiler recording nothing is form
 """
 
 import contextlib
+import time
 
 import torch
 
@@ -42,17 +43,63 @@ class CommCounter:
         self.overlapped = 0  # of the fwd ones: issued asynchronously (reduce_from_tp_region_async)
         self.compressed = self.compressed_bytes = 0  # of the fwd ones: block-quantized (tp_comm_dtype), their bytes
         self.vocab = self.vocab_bytes = 0  # the vocab-parallel embedding and loss, counted apart (loss_parallel)
-        # RealTP only. seconds: the EXPOSED communication, wall time the compute thread spends inside collectives
-        # (waiting for the other ranks included): a blocking one's call, an asynchronous one's issue plus the time
-        # its wait() blocked. busy_seconds: how long the collectives ran, a blocking one's call, an asynchronous
-        # one's issue to completion (a callback on its future), compute that overlapped it included
-        self.seconds = self.busy_seconds = 0.0
+        # RealTP only, per direction (fwd: the forward pass; bwd: inside backward, and the per-step gradient syncs).
+        # exposed: the time the compute waits in collectives (waiting for the other ranks included): a blocking
+        # one's call, an asynchronous one's issue plus the time its wait() blocked. busy: how long the collectives
+        # ran, from issue to completion (a callback on the work's future), the compute they overlapped included;
+        # busy >= exposed by construction (see Timing). codec: tp_comm_dtype's quantize/dequantize/sum around the
+        # compressed exchanges, counted in neither. Times are marks of a Clock: wall time on CPU, CUDA events on
+        # CUDA, read (add_timing) when the marks are ready, at the latest when the counter is reported.
+        self.exposed = {"fwd": 0.0, "bwd": 0.0}
+        self.busy = {"fwd": 0.0, "bwd": 0.0}
+        self.codec_seconds = 0.0
+        self.unread = []  # Timings whose marks are not read yet (device clocks)
         # what torch.compile'd code counted (see add), one slot per name of COMPILED
         self.compiled = torch.zeros(len(self.COMPILED), dtype=torch.int64)
         # sequence parallelism's reduce-scatters and all-gathers, counted apart from the all-reduces (add_sp):
         # [count, bytes] per (direction, kind), kind 'rs' or 'ag'; compiled code counts into compiled_sp
         self.sp = {(d, k): [0, 0] for d in ("fwd", "bwd") for k in ("rs", "ag")}
         self.compiled_sp = torch.zeros(2 * len(self.sp), dtype=torch.int64)
+
+    @property
+    def seconds(self):
+        """Exposed communication, both directions (see reset)."""
+        self.read_timings()
+        return self.exposed["fwd"] + self.exposed["bwd"]
+
+    @property
+    def busy_seconds(self):
+        """Time in collectives, both directions (see reset)."""
+        self.read_timings()
+        return self.busy["fwd"] + self.busy["bwd"]
+
+    def add_timing(self, timing):
+        """One collective's Timing: read now (a host clock), or once its marks are ready (a device clock: reading
+        an event before the device reached it would synchronize the host). A device clock's unread timings are
+        read when reported, or, past UNREAD_LIMIT of them, those already complete (no synchronization)."""
+        if not timing.clock.lazy:
+            return self.account(timing)
+        self.unread.append(timing)
+        if len(self.unread) > self.UNREAD_LIMIT:
+            ready = [t for t in self.unread if t.ready()]
+            self.unread = [t for t in self.unread if not any(t is r for r in ready)]
+            for t in ready:
+                self.account(t)
+
+    UNREAD_LIMIT = 4096
+
+    def read_timings(self):
+        """Read every unread timing (a device clock synchronizes with the events here, once per report)."""
+        unread, self.unread = self.unread, []
+        for t in unread:
+            self.account(t)
+
+    def account(self, timing):
+        if timing.codec:
+            self.codec_seconds += timing.busy()
+            return
+        self.exposed[timing.direction] += timing.exposed()
+        self.busy[timing.direction] += timing.busy()
 
     def add(self, direction, nbytes, *, vocab=False, overlapped=False, compressed=False):
         """Count one collective (overlapped: a forward one issued asynchronously; compressed: a forward one moved
@@ -105,7 +152,10 @@ class CommCounter:
         With sequence parallelism: fwd_reduce_scatters, fwd_all_gathers, bwd_reduce_scatters, bwd_all_gathers and
         sp_bytes_per_token (their whole-buffer bytes), none of them in the all-reduce keys.
         With tp_comm_dtype: compressed_allreduces (how many fwd_allreduces moved block-quantized) and
-        compressed_bytes_per_token (their compressed bytes, scales included, also in comm_bytes_per_token)."""
+        compressed_bytes_per_token (their compressed bytes, scales included, also in comm_bytes_per_token).
+        Times (real TP; seconds since reset, all passes together): comm_seconds exposed and comm_busy_seconds in
+        collectives, both directions; comm_fwd_seconds / comm_bwd_seconds and comm_fwd_busy_seconds /
+        comm_bwd_busy_seconds per direction; comm_codec_seconds (tp_comm_dtype) the quantize/dequantize work."""
         n = max(1, micro_steps)
         c = dict(zip(self.COMPILED, self.compiled.tolist()))
         fwd, fwd_bytes = self.fwd + c["fwd"], self.fwd_bytes + c["fwd_bytes"]
@@ -115,7 +165,11 @@ class CommCounter:
                    async_allreduces=(self.overlapped + c["async"]) // n,
                    grad_sync_allreduces=self.grad_sync,
                    comm_bytes_per_token=(fwd_bytes + bwd_bytes) / (n * tokens), comm_seconds=self.seconds,
-                   comm_busy_seconds=self.busy_seconds)
+                   comm_busy_seconds=self.busy_seconds,
+                   comm_fwd_seconds=self.exposed["fwd"], comm_bwd_seconds=self.exposed["bwd"],
+                   comm_fwd_busy_seconds=self.busy["fwd"], comm_bwd_busy_seconds=self.busy["bwd"])
+        if self.codec_seconds:  # tp_comm_dtype under real TP: quantize, dequantize and sum, outside both times
+            out.update(comm_codec_seconds=self.codec_seconds)
         if vocab:
             out.update(vocab_allreduces=vocab // n, vocab_bytes_per_token=vocab_bytes / (n * tokens))
         compressed = self.compressed + c["compressed"]
@@ -126,6 +180,91 @@ class CommCounter:
         out.update(self.sp_report(n, tokens))  # sequence parallelism: fwd/bwd_reduce_scatters, _all_gathers, bytes
         return out
 
+
+
+class WallClock:
+    """Host time (perf_counter). Right where the host runs the collective (gloo on CPU tensors: the call blocks until
+    done, and an asynchronous one's future completes on gloo's thread when it is done)."""
+
+    lazy = False
+
+    def now(self):
+        return time.perf_counter()
+
+    def seconds(self, a, b):
+        return b - a
+
+    def ready(self, mark):
+        return True
+
+
+class CudaEventClock:
+    """Device time: a mark is a CUDA event recorded on the current stream, so an interval is what the stream spent
+    between two points, not when the host queued them (NCCL returns once the work is queued). Events are read
+    lazily (CommCounter.add_timing): no synchronization per collective. A completion mark taken in a callback of
+    the work's future is recorded on the stream the future sets current there, which waits for the collective's
+    kernels (torch.futures: CUDA futures run callbacks on streams synchronized with the work)."""
+
+    lazy = True
+
+    def now(self):
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, a, b):
+        b.synchronize()
+        return a.elapsed_time(b) / 1e3
+
+    def ready(self, mark):
+        return mark.query()
+
+
+WALL_CLOCK = WallClock()
+
+
+def direction_now():
+    """'bwd' while the autograd engine runs a backward pass (f's backward all-reduce), else 'fwd'."""
+    return "bwd" if torch._C._current_graph_task_id() != -1 else "fwd"
+
+
+class Timing:
+    """One collective's marks on `clock`: start (called), issued (the call returned), done (completed: an
+    asynchronous one's future callback; None where unknown) and waited (w0, w1) around the wait for an
+    asynchronous one. With every mark read relative to start:
+        exposed = issued + (w1 - w0)                          the compute held up in the call and the wait
+        busy    = the length of [0, max(issued, done)] U [w0, w1]   in flight from issue to completion; the calls
+    so exposed <= busy always. Without a done mark, an awaited collective counts as running until its wait ended.
+    codec=True: not a collective, the codec's work (start to issued)."""
+
+    __slots__ = ("clock", "direction", "start", "issued", "done", "waited", "codec")
+
+    def __init__(self, clock, direction, start, issued, *, done=None, waited=None, codec=False):
+        self.clock, self.direction, self.start, self.issued = clock, direction, start, issued
+        self.done, self.waited, self.codec = done, waited, codec
+
+    def marks(self):
+        return [m for m in (self.issued, self.done, *(self.waited or ())) if m is not None]
+
+    def ready(self):
+        return all(self.clock.ready(m) for m in self.marks())
+
+    def _rel(self, mark):
+        return None if mark is None else self.clock.seconds(self.start, mark)
+
+    def exposed(self):
+        waited = self.waited and self.clock.seconds(*self.waited)
+        return self._rel(self.issued) + (waited or 0.0)
+
+    def busy(self):
+        issued, done = self._rel(self.issued), self._rel(self.done)
+        end = issued if done is None else max(issued, done)
+        if not self.waited:
+            return end
+        w0, w1 = self._rel(self.waited[0]), self._rel(self.waited[1])
+        if self.done is None or w0 <= end:
+            return max(end, w1)
+        return end + (w1 - w0)
 
 
 def count(group, direction, t, vocab=False, overlapped=False, compressed=False):

@@ -56,15 +56,32 @@ class DropoutKey:
         self.tensor = None
 
     def set(self, key, device):
+        """Key the next passes. The two halves reach the device as fill_ kernels' scalar arguments, not as a CPU
+        tensor copied over: no host-to-device copy (on CUDA a pageable copy_ synchronizes the host with the
+        device every micro-step), and none at all after the first call on a device."""
         if not key:
             self.tensor = None
             return
         d = _digest(*(int(k) for k in key))
-        halves = torch.tensor([d & M32, d >> 32], dtype=torch.int64)
         if self.tensor is None or self.tensor.device != torch.device(device):
-            self.tensor = halves.to(device)
-        else:
-            self.tensor.copy_(halves)
+            self.tensor = torch.empty(2, dtype=torch.int64, device=device)
+        self.tensor[0].fill_(d & M32)
+        self.tensor[1].fill_(d >> 32)
+
+
+def _salts(layer, site, streams, device):
+    """(S,) int64 on `device`: _salt(layer, site, s) for each of the consecutive streams, computed there (the last
+    round of _salt in tensor ops on an arange) rather than built from a Python list (a host-to-device copy per
+    mask). The first two rounds are plain ints."""
+    S, first = len(streams), streams[0]
+    assert tuple(streams) == tuple(range(first, first + S)), f"streams must be consecutive, got {streams}"
+    h = 0x9E3779B9
+    for v in (layer + 2, site + 1):
+        h = ((h ^ v) * 0x01000193 + 0x7F4A7C15) & M32
+        h ^= h >> 13
+    s = torch.arange(first + 1, first + 1 + S, dtype=torch.int64, device=device)  # stream + 1
+    s = ((s ^ h) * 0x01000193 + 0x7F4A7C15) & M32
+    return s ^ (s >> 13)
 
 
 def keep_mask(shape, p, key, *, layer, site, streams, device, offset=0):
@@ -75,7 +92,7 @@ def keep_mask(shape, p, key, *, layer, site, streams, device, offset=0):
     rows: offset = first row x the elements per row."""
     S = len(streams)
     part = (shape[0] // S, *shape[1:])
-    salts = torch.tensor([_salt(layer, site, s) for s in streams], dtype=torch.int64, device=device)
+    salts = _salts(layer, site, streams, device)
     k = key.to(device)
     k0 = _mix32(k[0] ^ salts).view(S, *[1] * len(part))  # (S, 1, ...)
     i = torch.arange(math.prod(part), dtype=torch.int64, device=device).view(1, *part) + offset

@@ -19,7 +19,7 @@ result a span of its own, the same label after 'wait ' (collective_events(..., w
     python -m tpcomm.trace plot OUT.png A.json [B.json ...] [--labels=a,b] [--step=0] [--title=T]
         one step of each trace, a row each on one time axis (labels with commas: --labels="['a, b', 'c']")
     python -m tpcomm.trace summary A.json [B.json ...]
-        the collectives of each step, and the time in them
+        the collectives of each step, and the time in them; per direction, how much of it ran beside compute
 
 Bad input (a missing or corrupt trace, a step the trace lacks, labels that do not match) is one line, exit 2.
 Under real TP each of these spans holds torch's own span of the collective (gloo:all_reduce, nccl:all_reduce).
@@ -292,11 +292,66 @@ def plot_timeline(sources, out_png, labels=None, *, step=0, title=None):
         plt.close(fig)
 
 
+def overlap_by_direction(events):
+    """Per direction ('fwd', 'bwd'; a gradient sync is 'bwd', as labelled) of collective_events(..., waits=True):
+    dict(n, in_ms, exposed_ms, beside_ms, share). A blocking collective is in progress over its span, all of it
+    exposed; an asynchronous one (a span followed by a 'wait ' span of the same label) from its issue to the end of
+    its wait, exposed only inside those two spans: the rest of it ran beside compute. share = beside / in. Host
+    spans: the same definitions as the counter's exposed and in-collective seconds (tpcomm/counting.py)."""
+    out = {d: dict(n=0, in_ms=0.0, exposed_ms=0.0) for d in ("fwd", "bwd")}
+    issued = {}  # label -> issue events not yet waited for, in order
+    rows = []  # [direction, start, end, exposed] per collective
+    for ev in sorted(events, key=lambda e: e["ts"]):
+        if ev["category"] == "wait":
+            pending = issued.get(ev["name"][len(WAIT_PREFIX):])
+            if pending:
+                row = pending.pop(0)
+                row[2] = max(row[2], ev["ts"] + ev["dur"])
+                row[3] += ev["dur"]
+            continue
+        row = [ev["direction"], ev["ts"], ev["ts"] + ev["dur"], ev["dur"]]
+        rows.append(row)
+        issued.setdefault(ev["name"], []).append(row)
+    for direction, start, end, exposed in rows:
+        d = out[direction]
+        d["n"] += 1
+        d["in_ms"] += (end - start) / 1e3
+        d["exposed_ms"] += exposed / 1e3
+    for d in out.values():
+        d["beside_ms"] = d["in_ms"] - d["exposed_ms"]
+        d["share"] = d["beside_ms"] / d["in_ms"] if d["in_ms"] else 0.0
+    return out
+
+
+def device_overlap(trace, start, end):
+    """GPU traces: (ms of NCCL kernels in [start, end], ms of them beside other kernels), or None without any."""
+    kernels = [e for e in _spans(trace) if e.get("cat") == "kernel" and start <= e["ts"] <= end]
+    comm = [(e["ts"], e["ts"] + e["dur"]) for e in kernels if "nccl" in e["name"].lower()]
+    if not comm:
+        return None
+    compute = [(e["ts"], e["ts"] + e["dur"]) for e in kernels if "nccl" not in e["name"].lower()]
+    beside = sum(max(0.0, min(b, d) - max(a, c)) for a, b in comm for c, d in _merged(compute))
+    return sum(b - a for a, b in comm) / 1e3, beside / 1e3
+
+
+def _merged(intervals):
+    merged = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return merged
+
+
 def summary(source):
-    """One line per step: its collectives by kind, and its time in them."""
+    """Two lines per step: its collectives by kind and its time in them; then per direction the time in collectives
+    and how much of it ran beside compute (overlap_by_direction), and on a GPU trace the NCCL kernels' time beside
+    other kernels."""
     lines = []
     trace = load_trace(source)
     events = collective_events(trace)
+    with_waits = collective_events(trace, waits=True)
     for i, (a, b) in enumerate(step_spans(trace)):
         mine = [ev for ev in events if ev["step"] == i]
         c = count(mine)
@@ -306,6 +361,14 @@ def summary(source):
                      + (f", {c['reduce_scatter']} reduce-scatters + {c['all_gather']} all-gathers"
                         if c["reduce_scatter"] or c["all_gather"] else "") + f"; {spent:.2f} of {(b - a) / 1e3:.2f} ms in "
                      f"collectives")
+        per = overlap_by_direction([ev for ev in with_waits if ev["step"] == i])
+        line = f"step {i} overlap: " + "; ".join(
+            f"{d} {v['in_ms']:.2f} ms in collectives, {v['exposed_ms']:.2f} exposed, {v['beside_ms']:.2f} beside "
+            f"compute ({100 * v['share']:.0f}%)" for d, v in per.items())
+        device = device_overlap(trace, a, b)
+        if device is not None:
+            line += f"; device: NCCL kernels {device[0]:.2f} ms, {device[1]:.2f} beside other kernels"
+        lines.append(line)
     return lines or [f"no steps; {len(events)} collectives"]
 
 
