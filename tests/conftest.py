@@ -215,8 +215,20 @@ FAST = {
 }
 
 
+# The files with the most train.py / torchrun runs start first: under xdist (--dist loadfile, one file per worker
+# at a time, handed out in this order) a long file starting last would leave the other worker idle at the end.
+LONG_FIRST = ["test_real_tp.py", "test_train_fsdp.py", "test_pipeline.py", "test_train_pipeline.py",
+              "test_train_reliability.py", "test_experiment.py", "test_checkpoints.py", "test_entry_points.py",
+              "test_ladder.py", "test_compile.py", "test_train.py", "test_sample.py"]
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         names = FAST.get(os.path.basename(str(item.fspath)), ())
         if names is None or any(item.name.startswith(n) if "[" in n else item.originalname == n for n in names):
             item.add_marker("fast")
+    result = yield  # -m and -k deselect, pytest groups parametrized fixtures
+    order = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: order.get(os.path.basename(str(item.fspath)), len(order)))  # stable: within a file
+    return result                                                                          # pytest's order stays
