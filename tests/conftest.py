@@ -120,7 +120,7 @@ def pytest_collection_finish(session):
     session.config.shared_launch_jobs = {n: list(jobs.values()) for n, jobs in needed.items()}
 
 
-def _launch_root(config, tmp_path_factory):
+def _launch_root(tmp_path_factory):
     """One folder per pytest session, shared by its xdist workers (each has its own basetemp below it)."""
     base = tmp_path_factory.getbasetemp()
     root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared_launches"
@@ -139,7 +139,7 @@ def shared_launch(request, launches):
     its world size; the job's traceback (and the launch's log) if it failed."""
     nproc, argv = launches[request.fixturename][getattr(request, "param", None)]
     config = request.config
-    root = _launch_root(config, request.getfixturevalue("tmp_path_factory"))
+    root = _launch_root(request.getfixturevalue("tmp_path_factory"))
     mine = _job_dir(root, nproc, argv)
     with open(root / f"{nproc}procs.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another xdist worker may be running this world's launch now
