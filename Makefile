@@ -22,13 +22,17 @@ setup:
 	fi
 	$(PY) -m pip install -q -r requirements.txt
 
-# the full suite (CI runs it): ~14 min on 2 CPU cores
+# Both tiers run as 2 pytest-xdist workers (-n 2) of one thread each, a test file per worker at a time (--dist
+# loadfile: a module's fixtures run once); the torchrun launches of one world size are shared by every test file
+# that needs them (tests/run_workers.py, docs/tests.md). Plain `pytest FILE` runs serially.
+# the full suite (CI runs it): 13 min 51 s serially on a quiet 2-core host before this layout; the goal and the
+# times measured since: docs/tests.md
 test: setup
-	OMP_NUM_THREADS=2 $(PY) -m pytest -q tests test_20k_experiment.py
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile tests test_20k_experiment.py
 
-# the fast tier while working (tests/conftest.py FAST): a few minutes on 2 CPU cores
+# the fast tier while working (tests/conftest.py FAST): 116 s serially before; goal and times: docs/tests.md
 test-fast: setup
-	OMP_NUM_THREADS=2 $(PY) -m pytest -q -m fast tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile -m fast tests
 
 # The communication sweep on Shakespeare-char (16 configs, one token budget): ~7.5 min on 2 CPU cores, trained
 # here into experiments/local/cpu/ (not committed; a rerun skips its finished runs): results.md (.csv, .json), three

@@ -1,8 +1,12 @@
+import fcntl
+import hashlib
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -88,6 +92,92 @@ def differs(a, b, rel):
     return any(b[it] != pytest.approx(a[it], rel=rel) for it in a)
 
 
+# ---------- shared torchrun launches (tests/run_workers.py) ----------
+# A test module declares the multi-process jobs its fixtures need, as data:
+#     SHARED_LAUNCHES = {"fixture_name": {param: (nproc, [script, arg, ...])}}   (param None: not parametrized)
+# where "{dir}" in an argument becomes the job's own output folder, and the fixture's body is one line:
+#     return json.load(open(shared_launch(request, SHARED_LAUNCHES) / "results.json"))["results"]
+# Every job of one world size that the selected tests need runs in one torchrun launch (run_workers.py), once per
+# session, also under pytest-xdist (the workers share the folder and take turns through a lock file).
+
+def _declared_jobs(item):
+    """(nproc, argv) of the shared-launch jobs the fixtures of this collected test need."""
+    jobs = []
+    for name, defs in getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {}).items():
+        module = sys.modules.get(getattr(defs[-1].func, "__module__", ""))
+        spec = getattr(module, "SHARED_LAUNCHES", {}).get(name)
+        if spec:
+            param = getattr(item, "callspec", None) and item.callspec.params.get(name)
+            jobs += [spec[param]] if param in spec else list(spec.values())
+    return jobs
+
+
+def pytest_collection_finish(session):
+    needed = {}
+    for item in session.items:
+        for nproc, argv in _declared_jobs(item):
+            needed.setdefault(nproc, {})[json.dumps(argv)] = list(argv)
+    session.config.shared_launch_jobs = {n: list(jobs.values()) for n, jobs in needed.items()}
+
+
+def _launch_root(tmp_path_factory):
+    """One folder per pytest session, shared by its xdist workers (each has its own basetemp below it)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared_launches"
+    root.mkdir(exist_ok=True)
+    return root
+
+
+def _job_dir(root, nproc, argv):
+    key = hashlib.sha1(json.dumps([nproc, argv]).encode()).hexdigest()[:10]
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", " ".join(os.path.basename(a) for a in argv[:2] if "{dir}" not in a))
+    return root / f"{nproc}procs_{slug.strip('_')}_{key}"
+
+
+def shared_launch(request, launches):
+    """The output folder of this fixture's job (launches[request.fixturename][param]), run in the shared launch of
+    its world size; the job's traceback (and the launch's log) if it failed."""
+    nproc, argv = launches[request.fixturename][getattr(request, "param", None)]
+    config = request.config
+    root = _launch_root(request.getfixturevalue("tmp_path_factory"))
+    mine = _job_dir(root, nproc, argv)
+    with open(root / f"{nproc}procs.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another xdist worker may be running this world's launch now
+        if not (mine / "launch").exists():
+            jobs = [j for j in getattr(config, "shared_launch_jobs", {}).get(nproc, []) if j != list(argv)]
+            jobs = [list(argv)] + [j for j in jobs if not (_job_dir(root, nproc, j) / "launch").exists()]
+            _run_launch(root, nproc, jobs)
+    errors = sorted(mine.glob("error.rank*.txt"))
+    log = (mine / "launch").read_text()
+    if errors or not (mine / "done").exists():
+        detail = "".join(f"--- {e.name}\n{e.read_text()}" for e in errors) or "the job did not finish"
+        raise AssertionError(f"{' '.join(argv)} in {os.path.basename(log)} failed:\n{detail}\n--- launch log tail\n"
+                             + open(log).read()[-5000:])
+    return mine
+
+
+def _run_launch(root, nproc, jobs):
+    specs = []
+    for argv in jobs:
+        d = _job_dir(root, nproc, argv)
+        d.mkdir(exist_ok=True)
+        specs.append(dict(dir=str(d), argv=[a.replace("{dir}", str(d)) for a in argv]))
+    n = len(list(root.glob(f"launch{nproc}procs_*.json")))
+    jobs_file, log = root / f"launch{nproc}procs_{n}.json", root / f"launch{nproc}procs_{n}.log"
+    jobs_file.write_text(json.dumps(specs, indent=1))
+    start = time.time()
+    try:  # each job was given 300-400 s as a launch of its own
+        r = run_script(*TORCHRUN, f"--nproc_per_node={nproc}", "tests/run_workers.py", str(jobs_file),
+                       timeout=300 * len(jobs))
+        text = f"exit status {r.returncode}\n{r.stdout}\n{r.stderr}"
+    except subprocess.TimeoutExpired as e:
+        text = f"timed out after {e.timeout} s\n{e.stdout}\n{e.stderr}"
+    log.write_text(f"{time.time() - start:.1f} s, {len(jobs)} jobs\n{text}")
+    for spec in specs:
+        with open(os.path.join(spec["dir"], "launch"), "w") as f:
+            f.write(str(log))
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "fast: in `make test-fast`, the few-minute tier (README, Tests)")
     config.addinivalue_line("markers", "slow: minutes on 2 cores; in the full suite only")
@@ -125,8 +215,20 @@ FAST = {
 }
 
 
+# The files with the most train.py / torchrun runs start first: under xdist (--dist loadfile, one file per worker
+# at a time, handed out in this order) a long file starting last would leave the other worker idle at the end.
+LONG_FIRST = ["test_real_tp.py", "test_train_fsdp.py", "test_pipeline.py", "test_train_pipeline.py",
+              "test_train_reliability.py", "test_experiment.py", "test_checkpoints.py", "test_entry_points.py",
+              "test_ladder.py", "test_compile.py", "test_train.py", "test_sample.py"]
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         names = FAST.get(os.path.basename(str(item.fspath)), ())
         if names is None or any(item.name.startswith(n) if "[" in n else item.originalname == n for n in names):
             item.add_marker("fast")
+    result = yield  # -m and -k deselect, pytest groups parametrized fixtures
+    order = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: order.get(os.path.basename(str(item.fspath)), len(order)))  # stable: within a file
+    return result                                                                          # pytest's order stays

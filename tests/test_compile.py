@@ -12,11 +12,29 @@ import torch
 import torch._dynamo
 
 from compile_check import STEPS, WARMUP, run_steps
-from conftest import TORCHRUN, run_script
+from conftest import shared_launch
 
 # aot_eager runs the same aten ops as eager: measured bitwise equal; 1e-6 leaves room for op reordering.
 # inductor fuses and reorders float reductions: ~1e-7 relative per op in fp32, measured < 2e-6 on these losses.
 TOL = {"aot_eager": 1e-6, "inductor": 1e-5}
+# real mode's asynchronous all-reduces (chunks, ladder), compressed exchanges and sequence parallelism
+REAL_VARIANTS = [dict(tp_overlap=2, tp_comm_dtype="int8", block_types=["ladder", "tp"]), dict(sequence_parallel=True),
+                 dict(tp_comm_dtype="int8", tp_comm_exchange="two_shot", block_types=["ladder", "tp"])]
+# tests/compile_worker.py in the shared launch of 2 processes (conftest.shared_launch)
+SHARED_LAUNCHES = {
+    "real_plain": {None: (2, ["tests/compile_worker.py", "{dir}/compile.json"])},
+    "real_variants": {None: (2, ["tests/compile_worker.py", "{dir}/compile.json", json.dumps(REAL_VARIANTS)])},
+}
+
+
+@pytest.fixture(scope="module")
+def real_plain(request):
+    return json.loads((shared_launch(request, SHARED_LAUNCHES) / "compile.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def real_variants(request):
+    return json.loads((shared_launch(request, SHARED_LAUNCHES) / "compile.json").read_text())
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
@@ -78,27 +96,18 @@ def test_inductor_masks_equal_eager():
     assert r["compiled"] == pytest.approx(r["eager"], rel=TOL["inductor"])
 
 
-def test_real_tp_compiled_traces_once_and_equals_eager(tmp_path):
-    out = tmp_path / "compile.json"
-    r = run_script(*TORCHRUN, "--nproc_per_node=2", "tests/compile_worker.py", str(out), timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
-    [result] = json.loads(out.read_text())
+def test_real_tp_compiled_traces_once_and_equals_eager(real_plain):
+    [result] = real_plain
     assert not result["recompiled"]
     assert result["compiled"] == pytest.approx(result["eager"], rel=TOL["aot_eager"])
     assert result["compiled_counts"] == result["eager_counts"]
 
 
-def test_real_tp_hide_delay_shrink_compiled_equal_eager(tmp_path):
+def test_real_tp_hide_delay_shrink_compiled_equal_eager(real_variants):
     """Real mode's asynchronous all-reduces (chunks, ladder), compressed exchanges and sequence parallelism's
     reduce-scatter / all-gather: compiled (collectives break the graph in real mode) == eager, no recompile."""
-    variants = [dict(tp_overlap=2, tp_comm_dtype="int8", block_types=["ladder", "tp"]), dict(sequence_parallel=True),
-                dict(tp_comm_dtype="int8", tp_comm_exchange="two_shot", block_types=["ladder", "tp"])]
-    out = tmp_path / "compile.json"
-    r = run_script(*TORCHRUN, "--nproc_per_node=2", "tests/compile_worker.py", str(out), json.dumps(variants),
-                   timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
-    results = json.loads(out.read_text())
-    assert len(results) == len(variants)
+    results = real_variants
+    assert len(results) == len(REAL_VARIANTS)
     for result in results:
         assert not result["recompiled"]
         assert result["compiled"] == pytest.approx(result["eager"], rel=TOL["aot_eager"])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import test_tensor_parallel
-from conftest import TINY, TORCHRUN, metrics, one_line_error, run_script, train
+from conftest import TINY, metrics, one_line_error, run_script, shared_launch, train
 from configurator import ConfigError
 from test_generate import stepwise_logits
 from test_tensor_parallel import N_EMBD, assert_same, batch, make_gpt, run, run_keyed, run_reference, with_dropout
@@ -273,12 +273,13 @@ def test_train_logs_compressed_bytes(tmp_path, char_data):
     assert all(r["compressed_bytes_per_token"] == 2 * (32 + 4) for r in records)
 
 
+# tests/compression_worker.py in the shared launch of 2 processes (conftest.shared_launch)
+SHARED_LAUNCHES = {"real_results": {None: (2, ["tests/compression_worker.py", "{dir}/results.json"])}}
+
+
 @pytest.fixture(scope="module")
-def real_results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("compression_tp2") / "results.json"
-    r = run_script(*TORCHRUN, "--nproc_per_node=2", "tests/compression_worker.py", str(out), timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
-    with open(out) as f:
+def real_results(request):
+    with open(shared_launch(request, SHARED_LAUNCHES) / "results.json") as f:
         return json.load(f)["results"]
 
 

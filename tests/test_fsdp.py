@@ -6,17 +6,16 @@ import json
 
 import pytest
 
-from conftest import TORCHRUN, run_script
+from conftest import shared_launch
 
+# tests/fsdp_worker.py in the shared launches of 2 and 4 processes (conftest.shared_launch)
+SHARED_LAUNCHES = {"results": {(nproc, tp): (nproc, ["tests/fsdp_worker.py", f"--tp={tp}", "{dir}/results.json"])
+                               for nproc, tp in ((2, 1), (4, 2))}}
 
 
 @pytest.fixture(scope="module", params=[(2, 1), (4, 2)], ids=["dp2", "dp2xtp2"])
-def results(request, tmp_path_factory):
-    nproc, tp = request.param
-    out = tmp_path_factory.mktemp(f"fsdp_{nproc}") / "results.json"
-    r = run_script(*TORCHRUN, f"--nproc_per_node={nproc}", "tests/fsdp_worker.py", f"--tp={tp}", str(out), timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
-    with open(out) as f:
+def results(request):
+    with open(shared_launch(request, SHARED_LAUNCHES) / "results.json") as f:
         return json.load(f)
 
 

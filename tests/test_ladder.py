@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import TORCHRUN, assert_same as assert_same_losses, differs, losses, run_script, train
+from conftest import assert_same as assert_same_losses, differs, losses, run_script, shared_launch, train
 from ladder_worker import MIXED, PATTERNS, expected_log, log_async, name
 from test_generate import stepwise_logits
 from test_tensor_parallel import (N_EMBD, N_LAYER, VOCAB, assert_same, batch, make_gpt, run, run_keyed,
@@ -311,11 +311,13 @@ def test_dropout_keyed_reproducible_and_eval_is_the_equation():
 
 # ---------- real tensor parallelism (torchrun, 2 gloo processes) ----------
 
+# tests/ladder_worker.py in the shared launch of 2 processes (conftest.shared_launch)
+SHARED_LAUNCHES = {"real": {None: (2, ["tests/ladder_worker.py", "{dir}"])}}
+
+
 @pytest.fixture(scope="module")
-def real(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ladder_real")
-    r = run_script(*TORCHRUN, "--nproc_per_node=2", "tests/ladder_worker.py", str(out), timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
+def real(request):
+    out = shared_launch(request, SHARED_LAUNCHES)
     with open(out / "results.json") as f:
         return json.load(f)["results"], out
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import TORCHRUN, TINY, one_line_error, run_script
+from conftest import TINY, one_line_error, run_script, shared_launch
 from test_tensor_parallel import N_LAYER, assert_same, batch, make_gpt, run, run_keyed, run_reference, with_dropout
 
 from configurator import ConfigError
@@ -131,12 +131,13 @@ def test_train_refuses_a_batch_k_does_not_divide(tmp_path, char_data):
 
 # ---------- real tensor parallelism (torchrun, 2 gloo processes), shared with test_sequence_parallel.py ----------
 
+# tests/overlap_sp_worker.py in the shared launch of 2 processes (conftest.shared_launch)
+SHARED_LAUNCHES = {"overlap_sp_real": {None: (2, ["tests/overlap_sp_worker.py", "{dir}"])}}
+
+
 @pytest.fixture(scope="session")
-def overlap_sp_real(tmp_path_factory):
-    out = tmp_path_factory.mktemp("overlap_sp_real")
-    r = run_script(*TORCHRUN, "--nproc_per_node=2", "tests/overlap_sp_worker.py", str(out), timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
-    with open(out / "results.json") as f:
+def overlap_sp_real(request):
+    with open(shared_launch(request, SHARED_LAUNCHES) / "results.json") as f:
         return json.load(f)["results"]
 
 

@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from conftest import TORCHRUN, assert_same, differs, losses, one_line_error, run_script, train, val_losses
+from conftest import (TORCHRUN, assert_same, differs, losses, one_line_error, run_script, shared_launch, train,
+                      val_losses)
 from configurator import ConfigError
 from tpcomm.pipeline import (bubble_fraction, format_timeline, replay, stage_layers, theoretical_bubble,
                              validate_pp_layout)
@@ -38,12 +39,13 @@ def expected_stream(kinds, layer):
     return "xbar"
 
 
+# tests/pp_worker.py in the shared launches of 2, 4 and 8 processes (conftest.shared_launch)
+SHARED_LAUNCHES = {"results": {n: (n, ["tests/pp_worker.py", "{dir}/results.json"]) for n in (2, 4, 8)}}
+
+
 @pytest.fixture(scope="module", params=[2, 4, 8], ids=["2procs", "4procs", "8procs"])
-def results(request, tmp_path_factory):
-    out = tmp_path_factory.mktemp(f"pp_{request.param}procs") / "results.json"
-    r = run_script(*TORCHRUN, f"--nproc_per_node={request.param}", "tests/pp_worker.py", str(out), timeout=400)
-    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
-    with open(out) as f:
+def results(request):
+    with open(shared_launch(request, SHARED_LAUNCHES) / "results.json") as f:
         return json.load(f)["results"]
 
 

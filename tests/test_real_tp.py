@@ -8,30 +8,32 @@ import re
 
 import pytest
 
-from conftest import ROOT, TINY, TORCHRUN, run_script
+from conftest import ROOT, TINY, TORCHRUN, run_script, shared_launch
 from real_tp_worker import CLIP, PATTERNS, STEPS, name
 
 FWD_ALLREDUCES = {"tp": 2, "spd": 1, "parallel": 0}  # docs/model.md, plus 1 when the model ends desynced
 
+# tests/real_tp_worker.py, in the shared launches of 2 and 4 processes (conftest.shared_launch)
+SHARED_LAUNCHES = {
+    "tp_results": {n: (n, ["tests/real_tp_worker.py", "--dp=1", "{dir}/results.json"]) for n in (2, 4)},
+    "dp2_tp2_results": {None: (4, ["tests/real_tp_worker.py", "--dp=2", "{dir}/results.json"])},
+}
 
-def launch_worker(tmp_path_factory, nproc, dp):
-    out = tmp_path_factory.mktemp(f"real_tp_{nproc}procs_dp{dp}") / "results.json"
-    r = run_script(*TORCHRUN, f"--nproc_per_node={nproc}", "tests/real_tp_worker.py", f"--dp={dp}", str(out),
-                   timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
-    with open(out) as f:
+
+def launched(request):
+    with open(shared_launch(request, SHARED_LAUNCHES) / "results.json") as f:
         return json.load(f)["results"]
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["tp2", "tp4"])
-def tp_results(request, tmp_path_factory):
+def tp_results(request):
     """dp=1: the world is one model replica of tp ranks."""
-    return launch_worker(tmp_path_factory, request.param, 1)
+    return launched(request)
 
 
 @pytest.fixture(scope="module")
-def dp2_tp2_results(tmp_path_factory):
-    return launch_worker(tmp_path_factory, 4, 2)
+def dp2_tp2_results(request):
+    return launched(request)
 
 
 def assert_match(result):
