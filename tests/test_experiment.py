@@ -188,14 +188,18 @@ def axes_jobs(name, seeds=None):
 
 def test_axes_sweeps_as_docs_axes_md_states():
     """cpu-long is the axes model (12 x 64, 8 heads, tp 4, 5000 steps, checkpointing); tp-axis and size-axis share
-    its runs (same files, same configs) rather than duplicating them; seed-major, 3 seeds."""
+    its runs (same files, same configs) rather than duplicating them; seed-major, 3 seeds, and for the resolved
+    patterns 10 (all tp and all spd 11: the power calculation in docs/axes.md)."""
     long = axes_jobs("cpu-long")
     cfg = long[0].cfg
     assert (cfg["n_layer"], cfg["n_embd"], cfg["n_head"], cfg["tp_size"], cfg["block_size"], cfg["batch_size"]) == \
         (12, 64, 8, 4, 64, 12)
     assert (cfg["max_iters"], cfg["lr_decay_iters"], cfg["eval_interval"], cfg["eval_iters"]) == (5000, 5000, 250, 50)
     assert all(j.cfg["always_save_checkpoint"] and j.cfg["dataset"] == "shakespeare_char" for j in long)
-    assert [j.seed for j in long] == [1337] * 10 + [1338] * 10 + [1339] * 10  # seed-major
+    resolved = [s for seed in range(1340, 1347) for s in [seed] * 8]  # the 8 resolved patterns, seeds 4 to 10
+    assert [j.seed for j in long] == [1337] * 11 + [1338] * 11 + [1339] * 11 + resolved + [1347] * 2  # seed-major
+    assert [j.run.name for j in long[-10:]] == ["all-tp", "all-spd", "parallel-spd", "all-parallel", "all-ladder",
+                                                "all-tp-int8", "all-spd-int8", "all-tp-int8-2shot", "all-tp", "all-spd"]
     assert [results.block_pattern(j.cfg) for j in long[:6]] == [
         "['tp']*12", "['spd']*12", "['parallel','spd']*6", "['parallel']*12", "['ladder']*12", "['tp']*6+['ladder']*6"]
     by_path = {j.result_path: j.cfg for j in long}
@@ -206,7 +210,8 @@ def test_axes_sweeps_as_docs_axes_md_states():
         for j in jobs:  # a shared run: cpu-long's file and exactly cpu-long's config
             assert j.result_path not in by_path or by_path[j.result_path] == j.cfg
             assert (j.sweep == "cpu-long") == (j.result_path in by_path)
-    assert [j.cfg["tp_comm_dtype"] for j in long[6:10]] == ["bf16", "fp8", "int8", "int8"]  # shrunk syncs
+    assert [j.cfg["tp_comm_dtype"] for j in long[6:11]] == ["bf16", "fp8", "int8", "int8", "int8"]  # shrunk syncs
+    assert [j.cfg["tp_comm_exchange"] for j in long[8:11]] == ["one_shot", "one_shot", "two_shot"]
     assert counts == {"tp-axis": (3 * 16 + 2, 18), "size-axis": (27, 9), "convergence": (9, 0)}
     tp_axis = axes_jobs("tp-axis")
     assert sorted({j.cfg["tp_size"] for j in tp_axis}) == [2, 4, 8]
