@@ -612,21 +612,8 @@ class ColumnInput:
         parts, ln_in = self.parts, None
         if norm == "fan_out" and not group.real:  # LN(s) once; s passed twice (dynamo wants distinct tensors)
             parts, ln_in = (parts[0].view_as(parts[0]), *parts[1:]), parts[0]
-        apply = _apply_eagerly if group.real else _FusedColumn.apply
-        return apply(group, norm, resid, site, self.link, W, b, self.ln_w, self.ln_b, ln_in, *parts)
-
-
-@torch.compiler.disable  # real mode: compiled code runs it eagerly between its graphs, as it does f and g there
-def _apply_eagerly(*args):
-    return _FusedColumn.apply(*args)
-
-
-# ---------- sequence parallelism (Megatron-LM, arXiv 2205.05198): f and g along the tokens ----------
-# Between blocks the synced stream is sharded along the N = B*T tokens: rank j holds tokens [j*N/tp, (j+1)*N/tp)
-# (simulated: held whole, every shard side by side). f becomes an all-gather of the tokens (backward: reduce-scatter)
-# and g a reduce-scatter (backward: all-gather). Counted apart from the all-reduces (CommCounter.add_sp).
-
-
+        # compiled, real mode too: its all-reduce is a functional collective inside the graph (RealTP.traceable)
+        return _FusedColumn.apply(group, norm, resid, site, self.link, W, b, self.ln_w, self.ln_b, ln_in, *parts)
 
 
 f, g = copy_to_tp_region, reduce_from_tp_region  # the names the literature uses
