@@ -38,7 +38,6 @@ of a finished run) is one line naming it, exit status 2.
 import hashlib
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -47,131 +46,14 @@ import sys
 import time
 from dataclasses import dataclass
 
-from tpcomm import plots, results
 from configurator import ConfigError
+from tpcomm import ROOT, plots, results
+from tpcomm.sweep_records import (finished_seeds, git_state, load_result, machine_info, read_done,  # noqa: F401
+                                   record_job, rows_of, run_dir_finished, same_config)
+from tpcomm.sweep_plan import (AXES_CONFIG, AXES_SEEDS, AXES_SIZE, AXES_STEPS, CONVERGENCE_STEPS, PATTERNS,  # noqa: F401
+                               RESOLVED_SEEDS, SIZES, SWEEP_REMARKS, SWEEP_SEEDS, SWEEPS, TP_AXIS_PATTERNS, Run)
 
-from tpcomm import ROOT
 RUNNER_OPTIONS = ("seeds", "nproc", "out", "report-only", "dry-run", "counts", "check")
-
-
-@dataclass(frozen=True)
-class Run:
-    """One point of a sweep: a train.py config file plus its own --key=value overrides."""
-    name: str  # e.g. '24comm'; run directories are <name>-seed<S>
-    config: str  # relative to the repo root
-    overrides: tuple = ()
-    nproc: int = 1  # processes per run (torchrun when > 1)
-    home: str = None  # the sweep whose directory holds this run when another sweep shares it (None: this sweep's)
-    seeds: tuple = None  # the only seeds this run is trained with (None: every seed of the sweep)
-
-
-def comm_runs(pattern, budgets, *, overrides=(), nproc=1):
-    return [Run(f"{n}comm", pattern.format(n), tuple(overrides), nproc) for n in budgets]
-
-
-# the syncs kept but delayed (ladder) or shrunk (tp_comm_dtype): a budget's config with one change, named
-# <n>comm-<change> (n still the forward all-reduces it runs)
-DELAY_SHRINK = {"ladder": "--block_types=['ladder']*12", "ladder-upper": "--block_types=['tp']*6+['ladder']*6",
-                **{dtype: f"--tp_comm_dtype={dtype}" for dtype in ("bf16", "fp8", "int8")}}
-
-
-def delay_shrink_runs(pattern):
-    """all 'tp' (24 syncs) delayed or compressed each way, and all 'spd' (12) compressed to int8."""
-    return [*(Run(f"24comm-{change}", pattern.format(24), (flag,)) for change, flag in DELAY_SHRINK.items()),
-            Run("12comm-int8", pattern.format(12), (DELAY_SHRINK["int8"],))]
-
-
-# ---- the axes sweeps (docs/axes.md): one model, varied along one axis at a time, 3 seeds, resumable ----
-AXES_CONFIG = "config/sweep_axes.py"  # 12 layers x 64, 8 heads, tp 4, 5000 steps, eval every 250 on 50 batches
-AXES_SIZE, AXES_STEPS, AXES_SEEDS = (12, 64, 8), 5000, (1337, 1338, 1339)
-# cpu-long's resolved patterns get ten seeds, all spd and its baseline eleven: the power calculation in docs/axes.md
-# ("Seeds for a 0.010 half-width")
-RESOLVED_SEEDS = tuple(range(1337, 1348))
-PATTERNS = {  # block pattern of n layers
-    "all-tp": lambda n: ["tp"] * n,
-    "all-spd": lambda n: ["spd"] * n,
-    "parallel-spd": lambda n: ["parallel", "spd"] * (n // 2),
-    "all-parallel": lambda n: ["parallel"] * n,
-    "all-ladder": lambda n: ["ladder"] * n,  # every sync kept, each one module late (Ladder Residual)
-    "ladder-upper": lambda n: ["tp"] * (n // 2) + ["ladder"] * (n - n // 2),  # the paper's conversion of the upper half
-}
-TP_AXIS_PATTERNS = ("all-spd", "parallel-spd", "all-parallel", "all-ladder", "ladder-upper")
-# (n_layer, n_embd, n_head): max_iters. Tokens per parameter fixed (docs/axes.md, "The size axis"): steps =
-# 3,840,000 / 591,424 non-embedding parameters (the 12 x 64 model at 5000 steps: 6.49 tokens/param) x the size's
-# non-embedding parameters / 768 tokens per step, rounded to a multiple of 20 (an eval every 5% of training);
-# tests/test_experiment.py recomputes it from the models.
-SIZES = {(12, 64, 8): 5000, (4, 48, 4): 940, (2, 32, 4): 200}
-CONVERGENCE_STEPS = 20000  # docs/axes.md: planned from the old cpu-long curve; the baseline is still not flat here
-
-
-def axes_run(pattern, *, tp=4, size=AXES_SIZE, steps=AXES_STEPS, home=None, seeds=None, comm_dtype=None,
-             exchange=None):
-    """A run of the axes model with one thing changed. The schedule scales with the steps: warmup 1%, cosine decay
-    to the last step, an eval every 5% (5000 steps: warmup 50, eval every 250, as config/sweep_axes.py)."""
-    n_layer, n_embd, n_head = size
-    overrides = [f"--block_types={results.compact_list(PATTERNS[pattern](n_layer))}"]
-    name = pattern
-    if comm_dtype is not None:  # the syncs shrunk: block-quantized (docs/compression.md)
-        overrides.append(f"--tp_comm_dtype={comm_dtype}")
-        name += f"-{comm_dtype}"
-    if exchange is not None:  # 'two_shot': reduce-scatter then all-gather of the compressed sums
-        overrides.append(f"--tp_comm_exchange={exchange}")
-        name += "-2shot" if exchange == "two_shot" else f"-{exchange}"
-    if tp != 4:
-        overrides.append(f"--tp_size={tp}")
-        name += f"-tp{tp}"
-    if size != AXES_SIZE:
-        overrides += [f"--n_layer={n_layer}", f"--n_embd={n_embd}", f"--n_head={n_head}"]
-        name += f"-{n_layer}x{n_embd}"
-    if steps != AXES_STEPS:
-        overrides += [f"--max_iters={steps}", f"--lr_decay_iters={steps}", f"--warmup_iters={steps // 100}",
-                      f"--eval_interval={steps // 20}"]
-    return Run(name, AXES_CONFIG, tuple(overrides), home=home, seeds=seeds)
-
-
-def shared(pattern, **kw):
-    """An axes run that is one of cpu-long's (tp 4, the axes model, 5000 steps): its files are cpu-long's."""
-    return axes_run(pattern, home="cpu-long", **kw)
-
-
-SWEEPS = {
-    # the six SPEC budgets plus lower ones, then 24 syncs delayed or shrunk; one token budget, ~27 s per run
-    "cpu": [*comm_runs("config/train_shakespeare_char_{}comm.py", (24, 18, 16, 12, 8, 6, 4, 3, 2, 1)),
-            *delay_shrink_runs("config/train_shakespeare_char_{}comm.py")],
-    # GPT-2 124M on OpenWebText, 20k steps (~9.8B tokens) per run: for a GPU node (--nproc=8)
-    "gpt2": comm_runs("config/train_gpt2_{}comm.py", (24, 18, 16, 12, 8, 6)),
-    # the CPU configs with real tensor parallelism: 2 processes, one shard each, all-reduces through gloo
-    "cpu-real": comm_runs("config/train_shakespeare_char_{}comm.py", (24, 18, 16, 12, 8, 6, 4, 3, 2, 1),
-                          overrides=("--tp_size=2", "--tp_mode=real"), nproc=2),
-    # past the early phase: the axes model (cpu's 12 x 64 with 8 heads), 10x longer than "cpu", in eleven patterns:
-    # three that drop syncs, two that delay them (ladder), five that shrink them (int8 also two-shot);
-    # the resolved patterns (all tp, three drops, all ladder, int8 one- and two-shot) with RESOLVED_SEEDS, the rest 3
-    "cpu-long": [*(axes_run(p) for p in ("all-tp", "all-spd")),
-                 *(axes_run(p, seeds=RESOLVED_SEEDS[:10]) for p in ("parallel-spd", "all-parallel", "all-ladder")),
-                 axes_run("ladder-upper", seeds=AXES_SEEDS),
-                 *(axes_run("all-tp", comm_dtype=d, seeds=AXES_SEEDS) for d in ("bf16", "fp8")),  # shrunk: 24 syncs
-                 axes_run("all-tp", comm_dtype="int8", seeds=RESOLVED_SEEDS[:10]),
-                 axes_run("all-spd", comm_dtype="int8", seeds=RESOLVED_SEEDS[:10]),
-                 axes_run("all-tp", comm_dtype="int8", exchange="two_shot", seeds=RESOLVED_SEEDS[:10])],
-    # the tp degree: 2, 4 (cpu-long's runs) and 8; all-tp once at tp 4, and for seed 1337 at tp 2 and 8 to show it
-    # is the same model at every degree
-    "tp-axis": [shared("all-tp"),
-                *(axes_run(p, tp=tp) if tp != 4 else shared(p) for tp in (2, 4, 8) for p in TP_AXIS_PATTERNS),
-                axes_run("all-tp", tp=2, seeds=(1337,)), axes_run("all-tp", tp=8, seeds=(1337,))],
-    # the model size at one tokens/parameter: 3 sizes spanning 24x in non-embedding parameters (12 x 64: cpu-long's)
-    "size-axis": [shared(p) if size == AXES_SIZE else axes_run(p, size=size, steps=steps)
-                  for size, steps in SIZES.items() for p in ("all-tp", "all-spd", "all-parallel")],
-    # the axes model trained 4x longer; meant to reach a flat baseline (< 1% over the last fifth, results.flatness),
-    # which 20,000 steps do not: docs/axes.md says why and what that costs
-    "convergence": [axes_run(p, steps=CONVERGENCE_STEPS) for p in ("all-tp", "all-spd", "all-parallel")],
-}
-SWEEP_SEEDS = {**{name: AXES_SEEDS for name in ("tp-axis", "size-axis", "convergence")},
-               "cpu-long": RESOLVED_SEEDS}  # else 1337
-SWEEP_REMARKS = {  # printed with the sweep's table and written into its results.md
-    "cpu": "These 500-step runs (384,000 tokens) are early training: here fewer syncs give a LOWER loss. Trained 10x "
-           "longer (docs/axes.md, `python experiment.py cpu-long`, 3.84M tokens) the advantage is gone and all-"
-           "parallel ends HIGHER than all-tp: read those runs before taking this table as a quality result.",
-}
 
 
 class SweepError(ValueError):
@@ -301,32 +183,6 @@ def check_token_budget(jobs):
             break
 
 
-def read_done(out_dir):
-    """The run's done.json, or None when it is missing or unreadable. The runner writes done.json last, atomically,
-    after train.py succeeded; one that is not a JSON object with a non-empty 'config' object (truncated, edited,
-    from elsewhere) marks no finished run, so the run is redone rather than reported from unknown files."""
-    try:
-        with open(os.path.join(out_dir, "done.json")) as f:
-            done = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    if not isinstance(done, dict) or not isinstance(done.get("config"), dict) or not done["config"]:
-        return None
-    return done
-
-
-def same_config(recorded, cfg):
-    """The first key whose value differs (keys that train.py gained or lost since are ignored), or None."""
-    return next((k for k, v in cfg.items() if k in recorded and recorded[k] != v), None)
-
-
-def run_dir_finished(job):
-    """train.py finished in the run directory: a valid done.json records this run's config (a changed config value
-    makes the run stale)."""
-    done = read_done(job.out_dir)
-    return done is not None and same_config(done["config"], job.cfg) is None
-
-
 def result_problem(job):
     """None when the job's result file is valid and records its config; else why not, in words."""
     if not os.path.exists(job.result_path):
@@ -414,35 +270,6 @@ def run_job(job, *, bar=None):
 def stop_on_sigterm(signum, frame):
     """kill PID stops a sweep as Ctrl-C does: train.py is stopped too (a background job ignores SIGINT)."""
     raise KeyboardInterrupt(f"signal {signum}")
-
-
-def git_state():
-    """{"commit": HEAD, "dirty": tracked files changed} of the checkout, or None outside git."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=60)
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                                capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if head.returncode or status.returncode:
-        return None
-    return dict(commit=head.stdout.strip(), dirty=bool(status.stdout.strip()))
-
-
-def machine_info():
-    import torch
-
-    return dict(cpu_count=os.cpu_count(), torch=torch.__version__, python=platform.python_version(),
-                arch=platform.machine(), omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
-                cuda=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
-
-
-def record_job(job, *, git):
-    """Write the job's result file from its finished run directory; returns the record."""
-    record = results.run_record(job.out_dir, sweep=job.sweep, run=job.run.name, config=job.cfg, git=git,
-                                machine=machine_info())
-    results.write_record(record, job.result_path)
-    return record
 
 
 def record_finished(jobs, *, say=print):
@@ -542,43 +369,6 @@ def run_sweep(jobs, *, desc="sweep"):
                     lock.release()
             bar.update(1)
     return busy
-
-
-def finished_seeds(dirs, runs):
-    """Seeds with a result file or a run directory in the sweep's directories, so the report covers seeds added by
-    earlier invocations."""
-    names = {r.name for r in runs}
-    seeds = set()
-    for d in dirs:
-        for where, pattern in ((d, r"(.+)-seed(\d+)"), (os.path.join(d, "runs"), r"(.+)-seed(\d+)\.json")):
-            for f in os.listdir(where) if os.path.isdir(where) else ():
-                m = re.fullmatch(pattern, f)
-                if m and m.group(1) in names:
-                    seeds.add(int(m.group(2)))
-    return seeds
-
-
-def load_result(job, *, say=print):
-    """The job's result record; None when there is none, or a stale one (said so). A corrupt file raises
-    ResultsError naming it."""
-    if not os.path.exists(job.result_path):
-        return None
-    record = results.read_record(job.result_path)
-    key = same_config(record["config"], job.cfg)
-    if key is not None:
-        say(f"left out {job.label}: {job.result_path} is stale ({key}={record['config'][key]!r}, the sweep has "
-            f"{job.cfg[key]!r})")
-        return None
-    return record
-
-
-def rows_of(jobs, *, say=print):
-    """Summarized rows (results.summarize) of the jobs' result files, one per run name, and the names without one."""
-    groups = {}
-    for j in jobs:
-        record = load_result(j, say=say)
-        groups.setdefault(j.run.name, []).extend([record] if record else [])
-    return results.summarize(list(groups.items())), [name for name, recs in groups.items() if not recs]
 
 
 def report(jobs, sweep_dir, *, title, note="", remark=""):
