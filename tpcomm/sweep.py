@@ -46,7 +46,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from configurator import ConfigError
+from configurator import ConfigError, configure
 from tpcomm import ROOT, plots, results
 from tpcomm.sweep_records import (finished_seeds, git_state, load_result, machine_info, read_done,  # noqa: F401
                                    record_job, rows_of, run_dir_finished, same_config)
@@ -94,8 +94,7 @@ def plan(runs, *, sweep_dir, seeds, overrides=(), nproc=None, check_data=True, s
     """Resolve every run's train.py config and check the sweep before any work: configs load, data exists,
     processes fit the layout, and the runs of one model size train on the same number of tokens. A run with a home
     lives in homes[run.home] (default: sweep_dir too); seed-major order."""
-    from configurator import configure
-    from train import DEFAULTS
+    from tpcomm.train_config import DEFAULTS
 
     jobs = []
     for seed in seeds:  # seed-major: an unfinished sweep holds whole seeds of every config
@@ -138,24 +137,13 @@ def check_data_files(jobs):
 
 
 def check_train_config(cfg):
-    """train.py's own checks that need no data, no checkpoint and no torchrun, so that a sweep with a bad override
-    (--eval_interval=0) stops before its first run. Raises ConfigError naming key and value."""
-    import train
-
-    for key, default in train.DEFAULTS.items():  # configure() lets None through for any key (--batch_size=None)
-        if isinstance(default, (int, float)) and not isinstance(default, bool) and \
-                (not isinstance(cfg[key], (int, float)) or isinstance(cfg[key], bool)):
-            raise ConfigError(f"{key} must be a number, got {cfg[key]!r}")
+    """train.py's checks that need no data, no checkpoint and no torchrun (train_config.check_offline), and the
+    runner's own: every run starts from scratch. Raises ConfigError naming key and value."""
     if cfg["init_from"] == "resume":
         raise ConfigError("init_from='resume': the runner starts every run from scratch (a finished run is skipped)")
-    if cfg["tp_mode"] not in ("simulated", "real"):  # train.py checks these with the launch and the device
-        raise ConfigError(f"tp_mode must be 'simulated' or 'real', got {cfg['tp_mode']!r}")
-    if cfg["dtype"] not in ("auto", "float32", "bfloat16", "float16"):
-        raise ConfigError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg['dtype']!r}")
-    # what happens to a checkpoint left in a run directory (resume, or a fresh start) is the runner's choice
-    # (run_job), not a reason to refuse the plan: train.py's out_dir check is skipped here
-    train.check_settings(dict(cfg, overwrite=True))
-    train.check_model(cfg)
+    from tpcomm.train_config import check_offline  # torch: imported only when a sweep is planned
+
+    check_offline(cfg)
 
 
 def tokens_of(cfg):
