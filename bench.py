@@ -9,6 +9,9 @@ $ torchrun --standalone --nproc_per_node=2 bench.py --model_type=distributed_gpt
 $ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 bench.py --model_type=distributed_gpt --tp_size=2 \
       --tp_mode=real --device=cpu --n_layer=12 --n_head=8 --n_embd=128 --block_size=64 --vocab_size=65 \
       --patterns="['tp', 'spd', ['parallel','spd']*6, 'parallel']"
+Every model key train.py takes is a flag here too (--tp_overlap=2, --sequence_parallel=True, --tp_comm_dtype=int8,
+...; tpcomm/bench_config.py), checked as train.py checks it; --variants times several settings of the sync keys in
+one run, each over the flags.
 --mode=decode times generation instead (KV cache, greedy): prefill ms and per-token decode ms for each pattern and
 each of --batch_sizes, with the time in collectives, and --plot=FILE draws ms/token against the all-reduces.
 --mode=memory measures each rank's peak memory when the model is built and during training steps, for any

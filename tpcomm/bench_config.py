@@ -154,21 +154,21 @@ def variants_of(cfg):
 def combinations(cfg):
     """([(block_types, variant)] to time, [a note per pair that does not run, e.g. 'ladder' with SP]); ConfigError
     naming a variant that runs with no pattern (a bad value, or a setting nothing here can use)."""
-    runs, skipped = [], []
-    patterns = cfg["patterns"] or [cfg["block_types"]]
-    for variant in variants_of(cfg):
-        refusals = []
-        for block_types in patterns:
+    runs, skipped, refused = [], [], {}
+    patterns, variants = cfg["patterns"] or [cfg["block_types"]], variants_of(cfg)
+    for block_types in patterns:
+        for i, variant in enumerate(variants):
             try:
                 check_variant(cfg, block_types, variant)
                 runs.append((block_types, variant))
             except ConfigError as e:
-                refusals.append((block_types, e))
-        if len(refusals) == len(patterns):
+                refused.setdefault(i, []).append(e)
+                skipped.append(f"skipped {pattern_label(block_types)}{variant_name(sync_options(cfg, variant))}: {e}")
+    for i, errors in refused.items():
+        if len(errors) == len(patterns):  # runs with no pattern: a bad value, or a setting nothing here can use
             if cfg["variants"] is None:  # the flags as given
-                raise refusals[0][1]
-            raise ConfigError(f"variants: {variant!r} runs with no pattern: {refusals[0][1]}")
-        skipped += [f"skipped {pattern_label(p)}{variant_name(sync_options(cfg, variant))}: {e}" for p, e in refusals]
+                raise errors[0]
+            raise ConfigError(f"variants: {variants[i]!r} runs with no pattern: {errors[0]}")
     return runs, skipped
 
 
