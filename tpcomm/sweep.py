@@ -437,6 +437,8 @@ def parse_args(argv):
             raise SweepError(f"--nproc must be >= 1, got {opts['nproc']}")
     if "out" in opts and (opts["out"] is True or not opts["out"]):
         raise SweepError("--out takes a directory: --out=DIR")
+    if "out" in opts and os.path.exists(opts["out"]) and not os.path.isdir(opts["out"]):
+        raise SweepError(f"--out={opts['out']} is a file, not a directory")
     if "seed" in {o[2:].split("=", 1)[0] for o in overrides}:
         raise SweepError("use --seeds=S1,S2 (the runner's option) rather than --seed")
     return sweep, opts, overrides
@@ -498,6 +500,8 @@ def main(argv, *, report_main=None):
         return
     if opts.get("report-only"):
         found = sorted(finished_seeds(dirs, runs))
+        if not found and not opts["seeds"]:  # before the report's lock: nothing is written into an empty directory
+            raise SweepError(f"no finished runs in {', '.join(dirs)}: nothing to report (run the sweep first)")
         jobs = plan(runs, seeds=opts["seeds"] or found or seeds, nproc=opts["nproc"], check_data=False, **planned)
         with report_lock(sweep_dir):
             record_finished(jobs)
