@@ -193,7 +193,10 @@ def test_axes_sweeps_as_docs_axes_md_states():
         (12, 64, 8, 4, 64, 12)
     assert (cfg["max_iters"], cfg["lr_decay_iters"], cfg["eval_interval"], cfg["eval_iters"]) == (5000, 5000, 250, 50)
     assert all(j.cfg["always_save_checkpoint"] and j.cfg["dataset"] == "shakespeare_char" for j in long)
-    assert [j.seed for j in long] == [1337] * 10 + [1338] * 10 + [1339] * 10  # seed-major
+    # seed-major; docs/axes.md's power calculation: 3 seeds of all 11 configs, then the resolved ones to 10 seeds
+    # (all tp and all spd, the baseline pair, to 11)
+    assert [j.seed for j in long] == [s for s in (1337, 1338, 1339) for _ in range(11)] + [
+        s for s in range(1340, 1347) for _ in range(8)] + [1347] * 2
     assert [results.block_pattern(j.cfg) for j in long[:6]] == [
         "['tp']*12", "['spd']*12", "['parallel','spd']*6", "['parallel']*12", "['ladder']*12", "['tp']*6+['ladder']*6"]
     by_path = {j.result_path: j.cfg for j in long}
