@@ -45,7 +45,6 @@ from configurator import ConfigError, configure, exit_on_config_error
 from tpcomm.bench_config import (DEFAULTS, combinations, pattern_label, sync_options, validate,  # noqa: F401
                                  validate_pipeline, variant_name)
 from tpcomm.build import build_model
-from tpcomm.options import gpt_args
 from tpcomm.runtime import autocast_context, pick_device_and_dtype, setup_runtime
 from tpcomm.parallel_dims import check_layout, init_parallel, launched_by_torchrun, shutdown
 
@@ -325,7 +324,7 @@ def bench(cfg, pd, device, device_type, dtype):
         models = {pattern_label(p) + variant_name(sync_options(cfg, v)):
                   build_model("distributed_gpt", dict(args, block_types=p, **v), pd=pd).to(device) for p, v in runs}
         if cfg["compare"] and cfg["tp_mode"] == "simulated":
-            models["gpt"] = build_model("gpt", gpt_args(args)).to(device)
+            models["gpt"] = build_model("gpt", args).to(device)
     else:
         models = {"gpt": build_model("gpt", args).to(device)}
     say = print if pd.is_master else (lambda *a, **k: None)

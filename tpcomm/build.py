@@ -11,13 +11,16 @@ from configurator import ConfigError
 from tensor_parallel_model import DistributedGPT
 from tpcomm.data_parallel import INIT_DEVICES
 from tpcomm.models import PlainGPT
-from tpcomm.options import MODEL_TYPES, TPConfig, model_config  # noqa: F401 (MODEL_TYPES: where scripts read it)
+from tpcomm.options import MODEL_TYPES, TPConfig, gpt_args, model_config  # noqa: F401 (MODEL_TYPES: scripts read it)
 
 
 def build_model(model_type, model_args, *, pd=None, init_device="default"):
     """PlainGPT or DistributedGPT from a dict of GPTConfig fields (nanoGPT's 7, gelu_approximate) and, for
     distributed_gpt, tp_size, block_types, loss_parallel and the TP_COMM_OPTIONS, checked by options.model_config.
-    Extra keys are ignored, so a run's config dict works too."""
+    Extra keys are ignored (for 'gpt' the TP keys too: the same sizes as a plain GPT), so a run's config dict works
+    too; a run's options are checked, TP keys of a 'gpt' refused, where they enter (train_config.check_model)."""
+    if model_type == "gpt":
+        model_args = gpt_args(model_args)
     return model_from_config(model_config(model_type, model_args), pd=pd, init_device=init_device)
 
 
