@@ -76,9 +76,6 @@ def validate_sync_options(*, tp_overlap, sequence_parallel, block_types, tp_size
 
 def check_compression_block(*, tp_comm_dtype, tp_comm_block, n_embd, default=32):
     """tp_comm_block where nothing reads it: refused rather than ignored (tpcomm/compression.py checks the rest)."""
-    if tp_comm_dtype is None and tp_comm_block != default:
-        raise ConfigError(f"tp_comm_block={tp_comm_block!r} has no effect with tp_comm_dtype=None (no compression): "
-                          f"set tp_comm_dtype too, or leave tp_comm_block at {default}")
     if tp_comm_dtype == "bf16" and isinstance(tp_comm_block, int) and tp_comm_block >= 1 and n_embd % tp_comm_block:
         raise ConfigError(f"tp_comm_block={tp_comm_block} has no effect with tp_comm_dtype='bf16' (bf16 moves no "
                           f"scales, so no blocks): leave tp_comm_block at {default}")
@@ -126,6 +123,10 @@ def model_config(model_type, args, *, tp_mode="simulated"):
     gpt = {f.name: args[f.name] for f in fields(GPTConfig) if args.get(f.name) is not None}
     if model_type == "distributed_gpt":
         tp = {k: args[k] for k in TP_KEYS if k in args}
+        block = tp.get("tp_comm_block", TP_DEFAULTS["tp_comm_block"])
+        if tp.get("tp_comm_dtype") is None and block != TP_DEFAULTS["tp_comm_block"]:  # a run's option, ignored
+            raise ConfigError(f"tp_comm_block={block!r} has no effect with tp_comm_dtype=None (no compression): set "
+                              f"tp_comm_dtype too, or leave tp_comm_block at {TP_DEFAULTS['tp_comm_block']}")
         return TPConfig(**gpt, **dict(tp, loss_parallel=bool(tp.get("loss_parallel", False))))
     check_heads(n_embd=gpt.get("n_embd", GPTConfig.n_embd), n_head=gpt.get("n_head", GPTConfig.n_head))
     if tp_mode != "simulated" or args.get("tp_size", 1) != 1 or args.get("block_types") is not None:
