@@ -9,6 +9,9 @@ $ torchrun --standalone --nproc_per_node=2 bench.py --model_type=distributed_gpt
 $ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 bench.py --model_type=distributed_gpt --tp_size=2 \
       --tp_mode=real --device=cpu --n_layer=12 --n_head=8 --n_embd=128 --block_size=64 --vocab_size=65 \
       --patterns="['tp', 'spd', ['parallel','spd']*6, 'parallel']"
+Every model key train.py takes is a flag here too (--tp_overlap=2, --sequence_parallel=True, --tp_comm_dtype=int8,
+...; tpcomm/bench_config.py), checked as train.py checks it; --variants times several settings of the sync keys in
+one run, each over the flags.
 --mode=decode times generation instead (KV cache, greedy): prefill ms and per-token decode ms for each pattern and
 each of --batch_sizes, with the time in collectives, and --plot=FILE draws ms/token against the all-reduces.
 --mode=memory measures each rank's peak memory when the model is built and during training steps, for any
@@ -33,57 +36,16 @@ $ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 bench.py --mode=pip
       --n_layer=12 --n_head=8 --n_embd=128 --block_size=64 --batch_size=4 --vocab_size=65 --microbatches=[4,8,16]
 """
 
-import os
 import sys
 
 import torch
 
-from tpcomm.runtime import DeviceClock, autocast_context, pick_device, pick_dtype, setup_runtime
-from tpcomm.build import build_model
 from configurator import ConfigError, configure, exit_on_config_error
+from tpcomm.bench_config import (DEFAULTS, combinations, pattern_label, sync_options, validate,  # noqa: F401
+                                 validate_pipeline, variant_name)
+from tpcomm.build import build_model
+from tpcomm.runtime import DeviceClock, autocast_context, pick_device_and_dtype, setup_runtime
 from tpcomm.parallel_dims import check_layout, init_parallel, launched_by_torchrun, shutdown
-
-DEFAULTS = dict(
-    model_type="gpt",
-    tp_size=1,
-    block_types=None,
-    patterns=None,  # distributed_gpt: a list of block_types values to time in one run, instead of block_types
-    # distributed_gpt: how the syncs move, a list of dicts of tp_overlap / sequence_parallel / tp_comm_dtype /
-    # tp_comm_block, each timed with every pattern in the same run ({} is the default), e.g.
-    # "[{}, {'tp_overlap': 2}, {'sequence_parallel': True}, {'tp_comm_dtype': 'int8'}]"
-    variants=None,
-    tp_mode="simulated",
-    n_layer=12,
-    n_head=12,
-    n_embd=768,
-    block_size=1024,
-    vocab_size=50304,
-    bias=False,
-    batch_size=12,
-    iters=20,  # timed steps per model
-    warmup=5,  # untimed steps per model
-    compare=True,  # distributed_gpt: also time GPT of the same sizes and print the ratio
-    mode="train",  # 'train': training steps | 'decode': generation with the KV cache (prefill, then per token)
-    batch_sizes=None,  # decode: the batch sizes to time (None: [batch_size])
-    prompt_len=None,  # decode: prompt tokens (None: block_size // 2)
-    new_tokens=32,  # decode: generated tokens per timing (prompt_len + new_tokens <= block_size)
-    plot=None,  # decode: a PNG path for ms/token vs forward all-reduces
-    data_parallel="ddp",  # memory: 'ddp' | 'fsdp' over the data-parallel ranks (world / tp processes)
-    init_device="default",  # 'default': build on the device | 'meta': build without memory, materialise each rank's part
-    loss_parallel=False,  # distributed_gpt: the vocabulary-parallel lm_head and loss
-    trace=None,  # train: a path; profile trace_steps more steps of each model and write a Chrome trace there
-    trace_steps=1,  # train: the steps each trace holds
-    pp_size=1,  # pipeline: stages (torchrun with pp_size x tp processes; pp_size 1 under torchrun too)
-    pp_schedules=["gpipe", "1f1b"],  # pipeline: the schedules to time ('gpipe' | '1f1b' | 'interleaved_1f1b')
-    microbatches=[4, 8],  # pipeline: the micro-batch counts m to time (micro-batches of batch_size rows)
-    pp_virtual_stages=2,  # pipeline: stages per pp rank of 'interleaved_1f1b'
-    device="auto",
-    dtype="auto",
-    compile=False,
-    backend=None,
-    seed=1337,
-)
-
 
 def training_setup(model, cfg, device, device_type, dtype):
     """What a training step needs: (the model to call, a fresh AdamW, the autocast context, inputs X, targets Y)."""
@@ -172,21 +134,7 @@ def step(run, model, optimizer, ctx, X, Y):
 @exit_on_config_error
 def main(argv):
     cfg = configure(DEFAULTS, argv)
-    validate(cfg)
-    if cfg["model_type"] == "distributed_gpt":
-        from tensor_parallel_model import validate_tp_args
-
-        if cfg["patterns"] is not None and (cfg["block_types"] is not None or not isinstance(cfg["patterns"], list)):
-            raise ConfigError(f"patterns must be a list of block_types values, given instead of block_types; got "
-                              f"patterns={cfg['patterns']!r}, block_types={cfg['block_types']!r}")
-        for block_types in cfg["patterns"] or [cfg["block_types"]]:
-            validate_tp_args(n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"],
-                             tp_size=cfg["tp_size"], block_types=block_types)
-        combinations(cfg)  # ConfigError when no pattern runs with any variant
-    elif cfg["variants"] is not None:
-        raise ConfigError(f"variants need model_type='distributed_gpt', got model_type={cfg['model_type']!r}")
-    elif cfg["model_type"] != "gpt":
-        raise ConfigError(f"model_type must be 'gpt' or 'distributed_gpt', got {cfg['model_type']!r}")
+    validate(cfg)  # every option, the models included (tpcomm/bench_config.py)
     pp = cfg["pp_size"] if cfg["mode"] == "pipeline" else 1
     if pp < 1:
         raise ConfigError(f"pp_size must be >= 1, got {pp}")
@@ -200,9 +148,7 @@ def main(argv):
     if dp != 1 and cfg["mode"] != "memory":
         raise ConfigError(f"bench.py times one model replica: launch tp_size ({cfg['tp_size']}) processes, not "
                           f"{dp * tp} (only --mode=memory runs data-parallel replicas)")
-    device = pick_device(cfg["device"])  # ConfigError for a device this machine does not have
-    device_type = "cuda" if device.startswith("cuda") else device
-    dtype = pick_dtype(cfg["dtype"], device_type)
+    device, device_type, dtype = pick_device_and_dtype(cfg["device"], cfg["dtype"])  # ConfigError: no such device
     pd = init_parallel(dp=dp, tp=tp, pp=pp, device_type=device_type, backend=cfg["backend"])
     finished = False
     try:
@@ -213,71 +159,6 @@ def main(argv):
         finished = True
     finally:
         shutdown(pd, finished=finished)
-
-
-POSITIVE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "vocab_size", "iters")
-
-
-def validate(cfg):
-    """The sizes and counts, before any work: ConfigError naming key and value."""
-    for key in POSITIVE_KEYS + ("warmup",):
-        value, least = cfg[key], 0 if key == "warmup" else 1
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise ConfigError(f"{key} must be an int >= {least}, got {value!r}")
-    if cfg["n_embd"] % cfg["n_head"]:
-        raise ConfigError(f"n_embd ({cfg['n_embd']}) must be divisible by n_head ({cfg['n_head']})")
-    if cfg["dtype"] not in ("auto", "float32", "bfloat16", "float16"):
-        raise ConfigError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg['dtype']!r}")
-    if cfg["mode"] not in ("train", "decode", "memory", "pipeline"):
-        raise ConfigError(f"mode must be 'train', 'decode', 'memory' or 'pipeline', got {cfg['mode']!r}")
-    if cfg["mode"] != "pipeline" and cfg["pp_size"] != 1:
-        raise ConfigError(f"pp_size applies to mode='pipeline' only, got pp_size={cfg['pp_size']!r} with "
-                          f"mode={cfg['mode']!r}; drop pp_size or give --mode=pipeline")
-    if cfg["data_parallel"] not in ("ddp", "fsdp"):
-        raise ConfigError(f"data_parallel must be 'ddp' or 'fsdp', got {cfg['data_parallel']!r}")
-    if cfg["init_device"] not in ("default", "meta"):
-        raise ConfigError(f"init_device must be 'default' or 'meta', got {cfg['init_device']!r}")
-    if cfg["loss_parallel"] and cfg["model_type"] != "distributed_gpt":
-        raise ConfigError(f"loss_parallel needs model_type='distributed_gpt', got {cfg['model_type']!r}")
-    trace, n = cfg["trace"], cfg["trace_steps"]
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ConfigError(f"trace_steps must be an int >= 1, got {n!r}")
-    if trace is not None:
-        if not isinstance(trace, str) or not trace or os.path.isdir(trace):
-            raise ConfigError(f"trace must be a file path, got {trace!r}")
-        if cfg["mode"] != "train":
-            raise ConfigError(f"trace profiles training steps: it needs mode='train', got mode={cfg['mode']!r}")
-        folder = os.path.dirname(os.path.abspath(trace))
-        if not os.path.isdir(folder):
-            raise ConfigError(f"trace: the folder {folder!r} does not exist (trace={trace!r})")
-    if cfg["mode"] == "decode":
-        sizes = cfg["batch_sizes"] if cfg["batch_sizes"] is not None else [cfg["batch_size"]]
-        if not isinstance(sizes, list) or not sizes or any(type(b) is not int or b < 1 for b in sizes):
-            raise ConfigError(f"batch_sizes must be a non-empty list of ints >= 1, got {cfg['batch_sizes']!r}")
-        prompt = cfg["prompt_len"] if cfg["prompt_len"] is not None else cfg["block_size"] // 2
-        if type(prompt) is not int or prompt < 1 or type(cfg["new_tokens"]) is not int or cfg["new_tokens"] < 1 \
-                or prompt + cfg["new_tokens"] > cfg["block_size"]:
-            raise ConfigError(f"decode needs prompt_len >= 1, new_tokens >= 1 and prompt_len + new_tokens <= "
-                              f"block_size ({cfg['block_size']}), got prompt_len={prompt!r}, "
-                              f"new_tokens={cfg['new_tokens']!r}")
-
-
-def validate_pipeline(cfg, tp):
-    """mode='pipeline': under torchrun, one replica, and every (schedule, micro-batch count) a valid layout."""
-    from tpcomm import pipeline
-    from tpcomm.parallel_dims import world_size
-
-    for key in ("pp_schedules", "microbatches"):
-        if not isinstance(cfg[key], list) or not cfg[key]:
-            raise ConfigError(f"{key} must be a non-empty list, got {cfg[key]!r}")
-    for schedule in cfg["pp_schedules"]:
-        for m in cfg["microbatches"]:
-            pipeline.validate_pp_layout(world=world_size(), pp_size=cfg["pp_size"], tp=tp, n_layer=cfg["n_layer"],
-                                        schedule=schedule, n_microbatches=m, keys=dict(
-                                            schedule="pp_schedules", n_microbatches="microbatches",
-                                            virtual_stages="pp_virtual_stages"),
-                                        virtual_stages=cfg["pp_virtual_stages"] if schedule == "interleaved_1f1b"
-                                        else 1)
 
 
 def pipeline_bench(cfg, pd, device, device_type, dtype):
@@ -442,7 +323,7 @@ def bench(cfg, pd, device, device_type, dtype):
     tokens = cfg["batch_size"] * cfg["block_size"]
     if cfg["model_type"] == "distributed_gpt":
         runs, skipped = combinations(cfg)
-        models = {pattern_name(p) + variant_name(v):
+        models = {pattern_label(p) + variant_name(sync_options(cfg, v)):
                   build_model("distributed_gpt", dict(args, block_types=p, **v), pd=pd).to(device) for p, v in runs}
         if cfg["compare"] and cfg["tp_mode"] == "simulated":
             models["gpt"] = build_model("gpt", args).to(device)
@@ -499,64 +380,6 @@ def bench(cfg, pd, device, device_type, dtype):
                      f"{', '.join(o[name] for o in others)})" if others else "")
             say(f"trace {name}: {paths[name]}{ranks}, {cfg['trace_steps']} step(s): {describe_counts(counts)}")
     return results
-
-
-def variants_of(cfg):
-    """The variants to time: a list of dicts of TP_COMM_OPTIONS (ConfigError naming the bad one)."""
-    from tensor_parallel_model import TP_COMM_OPTIONS
-
-    variants = cfg["variants"] if cfg["variants"] is not None else [{}]
-    if not isinstance(variants, list) or not variants or not all(isinstance(v, dict) for v in variants):
-        raise ConfigError(f"variants must be a non-empty list of dicts, got {variants!r}")
-    for v in variants:
-        bad = sorted(set(v) - set(TP_COMM_OPTIONS))
-        if bad:
-            raise ConfigError(f"variants: unknown key(s) {bad} in {v!r}; use {list(TP_COMM_OPTIONS)}")
-    return variants
-
-
-def combinations(cfg):
-    """([(block_types, variant)] to time, [a note per pair that does not run, e.g. 'ladder' with SP]); ConfigError
-    when none runs."""
-    runs, skipped = [], []
-    for block_types in cfg["patterns"] or [cfg["block_types"]]:
-        for variant in variants_of(cfg):
-            try:
-                check_variant(cfg, block_types, variant)
-                runs.append((block_types, variant))
-            except ConfigError as e:
-                skipped.append(f"skipped {pattern_name(block_types)}{variant_name(variant)}: {e}")
-    if not runs:
-        raise ConfigError(f"no pattern runs with any variant: {'; '.join(skipped)}")
-    return runs, skipped
-
-
-def check_variant(cfg, block_types, variant):
-    """The model config of one pattern and variant, validated as train.py would (TPConfig)."""
-    from tensor_parallel_model import TPConfig
-
-    TPConfig(n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"], block_size=cfg["block_size"],
-             vocab_size=cfg["vocab_size"], bias=cfg["bias"], tp_size=cfg["tp_size"], block_types=block_types,
-             **variant)
-    K = variant.get("tp_overlap", 1)
-    if isinstance(K, int) and K > 1 and cfg["batch_size"] % K:
-        raise ConfigError(f"variants: tp_overlap={K} needs batch_size divisible by it, got {cfg['batch_size']}")
-
-
-def variant_name(variant):
-    """'' for the default; else ' +overlap2', ' +sp', ' +int8/32' (dtype/values per scale; ' +int8/32 2shot' with
-    tp_comm_exchange='two_shot'), joined."""
-    parts = []
-    if variant.get("tp_overlap", 1) > 1:
-        parts.append(f"overlap{variant['tp_overlap']}")
-    if variant.get("tp_async_grad"):
-        parts.append("async-grad")
-    if variant.get("sequence_parallel"):
-        parts.append("sp")
-    if variant.get("tp_comm_dtype"):
-        two = " 2shot" if variant.get("tp_comm_exchange") == "two_shot" else ""
-        parts.append(f"{variant['tp_comm_dtype']}/{variant.get('tp_comm_block', 32)}{two}")
-    return "".join(f" +{p}" for p in parts)
 
 
 def direction_seconds(model, n):
@@ -616,15 +439,6 @@ def comm_table(rows, cfg, say):
         split = f"{ms['fwd_busy']:.2f} / {ms['bwd_busy']:.2f} | {ms['fwd']:.2f} / {ms['bwd']:.2f}" if real else "n/a | n/a"
         say(f"| `{r['name']}` | {r['fwd']} ({r['asyn']}) | {r['rs']} / {r['ag']} | {r['wire']:,.0f} | "
             f"{r['ms']:.2f} | {times} | {r['act_mb']:.2f} ({r['pred_mb']:.2f}) | {split} |")
-
-
-def pattern_name(block_types):
-    """'distributed_gpt' for a single default model; a short label per pattern: 'spd', ['parallel','spd']*6."""
-    from tpcomm.results import compact_list
-
-    if block_types is None or isinstance(block_types, str):
-        return "distributed_gpt" if block_types is None else block_types
-    return compact_list(block_types)
 
 
 if __name__ == "__main__":

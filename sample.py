@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from tpcomm.runtime import autocast_context, pick_device, pick_dtype, setup_runtime
+from tpcomm.runtime import autocast_context, pick_device_and_dtype, setup_runtime
 from tpcomm.checkpoint import build_model_from_checkpoint, load_checkpoint
 from configurator import ConfigError, configure, exit_on_config_error
 from data.vocab import load_vocab
@@ -41,7 +41,7 @@ DEFAULTS = dict(
 )
 
 
-def check_settings(cfg):
+def check_sample_settings(cfg):
     """Every check of the sampling settings, before anything is loaded."""
     if cfg["init_from"] != "resume" and cfg["init_from"] not in PRETRAINED_SIZES:
         raise ConfigError(f"init_from must be 'resume' or one of {list(PRETRAINED_SIZES)}, got {cfg['init_from']!r}")
@@ -91,10 +91,10 @@ def load_model(cfg, pd=None):
     checkpoint = load_checkpoint(cfg["out_dir"])
     model = build_model_from_checkpoint(checkpoint, pd=pd, dropout=0.0, tp_size=cfg["tp_size"])
     # the dataset's vocabulary, as nanoGPT finds it: data/<dataset>/ (this repo's runs may name a data_dir)
-    run = checkpoint.get("config") or {}
-    data_dir = run.get("data_dir") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
-                                                    str(run.get("dataset", "")))
-    vocab = load_vocab(data_dir) if run.get("dataset") and os.path.isdir(data_dir) else None
+    trained = checkpoint.get("config") or {}  # the training run's config
+    data_dir = trained.get("data_dir") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
+                                                        str(trained.get("dataset", "")))
+    vocab = load_vocab(data_dir) if trained.get("dataset") and os.path.isdir(data_dir) else None
     if vocab is not None:
         if pd is None or pd.is_master:
             print(f"loading {data_dir}'s vocabulary")
@@ -119,11 +119,9 @@ def gpt2_codec():
 @exit_on_config_error
 def main(argv):
     cfg = configure(DEFAULTS, argv)
-    check_settings(cfg)
+    check_sample_settings(cfg)
     cfg["start"] = read_prompt(cfg["start"])
-    device = pick_device(cfg["device"])
-    device_type = "cuda" if device.startswith("cuda") else device
-    dtype = pick_dtype(cfg["dtype"], device_type)
+    device, device_type, dtype = pick_device_and_dtype(cfg["device"], cfg["dtype"])
     if cfg["tp_mode"] == "real":  # the layout check needs tp_size before any process group starts
         from_checkpoint = checkpoint_tp_size(cfg)
         cfg["tp_size"] = cfg["tp_size"] or from_checkpoint

@@ -12,7 +12,6 @@ dict loads as it is; in real mode each rank holds its slice (tpcomm/sharding.py)
 g (tpcomm/collectives.py), which count every collective they run (tpcomm/counting.py).
 """
 
-from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 import torch
@@ -24,7 +23,9 @@ from model import GPT, GPTConfig, LayerNorm, causal_attention, lm_head_and_loss,
 from tpcomm.dropout import ATTN_OUT, ATTN_PROBS, EMBED, MLP_OUT, DropoutKey, KeyedDropout, mask_or_none
 from tpcomm.models import ModelInterface, clip_to_norm_, grad_sq_sums, local, whole
 from tpcomm.sharding import TPSharding, is_block_replicated
-from tpcomm.compression import make_codec, validate_compression
+from tpcomm.compression import make_codec
+from tpcomm.options import (BLOCK_TYPES, TP_COMM_OPTIONS, TPConfig, validate_sync_options,  # noqa: F401
+                            validate_tp_args)
 from tpcomm.collectives import (AsyncReduction, ColumnInput, copy_to_tp_region, keep_dtype, reduce_from_tp_region,
                                 reduce_from_tp_region_async, tp_group)
 from tpcomm.counting import FINAL_SYNC, VOCAB_EMBED, VOCAB_HEAD
@@ -33,79 +34,6 @@ from tpcomm.sequence_parallel import (gather_from_sequence_region, gather_to_tp_
 from tpcomm.vocab_parallel import vocab_parallel_cross_entropy
 
 SP_EMBED = (None, None, "sp_embed")  # trace site: the embedding output scattered onto the token shards
-
-def validate_tp_args(*, n_layer, n_head, n_embd, tp_size, block_types):
-    """Raise ConfigError naming the key and values for any impossible combination."""
-    if not isinstance(tp_size, int) or tp_size < 1:
-        raise ConfigError(f"tp_size must be a positive int, got {tp_size!r}")
-    if n_head % tp_size:
-        raise ConfigError(f"n_head ({n_head}) must be divisible by tp_size ({tp_size})")
-    if n_embd % n_head:
-        raise ConfigError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
-    if block_types is None:
-        return
-    if isinstance(block_types, str):  # one type for every layer: 'spd' means ['spd'] * n_layer
-        if block_types not in BLOCK_TYPES:
-            raise ConfigError(f"block_types: unknown block type {block_types!r}; use {list(BLOCK_TYPES)}")
-        return
-    if not isinstance(block_types, (list, tuple)):
-        raise ConfigError(f"block_types must be a list of {BLOCK_TYPES}, got {block_types!r}")
-    if len(block_types) != n_layer:
-        raise ConfigError(f"block_types has {len(block_types)} entries but n_layer is {n_layer}")
-    bad = sorted({str(b) for b in block_types if b not in BLOCK_TYPES})
-    if bad:
-        raise ConfigError(f"block_types: unknown block type(s) {bad}; use {list(BLOCK_TYPES)}")
-
-
-def validate_sync_options(*, tp_overlap, sequence_parallel, block_types, tp_async_grad=False):
-    """tp_overlap and sequence_parallel (docs/overlap.md): ConfigError naming the keys and values. block_types is
-    the expanded list. The batch-size conditions are checked where the batch is known (train.py, the forward)."""
-    if isinstance(tp_overlap, bool) or not isinstance(tp_overlap, int) or tp_overlap < 1:
-        raise ConfigError(f"tp_overlap must be a positive int (chunks of the batch), got {tp_overlap!r}")
-    if not isinstance(sequence_parallel, bool):
-        raise ConfigError(f"sequence_parallel must be True or False, got {sequence_parallel!r}")
-    if tp_overlap > 1 and not {"tp", "spd"} & set(block_types):
-        raise ConfigError(f"tp_overlap={tp_overlap} has nothing to overlap: it chunks 'tp' and 'spd' blocks, and "
-                          f"block_types={block_types} has none (a 'ladder' block overlaps by itself)")
-    if not isinstance(tp_async_grad, bool):
-        raise ConfigError(f"tp_async_grad must be True or False, got {tp_async_grad!r}")
-    if tp_async_grad and sequence_parallel:
-        raise ConfigError("tp_async_grad=True does not run with sequence_parallel=True (its backward collectives are "
-                          "reduce-scatters and all-gathers, not f's all-reduce; docs/overlap.md): use one of them")
-    if sequence_parallel and tp_overlap > 1:
-        raise ConfigError(f"sequence_parallel=True does not run with tp_overlap={tp_overlap} (the chunks' "
-                          f"reduce-scatters and all-gathers are not asynchronous; docs/overlap.md): use one of them")
-    if sequence_parallel and "ladder" in block_types:
-        raise ConfigError(f"sequence_parallel=True does not run with 'ladder' blocks (block_types={block_types}): "
-                          f"their pending all-reduces are not token-sharded (docs/overlap.md)")
-
-
-@dataclass
-class TPConfig(GPTConfig):
-    tp_size: int = 1
-    block_types: Optional[list] = None  # one of BLOCK_TYPES per layer, or one for all layers; None = all 'tp'
-    # shard the tied wte/lm_head by vocabulary and compute the loss from the sharded logits (vocab-parallel
-    # cross-entropy), never gathering a token's full vocabulary of logits on one rank
-    loss_parallel: bool = False
-    # how the blocks' syncs move (docs/overlap.md, docs/compression.md): none of them changes the weights
-    tp_overlap: int = 1  # K > 1: a tp/spd block's batch in K chunks, each chunk's all-reduce overlapping the next
-    tp_async_grad: bool = False  # f's backward all-reduce issued asynchronously, waited for after the weight gradient
-    sequence_parallel: bool = False  # Megatron SP: the synced stream sharded along the tokens between tp blocks
-    tp_comm_dtype: Optional[str] = None  # compress every g reduction's partial sums (block-quantized); None: off
-    tp_comm_block: int = 32  # values per absmax scale along the hidden dimension (tp_comm_dtype)
-    tp_comm_exchange: str = "one_shot"  # how they move: 'one_shot' all-gather, 'two_shot' reduce-scatter + all-gather
-
-    def __post_init__(self):
-        validate_tp_args(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd, tp_size=self.tp_size,
-                         block_types=self.block_types)
-        kinds = "tp" if self.block_types is None else self.block_types
-        self.block_types = [kinds] * self.n_layer if isinstance(kinds, str) else list(kinds)
-        validate_sync_options(tp_overlap=self.tp_overlap, sequence_parallel=self.sequence_parallel,
-                              block_types=self.block_types, tp_async_grad=self.tp_async_grad)
-        validate_compression(tp_comm_dtype=self.tp_comm_dtype, tp_comm_block=self.tp_comm_block, n_embd=self.n_embd,
-                             tp_size=self.tp_size, sequence_parallel=self.sequence_parallel,
-                             tp_comm_exchange=self.tp_comm_exchange)
-
 
 def layer_norm(ln, x):
     return F.layer_norm(x, ln.weight.shape, ln.weight, ln.bias, 1e-5)
@@ -596,12 +524,9 @@ class LadderBlock(ShardedBlock):
         return Pending(reduction, reduction.value, None if b is None else b.clone())
 
 
-# The TPConfig keys that set how syncs move (build_model and train.py pass them through as they are)
-TP_COMM_OPTIONS = ("tp_overlap", "tp_async_grad", "sequence_parallel", "tp_comm_dtype", "tp_comm_block", "tp_comm_exchange")
-
 # The block types: the names block_types accepts, and their classes. A new type is one class and one entry here.
 BLOCKS = {"tp": TPBlock, "spd": SPDBlock, "parallel": ParallelBlock, "ladder": LadderBlock}
-BLOCK_TYPES = tuple(BLOCKS)
+assert tuple(BLOCKS) == BLOCK_TYPES  # the names tpcomm/options.py validates
 
 
 class DistributedGPT(ModelInterface, GPT):

@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from tpcomm import sweep
+from tpcomm import gpu_claim, sweep
 
 
 class FakeProc:
@@ -28,7 +28,7 @@ def eight_gpus(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(sweep, "gpu_lock_dir", lambda: str(tmp_path / "gpu-locks"))
+    monkeypatch.setattr(gpu_claim, "gpu_lock_dir", lambda: str(tmp_path / "gpu-locks"))
 
 
 def test_runs_side_by_side_get_disjoint_gpus(eight_gpus, tmp_path, monkeypatch):
@@ -56,11 +56,11 @@ def test_runs_side_by_side_get_disjoint_gpus(eight_gpus, tmp_path, monkeypatch):
 
 def test_a_claim_waits_for_free_gpus_and_respects_the_users_choice(eight_gpus, monkeypatch, tmp_path):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")  # the user gave this sweep three GPUs
-    assert sweep.visible_gpus() == ["4", "5", "6"]
+    assert gpu_claim.visible_gpus() == ["4", "5", "6"]
     said = []
-    with sweep.GPUClaim(2) as first:
+    with gpu_claim.GPUClaim(2) as first:
         assert first == ["4", "5"]
-        waiting = sweep.GPUClaim(2, poll=0.01, say=said.append)
+        waiting = gpu_claim.GPUClaim(2, poll=0.01, say=said.append)
         got = []
         t = threading.Thread(target=lambda: got.append(waiting.__enter__()))
         t.start()
@@ -70,7 +70,7 @@ def test_a_claim_waits_for_free_gpus_and_respects_the_users_choice(eight_gpus, m
     assert got == [["4", "5"]]
     waiting.__exit__(None, None, None)
     with pytest.raises(RuntimeError, match="needs 4 GPUs, this sweep sees 3"):
-        sweep.GPUClaim(4).__enter__()
+        gpu_claim.GPUClaim(4).__enter__()
 
 
 def test_cpu_runs_hold_no_gpu(eight_gpus, monkeypatch, tmp_path):
@@ -78,7 +78,7 @@ def test_cpu_runs_hold_no_gpu(eight_gpus, monkeypatch, tmp_path):
     monkeypatch.setattr(sweep.subprocess, "Popen", lambda cmd, *, env, **kw: envs.append(env) or FakeProc())
     cpu_job = job(tmp_path, "on-cpu", 1)
     cpu_job.cfg["device"] = "cpu"
-    with sweep.GPUClaim(8):  # every GPU taken: a CPU run does not wait for one
+    with gpu_claim.GPUClaim(8):  # every GPU taken: a CPU run does not wait for one
         sweep.run_job(cpu_job)
     assert "CUDA_VISIBLE_DEVICES" not in envs[0]
 

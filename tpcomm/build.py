@@ -8,30 +8,30 @@ import contextlib
 import torch
 
 from configurator import ConfigError
-from model import NANOGPT_ARGS, GPTConfig
-from tensor_parallel_model import TP_COMM_OPTIONS, DistributedGPT, TPConfig
+from tensor_parallel_model import DistributedGPT
+from tpcomm.data_parallel import INIT_DEVICES
 from tpcomm.models import PlainGPT
-
-MODEL_TYPES = ("gpt", "distributed_gpt")
+from tpcomm.options import MODEL_TYPES, TPConfig, gpt_args, model_config  # noqa: F401 (MODEL_TYPES: scripts read it)
 
 
 def build_model(model_type, model_args, *, pd=None, init_device="default"):
     """PlainGPT or DistributedGPT from a dict of GPTConfig fields (nanoGPT's 7, gelu_approximate) and, for
-    distributed_gpt, tp_size, block_types, loss_parallel and the TP_COMM_OPTIONS. Extra keys are ignored, so a run's config dict works
-    too. init_device='meta': built on the meta device, no memory and no weights: shard it if wanted, then
+    distributed_gpt, tp_size, block_types, loss_parallel and the TP_COMM_OPTIONS, checked by options.model_config.
+    Extra keys are ignored (for 'gpt' the TP keys too: the same sizes as a plain GPT), so a run's config dict works
+    too; a run's options are checked, TP keys of a 'gpt' refused, where they enter (train_config.check_model)."""
+    if model_type == "gpt":
+        model_args = gpt_args(model_args)
+    return model_from_config(model_config(model_type, model_args), pd=pd, init_device=init_device)
+
+
+def model_from_config(config, *, pd=None, init_device="default"):
+    """The model of a checked config (options.model_config): DistributedGPT for a TPConfig, else PlainGPT.
+    init_device='meta': built on the meta device, no memory and no weights: shard it if wanted, then
     model.materialize_(device) gives GPT's initial weights bitwise (data_parallel.parallelize does both)."""
-    if init_device not in ("default", "meta"):
-        raise ConfigError(f"init_device must be 'default' or 'meta', got {init_device!r}")
+    if init_device not in INIT_DEVICES:
+        raise ConfigError(f"init_device must be one of {INIT_DEVICES}, got {init_device!r}")
     meta = init_device == "meta"
-    gpt_args = {k: model_args[k] for k in NANOGPT_ARGS}
-    gpt_args["gelu_approximate"] = model_args.get("gelu_approximate") or "none"
     with torch.device("meta") if meta else contextlib.nullcontext():
-        if model_type == "gpt":
-            return PlainGPT(GPTConfig(**gpt_args))
-        if model_type == "distributed_gpt":
-            options = {k: model_args[k] for k in TP_COMM_OPTIONS if k in model_args}
-            return DistributedGPT(TPConfig(**gpt_args, tp_size=model_args.get("tp_size", 1),
-                                           block_types=model_args.get("block_types"),
-                                           loss_parallel=bool(model_args.get("loss_parallel", False)), **options),
-                                  pd=pd, init=not meta)
-    raise ConfigError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
+        if isinstance(config, TPConfig):
+            return DistributedGPT(config, pd=pd, init=not meta)
+        return PlainGPT(config)

@@ -43,8 +43,8 @@ BENCH_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "vocab_
 
 
 def measure(cfg):
-    import bench
-    from tensor_parallel_model import validate_tp_args
+    from tpcomm import bench_config
+    from tpcomm.options import validate_tp_args
 
     out = cfg["out"]
     if not isinstance(out, str) or not out:
@@ -54,7 +54,7 @@ def measure(cfg):
     for key, least in (("procs", 2), ("reps", 1)):
         if type(cfg[key]) is not int or cfg[key] < least:
             raise ConfigError(f"{key} must be an int >= {least}, got {cfg[key]!r}")
-    bench.validate(dict(bench.DEFAULTS, **{k: cfg[k] for k in BENCH_KEYS}))  # before minutes of measuring
+    bench_config.validate(dict(bench_config.DEFAULTS, **{k: cfg[k] for k in BENCH_KEYS}))  # before minutes of measuring
     sizes = cfg["sizes"] if cfg["sizes"] is not None else [1024 * 4 ** k for k in range(9)]
     if not isinstance(sizes, list) or not sizes or any(type(n) is not int or n < 4 or n % 4 for n in sizes):
         raise ConfigError(f"sizes must be a non-empty list of byte counts, multiples of 4 (float32), got {sizes!r}")
@@ -106,8 +106,8 @@ def shown(pattern):
 def cpu_sweep_patterns():
     """The block_types of the CPU sweep's budget configs (experiment.py's 'cpu' runs, 24 down to 1 forward syncs;
     not its delayed or compressed variants of them)."""
-    from tpcomm.sweep import SWEEPS
-    from train import DEFAULTS
+    from tpcomm.sweep_plan import SWEEPS
+    from tpcomm.train_config import DEFAULTS
 
     return [configure(DEFAULTS, [os.path.join(ROOT, run.config)])["block_types"] for run in SWEEPS["cpu"]
             if not run.overrides]
@@ -176,7 +176,7 @@ def _allreduce_worker(rank, procs, sizes, reps, store, out):
 def training(cfg, patterns):
     """bench.py under torchrun with real TP over cfg['procs'] gloo processes, all patterns interleaved in one run;
     its printed rows parsed into step ms, collectives ms and the measured all-reduce counts and sizes."""
-    from bench import pattern_name
+    from tpcomm.bench_config import pattern_label
 
     listed = "[" + ", ".join(shown(p) for p in patterns) + "]"
     args = ["bench.py", "--model_type=distributed_gpt", f"--tp_size={cfg['procs']}", "--tp_mode=real",
@@ -196,11 +196,11 @@ def training(cfg, patterns):
     tokens = cfg["batch_size"] * cfg["block_size"]
     rows = []
     for p in patterns:
-        m = found.get(pattern_name(p))
+        m = found.get(pattern_label(p))
         if m is None:
-            raise MeasureError(f"bench.py printed no timing row for pattern {pattern_name(p)}")
+            raise MeasureError(f"bench.py printed no timing row for pattern {pattern_label(p)}")
         fwd, bwd = int(m["fwd"]), int(m["bwd"])
-        rows.append({"pattern": p, "name": pattern_name(p), "fwd_allreduces": fwd, "bwd_allreduces": bwd,
+        rows.append({"pattern": p, "name": pattern_label(p), "fwd_allreduces": fwd, "bwd_allreduces": bwd,
                      "allreduces_per_step": fwd + bwd, "bytes_per_token": float(m["bpt"]),
                      "bytes_per_allreduce": round(float(m["bpt"]) * tokens / (fwd + bwd)),
                      "step_ms": float(m["ms"]), "collectives_ms": float(m["coll"])})

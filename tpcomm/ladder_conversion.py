@@ -22,8 +22,8 @@ from tqdm import tqdm
 from configurator import ConfigError, configure, exit_on_config_error
 from tpcomm.checkpoint import CHECKPOINT_NAME, save_checkpoint
 from tpcomm.runtime import RunLock, pick_device
-from tpcomm.sync_point_drop import (converted_checkpoint, distributed, find_data, load_gpt, mean_loss,
-                                    token_batches)
+from tpcomm.sync_point_drop import (check_overwrite, converted_checkpoint, distributed, find_data, load_gpt,
+                                    mean_loss, token_batches)
 
 DEFAULTS = dict(
     out_dir="out",  # the trained checkpoint (out_dir/ckpt.pt); results go to out_dir/ladder/
@@ -40,10 +40,11 @@ DEFAULTS = dict(
     retrain_batch_size=8,
     retrain_lr=3e-4,  # constant, after retrain_steps // 10 steps of linear warmup; gradients clipped to norm 1
     control=True,  # also retrain the original model the same way (same batches, steps, learning rate)
+    overwrite=False,  # replace out_dir/ladder/ckpt.pt if an earlier conversion left one (it may be trained since)
 )
 
 
-def check_settings(cfg):
+def check_ladder_settings(cfg):
     """Every check that needs no file."""
     if not isinstance(cfg["tp_size"], int) or cfg["tp_size"] < 1:
         raise ConfigError(f"tp_size must be a positive int, got {cfg['tp_size']!r}")
@@ -53,9 +54,9 @@ def check_settings(cfg):
     for key in ("retrain_steps", "block_size", "seed"):
         if cfg[key] < 0:
             raise ConfigError(f"{key} must be >= 0, got {cfg[key]}")
-    if cfg["ladder_layers"] < -1:
-        raise ConfigError(f"ladder_layers must be -1 (the upper half) or a number of blocks, got "
-                          f"{cfg['ladder_layers']}")
+    if cfg["ladder_layers"] < -1 or cfg["ladder_layers"] == 0:
+        raise ConfigError(f"ladder_layers must be -1 (the upper half) or a number of blocks >= 1 (0 would write a "
+                          f"'ladder' checkpoint with no ladder block), got {cfg['ladder_layers']}")
     if not cfg["retrain_lr"] >= 0:
         raise ConfigError(f"retrain_lr must be >= 0, got {cfg['retrain_lr']}")
 
@@ -144,18 +145,21 @@ def write_table(path, result):
 @exit_on_config_error
 def main(argv):
     cfg = configure(DEFAULTS, argv)
-    check_settings(cfg)
+    check_ladder_settings(cfg)
     device = pick_device(cfg["device"])
     checkpoint, gpt = load_gpt(dict(cfg, num_spd=-1), what="spd.py --block=ladder")
     n_layer = gpt.config.n_layer
     if cfg["ladder_layers"] > n_layer:
         raise ConfigError(f"ladder_layers ({cfg['ladder_layers']}) exceeds the checkpoint's number of blocks, n_layer "
                           f"({n_layer}); give at most {n_layer}, or -1 for the upper half")
+    if ladder_pattern(n_layer, cfg["ladder_layers"]).count("ladder") == 0:
+        raise ConfigError(f"ladder_layers=-1 (the upper half) of n_layer={n_layer} is no block: give ladder_layers=1")
     data_dir = find_data(cfg, checkpoint, train=cfg["retrain_steps"] > 0)
     block_size = cfg["block_size"] or gpt.config.block_size
     if block_size > gpt.config.block_size:
         raise ConfigError(f"block_size ({block_size}) exceeds the checkpoint's ({gpt.config.block_size})")
     out = os.path.join(cfg["out_dir"], "ladder")
+    check_overwrite(out, cfg)
     torch.manual_seed(cfg["seed"])
     gpt.to(device)
     X, Y = (t.to(device) for t in token_batches(os.path.join(data_dir, "val.bin"), n=cfg["eval_iters"],
@@ -182,3 +186,7 @@ def main(argv):
         save_checkpoint(converted_checkpoint(checkpoint, gpt, weights, cfg["tp_size"], pattern, out, loss), out)
     print(open(os.path.join(out, "ladder.md")).read())
     print(f"wrote {out}/ladder.md, ladder.json and {CHECKPOINT_NAME} (sample it: python sample.py --out_dir={out})")
+
+
+if __name__ == "__main__":  # python -m tpcomm.ladder_conversion --out_dir=... is spd.py --block=ladder --out_dir=...
+    main(sys.argv[1:])

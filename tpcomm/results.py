@@ -16,6 +16,7 @@ naming the file (and line).
 import csv
 import itertools
 import json
+import math
 import os
 import re
 import statistics
@@ -77,6 +78,12 @@ def _read_json(path, default=None):
 
 def _is_number(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _is_finite(x):
+    """A number that statistics can use: a result file may hold NaN or Infinity (JSON's extension), never as a
+    loss or a time."""
+    return _is_number(x) and math.isfinite(x)
 
 
 def _is_int(x):
@@ -278,11 +285,11 @@ RECORD_FIELDS = {
     "sweep": (lambda v: isinstance(v, str), "a string"), "run": (lambda v: isinstance(v, str), "a string"),
     "seed": (_is_int, "an int"), "config": (lambda v: isinstance(v, dict) and bool(v), "a non-empty object"),
     "tokens_per_iter": (_is_int, "an int"), "tokens": (_is_int, "an int"), "final_iter": (_is_int, "an int"),
-    "val_loss": (_is_number, "a number"), "comm": (lambda v: isinstance(v, dict), "an object"),
+    "val_loss": (_is_finite, "a number (finite)"), "comm": (lambda v: isinstance(v, dict), "an object"),
     "timing": (lambda v: isinstance(v, dict), "an object"), "params": (lambda v: isinstance(v, dict), "an object"),
     "val_curve": (lambda v: isinstance(v, list) and bool(v) and all(
-        isinstance(p, list) and len(p) == 3 and _is_int(p[0]) and _is_number(p[1]) and _is_number(p[2])
-        for p in v), "a non-empty list of [iter, tokens, val_loss]"),
+        isinstance(p, list) and len(p) == 3 and _is_int(p[0]) and _is_number(p[1]) and _is_finite(p[2])
+        for p in v), "a non-empty list of [iter, tokens, val_loss], each loss finite"),
 }
 
 
@@ -300,8 +307,8 @@ def read_record(path):
             raise ResultsError(f"{path}: comm {key!r} must be an int, got {v!r}")
     for key in ("step_ms", "wall_s"):
         v = record["timing"].get(key)
-        if v is not None and not _is_number(v):
-            raise ResultsError(f"{path}: timing {key!r} must be a number, got {v!r}")
+        if v is not None and not _is_finite(v):
+            raise ResultsError(f"{path}: timing {key!r} must be a number (finite), got {v!r}")
     return record
 
 

@@ -15,6 +15,9 @@ import torch
 
 from configurator import ConfigError, exit_in_one_line
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # the dtype option of every script
+
+
 def pick_device(device="auto"):
     """'auto' -> cuda, mps or cpu, whichever is there; a named device must exist (ConfigError otherwise)."""
     if device == "auto":
@@ -41,15 +44,27 @@ def pick_device(device="auto"):
     return device
 
 
+def check_dtype(dtype):
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype must be {', '.join(map(repr, DTYPES[:-1]))} or {DTYPES[-1]!r}, got {dtype!r}")
+
+
 def pick_dtype(dtype, device_type):
     """'auto' -> bf16 on GPUs that have it, else fp16 on GPUs, fp32 elsewhere."""
+    check_dtype(dtype)
     if dtype == "auto":
         if device_type == "cuda":
             return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
         return "float32"
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise ConfigError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {dtype!r}")
     return dtype
+
+
+def pick_device_and_dtype(device, dtype):
+    """(device, device_type, dtype) of a script's device and dtype options: device_type is what autocast and the
+    scaler take ('cuda' for 'cuda:1')."""
+    device = pick_device(device)
+    device_type = "cuda" if device.startswith("cuda") else device
+    return device, device_type, pick_dtype(dtype, device_type)
 
 
 def autocast_context(device_type, dtype):

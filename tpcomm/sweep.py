@@ -40,146 +40,23 @@ import contextlib
 import hashlib
 import json
 import os
-import platform
 import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from tpcomm import plots, results
-from configurator import ConfigError
+from configurator import ConfigError, configure
+from tpcomm import ROOT, plots, results
+from tpcomm.gpu_claim import GPUClaim, node_gpus
+from tpcomm.sweep_records import (finished_seeds, git_state, load_result, machine_info, read_done,  # noqa: F401
+                                   record_job, rows_of, run_dir_finished, same_config)
+from tpcomm.sweep_plan import (AXES_CONFIG, AXES_SEEDS, AXES_SIZE, AXES_STEPS, CONVERGENCE_STEPS, PATTERNS,  # noqa: F401
+                               RESOLVED_SEEDS, SIZES, SWEEP_REMARKS, SWEEP_SEEDS, SWEEPS, TP_AXIS_PATTERNS, Run)
 
-from tpcomm import ROOT
 RUNNER_OPTIONS = ("seeds", "nproc", "out", "report-only", "dry-run", "counts", "check")
-
-
-@dataclass(frozen=True)
-class Run:
-    """One point of a sweep: a train.py config file plus its own --key=value overrides."""
-    name: str  # e.g. '24comm'; run directories are <name>-seed<S>
-    config: str  # relative to the repo root
-    overrides: tuple = ()
-    nproc: int = 1  # processes per run (torchrun when > 1); None: one per GPU of the node (node_gpus)
-    home: str = None  # the sweep whose directory holds this run when another sweep shares it (None: this sweep's)
-    seeds: tuple = None  # the only seeds this run is trained with (None: every seed of the sweep)
-
-
-def comm_runs(pattern, budgets, *, overrides=(), nproc=1):
-    return [Run(f"{n}comm", pattern.format(n), tuple(overrides), nproc) for n in budgets]
-
-
-# the syncs kept but delayed (ladder) or shrunk (tp_comm_dtype): a budget's config with one change, named
-# <n>comm-<change> (n still the forward all-reduces it runs)
-DELAY_SHRINK = {"ladder": "--block_types=['ladder']*12", "ladder-upper": "--block_types=['tp']*6+['ladder']*6",
-                **{dtype: f"--tp_comm_dtype={dtype}" for dtype in ("bf16", "fp8", "int8")}}
-
-
-def delay_shrink_runs(pattern):
-    """all 'tp' (24 syncs) delayed or compressed each way, and all 'spd' (12) compressed to int8."""
-    return [*(Run(f"24comm-{change}", pattern.format(24), (flag,)) for change, flag in DELAY_SHRINK.items()),
-            Run("12comm-int8", pattern.format(12), (DELAY_SHRINK["int8"],))]
-
-
-# ---- the axes sweeps (docs/axes.md): one model, varied along one axis at a time, 3 seeds, resumable ----
-AXES_CONFIG = "config/sweep_axes.py"  # 12 layers x 64, 8 heads, tp 4, 5000 steps, eval every 250 on 50 batches
-AXES_SIZE, AXES_STEPS, AXES_SEEDS = (12, 64, 8), 5000, (1337, 1338, 1339)
-# cpu-long's resolved patterns get ten seeds, all spd and its baseline eleven: the power calculation in docs/axes.md
-# ("Seeds for a 0.010 half-width")
-RESOLVED_SEEDS = tuple(range(1337, 1348))
-PATTERNS = {  # block pattern of n layers
-    "all-tp": lambda n: ["tp"] * n,
-    "all-spd": lambda n: ["spd"] * n,
-    "parallel-spd": lambda n: ["parallel", "spd"] * (n // 2),
-    "all-parallel": lambda n: ["parallel"] * n,
-    "all-ladder": lambda n: ["ladder"] * n,  # every sync kept, each one module late (Ladder Residual)
-    "ladder-upper": lambda n: ["tp"] * (n // 2) + ["ladder"] * (n - n // 2),  # the paper's conversion of the upper half
-}
-TP_AXIS_PATTERNS = ("all-spd", "parallel-spd", "all-parallel", "all-ladder", "ladder-upper")
-# (n_layer, n_embd, n_head): max_iters. Tokens per parameter fixed (docs/axes.md, "The size axis"): steps =
-# 3,840,000 / 591,424 non-embedding parameters (the 12 x 64 model at 5000 steps: 6.49 tokens/param) x the size's
-# non-embedding parameters / 768 tokens per step, rounded to a multiple of 20 (an eval every 5% of training);
-# tests/test_experiment.py recomputes it from the models.
-SIZES = {(12, 64, 8): 5000, (4, 48, 4): 940, (2, 32, 4): 200}
-CONVERGENCE_STEPS = 20000  # docs/axes.md: planned from the old cpu-long curve; the baseline is still not flat here
-
-
-def axes_run(pattern, *, tp=4, size=AXES_SIZE, steps=AXES_STEPS, home=None, seeds=None, comm_dtype=None,
-             exchange=None):
-    """A run of the axes model with one thing changed. The schedule scales with the steps: warmup 1%, cosine decay
-    to the last step, an eval every 5% (5000 steps: warmup 50, eval every 250, as config/sweep_axes.py)."""
-    n_layer, n_embd, n_head = size
-    overrides = [f"--block_types={results.compact_list(PATTERNS[pattern](n_layer))}"]
-    name = pattern
-    if comm_dtype is not None:  # the syncs shrunk: block-quantized (docs/compression.md)
-        overrides.append(f"--tp_comm_dtype={comm_dtype}")
-        name += f"-{comm_dtype}"
-    if exchange is not None:  # 'two_shot': reduce-scatter then all-gather of the compressed sums
-        overrides.append(f"--tp_comm_exchange={exchange}")
-        name += "-2shot" if exchange == "two_shot" else f"-{exchange}"
-    if tp != 4:
-        overrides.append(f"--tp_size={tp}")
-        name += f"-tp{tp}"
-    if size != AXES_SIZE:
-        overrides += [f"--n_layer={n_layer}", f"--n_embd={n_embd}", f"--n_head={n_head}"]
-        name += f"-{n_layer}x{n_embd}"
-    if steps != AXES_STEPS:
-        overrides += [f"--max_iters={steps}", f"--lr_decay_iters={steps}", f"--warmup_iters={steps // 100}",
-                      f"--eval_interval={steps // 20}"]
-    return Run(name, AXES_CONFIG, tuple(overrides), home=home, seeds=seeds)
-
-
-def shared(pattern, **kw):
-    """An axes run that is one of cpu-long's (tp 4, the axes model, 5000 steps): its files are cpu-long's."""
-    return axes_run(pattern, home="cpu-long", **kw)
-
-
-SWEEPS = {
-    # the six SPEC budgets plus lower ones, then 24 syncs delayed or shrunk; one token budget, ~27 s per run
-    "cpu": [*comm_runs("config/train_shakespeare_char_{}comm.py", (24, 18, 16, 12, 8, 6, 4, 3, 2, 1)),
-            *delay_shrink_runs("config/train_shakespeare_char_{}comm.py")],
-    # GPT-2 124M on OpenWebText, 20k steps (~9.8B tokens) per run, one process per GPU of the node (nproc None:
-    # node_gpus(), e.g. 8; --nproc=N overrides): the six budgets, then cpu-long's delay and shrink variants (all
-    # ladder, ladder upper half, bf16/fp8/int8, int8 on all spd, int8 two-shot); --tp_mode=real trains them with
-    # real TP (into experiments/gpt2+tp_mode=real)
-    "gpt2": [replace(run, nproc=None) for run in (
-        *comm_runs("config/train_gpt2_{}comm.py", (24, 18, 16, 12, 8, 6)),
-        *delay_shrink_runs("config/train_gpt2_{}comm.py"),
-        Run("24comm-int8-2shot", "config/train_gpt2_24comm.py", ("--tp_comm_dtype=int8", "--tp_comm_exchange=two_shot")))],
-    # the CPU configs with real tensor parallelism: 2 processes, one shard each, all-reduces through gloo
-    "cpu-real": comm_runs("config/train_shakespeare_char_{}comm.py", (24, 18, 16, 12, 8, 6, 4, 3, 2, 1),
-                          overrides=("--tp_size=2", "--tp_mode=real"), nproc=2),
-    # past the early phase: the axes model (cpu's 12 x 64 with 8 heads), 10x longer than "cpu", in eleven patterns:
-    # three that drop syncs, two that delay them (ladder), five that shrink them (int8 also two-shot);
-    # the resolved patterns (all tp, three drops, all ladder, int8 one- and two-shot) with RESOLVED_SEEDS, the rest 3
-    "cpu-long": [*(axes_run(p) for p in ("all-tp", "all-spd")),
-                 *(axes_run(p, seeds=RESOLVED_SEEDS[:10]) for p in ("parallel-spd", "all-parallel", "all-ladder")),
-                 axes_run("ladder-upper", seeds=AXES_SEEDS),
-                 *(axes_run("all-tp", comm_dtype=d, seeds=AXES_SEEDS) for d in ("bf16", "fp8")),  # shrunk: 24 syncs
-                 axes_run("all-tp", comm_dtype="int8", seeds=RESOLVED_SEEDS[:10]),
-                 axes_run("all-spd", comm_dtype="int8", seeds=RESOLVED_SEEDS[:10]),
-                 axes_run("all-tp", comm_dtype="int8", exchange="two_shot", seeds=RESOLVED_SEEDS[:10])],
-    # the tp degree: 2, 4 (cpu-long's runs) and 8; all-tp once at tp 4, and for seed 1337 at tp 2 and 8 to show it
-    # is the same model at every degree
-    "tp-axis": [shared("all-tp"),
-                *(axes_run(p, tp=tp) if tp != 4 else shared(p) for tp in (2, 4, 8) for p in TP_AXIS_PATTERNS),
-                axes_run("all-tp", tp=2, seeds=(1337,)), axes_run("all-tp", tp=8, seeds=(1337,))],
-    # the model size at one tokens/parameter: 3 sizes spanning 24x in non-embedding parameters (12 x 64: cpu-long's)
-    "size-axis": [shared(p) if size == AXES_SIZE else axes_run(p, size=size, steps=steps)
-                  for size, steps in SIZES.items() for p in ("all-tp", "all-spd", "all-parallel")],
-    # the axes model trained 4x longer; meant to reach a flat baseline (< 1% over the last fifth, results.flatness),
-    # which 20,000 steps do not: docs/axes.md says why and what that costs
-    "convergence": [axes_run(p, steps=CONVERGENCE_STEPS) for p in ("all-tp", "all-spd", "all-parallel")],
-}
-SWEEP_SEEDS = {**{name: AXES_SEEDS for name in ("tp-axis", "size-axis", "convergence")},
-               "cpu-long": RESOLVED_SEEDS}  # else 1337
-SWEEP_REMARKS = {  # printed with the sweep's table and written into its results.md
-    "cpu": "These 500-step runs (384,000 tokens) are early training: here fewer syncs give a LOWER loss. Trained 10x "
-           "longer (docs/axes.md, `python experiment.py cpu-long`, 3.84M tokens) the advantage is gone and all-"
-           "parallel ends HIGHER than all-tp: read those runs before taking this table as a quality result.",
-}
 
 
 class SweepError(ValueError):
@@ -220,8 +97,7 @@ def plan(runs, *, sweep_dir, seeds, overrides=(), nproc=None, check_data=True, s
     """Resolve every run's train.py config and check the sweep before any work: configs load, data exists,
     processes fit the layout, and the runs of one model size train on the same number of tokens. A run with a home
     lives in homes[run.home] (default: sweep_dir too); seed-major order."""
-    from configurator import configure
-    from train import DEFAULTS
+    from tpcomm.train_config import DEFAULTS
 
     jobs = []
     for seed in seeds:  # seed-major: an unfinished sweep holds whole seeds of every config
@@ -264,24 +140,13 @@ def check_data_files(jobs):
 
 
 def check_train_config(cfg):
-    """train.py's own checks that need no data, no checkpoint and no torchrun, so that a sweep with a bad override
-    (--eval_interval=0) stops before its first run. Raises ConfigError naming key and value."""
-    import train
-
-    for key, default in train.DEFAULTS.items():  # configure() lets None through for any key (--batch_size=None)
-        if isinstance(default, (int, float)) and not isinstance(default, bool) and \
-                (not isinstance(cfg[key], (int, float)) or isinstance(cfg[key], bool)):
-            raise ConfigError(f"{key} must be a number, got {cfg[key]!r}")
+    """train.py's checks that need no data, no checkpoint and no torchrun (train_config.check_offline), and the
+    runner's own: every run starts from scratch. Raises ConfigError naming key and value."""
     if cfg["init_from"] == "resume":
         raise ConfigError("init_from='resume': the runner starts every run from scratch (a finished run is skipped)")
-    if cfg["tp_mode"] not in ("simulated", "real"):  # train.py checks these with the launch and the device
-        raise ConfigError(f"tp_mode must be 'simulated' or 'real', got {cfg['tp_mode']!r}")
-    if cfg["dtype"] not in ("auto", "float32", "bfloat16", "float16"):
-        raise ConfigError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg['dtype']!r}")
-    # what happens to a checkpoint left in a run directory (resume, or a fresh start) is the runner's choice
-    # (run_job), not a reason to refuse the plan: train.py's out_dir check is skipped here
-    train.check_settings(dict(cfg, overwrite=True))
-    train.check_model(cfg)
+    from tpcomm.train_config import check_offline  # torch: imported only when a sweep is planned
+
+    check_offline(cfg)
 
 
 def tokens_of(cfg):
@@ -307,32 +172,6 @@ def check_token_budget(jobs):
             print(f"warning: {j.run.name}: max_iters ({j.cfg['max_iters']}) is not a multiple of eval_interval "
                   f"({j.cfg['eval_interval']}); the 'final' val loss is the one at the last eval before it")
             break
-
-
-def read_done(out_dir):
-    """The run's done.json, or None when it is missing or unreadable. The runner writes done.json last, atomically,
-    after train.py succeeded; one that is not a JSON object with a non-empty 'config' object (truncated, edited,
-    from elsewhere) marks no finished run, so the run is redone rather than reported from unknown files."""
-    try:
-        with open(os.path.join(out_dir, "done.json")) as f:
-            done = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    if not isinstance(done, dict) or not isinstance(done.get("config"), dict) or not done["config"]:
-        return None
-    return done
-
-
-def same_config(recorded, cfg):
-    """The first key whose value differs (keys that train.py gained or lost since are ignored), or None."""
-    return next((k for k, v in cfg.items() if k in recorded and recorded[k] != v), None)
-
-
-def run_dir_finished(job):
-    """train.py finished in the run directory: a valid done.json records this run's config (a changed config value
-    makes the run stale)."""
-    done = read_done(job.out_dir)
-    return done is not None and same_config(done["config"], job.cfg) is None
 
 
 def result_problem(job):
@@ -375,82 +214,6 @@ def resumable(job):
     """An interrupted run of a sweep that checkpoints at every eval (always_save_checkpoint) goes on from its
     ckpt.pt; any other leftover directory is removed and the run starts from scratch."""
     return job.cfg.get("always_save_checkpoint", False) and os.path.isfile(os.path.join(job.out_dir, "ckpt.pt"))
-
-
-def node_gpus():
-    """The GPUs a run may use on this machine (at least 1, so a machine without any runs one process)."""
-    return max(1, len(visible_gpus()))
-
-
-def visible_gpus():
-    """The ids of the GPUs this sweep may use: CUDA_VISIBLE_DEVICES's list when it is set (the user's choice of
-    devices for the sweep), else every GPU torch sees; [] without CUDA."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return []
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is not None:
-        return [d.strip() for d in listed.split(",") if d.strip()][:torch.cuda.device_count()]
-    return [str(i) for i in range(torch.cuda.device_count())]
-
-
-def gpu_lock_dir():
-    """Where sweep processes of this user on this machine lock the GPUs they run on (shared by every checkout)."""
-    import tempfile
-
-    return os.path.join(tempfile.gettempdir(), f"tpcomm-gpus-{os.getuid()}")
-
-
-class GPUClaim:
-    """nproc of the visible GPUs held for one run, each by an OS lock (runtime.RunLock on gpu<id>.lock), so sweep
-    processes run side by side (another shell, tp-axis beside cpu-long) never put two runs on one GPU: without
-    CUDA_VISIBLE_DEVICES every train.py would start on GPU 0 (and its torchrun ranks on GPUs 0..n-1). A claim waits
-    (polling every `poll` s) until enough GPUs are free; it yields the ids for CUDA_VISIBLE_DEVICES, or None on a
-    machine without GPUs. The locks die with the process, so a killed sweep frees its GPUs."""
-
-    def __init__(self, nproc, *, gpus=None, lock_dir=None, poll=10.0, say=print):
-        self.nproc, self.poll, self.say = nproc, poll, say
-        self.gpus = visible_gpus() if gpus is None else gpus
-        self.lock_dir = lock_dir or gpu_lock_dir()
-        self.held = []
-
-    def try_claim(self):
-        from tpcomm.runtime import RunLock
-
-        for gpu in self.gpus:
-            lock = RunLock(self.lock_dir, what="experiment.py sweep", name=f"gpu{gpu}.lock")
-            if lock.acquire():
-                self.held.append((gpu, lock))
-                if len(self.held) == self.nproc:
-                    return [g for g, _ in self.held]
-        self.release()
-        return None
-
-    def release(self):
-        for _, lock in self.held:
-            lock.release()
-        self.held = []
-
-    def __enter__(self):
-        if not self.gpus:
-            return None
-        if self.nproc > len(self.gpus):
-            raise RuntimeError(f"a run of {self.nproc} processes needs {self.nproc} GPUs, this sweep sees "
-                               f"{len(self.gpus)} ({','.join(self.gpus)}); pass --nproc={len(self.gpus)} or fewer")
-        said = False
-        while True:
-            ids = self.try_claim()
-            if ids is not None:
-                return ids
-            if not said:
-                self.say(f"waiting for {self.nproc} free GPU(s) of {','.join(self.gpus)} (other sweep processes "
-                         f"hold them; locks in {self.lock_dir})")
-                said = True
-            time.sleep(self.poll)
-
-    def __exit__(self, *exc):
-        self.release()
 
 
 def run_job(job, *, bar=None):
@@ -505,35 +268,6 @@ def run_job(job, *, bar=None):
 def stop_on_sigterm(signum, frame):
     """kill PID stops a sweep as Ctrl-C does: train.py is stopped too (a background job ignores SIGINT)."""
     raise KeyboardInterrupt(f"signal {signum}")
-
-
-def git_state():
-    """{"commit": HEAD, "dirty": tracked files changed} of the checkout, or None outside git."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=60)
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                                capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if head.returncode or status.returncode:
-        return None
-    return dict(commit=head.stdout.strip(), dirty=bool(status.stdout.strip()))
-
-
-def machine_info():
-    import torch
-
-    return dict(cpu_count=os.cpu_count(), torch=torch.__version__, python=platform.python_version(),
-                arch=platform.machine(), omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
-                cuda=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
-
-
-def record_job(job, *, git):
-    """Write the job's result file from its finished run directory; returns the record."""
-    record = results.run_record(job.out_dir, sweep=job.sweep, run=job.run.name, config=job.cfg, git=git,
-                                machine=machine_info())
-    results.write_record(record, job.result_path)
-    return record
 
 
 def record_finished(jobs, *, say=print):
@@ -635,43 +369,6 @@ def run_sweep(jobs, *, desc="sweep"):
     return busy
 
 
-def finished_seeds(dirs, runs):
-    """Seeds with a result file or a run directory in the sweep's directories, so the report covers seeds added by
-    earlier invocations."""
-    names = {r.name for r in runs}
-    seeds = set()
-    for d in dirs:
-        for where, pattern in ((d, r"(.+)-seed(\d+)"), (os.path.join(d, "runs"), r"(.+)-seed(\d+)\.json")):
-            for f in os.listdir(where) if os.path.isdir(where) else ():
-                m = re.fullmatch(pattern, f)
-                if m and m.group(1) in names:
-                    seeds.add(int(m.group(2)))
-    return seeds
-
-
-def load_result(job, *, say=print):
-    """The job's result record; None when there is none, or a stale one (said so). A corrupt file raises
-    ResultsError naming it."""
-    if not os.path.exists(job.result_path):
-        return None
-    record = results.read_record(job.result_path)
-    key = same_config(record["config"], job.cfg)
-    if key is not None:
-        say(f"left out {job.label}: {job.result_path} is stale ({key}={record['config'][key]!r}, the sweep has "
-            f"{job.cfg[key]!r})")
-        return None
-    return record
-
-
-def rows_of(jobs, *, say=print):
-    """Summarized rows (results.summarize) of the jobs' result files, one per run name, and the names without one."""
-    groups = {}
-    for j in jobs:
-        record = load_result(j, say=say)
-        groups.setdefault(j.run.name, []).extend([record] if record else [])
-    return results.summarize(list(groups.items())), [name for name, recs in groups.items() if not recs]
-
-
 def report(jobs, sweep_dir, *, title, note="", remark=""):
     """Tables and plots in sweep_dir from the jobs' result files; returns (markdown table, plot paths)."""
     try:
@@ -750,6 +447,8 @@ def parse_args(argv):
             raise SweepError(f"--nproc must be >= 1, got {opts['nproc']}")
     if "out" in opts and (opts["out"] is True or not opts["out"]):
         raise SweepError("--out takes a directory: --out=DIR")
+    if "out" in opts and os.path.exists(opts["out"]) and not os.path.isdir(opts["out"]):
+        raise SweepError(f"--out={opts['out']} is a file, not a directory")
     if "seed" in {o[2:].split("=", 1)[0] for o in overrides}:
         raise SweepError("use --seeds=S1,S2 (the runner's option) rather than --seed")
     return sweep, opts, overrides
@@ -811,6 +510,8 @@ def main(argv, *, report_main=None):
         return
     if opts.get("report-only"):
         found = sorted(finished_seeds(dirs, runs))
+        if not found and not opts["seeds"]:  # before the report's lock: nothing is written into an empty directory
+            raise SweepError(f"no finished runs in {', '.join(dirs)}: nothing to report (run the sweep first)")
         jobs = plan(runs, seeds=opts["seeds"] or found or seeds, nproc=opts["nproc"], check_data=False, **planned)
         with report_lock(sweep_dir):
             record_finished(jobs)

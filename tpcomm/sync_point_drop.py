@@ -13,7 +13,6 @@ counts come from the model's own counters (comm_per_forward), never from a formu
 """
 
 import json
-import math
 import os
 import sys
 
@@ -23,11 +22,14 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from tpcomm import ROOT
+from tpcomm.head_grouping import (assign_units, block_input, group_heads, head_grouping,  # noqa: F401
+                                  head_statistics, permute_heads_and_units)
 from tpcomm.runtime import RunLock, pick_device
 from tpcomm.checkpoint import CHECKPOINT_NAME, build_model_from_checkpoint, load_checkpoint, model_spec, save_checkpoint
 from configurator import ConfigError, configure, exit_on_config_error
 from model import GPTConfig
-from tensor_parallel_model import BLOCK_TYPES, DistributedGPT, TPConfig
+from tensor_parallel_model import DistributedGPT
+from tpcomm.options import BLOCK_TYPES, TPConfig, validate_tp_args
 
 DEFAULTS = dict(
     out_dir="out",  # the trained checkpoint (out_dir/ckpt.pt); results go to out_dir/spd/
@@ -51,13 +53,14 @@ DEFAULTS = dict(
     num_spd=-1,  # blocks to convert in the checkpoint; -1: the most whose recovered loss is within max_loss_increase
     max_loss_increase=0.02,  # nats over the original model's validation loss
     latency_json="",  # optional: {"tp,spd,...": ms_per_token} measured per block pattern (see bench.py)
+    overwrite=False,  # replace out_dir/spd/ckpt.pt if an earlier conversion left one (it may be trained since)
 )
 
 ORDERS = ("paper", "single")
 CLASSES = ("ISB", "SB", "ESB")  # insensitive, sensitive, extremely sensitive (the paper's names)
 
 
-def check_settings(cfg):
+def check_spd_settings(cfg):
     """Every check that needs no file."""
     if not isinstance(cfg["tp_size"], int) or cfg["tp_size"] < 2:
         raise ConfigError(f"tp_size must be an int >= 2 (at tp_size 1 nothing is communicated), got {cfg['tp_size']!r}")
@@ -78,6 +81,17 @@ def check_settings(cfg):
             raise ConfigError(f"{key} must be >= 0, got {cfg[key]}")
     if cfg["latency_json"] and not os.path.isfile(cfg["latency_json"]):
         raise ConfigError(f"latency_json: no such file {cfg['latency_json']!r}")
+
+
+def check_overwrite(out, cfg):
+    """A conversion never replaces the checkpoint an earlier one wrote in `out` (it may have been trained since)
+    unless the user asks: checked after every other input check, before anything is written."""
+    if not isinstance(cfg["overwrite"], bool):
+        raise ConfigError(f"overwrite must be True or False, got {cfg['overwrite']!r}")
+    path = os.path.join(out, CHECKPOINT_NAME)
+    if os.path.lexists(path) and not cfg["overwrite"]:
+        raise ConfigError(f"overwrite=False but {path} exists (an earlier conversion, perhaps trained since): give "
+                          f"--overwrite=True to replace it, or move it away")
 
 
 def read_latencies(path, n_layer):
@@ -114,8 +128,7 @@ def load_gpt(cfg, *, what="spd.py"):
                               f"(or an all-'tp' DistributedGPT, which is GPT)")
         model = model.to_gpt()
     c = model.config
-    if c.n_head % cfg["tp_size"]:
-        raise ConfigError(f"n_head ({c.n_head}) must be divisible by tp_size ({cfg['tp_size']})")
+    validate_tp_args(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, tp_size=cfg["tp_size"], block_types=None)
     if cfg["num_spd"] > c.n_layer:
         raise ConfigError(f"num_spd ({cfg['num_spd']}) exceeds the checkpoint's number of blocks, n_layer "
                           f"({c.n_layer}); give at most {c.n_layer}, or -1 to choose by max_loss_increase")
@@ -124,9 +137,9 @@ def load_gpt(cfg, *, what="spd.py"):
 
 def find_data(cfg, checkpoint, *, train=None):
     """The directory holding val.bin (and train.bin if `train`; None: if cfg distills), as train.py finds it."""
-    run = checkpoint.get("config") or {}
-    dataset = cfg["dataset"] or run.get("dataset") or ""
-    data_dir = cfg["data_dir"] or (run.get("data_dir") if not cfg["dataset"] else None) or \
+    trained = checkpoint.get("config") or {}  # the training run's config
+    dataset = cfg["dataset"] or trained.get("dataset") or ""
+    data_dir = cfg["data_dir"] or (trained.get("data_dir") if not cfg["dataset"] else None) or \
         os.path.join(ROOT, "data", dataset)
     train = cfg["distill_steps"] or cfg["kl_steps"] if train is None else train
     need = ["val.bin"] + (["train.bin"] if train else [])
@@ -210,132 +223,6 @@ def mixed(state, recovered, pattern):
 
 def classify(s, tau_isb, tau_esb):
     return "ISB" if s < tau_isb else "SB" if s < tau_esb else "ESB"
-
-
-# ---------- head grouping: a permutation of heads and MLP units before sharding ----------
-
-def permute_heads_and_units(state_dict, perms, *, n_head):
-    """A GPT-layout state dict with, per layer i in `perms` ({i: (head_perm, unit_perm)}, either may be None), the
-    attention heads in the order head_perm (q, k and v rows of c_attn and the matching input columns of attn.c_proj)
-    and the MLP hidden units in the order unit_perm (rows of c_fc, its bias, columns of mlp.c_proj). Position p
-    takes the old head (unit) perm[p]. GPT's function, and every all-'tp' DistributedGPT's, is unchanged; shard d
-    of an 'spd' block then holds heads perm[d*H/tp : (d+1)*H/tp]."""
-    out = dict(state_dict)
-    for i, (head_perm, unit_perm) in perms.items():
-        p = f"transformer.h.{i}."
-        if head_perm is not None:
-            C = state_dict[p + "attn.c_proj.weight"].shape[0]
-            hs = C // n_head
-            cols = torch.cat([torch.arange(h * hs, (h + 1) * hs) for h in head_perm])  # (C,) channel order
-            rows = torch.cat([j * C + cols for j in range(3)])  # q, k, v each by heads
-            out[p + "attn.c_attn.weight"] = state_dict[p + "attn.c_attn.weight"][rows]
-            if p + "attn.c_attn.bias" in state_dict:
-                out[p + "attn.c_attn.bias"] = state_dict[p + "attn.c_attn.bias"][rows]
-            out[p + "attn.c_proj.weight"] = state_dict[p + "attn.c_proj.weight"][:, cols]
-        if unit_perm is not None:
-            units = torch.as_tensor(unit_perm)
-            out[p + "mlp.c_fc.weight"] = state_dict[p + "mlp.c_fc.weight"][units]
-            if p + "mlp.c_fc.bias" in state_dict:
-                out[p + "mlp.c_fc.bias"] = state_dict[p + "mlp.c_fc.bias"][units]
-            out[p + "mlp.c_proj.weight"] = state_dict[p + "mlp.c_proj.weight"][:, units]
-    return out
-
-
-@torch.no_grad()
-def block_input(gpt, idx, layer):
-    """The original model's residual stream entering block `layer`, (B, T, C)."""
-    pos = torch.arange(idx.size(1), device=idx.device)
-    x = gpt.embed(idx, pos)
-    for block in gpt.transformer.h[:layer]:
-        x = block(x)
-    return x
-
-
-@torch.no_grad()
-def head_statistics(gpt, layer, idx):
-    """(attention probabilities (H, B*T*T), each head's output through its columns of c_proj (H, B, T, C)) of the
-    original block `layer` on calibration tokens idx."""
-    block, H = gpt.transformer.h[layer], gpt.config.n_head
-    x = block_input(gpt, idx, layer)
-    B, T, C = x.shape
-    q, k, v = block.attn.c_attn(block.ln_1(x)).split(C, dim=2)
-    q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hs)
-    att = (q @ k.transpose(-2, -1)) / math.sqrt(C // H)
-    att = att.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=x.device).tril(), float("-inf")).softmax(-1)
-    y = att @ v  # (B, H, T, hs)
-    W = block.attn.c_proj.weight.view(C, H, C // H)  # columns by head
-    contrib = torch.einsum("bhtd,chd->hbtc", y, W)  # (H, B, T, C)
-    return att.transpose(0, 1).reshape(H, -1), contrib, x
-
-
-def group_heads(similarity, tp_size):
-    """Heads into tp_size groups of equal size, minimising the summed similarity of heads within a group (so each
-    device's heads differ most): contiguous start, then best pairwise swaps until none helps. Returns the groups."""
-    H = similarity.shape[0]
-    g = H // tp_size
-    groups = [list(range(d * g, (d + 1) * g)) for d in range(tp_size)]
-    if g == 1:
-        return groups  # one head a device: nothing to choose
-
-    def cost(members):
-        return sum(similarity[a, b].item() for ai, a in enumerate(members) for b in members[ai + 1:])
-
-    while True:
-        best, move = 0.0, None
-        for p in range(tp_size):
-            for q in range(p + 1, tp_size):
-                now = cost(groups[p]) + cost(groups[q])
-                for ai, a in enumerate(groups[p]):
-                    for bi, b in enumerate(groups[q]):
-                        P = groups[p][:ai] + [b] + groups[p][ai + 1:]
-                        Q = groups[q][:bi] + [a] + groups[q][bi + 1:]
-                        gain = now - cost(P) - cost(Q)
-                        if gain > best + 1e-12:
-                            best, move = gain, (p, q, P, Q)
-        if move is None:
-            return groups
-        p, q, P, Q = move
-        groups[p], groups[q] = P, Q
-
-
-@torch.no_grad()
-def assign_units(gpt, layer, groups, contrib, x):
-    """MLP hidden units onto devices, 4C/tp each: unit j goes where its output, read from that device's unsynced
-    stream (x + its heads' attention + b_A, as an 'spd' block computes it), is closest to the synced model's:
-    cost[j, d] = mean((gelu_j(LN2(y_d)) - gelu_j(LN2(x')))^2) * |W_M[:, j]|^2, assigned greedily by regret."""
-    block = gpt.transformer.h[layer]
-    b_A = block.attn.c_proj.bias if block.attn.c_proj.bias is not None else 0.0
-    synced = x + contrib.sum(0) + b_A  # x' (B, T, C)
-
-    def units(stream):
-        return F.gelu(block.mlp.c_fc(block.ln_2(stream)), approximate=gpt.config.gelu_approximate)
-
-    ref = units(synced)  # (B, T, 4C)
-    col_norm = block.mlp.c_proj.weight.pow(2).sum(0)  # (4C,)
-    cost = torch.stack([((units(x + contrib[g].sum(0) + b_A) - ref) ** 2).mean((0, 1)) * col_norm
-                        for g in groups], dim=1)  # (4C, tp)
-    n_units, tp = cost.shape
-    room = [n_units // tp] * tp
-    top2 = cost.topk(2, dim=1, largest=False).values
-    chosen = [[] for _ in range(tp)]
-    for j in torch.argsort(top2[:, 1] - top2[:, 0], descending=True).tolist():  # the units that care most first
-        for d in torch.argsort(cost[j]).tolist():
-            if room[d]:
-                chosen[d].append(j)
-                room[d] -= 1
-                break
-    return [j for d in range(tp) for j in sorted(chosen[d])]
-
-
-def head_grouping(gpt, layer, tp_size, idx):
-    """(head_perm, unit_perm) of the paper's head grouping for block `layer`, from calibration tokens idx: heads are
-    grouped so that each device's heads differ most, 'differ' measured by the cosine similarity of their attention
-    probabilities on the calibration tokens; MLP units then follow the head groups (assign_units)."""
-    att, contrib, x = head_statistics(gpt, layer, idx)
-    att = F.normalize(att, dim=1)
-    groups = group_heads(att @ att.T, tp_size)
-    head_perm = [h for g in groups for h in g]
-    return head_perm, assign_units(gpt, layer, groups, contrib, x)
 
 
 # ---------- recovery ----------
@@ -583,7 +470,7 @@ def final_conversion(cfg, gpt, state, recovered, chosen, X, Y, heldout, kl_X, *,
 @exit_on_config_error
 def main(argv):
     cfg = configure(DEFAULTS, argv)
-    check_settings(cfg)
+    check_spd_settings(cfg)
     device = pick_device(cfg["device"])
     checkpoint, gpt = load_gpt(cfg)
     n_layer, tp = gpt.config.n_layer, cfg["tp_size"]
@@ -593,6 +480,7 @@ def main(argv):
     if block_size > gpt.config.block_size:
         raise ConfigError(f"block_size ({block_size}) exceeds the checkpoint's ({gpt.config.block_size})")
     spd_dir = os.path.join(cfg["out_dir"], "spd")
+    check_overwrite(spd_dir, cfg)
     torch.manual_seed(cfg["seed"])
     gpt.to(device)
     X, Y = (t.to(device) for t in token_batches(os.path.join(data_dir, "val.bin"), n=cfg["eval_iters"],
