@@ -1,6 +1,6 @@
 """
 The communication cost model: predict GPU step and decode times, or calibrate and validate it on this machine (the
-equations: tpcomm/cost_model.py; the measurements: tpcomm/calibration.py; docs/cost_model.md).
+equations: tpcomm/cost_model.py; the tables: tpcomm/cost_tables.py; the measurements: tpcomm/calibration.py; docs/cost_model.md).
 
 $ python comm_model.py predict                                   # published-figure checks, then the GPU tables
 $ python comm_model.py --tp_overlap=4 --efficiency=0.8           # other overlap assumptions
@@ -13,7 +13,8 @@ import sys
 
 from configurator import ConfigError, configure, exit_in_one_line, exit_on_config_error
 from tpcomm.calibration import MEASURE_DEFAULTS, VALIDATE_DEFAULTS, MeasureError, measure, validate
-from tpcomm.cost_model import PREDICT_DEFAULTS, predict
+from tpcomm.cost_model import PREDICT_DEFAULTS
+from tpcomm.cost_tables import predict
 
 COMMANDS = {"predict": (PREDICT_DEFAULTS, predict), "measure": (MEASURE_DEFAULTS, measure),
             "validate": (VALIDATE_DEFAULTS, validate)}

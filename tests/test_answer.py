@@ -11,7 +11,8 @@ import pytest
 
 from conftest import ROOT
 from test_experiment import fake_results
-from tpcomm import plots, report
+from tpcomm import answer as ans
+from tpcomm import plots, readings, report
 
 
 # ---------- a paired difference stated at 95% ----------
@@ -19,13 +20,13 @@ from tpcomm import plots, report
 def test_claim_bounds_a_cost_where_the_interval_holds_zero():
     """Holding 0: the largest cost ruled out (the interval's upper end) and its share of the baseline; excluding 0:
     the cost (or the gain) with its interval; under 2 paired seeds: pending."""
-    assert report.claim((0.002, 0.006, 10), 1.7) == "costs at most +0.008 nats (0.5%)"
-    assert report.claim((0.025, 0.022, 3), 1.7) == "costs +0.025 [+0.003, +0.047] nats (1.5%)"
-    assert report.claim((-0.046, 0.026, 3), 2.0) == "gains 0.046 [-0.072, -0.020] nats (2.3%)"
+    assert readings.claim((0.002, 0.006, 10), 1.7) == "costs at most +0.008 nats (0.5%)"
+    assert readings.claim((0.025, 0.022, 3), 1.7) == "costs +0.025 [+0.003, +0.047] nats (1.5%)"
+    assert readings.claim((-0.046, 0.026, 3), 2.0) == "gains 0.046 [-0.072, -0.020] nats (2.3%)"
     # anti-vacuity: the same mean with a narrower interval is a cost, not a bound
-    assert report.claim((0.002, 0.001, 10), 1.7).startswith("costs +0.002 [")
-    assert report.claim((0.02, None, 1), 1.7) == "pending (1 paired seed)"
-    assert report.claim(None, 1.7) == "pending (0 paired seeds)"
+    assert readings.claim((0.002, 0.001, 10), 1.7).startswith("costs +0.002 [")
+    assert readings.claim((0.02, None, 1), 1.7) == "pending (1 paired seed)"
+    assert readings.claim(None, 1.7) == "pending (0 paired seeds)"
 
 
 # ---------- the GPU side: the cost model, called in one place ----------
@@ -35,11 +36,11 @@ def test_gpu_speedups_are_the_cost_models():
     has a GPU variant; drops order as their syncs do; every published-figure check comes back with its error."""
     from tpcomm import cost_model as cm
 
-    gpu, links, assumes, checks = report.gpu_speedups()
+    gpu, links, assumes, checks = ans.gpu_speedups()
     assert links == [link.name for link in cm.LINKS] and "tp 8" in assumes and "Megatron" in assumes
     for link in cm.LINKS:
         want = cm.predicted_speedups(link.name, "megatron")
-        for _, _, _, variant in report.WAYS:
+        for _, _, _, variant in ans.WAYS:
             if variant is not None:
                 assert gpu[variant][link.name] == pytest.approx(want[variant], rel=1e-12), variant
         assert gpu["all-parallel"][link.name] > gpu["parallel-spd"][link.name] > gpu["all-spd"][link.name] > 1
@@ -68,31 +69,31 @@ def test_a_pattern_without_result_files_is_pending(tmp_path, fake_long):
     for path in runs.glob("all-tp-int8-2shot-seed*.json"):
         path.unlink()
     ctx = report.Results(root=root, say=lambda *a: None)
-    table = report.answer_table(ctx)
+    table = ans.answer_table(ctx)
     assert "| shrink | int8 two-shot | pending | pending (0 paired seeds) |" in table, table
     assert "| all-tp-int8-2shot | — | — | — | 0 | pending (no result file yet) |" in report.sweep_answer(ctx,
                                                                                              "cpu-long")
-    data, draw = report.tradeoff_plot(ctx)
+    data, draw = ans.tradeoff_plot(ctx)
     (point,) = [p for p in data["points"] if p["label"] == "int8 two-shot"]
     assert point["status"] == "pending" and point["mean"] is None
-    assert "its quality: pending (0 paired seeds)" in report.answer_summary(ctx)
+    assert "its quality: pending (0 paired seeds)" in ans.answer_summary(ctx)
     plots.save_png(draw(), str(tmp_path / "a.png"), data)  # it draws
 
     # one seed of it: still pending (no interval), said so
     fake_results(root, "cpu-long", seeds=(1337,))
     ctx = report.Results(root=root, say=lambda *a: None)
-    assert "| shrink | int8 two-shot | +0.000 (1) | pending (1 paired seed) |" in report.answer_table(ctx)
+    assert "| shrink | int8 two-shot | +0.000 (1) | pending (1 paired seed) |" in ans.answer_table(ctx)
 
 
 def test_the_figure_marks_the_ways_that_keep_the_math(fake_long):
     """Hiding (tp_overlap, sequence parallelism) is 0 by construction and drawn so; every way in the figure has
     both networks' speedups; a changed cost-model number changes the figure's digest (report --check sees it)."""
     ctx = report.Results(root=str(fake_long), say=lambda *a: None)
-    data, _ = report.tradeoff_plot(ctx)
+    data, _ = ans.tradeoff_plot(ctx)
     status = {p["label"]: p["status"] for p in data["points"]}
     assert status["tp_overlap=2"] == status["sequence parallelism"] == "same math"
     assert status["all spd"] == status["int8"] == status["all ladder"] == "measured"
-    assert {p["way"] for p in data["points"]} == {"drop", "hide", "delay", "shrink"}
+    assert {p["way"] for p in data["points"]} == {"drop", "hide", "delay", "shrink", "drop + shrink"}
     assert all(len(p["speedup"]) == 2 for p in data["points"])
     moved = dict(data, points=[dict(p, speedup=[s * 1.01 for s in p["speedup"]]) for p in data["points"]])
     assert plots.data_digest(moved) != plots.data_digest(data)
@@ -145,12 +146,12 @@ def test_the_readme_does_not_claim_the_exposed_invariant_or_a_cpu_build():
 def test_the_sentences_follow_the_intervals(fake_long):
     """Where every interval excludes 0 there is no bound to state: the first sentence names each cost instead."""
     ctx = report.Results(root=str(fake_long), say=lambda *a: None)
-    first = report.answer_summary(ctx).split(". On GPUs")[0]
+    first = ans.answer_summary(ctx).split(". On GPUs")[0]
     assert first.startswith("After 3.84M tokens the 95% intervals rule out costs above ")
     assert "all `parallel` costs +0.017 [" in first and "all `ladder` costs +0.002 [" in first
-    pen, base = report._long_penalties(ctx)
+    pen, base = ans._long_penalties(ctx)
     narrow = {k: (abs(m) + 0.01, 0.001, n) for k, (m, c, n) in pen.items() if c is not None}  # all above 0
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(report, "_long_penalties", lambda ctx: (narrow, base))
-        first = report.answer_summary(ctx).split(". On GPUs")[0]
+        first = ans.answer_summary(ctx).split(". On GPUs")[0]
     assert first.startswith("After 3.84M tokens, at 95%: all `spd` costs +0.013 [") and "rule out" not in first

@@ -17,6 +17,7 @@ from conftest import one_line_error, run_script
 import comm_model
 from tpcomm import calibration as cal
 from tpcomm import cost_model as cm
+from tpcomm import cost_tables
 
 # Float tolerances: the model is a few float64 multiplications and sums, so hand-computed values agree to ~1e-15
 # relative; rel=1e-12 leaves room for rounding and nothing else.
@@ -615,7 +616,7 @@ def test_blocking_baseline_is_the_old_model():
     row = next(line for line in r.stdout.splitlines() if line.startswith("| 1.3B (24 x 2048) | 1,311M | 8 | NVLink"))
     cells = [c.strip() for c in row.strip("| ").split("|")]
     assert cells[5] == "38.54"
-    names = cm.column_names(2)
+    names = cost_tables.column_names(2)
     assert [cells[8 + names.index(n)] for n in ("+sp", "overlap K=2", "ladder", "int8", "int8 2shot", "all spd",
                                                  "parallel/spd")] == ["0.98x", "1.22x", "1.21x", "0.74x", "1.01x",
                                                                       "1.27x", "1.48x"]

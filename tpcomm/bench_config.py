@@ -26,6 +26,7 @@ DEFAULTS = dict(
     tp_mode="simulated",
     # distributed_gpt: how the syncs move, as train.py takes them (each variant above changes them for its rows)
     tp_overlap=1,
+    tp_async_grad=False,
     sequence_parallel=False,
     tp_comm_dtype=None,
     tp_comm_block=32,

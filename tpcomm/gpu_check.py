@@ -40,15 +40,14 @@ import torch
 
 from configurator import ConfigError, configure, exit_on_config_error
 from tpcomm import ROOT
+from tpcomm.gpu_report import BEGIN, BLOCK_TYPES, END, write_json, write_markdown  # noqa: F401
 
 SECTIONS = ("gpt_train", "sim_tp8", "decode", "real_tp", "comm_sanity", "bf16_identity", "cost_model")
-BLOCK_TYPES = ("tp", "spd", "parallel", "ladder")
 LOSS_TOL = 1e-4  # real vs simulated losses over REAL_STEPS steps (the issue's bound; fp32 without TF32 gives ~1e-6)
 REAL_STEPS = 10
 COMM_MIB = 64
 FASTEST_LINK = 1e12  # B/s: no link moves an all-reduce faster than this (NVLink 4 busbw ~0.45e12), so a reading
 # below COMM_MIB MiB / FASTEST_LINK timed queueing, not the collective
-BEGIN, END = "<!-- gpu-check:begin (written by python -m tpcomm.gpu_check) -->", "<!-- gpu-check:end -->"
 
 # model sizes, step counts and time boxes (seconds) per --sizes; 'full' is for one CUDA GPU (the boxes add up to 440 s,
 # inside the 8 minutes a short GPU loan allows), 'tiny' rehearses every section on CPU (~20 s of CPU time; its boxes
@@ -440,108 +439,6 @@ def compare_real_sim(pd, size, device):
 
 
 # ---------- output ----------
-
-def write_json(obj, path):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
-def fmt(x, spec=".2f", none="n/a"):
-    return none if x is None else format(x, spec)
-
-
-def markdown(report):
-    """The generated section of gpu.md: what ran where, then one short table or line per section."""
-    s = report["sections"]
-    lines = [f"Measured by `python -m tpcomm.gpu_check --sizes={report['sizes']}` on {report['date']}: "
-             f"**{report['device_name']}**, torch {report['torch']}, CUDA {report['cuda'] or 'n/a'}, "
-             f"peak {fmt(report['peak_flops'] and report['peak_flops'] / 1e12, '.0f')} TFLOP/s (dense bf16), "
-             f"{report['total_s']:.0f} s in all. Raw numbers: `gpu.json` beside this file.", ""]
-
-    def failed(name):
-        r = s.get(name)
-        if r is None:
-            lines.append(f"- `{name}`: not run")
-        elif r.get("error"):
-            lines.append(f"- `{name}`: **failed** ({r['error'][:300]})")
-        else:
-            return False
-        return True
-
-    lines.append("**GPT training step** (`gpt_train`, bf16 autocast, synthetic batch):")
-    lines.append("")
-    if not failed("gpt_train"):
-        r = s["gpt_train"]
-        lines += [f"| GPT {r['params'] / 1e6:.1f}M, batch {r['batch_size']} x {r['tokens_per_iter'] // r['batch_size']}"
-                  f" | ms/iter | tokens/s | MFU |", "|---|---:|---:|---:|"]
-        for mode in ("eager", "compiled"):
-            m = r[mode]
-            lines.append(f"| {mode} | {m['ms_per_iter']:.1f} | {m['tokens_per_s']:,.0f} | "
-                         f"{fmt(m['mfu'] and 100 * m['mfu'], '.1f')}{'%' if m['mfu'] is not None else ''} |")
-        lines += ["", f"torch.compile ({r['compile_backend']}): {r['compiled_graphs']} compiled graph(s), "
-                      f"{r['graph_breaks']} graph break(s) (one graph expected)."]
-    lines += ["", "**Simulated tensor parallelism, tp 8** (`sim_tp8`, eager, step time over GPT's in the same rounds):",
-              ""]
-    if not failed("sim_tp8"):
-        r = s["sim_tp8"]
-        lines += ["| model | ms/iter | / GPT |", "|---|---:|---:|", f"| GPT | {r['ms_per_iter']['gpt']:.1f} | 1 |"]
-        lines += [f"| all `{k}` | {r['ms_per_iter'][k]:.1f} | {r['ratio_to_gpt'][k]:.2f} |" for k in BLOCK_TYPES]
-    lines += ["", "**KV-cache decode** (`decode`, greedy, simulated tp 8):", ""]
-    if not failed("decode"):
-        r = s["decode"]
-        lines += [f"| model | batch | prefill ms ({r['prompt_len']} tokens) | ms/token |", "|---|---:|---:|---:|"]
-        lines += [f"| {'GPT' if row['model'] == 'gpt' else 'all `' + row['model'] + '`'} | {row['batch']} | "
-                  f"{row['prefill_ms']:.2f} | {row['ms_per_token']:.3f} |" for row in r["rows"]]
-    lines += ["", "**Checks**:", ""]
-    if not failed("real_tp"):
-        r = s["real_tp"]
-        lines.append(f"- `real_tp`: real tp 2 (2 processes, {r['backend']}, one device) vs simulated, {r['steps']} AdamW "
-                     f"steps, {r['dtype']}: largest loss difference {r['max_abs_diff']:.2e} "
-                     f"(bound {r['tolerance']:g}): **{'ok' if r['ok'] else 'FAILED'}**")
-    if not failed("comm_sanity"):
-        r = s["comm_sanity"]
-        lines.append(f"- `comm_sanity`: {r['mib']} MiB all-reduce ({r['backend']}, {r['ranks']} ranks): "
-                     f"{r['in_collective_ms']:.2f} ms in the collective, step {r['step_ms']:.2f} ms, floor "
-                     f"{r['floor_ms']:.3f} ms: **{'ok' if r['ok'] else 'FAILED'}**")
-    if not failed("bf16_identity"):
-        r = s["bf16_identity"]
-        worst = sorted(r["max_deviation"].items(), key=lambda kv: -kv[1])[:3]
-        lines.append(f"- `bf16_identity`: zeroed c_proj under bf16 autocast, largest stream deviation "
-                     f"{r['worst']:.2e} ({', '.join(f'{k}: {v:.1e}' for k, v in worst)}): "
-                     f"**{'ok' if r['ok'] else 'FAILED'}**")
-    if not failed("cost_model"):
-        r = s["cost_model"]
-        line = (f"- `cost_model`: assumed MFU {100 * r['assumed_mfu']:.0f}%, measured "
-                f"{fmt(r['measured_mfu'] and 100 * r['measured_mfu'], '.1f')}"
-                f"{'%' if r['measured_mfu'] is not None else ''} ({r['measured_from'] or 'n/a'})")
-        if "predicted_ms_per_iter" in r:
-            line += (f"; its compute term predicts {r['predicted_ms_per_iter']:.1f} ms/iter for the measured "
-                     f"{r['measured_ms_per_iter']:.1f} ({r['error_pct']:+.0f}%)")
-        lines.append(line)
-    return "\n".join(lines) + "\n"
-
-
-def write_markdown(report, path):
-    """Replace the generated section of `path` (between BEGIN and END), keeping the hand-written rest; a missing
-    file gets a title and the section."""
-    body = f"{BEGIN}\n{markdown(report)}{END}"
-    if os.path.exists(path):
-        with open(path) as f:
-            text = f.read()
-        if BEGIN in text and END in text:
-            head, rest = text.split(BEGIN, 1)
-            text = head + body + rest.split(END, 1)[1]
-        else:
-            text = text.rstrip("\n") + "\n\n## Measured by `make gpu-check`\n\n" + body + "\n"
-    else:
-        text = f"# GPU check\n\n{body}\n"
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 # ---------- the check ----------
