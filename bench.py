@@ -44,6 +44,7 @@ from configurator import ConfigError, configure, exit_on_config_error
 from tpcomm.bench_config import (DEFAULTS, combinations, pattern_label, sync_options, validate,  # noqa: F401
                                  validate_pipeline, variant_name)
 from tpcomm.build import build_model
+from tpcomm.models import train_step as step
 from tpcomm.runtime import DeviceClock, autocast_context, pick_device_and_dtype, setup_runtime
 from tpcomm.parallel_dims import check_layout, init_parallel, launched_by_torchrun, shutdown
 
@@ -119,16 +120,6 @@ def describe_counts(per_step):
     if all(c == per_step[0] for c in per_step):
         return f"{one(per_step[0])} per step"
     return "; ".join(f"step {i}: {one(c)}" for i, c in enumerate(per_step))
-
-
-def step(run, model, optimizer, ctx, X, Y):
-    with ctx:
-        _, loss = run(X, Y)
-    loss.backward()
-    model.sync_replicated_grads()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss.detach()
 
 
 @exit_on_config_error

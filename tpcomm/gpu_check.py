@@ -40,6 +40,7 @@ import torch
 
 from configurator import ConfigError, configure, exit_on_config_error
 from tpcomm import ROOT
+from tpcomm.models import train_step
 from tpcomm.gpu_report import BEGIN, BLOCK_TYPES, END, write_json, write_markdown  # noqa: F401
 
 SECTIONS = ("gpt_train", "sim_tp8", "decode", "real_tp", "comm_sanity", "bf16_identity", "cost_model")
@@ -110,12 +111,7 @@ def timed_steps(run, model, optimizer, ctx, X, Y, n, device):
     sync(device)
     start = time.perf_counter()
     for _ in range(n):
-        with ctx:
-            _, loss = run(X, Y)
-        loss.backward()
-        model.sync_replicated_grads()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        train_step(run, model, optimizer, ctx, X, Y)
     sync(device)
     return (time.perf_counter() - start) / n
 

@@ -199,3 +199,15 @@ def clip_to_norm_(grads, total, max_norm):
     for g in grads:
         g.mul_(coef.to(g.dtype))
     return total
+
+
+def train_step(run, model, optimizer, ctx, X, Y):
+    """One plain training step as the timings run it (bench.py, tpcomm/gpu_check.py): forward under ctx, backward,
+    real TP's replicated-gradient sum, AdamW; returns the loss, detached."""
+    with ctx:
+        _, loss = run(X, Y)
+    loss.backward()
+    model.sync_replicated_grads()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
