@@ -156,11 +156,11 @@ def gpt_train(st):
                        st["ctx"])
     tokens = size["batch_size"] * size["model"]["block_size"]
     out = dict(params=model.get_num_params(), batch_size=size["batch_size"], tokens_per_iter=tokens,
-               compile_backend=size["compile_backend"], peak_flops=device_peak_flops(device),
+               compile_backend=size["compile_backend"], peak_flops=device_peak_flops(device, size["dtype"]),
                compiled_graphs=int(counters["stats"]["unique_graphs"]),
                graph_breaks=int(sum(counters["graph_break"].values())))
     for mode, dt in best.items():
-        mfu = model.estimate_mfu(size["batch_size"], dt, device=device)
+        mfu = model.estimate_mfu(size["batch_size"], dt, device=device, dtype=size["dtype"])
         out[mode] = dict(ms_per_iter=dt * 1e3, tokens_per_s=tokens / dt, mfu=mfu)
     out["ok"] = out["compiled_graphs"] == 1 and out["graph_breaks"] == 0
     return out
@@ -478,7 +478,7 @@ def run_check(cfg, *, say=print):
                   device_name=torch.cuda.get_device_name(device) if cuda else "CPU (rehearsal)",
                   torch=torch.__version__, cuda=torch.version.cuda, date=datetime.datetime.now(
                       datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                  peak_flops=device_peak_flops(device), dtype=size["dtype"], sections={})
+                  peak_flops=device_peak_flops(device, size["dtype"]), dtype=size["dtype"], sections={})
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         st = dict(size=size, sizes=cfg["sizes"], device=device, tmp=tmp, results=report["sections"],

@@ -33,7 +33,7 @@ from tpcomm import ROOT
 
 # (name, what it does, block_types for n layers, TP_COMM_OPTIONS, the cost model's train_variants key)
 WAYS = (
-    ("all tp", "baseline: every sync, blocking", lambda n: ["tp"] * n, {}, "blocking"),
+    ("all tp", "baseline: every sync, blocking", lambda n: ["tp"] * n, {}, "all tp"),
     ("all spd", "drop: one sync per block", lambda n: ["spd"] * n, {}, "all spd"),
     ("parallel/spd", "drop: one sync per two blocks", lambda n: ["parallel", "spd"] * (n // 2), {}, "parallel/spd"),
     ("all parallel", "drop: one sync in all", lambda n: ["parallel"] * n, {}, None),
@@ -268,7 +268,7 @@ def worker(argv):
             schema=1, sweep="gpu-node", config=config, ways=best, errors=errors, allreduce_sanity=sanity,
             timing_s=timing_s, machine=dict(
                 device=torch.cuda.get_device_name(device) if cuda else "CPU (rehearsal)",
-                peak_flops=device_peak_flops(device), torch=torch.__version__, cuda=torch.version.cuda,
+                peak_flops=device_peak_flops(device, config["dtype"]), torch=torch.__version__, cuda=torch.version.cuda,
                 nccl=".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
                 date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
             git=git_commit()), out)
