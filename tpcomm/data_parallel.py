@@ -68,8 +68,10 @@ def parallelize(model, pd, *, kind, device, device_type, meta=False, compile=Fal
     set on). `model` is on `device`, or (meta=True) on the meta device, in which case it is materialised here with
     GPT's initial weights, bitwise (model.materialize_). dtype: the training precision (FSDP's gathers follow it;
     None: full precision).
-      ddp:  materialise, compile, wrap in DDP (DDP broadcasts rank 0's weights, so they must exist first; nanoGPT
-            compiles before wrapping)
+      ddp:  materialise, wrap in DDP (DDP broadcasts rank 0's weights, so they must exist first), then compile the
+            wrapped model: dynamo sees DDP and splits the graph at its buckets (DDPOptimizer), so each bucket's
+            all-reduce overlaps the rest of the backward (nanoGPT compiles first: the whole backward is then one
+            compiled node that hands out every gradient at its end, and every bucket waits for it)
       fsdp: shard (fully_shard, in place), materialise (each rank allocates its shards only), compile
     At dp 1 both are the plain model."""
     if kind == "fsdp":
@@ -79,5 +81,5 @@ def parallelize(model, pd, *, kind, device, device_type, meta=False, compile=Fal
         return (torch.compile(model) if compile else model), model
     if meta:
         model.materialize_(device)
-    run = apply_data_parallel(torch.compile(model) if compile else model, pd, kind=kind, device_type=device_type)
-    return run, run
+    wrapped = apply_data_parallel(model, pd, kind=kind, device_type=device_type)
+    return (torch.compile(wrapped) if compile else wrapped), wrapped
