@@ -162,6 +162,8 @@ def agreeing_grad_scaler(device_type, *, enabled, process_group):
 
         def unscale_(self, optimizer):
             super().unscale_(optimizer)
+            if not self.is_enabled():  # fp32/bf16: a no-op scaler holds no per-optimizer state
+                return
             self._unscaled.add(id(optimizer))
             # ShardedGradScaler keeps found_inf as shape (1,), GradScaler as (); a fused AdamW subtracts it from its
             # () step counters in place, which fails on (1,) (torch 2.13: "output with shape [] doesn't match the
