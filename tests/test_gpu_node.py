@@ -3,6 +3,7 @@ real TP, every way of giving up a sync interleaved, the 64 MiB all-reduce check,
 the cost model's predictions) on gloo with 2 processes and a tiny model; resume, dry-run and bad input."""
 
 import json
+import os
 
 import pytest
 
@@ -90,6 +91,7 @@ def test_bad_input_names_key_and_value(args, key):
 def test_bad_input_is_one_line():
     line = one_line_error(run_script("experiment.py", "gpu-node", "--report-only", "--out=/nonexistent", timeout=120))
     assert line == "error: no result files in /nonexistent/runs"
+    assert not os.path.exists("/nonexistent")  # nothing written
 
 
 def test_gpt2_sweep_real_tp_dry_run_states_gpu_hours():

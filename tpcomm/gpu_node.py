@@ -362,9 +362,10 @@ def report(cfg):
                          f"in the collective, step {s['step_ms']:.3f} ms, floor {s['floor_ms']:.3f} ms: "
                          f"**{'ok' if s['ok'] else 'FAILED: the in-collective clock does not time the collective'}**\n")
     text = "\n".join(lines)
-    os.makedirs(cfg["out"], exist_ok=True)
-    with open(os.path.join(cfg["out"], "results.md"), "w") as f:
-        f.write(text)
+    if found:  # nothing is written (nor a directory made) for a report without result files
+        os.makedirs(cfg["out"], exist_ok=True)
+        with open(os.path.join(cfg["out"], "results.md"), "w") as f:
+            f.write(text)
     return text, found
 
 
