@@ -152,6 +152,6 @@ def test_the_sentences_follow_the_intervals(fake_long):
     pen, base = ans._long_penalties(ctx)
     narrow = {k: (abs(m) + 0.01, 0.001, n) for k, (m, c, n) in pen.items() if c is not None}  # all above 0
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(report, "_long_penalties", lambda ctx: (narrow, base))
+        mp.setattr(ans, "_long_penalties", lambda ctx: (narrow, base))
         first = ans.answer_summary(ctx).split(". On GPUs")[0]
     assert first.startswith("After 3.84M tokens, at 95%: all `spd` costs +0.013 [") and "rule out" not in first
