@@ -88,10 +88,11 @@ def test_bad_input_names_key_and_value(args, key):
         gpu_node.parse(args)
 
 
-def test_bad_input_is_one_line():
-    line = one_line_error(run_script("experiment.py", "gpu-node", "--report-only", "--out=/nonexistent", timeout=120))
-    assert line == "error: no result files in /nonexistent/runs"
-    assert not os.path.exists("/nonexistent")  # nothing written
+def test_bad_input_is_one_line(tmp_path):
+    missing = tmp_path / "missing"
+    line = one_line_error(run_script("experiment.py", "gpu-node", "--report-only", f"--out={missing}", timeout=120))
+    assert line == f"error: no result files in {missing}/runs"
+    assert not missing.exists()  # nothing written
 
 
 def test_gpt2_sweep_real_tp_dry_run_states_gpu_hours():
