@@ -1,11 +1,15 @@
+import atexit
 import fcntl
 import hashlib
 import json
 import os
 import pickle
 import re
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -16,10 +20,49 @@ sys.path.insert(0, ROOT)
 
 
 def run_script(*args, env=None, timeout=600):
-    """Run a repo script as a user would; returns the CompletedProcess."""
+    """Run a repo script as a user would; returns the CompletedProcess. A script or `-m module` run with the default
+    environment goes through the fork server (tests/forkserver.py: the same process, without a new torch import)."""
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
+    if env is None and (args[0].endswith(".py") or args[0] == "-m" and args[1] != "torch.distributed.run"):
+        return _forked(list(args), full_env, timeout)
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, env=full_env,
                           timeout=timeout)
+
+
+_server = {}
+
+
+def _forked(args, env, timeout):
+    if "proc" not in _server:  # one server per pytest process, started at its first script run
+        path = f"/tmp/tpcomm-forkserver-{os.getpid()}.sock"
+        if os.path.exists(path):
+            os.unlink(path)
+        proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "forkserver.py"), path], cwd=ROOT,
+                                env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
+        deadline = time.time() + 300
+        while not os.path.exists(path) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        _server.update(proc=proc, path=path)
+        atexit.register(lambda: (proc.kill(), os.path.exists(path) and os.unlink(path)))
+    if _server["proc"].poll() is not None:
+        raise RuntimeError(f"the tests' fork server (tests/forkserver.py) exited with {_server['proc'].returncode}")
+    with tempfile.TemporaryDirectory() as d:
+        out, err = os.path.join(d, "stdout"), os.path.join(d, "stderr")
+        open(out, "w").close(), open(err, "w").close()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(_server["path"])
+            s.settimeout(timeout)
+            f = s.makefile("rw")
+            f.write(json.dumps(dict(argv=args, env=env, cwd=ROOT, stdout=out, stderr=err)) + "\n")
+            f.flush()
+            pid = int(f.readline())  # a server that died mid-request answers '': ValueError, a failed test
+            try:
+                status = int(f.readline())
+            except TimeoutError:
+                os.killpg(pid, signal.SIGKILL)  # the server reaps it
+                raise subprocess.TimeoutExpired([sys.executable, *args], timeout, open(out).read(), open(err).read())
+        return subprocess.CompletedProcess([sys.executable, *args], os.waitstatus_to_exitcode(status),
+                                           open(out).read(), open(err).read())
 
 
 @pytest.fixture(scope="session")
