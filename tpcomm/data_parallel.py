@@ -1,8 +1,10 @@
 """
 Data parallelism over the process grid's dp dimension, applied in one place: DDP (gradients all-reduced, every
 rank holds the whole model replica) or FSDP2 (`fully_shard` per block and at the root: parameters, gradients and
-optimizer state sharded over dp, gathered per block for its forward and backward). Either composes with tensor
-parallelism: each rank's tp shards are what DDP replicates or FSDP shards further over dp.
+optimizer state sharded over dp, gathered per block for its forward and backward), or FSDP2 as HSDP (dp_shard < dp:
+sharded within each group of dp_shard ranks, replicated across the dp / dp_shard groups; gradients reduce-scattered
+within a group, then all-reduced across groups). Each composes with tensor parallelism: each rank's tp shards are
+what DDP replicates or FSDP shards further over dp.
 """
 
 import torch
@@ -46,9 +48,9 @@ def apply_data_parallel(model, pd, *, kind, device_type, dtype=None):
     from torch.distributed.fsdp import fully_shard
 
     blocks, root = mixed_precision_policies(dtype, device_type)
-    for block in model.transformer.h:
-        fully_shard(block, mesh=pd.mesh["dp"], mp_policy=blocks)
-    fully_shard(model, mesh=pd.mesh["dp"], mp_policy=root)
+    for block in model.transformer.h:  # a 2-D mesh (dp_replicate, dp_shard) makes it HSDP (ParallelDims.fsdp_mesh)
+        fully_shard(block, mesh=pd.fsdp_mesh, mp_policy=blocks)
+    fully_shard(model, mesh=pd.fsdp_mesh, mp_policy=root)
     return model
 
 

@@ -181,15 +181,18 @@ def gpt_init_tensors(config):
 
 def grad_sq_sums(named_grads, part, n_parts):
     """Sums of squares of the local gradients in n_parts parts (part(name) -> index), in fp32 at least (float64
-    kept, as torch's clipping); FSDP's DTensor gradients are summed over their data-parallel shards as well."""
+    kept, as torch's clipping); FSDP's DTensor gradients are summed over their data-parallel shards as well (all
+    gradients share one mesh and placement: fully_shard is given one mesh for the blocks and the root)."""
     grads = [g for _, g in named_grads]
     acc = torch.promote_types(grads[0].dtype, torch.float32)
     sq = torch.zeros(n_parts, dtype=acc, device=grads[0].device)
     for name, g in named_grads:
         sq[part(name)] += local(g).to(acc).pow(2).sum()
     mesh = getattr(grads[0], "device_mesh", None)
-    if mesh is not None:
-        torch.distributed.all_reduce(sq, group=mesh.get_group())
+    if mesh is not None:  # over the mesh dims the gradients are sharded on (HSDP: dp_shard; its replicas agree)
+        for dim, placement in enumerate(grads[0].placements):
+            if placement.is_shard():
+                torch.distributed.all_reduce(sq, group=mesh.get_group(dim))
     return sq
 
 
