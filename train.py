@@ -14,6 +14,9 @@ FSDP instead of DDP over the data-parallel ranks (parameters, gradients and Adam
 with real tp), building on the meta device so no rank ever holds the whole model, vocabulary-parallel loss:
 $ torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2.py --model_type=distributed_gpt \
       --tp_size=2 --tp_mode=real --data_parallel=fsdp --init_device=meta --loss_parallel=True
+Two nodes of 8 GPUs, hybrid sharding (HSDP): FSDP within each node (dp_shard = GPUs per node / tp), replicas across
+the nodes, so only the gradient all-reduce between the two replicas crosses the network:
+$ torchrun --nnodes=2 --nproc_per_node=8 ... train.py config/train_gpt2.py --data_parallel=fsdp --dp_shard=8
 
 Resume (--init_from=resume) takes the model from out_dir/ckpt.pt: its type, sizes, GELU form and block pattern.
 A command line or config file that explicitly sets one of those to another value is refused; tp_size, tp_mode,
@@ -205,7 +208,8 @@ def train(training):
 @exit_on_run_error
 def main(argv):
     cfg, setup = prepare(argv)
-    pd = init_parallel(dp=setup.dp, tp=setup.tp, pp=setup.pp, device_type=setup.device_type, backend=cfg["backend"])
+    pd = init_parallel(dp=setup.dp, tp=setup.tp, pp=setup.pp, dp_shard=setup.dp_shard, device_type=setup.device_type,
+                       backend=cfg["backend"])
     finished = False
     try:
         # one run per out_dir: the master holds the directory's lock for the whole run, before writing anything

@@ -15,7 +15,7 @@ from tpcomm.batches import check_data
 from tpcomm.checkpoint import CHECKPOINT_NAME, checkpoint_model, load_checkpoint
 from tpcomm.data_parallel import DATA_PARALLEL, INIT_DEVICES
 from tpcomm.options import MODEL_TYPES, check_batch, expand_block_types, model_config
-from tpcomm.parallel_dims import check_layout
+from tpcomm.parallel_dims import check_dp_shard, check_layout
 from tpcomm.runtime import check_dtype, pick_device_and_dtype
 
 DEFAULTS = dict(
@@ -81,6 +81,8 @@ DEFAULTS = dict(
     seed=1337,
     # data parallelism and memory
     data_parallel="ddp",  # 'ddp' (replicas, gradients all-reduced) | 'fsdp' (FSDP2: params/grads/AdamW sharded over dp)
+    dp_shard=None,  # fsdp: ranks of one shard group; None = dp (plain FSDP); a divisor of dp = HSDP, sharded within
+    # groups of dp_shard ranks, replicated across dp / dp_shard of them (2 nodes: dp_shard x tp = GPUs per node)
     init_device="default",  # 'default' (build whole, then shard) | 'meta' (each rank allocates only what it holds)
     # pipeline parallelism (tpcomm/pipeline.py): world = pp_size x dp x tp, micro-batches per step = the dp rank's share
     # of gradient_accumulation_steps
@@ -100,6 +102,7 @@ class Setup:
     """The checked configuration of a launch, and the weights it starts from."""
     data_dir: str
     dp: int
+    dp_shard: int  # = dp unless HSDP (tpcomm/parallel_dims.py)
     tp: int
     pp: int
     device: str
@@ -140,6 +143,7 @@ def check_train_settings(cfg):
     check_dtype(cfg["dtype"])
     if cfg["data_parallel"] not in DATA_PARALLEL:
         raise ConfigError(f"data_parallel must be one of {DATA_PARALLEL}, got {cfg['data_parallel']!r}")
+    check_dp_shard(cfg["dp_shard"], data_parallel=cfg["data_parallel"])  # against dp in prepare, once it is known
     if cfg["init_device"] not in INIT_DEVICES:
         raise ConfigError(f"init_device must be one of {INIT_DEVICES}, got {cfg['init_device']!r}")
     if cfg["init_from"] not in ("scratch", "resume") and cfg["init_from"] not in PRETRAINED_SIZES:
@@ -282,6 +286,7 @@ def prepare(argv):
     if cfg["gradient_accumulation_steps"] % dp:
         raise ConfigError(f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) must be divisible "
                           f"by the number of data-parallel ranks ({dp})")
+    dp_shard = check_dp_shard(cfg["dp_shard"], data_parallel=cfg["data_parallel"], dp=dp)
     check_pipeline(cfg, explicit, dp=dp, tp=tp, dtype=dtype)
     if meta_vocab is not None and meta_vocab > vocab_size:
         raise ConfigError(f"dataset {cfg['dataset']!r} has vocab_size {meta_vocab}, "
@@ -290,8 +295,8 @@ def prepare(argv):
     if cfg["init_from"] in PRETRAINED_SIZES:  # last: the download is the slow part
         pretrained = load_pretrained(cfg["init_from"], dropout=cfg["dropout"])
 
-    setup = Setup(data_dir=data_dir, dp=dp, tp=tp, pp=cfg["pp_size"], device=device, device_type=device_type,
-                  dtype=dtype, model_config=config, checkpoint=checkpoint,
+    setup = Setup(data_dir=data_dir, dp=dp, dp_shard=dp_shard, tp=tp, pp=cfg["pp_size"], device=device,
+                  device_type=device_type, dtype=dtype, model_config=config, checkpoint=checkpoint,
                   pretrained=pretrained)
     return cfg, setup
 

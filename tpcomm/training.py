@@ -87,7 +87,8 @@ def start_run(cfg, setup, pd):
         tidy_out_dir(cfg)
         save_config(cfg, cfg["out_dir"])
         pp = f"pp={pd.pp} {cfg['pp_schedule']}, " if pd.pp > 1 else ""
-        print(f"tokens per iteration: {tokens_per_iter:,} ({pp}dp={pd.dp}, tp={cfg['tp_size']} {cfg['tp_mode']}, "
+        hsdp = f" (hsdp: {pd.dp_replicate} replicas x dp_shard {pd.dp_shard})" if pd.hsdp else ""
+        print(f"tokens per iteration: {tokens_per_iter:,} ({pp}dp={pd.dp}{hsdp}, tp={cfg['tp_size']} {cfg['tp_mode']}, "
               f"grad_accum per rank={grad_accum}, device={device}, dtype={setup.dtype}, "
               f"data_parallel={cfg['data_parallel']}, init_device={cfg['init_device']})")
     setup_runtime(setup.device_type, cfg["seed"])  # same seed on every rank: identical initial weights
