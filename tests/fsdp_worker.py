@@ -30,10 +30,10 @@ STEPS, MICRO, LR, CLIP = 3, 4, 1e-2, 0.1  # MICRO global micro-batches of one ro
 PATTERN = ["parallel", "tp", "parallel", "spd"]  # desynced streams into tp and spd blocks
 
 
-def data(step):
+def data(step, micro=MICRO):
     g = torch.Generator().manual_seed(200 + step)
     return [(torch.randint(VOCAB, (1, 24), generator=g), torch.randint(VOCAB, (1, 24), generator=g))
-            for _ in range(MICRO)]
+            for _ in range(micro)]
 
 
 def build(kind, gpt, pd, *, meta=False):
@@ -45,14 +45,15 @@ def build(kind, gpt, pd, *, meta=False):
     return DistributedGPT.from_gpt(gpt, 2, PATTERN, pd=pd).double()
 
 
-def train(model, run, pd, *, dp):
-    """STEPS AdamW steps with clipping; this replica takes micro-batches dp_rank, dp_rank + dp, ... of each step
-    (gradient sync on its last one only). Returns losses (mean over all micro-batches), norms, weights, moments."""
+def train(model, run, pd, *, dp, micro=MICRO):
+    """STEPS AdamW steps with clipping over `micro` global micro-batches each; this replica takes micro-batches
+    dp_rank, dp_rank + dp, ... of each step (gradient sync on its last one only). Returns losses (mean over all
+    micro-batches), norms, weights, moments."""
     optimizer = model.configure_optimizers(0.1, LR, (0.9, 0.95), "cpu")
-    mine = list(range(pd.dp_rank if dp > 1 else 0, MICRO, dp))
+    mine = list(range(pd.dp_rank if dp > 1 else 0, micro, dp))
     losses, norms = [], []
     for step in range(STEPS):
-        batches = data(step)
+        batches = data(step, micro)
         total = torch.zeros((), dtype=torch.float64)
         for k, m in enumerate(mine):
             set_gradient_sync(run, enabled=k == len(mine) - 1)
@@ -65,7 +66,7 @@ def train(model, run, pd, *, dp):
         optimizer.zero_grad(set_to_none=True)
         if dp > 1:
             dist.all_reduce(total, group=pd.dp_group)
-        losses.append(float(total) / MICRO)
+        losses.append(float(total) / micro)
     moments = {f"{i}/{k}": v for i, s in model.gpt_optimizer_state(optimizer)["state"].items()
                for k, v in s.items() if k != "step"}
     return dict(losses=torch.tensor(losses, dtype=torch.float64), norms=torch.tensor(norms, dtype=torch.float64),

@@ -88,6 +88,7 @@ def test_checkpoints_move_between_fsdp_ddp_and_simulated(tmp_path, char_data):
     (["--loss_parallel=True"], ["loss_parallel", "distributed_gpt", "'gpt'"]),
     (["--checkpoint_format=zip"], ["checkpoint_format", "zip"]),
     (["--init_from=resume", "--checkpoint_format=sharded"], ["checkpoint_format='sharded'", "ckpt_sharded"]),
+    (["--dp_shard=1"], ["dp_shard=1", "data_parallel='fsdp'", "'ddp'"]),
 ])
 def test_bad_combinations_one_line_exit_2(tmp_path, char_data, args, words):
     out = tmp_path / "out"
@@ -97,6 +98,51 @@ def test_bad_combinations_one_line_exit_2(tmp_path, char_data, args, words):
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert all(w in lines[0] for w in words), lines[0]
     assert not out.exists()
+
+
+# HSDP's dp_shard, checked in process (tpcomm.parallel_dims.check_dp_shard through train.py's prepare): WORLD_SIZE as
+# torchrun would set it, no process group needed
+@pytest.mark.parametrize("world, args, words", [
+    (4, ["--dp_shard=2"], ["dp_shard=2", "needs data_parallel='fsdp'", "data_parallel='ddp'"]),
+    (4, ["--data_parallel=fsdp", "--dp_shard=3"], ["dp_shard (3) must divide", "dp (4)"]),
+    (4, ["--data_parallel=fsdp", "--dp_shard=8"], ["dp_shard (8) must divide", "dp (4)"]),
+    (1, ["--data_parallel=fsdp", "--dp_shard=2"], ["dp_shard (2) must divide", "dp (1)"]),
+    (4, ["--data_parallel=fsdp", "--dp_shard=4", "--model_type=distributed_gpt", "--tp_size=2", "--tp_mode=real"],
+     ["dp_shard (4) must divide", "dp (2)"]),  # dp = world / tp
+    (4, ["--data_parallel=fsdp", "--dp_shard=0"], ["dp_shard must be a positive int", "got 0"]),
+    (4, ["--data_parallel=fsdp", "--dp_shard='2'"], ["dp_shard must be a positive int", "got '2'"]),
+    (4, ["--data_parallel=fsdp", "--dp_shard=True"], ["dp_shard must be a positive int", "got True"]),
+])
+def test_dp_shard_is_checked_naming_key_and_values(tmp_path, char_data, monkeypatch, world, args, words):
+    from configurator import ConfigError
+    from tpcomm.train_config import prepare
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError) as e:
+        prepare([*TINY, f"--data_dir={char_data}", f"--out_dir={out}", "--gradient_accumulation_steps=8", *args])
+    assert "\n" not in str(e.value) and all(w in str(e.value) for w in words), str(e.value)
+    assert not out.exists()
+
+
+def test_dp_shard_sets_the_mesh(tmp_path, char_data, monkeypatch):
+    """dp_shard reaches the layout: None is plain FSDP (one dp dim), a divisor of dp splits it into
+    (dp_replicate, dp_shard), inner to pp and outer to tp."""
+    from tpcomm.parallel_dims import ParallelDims
+    from tpcomm.train_config import prepare
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    base = [*TINY, f"--data_dir={char_data}", f"--out_dir={tmp_path / 'out'}", "--data_parallel=fsdp",
+            "--gradient_accumulation_steps=4"]
+    assert prepare(base)[1].dp_shard == 4
+    assert prepare([*base, "--dp_shard=2"])[1].dp_shard == 2
+    assert ParallelDims(dp=4).mesh_dims() == [("dp", 4), ("tp", 1)]
+    assert ParallelDims(dp=4, dp_shard=4, tp=2).mesh_dims() == [("dp", 4), ("tp", 2)]
+    hsdp = ParallelDims(dp=4, dp_shard=2, tp=2, pp=2)
+    assert hsdp.hsdp and hsdp.dp_replicate == 2
+    assert hsdp.mesh_dims() == [("pp", 2), ("dp_replicate", 2), ("dp_shard", 2), ("tp", 2)]
 
 
 def test_sharded_checkpoint_converts_exactly_and_resumes(tmp_path, char_data):
