@@ -16,7 +16,8 @@ $ torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2.py --model
       --tp_size=2 --tp_mode=real --data_parallel=fsdp --init_device=meta --loss_parallel=True
 Two nodes of 8 GPUs, hybrid sharding (HSDP): FSDP within each node (dp_shard = GPUs per node / tp), replicas across
 the nodes, so only the gradient all-reduce between the two replicas crosses the network:
-$ torchrun --nnodes=2 --nproc_per_node=8 ... train.py config/train_gpt2.py --data_parallel=fsdp --dp_shard=8
+$ torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 train.py \
+      config/train_gpt2.py --data_parallel=fsdp --dp_shard=8
 
 Resume (--init_from=resume) takes the model from out_dir/ckpt.pt: its type, sizes, GELU form and block pattern.
 A command line or config file that explicitly sets one of those to another value is refused; tp_size, tp_mode,
