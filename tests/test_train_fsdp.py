@@ -63,17 +63,18 @@ def test_fsdp_x_real_tp_and_loss_parallel_match_one_simulated_process(tmp_path, 
 
 def test_checkpoints_move_between_fsdp_ddp_and_simulated(tmp_path, char_data):
     """An FSDP dp 2 x tp 2 run's checkpoint (GPT layout, gathered on every rank, written by the master) resumes as
-    one simulated process, whose checkpoint resumes as FSDP dp 2 built on the meta device, then as DDP dp 2: the
-    losses of the uninterrupted one-process run. All-'tp' blocks are GPT at every tp_size, so one trajectory is
-    the reference (as in tests/test_real_tp.py)."""
+    one simulated process, whose checkpoint resumes as HSDP dp 4 (2 replicas x dp_shard 2) built on the meta device,
+    then as DDP dp 2: the losses of the uninterrupted one-process run. All-'tp' blocks are GPT at every tp_size, so
+    one trajectory is the reference (as in tests/test_real_tp.py)."""
     common = [SPD, "--block_types=tp", "--lr_decay_iters=12", "--eval_interval=3",
-              "--gradient_accumulation_steps=2", "--always_save_checkpoint=True"]
+              "--gradient_accumulation_steps=4", "--always_save_checkpoint=True"]  # 4: divisible by dp 4 (HSDP)
     ref, part = tmp_path / "ref", tmp_path / "part"
     train(ref, char_data, *common, "--max_iters=12", "--tp_size=1")
     train(part, char_data, *common, "--max_iters=3", "--tp_mode=real", "--data_parallel=fsdp", nproc=4)
     train(part, char_data, *common, "--max_iters=6", "--init_from=resume", "--tp_size=1")
-    train(part, char_data, *common, "--max_iters=9", "--init_from=resume", "--tp_size=1", "--data_parallel=fsdp",
-          "--init_device=meta", nproc=2)
+    r = train(part, char_data, *common, "--max_iters=9", "--init_from=resume", "--tp_size=1",
+              "--data_parallel=fsdp", "--dp_shard=2", "--init_device=meta", nproc=4)
+    assert "dp=4 (hsdp: 2 replicas x dp_shard 2)" in r.stdout
     train(part, char_data, *common, "--max_iters=12", "--init_from=resume", "--tp_size=2", nproc=2)
     a, b = losses(ref), losses(part)
     assert_same(a, b, 1e-5, "resumed")
