@@ -28,6 +28,8 @@ GPT of a simulated run is not traced). Under real TP rank 0 writes those names a
 $ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 bench.py --model_type=distributed_gpt --tp_size=2 \
       --tp_mode=real --device=cpu --n_layer=12 --n_head=8 --n_embd=128 --block_size=64 --vocab_size=65 \
       --patterns="['tp', ['parallel','spd']*6]" --iters=3 --warmup=2 --trace=/tmp/trace.json
+--profile=N (mode=train) then profiles N more steps of each model in 3 interleaved rounds and prints the self CPU time
+per kind of op (tpcomm/op_profile.py) of each, and each one's difference from GPT's (docs/benchmarks.md).
 --mode=pipeline times training steps through pipeline stages (tpcomm/pipeline_demo.py) under torchrun with pp_size x tp
 processes, for each of --pp_schedules at each of --microbatches (micro-batches of batch_size rows): ms/iter,
 tokens/s, the bubble of the recorded timeline next to (p-1)/(v m+p-1), each pp rank's peak activation memory (bytes
@@ -79,17 +81,24 @@ def timed_steps(model, cfg, device, device_type, dtype, n, *, clock=None):
     return elapsed / n, report.get("comm_seconds", 0.0) / n, report.get("comm_busy_seconds", 0.0) / n
 
 
+def training_step(model, cfg, device, device_type, dtype):
+    """One more training step of model, as a function of nothing; one untimed step first (AdamW creates its state
+    in its first step)."""
+    run, optimizer, ctx, X, Y = training_setup(model, cfg, device, device_type, dtype)
+    step(run, model, optimizer, ctx, X, Y)
+    return lambda: step(run, model, optimizer, ctx, X, Y).item()  # the step's device work ends inside the call
+
+
 def traced_steps(model, cfg, device, device_type, dtype, path):
     """cfg['trace_steps'] training steps under torch.profiler, written to `path` as a Chrome trace
     (comm_trace.trace_steps); returns the counts of collectives of each step, as read back from the file."""
     from tpcomm.trace import per_step_counts, trace_steps
 
-    run, optimizer, ctx, X, Y = training_setup(model, cfg, device, device_type, dtype)
-    step(run, model, optimizer, ctx, X, Y)  # not traced: AdamW creates its state in its first step
+    one_step = training_step(model, cfg, device, device_type, dtype)
     with trace_steps(path) as tracer:
         for _ in range(cfg["trace_steps"]):
             with tracer.step():
-                step(run, model, optimizer, ctx, X, Y).item()  # the step's device work ends inside its span
+                one_step()
     return per_step_counts(path)
 
 
@@ -361,6 +370,12 @@ def bench(cfg, pd, device, device_type, dtype):
     for name in results:
         if name != "gpt" and "gpt" in results:
             say(f"ratio {name} / gpt: {results[name] / results['gpt']:.3f}")
+    if cfg["profile"]:  # where each model's step time goes, by kind of op, interleaved in rounds as the timing
+        from tpcomm.op_profile import breakdown_table, compare
+
+        steps = {name: training_step(m, cfg, device, device_type, dtype) for name, m in models.items()}
+        say(f"\nprofile: {cfg['profile']} steps per model in each of {rounds} rounds, the least total kept")
+        say("\n".join(breakdown_table(compare(steps, cfg["profile"], rounds))))
     if cfg["trace"]:  # the models the command names: not the comparison GPT of a distributed_gpt run
         traced = {n: c for n, c in fwd_allreduces.items() if n != "gpt" or cfg["model_type"] == "gpt"}
         paths = trace_paths(cfg["trace"], traced, pd.rank)

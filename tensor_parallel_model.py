@@ -298,8 +298,14 @@ class SPDBlock(ShardedBlock):
         """(s (L, N, C), R): the summands d_i + a_i + R * M_i(LN2(y_i)) of the block's one all-reduce (sp: r_i in
         place of d_i, see forward) and the replica mask R. n0: a batch chunk's first token (its masks' rows)."""
         group, tp, proj = self.group, self.group.tp, self.attn.c_proj
+        synced = r is None and not sp  # every r_i is xbar: d_i = 0
         r, heads = self.shard_heads(xbar, r, T, kv, n0, sp=sp, src=src)
         D = self.shard_mask(r, ATTN_OUT, n0)
+        if synced:  # the summands a_i + R * M_i, a_i = D_i * (A_i + b_A/tp) kept as it is, not as (r_i + a_i) - xbar
+            a = self.attn.out(heads, bias=self.bias_share(proj, 1 / tp), mask=D)  # (L, N, C), fresh
+            y = r + a if tp == 1 or proj.bias is None else r + a + self.bias_share(proj, (tp - 1) / tp)
+            R = self.replica_mask(r[0], MLP_OUT, n0)
+            return self.mlp.out(self.mlp.hidden(layer_norm(self.ln_2, y)), acc=a, own_acc=True, mask=R), R
         if D is None:  # y_i = r_i + A_i + b_A in one step
             y = self.attn.out(heads, acc=r, bias=proj.bias)
         else:

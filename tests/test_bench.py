@@ -7,6 +7,7 @@ import torch
 import bench
 from conftest import one_line_error, run_script
 from model import GPTConfig
+from tpcomm import op_profile
 from tpcomm.models import PlainGPT
 
 TINY = ["--device=cpu", "--dtype=float32", "--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16",
@@ -39,6 +40,8 @@ def error_line(capsys, argv):
     ("--mode=infer", "mode must be 'train', 'decode', 'memory' or 'pipeline', got 'infer'"),
     ("--mode=decode --batch_sizes=[0]", "batch_sizes must be a non-empty list of ints >= 1, got [0]"),
     ("--mode=decode --prompt_len=10 --new_tokens=10", "prompt_len + new_tokens <= block_size (16)"),
+    ("--profile=-1", "profile must be an int >= 0 (steps per model and round), got -1"),
+    ("--mode=decode --profile=2", "profile breaks training steps down: it needs mode='train', got mode='decode'"),
 ])
 def test_bad_values_are_one_line(capsys, arg, words):
     assert words in error_line(capsys, [*TINY, *arg.split()])
@@ -135,3 +138,35 @@ def test_bad_variants_are_one_line(variants, words):
     line = one_line_error(run_script("bench.py", *TINY, "--model_type=distributed_gpt", "--tp_size=2",
                                      f"--variants={variants}"))
     assert words in line, line
+
+
+def test_profile_breaks_each_step_down_by_op_group(capsys):
+    """--profile: a column per model and one per difference from GPT; in each column the groups sum to the total
+    (the steps' span: self times partition it; 9 entries printed to 0.01 ms, so 0.05 ms of rounding)."""
+    bench.main([*TINY, "--model_type=distributed_gpt", "--tp_size=2", "--patterns=['spd']", "--profile=1"])
+    out = capsys.readouterr().out
+    rows = {r[0]: [float(v) for v in r[1:]] for r in ([c.strip() for c in line.split("|")[1:-1]]
+                                                      for line in out.splitlines()[out.splitlines().index(
+                                                          "| self CPU ms/step | `spd` | `gpt` | `spd` - `gpt` |") + 2:]
+                                                      if line.startswith("| "))}
+    assert list(rows) == [*op_profile.ORDER, "total"]
+    spd, gpt, diff = zip(*rows.values())
+    for column in (spd, gpt, diff):
+        assert sum(column[:-1]) == pytest.approx(column[-1], abs=0.05)
+    assert spd[-1] > 0 and gpt[-1] > 0 and diff[-1] == pytest.approx(spd[-1] - gpt[-1], abs=0.01)
+    # not all in one bucket: both models' matmuls and layer norms are found by name
+    assert all(rows[g][i] > 0 for g in ("matmul", "layer_norm", "optimizer") for i in (0, 1))
+
+
+def test_op_groups_find_the_ops_they_name():
+    """Anti-vacuity for the grouping: op names land in their groups, and a step of matmuls alone is mostly 'matmul'
+    (the rest: the profiler's and Python's own time between ops, which 'python' holds)."""
+    assert [op_profile.group_of(n) for n in (
+        "aten::baddbmm", "autograd::engine::evaluate_function: MmBackward0", "aten::native_layer_norm_backward",
+        "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::copy_", "aten::gelu_backward",
+        "Optimizer.step#AdamW.step", "aten::view", op_profile.STEP)] == [
+        "matmul", "matmul", "layer_norm", "attention", "copies", "elementwise", "optimizer", "other", "python"]
+    a = torch.randn(256, 256)
+    groups, total = op_profile.op_breakdown(lambda: [a @ a for _ in range(4)], 3)
+    assert sum(groups.values()) == pytest.approx(total, rel=1e-6)  # exact but for float summation
+    assert groups["matmul"] > 0.8 * total and groups["layer_norm"] == 0.0

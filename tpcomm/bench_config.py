@@ -52,6 +52,7 @@ DEFAULTS = dict(
     loss_parallel=False,  # distributed_gpt: the vocabulary-parallel lm_head and loss
     trace=None,  # train: a path; profile trace_steps more steps of each model and write a Chrome trace there
     trace_steps=1,  # train: the steps each trace holds
+    profile=0,  # train: profile this many more steps of each model per round; print the self CPU time per op group
     pp_size=1,  # pipeline: stages (torchrun with pp_size x tp processes; pp_size 1 under torchrun too)
     pp_schedules=["gpipe", "1f1b"],  # pipeline: the schedules to time ('gpipe' | '1f1b' | 'interleaved_1f1b')
     microbatches=[4, 8],  # pipeline: the micro-batch counts m to time (micro-batches of batch_size rows)
@@ -85,6 +86,11 @@ def validate(cfg):
     if cfg["init_device"] not in INIT_DEVICES:
         raise ConfigError(f"init_device must be one of {INIT_DEVICES}, got {cfg['init_device']!r}")
     check_models(cfg)
+    profile = cfg["profile"]
+    if not isinstance(profile, int) or isinstance(profile, bool) or profile < 0:
+        raise ConfigError(f"profile must be an int >= 0 (steps per model and round), got {profile!r}")
+    if profile and cfg["mode"] != "train":
+        raise ConfigError(f"profile breaks training steps down: it needs mode='train', got mode={cfg['mode']!r}")
     trace, n = cfg["trace"], cfg["trace_steps"]
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ConfigError(f"trace_steps must be an int >= 1, got {n!r}")
