@@ -267,6 +267,5 @@ def test_intact_sharded_checkpoint_converts(sharded_run, tmp_path):
                                     "comm_model.py"])
 def test_help_prints_usage_and_exits_0(script):
     """--help: the script's docstring (its example commands) and, for configurator scripts, every key."""
-    r = subprocess.run([sys.executable, script, "--help"], cwd=os.path.dirname(os.path.dirname(__file__)),
-                       capture_output=True, text=True, timeout=120)
+    r = run_script(script, "--help", timeout=120)
     assert r.returncode == 0 and not r.stderr and f"{script.removesuffix('.py')}" in r.stdout, (r.stdout, r.stderr)
