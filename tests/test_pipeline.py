@@ -258,6 +258,13 @@ def test_bad_launch_outside_torchrun():
     assert "world size (1)" in lines[0] and "pp_size (4)" in lines[0], lines[0]
 
 
+def test_demo_outside_torchrun_is_one_line():
+    """A layout one process could hold (pp 1, simulated tp) still needs torchrun's process group: one line, exit 2
+    (it was a traceback from dist.get_world_size)."""
+    r = run_script("-m", "tpcomm.pipeline_demo", "--pp_size=1", "--tp_mode=simulated", timeout=60)
+    assert "runs under torchrun" in one_line_error(r)
+
+
 def test_bad_launch_one_rank_exits_by_itself():
     """One rank of a 6-process job asked for pp 4 x tp 2: the check runs before init_process_group, so it exits 2
     at once; had it reached the rendezvous it would wait for ranks that never come and the timeout would fail it."""

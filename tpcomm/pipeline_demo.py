@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from configurator import ConfigError, configure, exit_on_config_error
 from tensor_parallel_model import DistributedGPT, TPConfig, validate_tp_args
-from tpcomm.parallel_dims import init_parallel, shutdown, world_size
+from tpcomm.parallel_dims import init_parallel, launched_by_torchrun, shutdown, world_size
 from tpcomm.activation_memory import ActivationMemory
 from tpcomm.pipeline import (Pipeline, bubble_fraction, build_pipeline, format_events, format_timeline,
                              theoretical_bubble, validate_pp_layout)
@@ -93,6 +93,9 @@ def main(argv):
     validate_pp_layout(world=world, pp_size=cfg["pp_size"], tp=tp, n_layer=cfg["n_layer"], schedule=cfg["schedule"],
                        n_microbatches=cfg["n_microbatches"], virtual_stages=cfg["virtual_stages"],
                        pp_layers=cfg["pp_layers"], batch_size=cfg["batch_size"])
+    if not launched_by_torchrun():  # the demo's exchanges (timeline, counts, memory) run on a process group
+        raise ConfigError("tpcomm.pipeline_demo runs under torchrun, also at pp_size=1: torchrun --standalone "
+                          "--nproc_per_node=PP*TP -m tpcomm.pipeline_demo ...")
     dims = init_parallel(dp=world // (cfg["pp_size"] * tp), tp=tp, pp=cfg["pp_size"], device_type="cpu",
                          backend="gloo")
     finished = False
