@@ -81,6 +81,20 @@ def compare(a, b):
     return out
 
 
+def meta_init_under_fsdp(gpt, pd):
+    """DistributedGPT built on the meta device, sharded by fully_shard over pd's mesh (FSDP or HSDP), then
+    materialised: (the model, GPT's init of the same seed, whether the model's full state equals it bitwise)."""
+    torch.manual_seed(3)
+    ref_sd = GPT(gpt.config).state_dict()
+    torch.manual_seed(3)
+    with torch.device("meta"):
+        meta = DistributedGPT(TPConfig(**vars(gpt.config), tp_size=2, block_types=PATTERN), pd=pd, init=False)
+    apply_data_parallel(meta, pd, kind="fsdp", device_type="cpu")
+    meta.materialize_("cpu")
+    sd = meta.gpt_state_dict()
+    return meta, ref_sd, sd.keys() == ref_sd.keys() and all(torch.equal(sd[k], ref_sd[k]) for k in ref_sd)
+
+
 def main(argv):
     tp = int(argv[0].split("=", 1)[1])
     out_path = argv[1]
@@ -103,18 +117,10 @@ def main(argv):
             run = apply_data_parallel(model, pd, kind="fsdp", device_type="cpu")
             results[f"can_fail/fsdp/{kind}"] = compare(train(model, run, pd, dp=pd.dp), ref)
         # meta-device init, then FSDP, then materialise: every rank holds only its shards, bitwise GPT's init
-        torch.manual_seed(3)
-        ref_sd = GPT(gpt.config).state_dict()
-        torch.manual_seed(3)
-        with torch.device("meta"):
-            meta = DistributedGPT(TPConfig(**vars(gpt.config), tp_size=2, block_types=PATTERN), pd=pd, init=False)
-        apply_data_parallel(meta, pd, kind="fsdp", device_type="cpu")
-        meta.materialize_("cpu")
+        meta, ref_sd, exact = meta_init_under_fsdp(gpt, pd)
         name = "transformer.h.0.mlp.c_fc.weight"
         tp_rows = meta.sharding.local_shape(name, ref_sd[name].shape)[0]  # 4C, or 4C/2 with real TP
-        sd = meta.gpt_state_dict()
-        results["fsdp/meta_init_exact"] = dict(
-            ok=sd.keys() == ref_sd.keys() and all(torch.equal(sd[k], ref_sd[k]) for k in ref_sd))
+        results["fsdp/meta_init_exact"] = dict(ok=exact)
         results["fsdp/meta_init_holds_its_shard"] = dict(  # this rank's FSDP shard of its tp part, no more
             ok=meta.transformer.h[0].mlp.c_fc.weight.to_local().shape[0] == tp_rows // pd.dp)
         write_results(pd, results, out_path)

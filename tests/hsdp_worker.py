@@ -17,10 +17,8 @@ from torch.distributed.tensor import Replicate, Shard
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from fsdp_worker import PATTERN, build, compare, train  # noqa: E402
-from model import GPT  # noqa: E402
+from fsdp_worker import build, compare, meta_init_under_fsdp, train  # noqa: E402
 from real_tp_worker import make_gpt, write_results  # noqa: E402
-from tensor_parallel_model import DistributedGPT, TPConfig  # noqa: E402
 from tpcomm.data_parallel import apply_data_parallel  # noqa: E402
 from tpcomm.parallel_dims import init_parallel, shutdown  # noqa: E402
 
@@ -62,16 +60,7 @@ def replicas_by_shards(gpt, results):
             model = shard_only(build(kind, gpt, pd), pd)
             results["can_fail/hsdp/no_replica_reduce"] = compare(train(model, model, pd, dp=pd.dp, micro=MICRO), ref)
     # meta-device init under HSDP: each rank materialises its shard of GPT's init, bitwise
-    torch.manual_seed(3)
-    ref_sd = GPT(gpt.config).state_dict()
-    torch.manual_seed(3)
-    with torch.device("meta"):
-        meta = DistributedGPT(TPConfig(**vars(gpt.config), tp_size=2, block_types=PATTERN), pd=pd, init=False)
-    apply_data_parallel(meta, pd, kind="fsdp", device_type="cpu")
-    meta.materialize_("cpu")
-    sd = meta.gpt_state_dict()
-    results["hsdp/meta_init_exact"] = dict(
-        ok=sd.keys() == ref_sd.keys() and all(torch.equal(sd[k], ref_sd[k]) for k in ref_sd))
+    results["hsdp/meta_init_exact"] = dict(ok=meta_init_under_fsdp(gpt, pd)[2])
     return pd
 
 
