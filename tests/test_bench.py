@@ -142,7 +142,8 @@ def test_bad_variants_are_one_line(variants, words):
 
 def test_profile_breaks_each_step_down_by_op_group(capsys):
     """--profile: a column per model and one per difference from GPT; in each column the groups sum to the total
-    (the steps' span: self times partition it; 9 entries printed to 0.01 ms, so 0.05 ms of rounding)."""
+    (the steps' span: self times partition it; 9 entries printed to 0.01 ms, so 0.05 ms of rounding), and the
+    difference column is the difference of the totals (three printed values, each off by up to 0.005 ms)."""
     bench.main([*TINY, "--model_type=distributed_gpt", "--tp_size=2", "--patterns=['spd']", "--profile=1"])
     out = capsys.readouterr().out
     rows = {r[0]: [float(v) for v in r[1:]] for r in ([c.strip() for c in line.split("|")[1:-1]]
@@ -153,7 +154,7 @@ def test_profile_breaks_each_step_down_by_op_group(capsys):
     spd, gpt, diff = zip(*rows.values())
     for column in (spd, gpt, diff):
         assert sum(column[:-1]) == pytest.approx(column[-1], abs=0.05)
-    assert spd[-1] > 0 and gpt[-1] > 0 and diff[-1] == pytest.approx(spd[-1] - gpt[-1], abs=0.01)
+    assert spd[-1] > 0 and gpt[-1] > 0 and diff[-1] == pytest.approx(spd[-1] - gpt[-1], abs=0.016)
     # not all in one bucket: both models' matmuls and layer norms are found by name
     assert all(rows[g][i] > 0 for g in ("matmul", "layer_norm", "optimizer") for i in (0, 1))
 
