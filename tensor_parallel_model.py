@@ -31,7 +31,7 @@ from tpcomm.sequence_parallel import (gather_from_sequence_region, gather_to_tp_
                                       scatter_to_sequence_region)
 from tpcomm.vocab_parallel import vocab_parallel_cross_entropy
 
-from tpcomm.sharded_layers import (Pending, Reduced, ShardedAttention, ShardedMLP, add_pending, join,  # noqa: F401
+from tpcomm.sharded_layers import (Pending, Reduced, ShardedAttention, ShardedMLP, SPStream, add_pending, join,  # noqa: F401
                                    layer_norm, project, stream_parts, synced_layer_norm)
 
 SP_EMBED = (None, None, "sp_embed")  # trace site: the embedding output scattered onto the token shards
@@ -163,8 +163,8 @@ class ShardedBlock(nn.Module):
     def shard_streams(self, xbar, r, *, sp=False):
         """The shards' streams and LN1 of them: a synced stream fans out first (through f; sequence parallel: an
         all-gather of its token shards)."""
-        if r is None and sp:
-            r = gather_to_tp_region(xbar, self.group, site=self.sites["attn"])
+        if r is None and sp:  # the stream's own dtype from here: a desynced r_i accumulates in fp32, as xbar does
+            r = gather_to_tp_region(xbar, self.group, site=self.sites["attn"]).to(xbar.dtype)
         elif r is None:
             return self.group.fan_out(xbar, lambda x: layer_norm(self.ln_1, x), self.sites["attn"])
         return r, layer_norm(self.ln_1, r)
@@ -254,9 +254,9 @@ class TPBlock(ShardedBlock):
     def forward_sp(self, x, r, T, kv):
         """Sequence parallelism: x (N/tp, C) this rank's token shard of the synced stream (simulated: all of them,
         (N, C)); LN1, LN2, the biases and the replica dropout run on it; f is an all-gather, g a reduce-scatter.
-        Desynced input (r, after 'parallel'): the reduce-scatter of r_i + R1 * A_i is sum_i r_i = tp x + sum_i d_i,
-        so x' = RS(.) - (tp-1) x, R1 then applied before the reduce-scatter (it must not drop the d_i)."""
-        group, tp, sites = self.group, self.group.tp, self.sites
+        Desynced input (r, after 'parallel'; x an SPStream): the reduce-scatter of d_i + R1 * A_i, d_i = r_i - base,
+        onto the token shard, R1 applied before the reduce-scatter (it must not drop the d_i)."""
+        group, sites = self.group, self.sites
         if r is None:
             h = gather_to_tp_region(layer_norm(self.ln_1, x), group, site=sites["attn"])
             a = self.attn.out(self.attn.heads(h, T, self.probs_dropout(), kv))
@@ -264,8 +264,8 @@ class TPBlock(ShardedBlock):
                               ATTN_OUT, masked=False)
         else:
             y = self.attn.heads(layer_norm(self.ln_1, r), T, self.probs_dropout(), kv)
-            a = self.attn.out(y, acc=r, mask=self.replica_mask(r[0], ATTN_OUT))
-            x = self.sp_close(-(tp - 1) * x, reduce_scatter_from_tp_region(a, group, site=sites["attn"]),
+            a = self.attn.out(y, acc=r - x.base, mask=self.replica_mask(r[0], ATTN_OUT))
+            x = self.sp_close(x.shard, reduce_scatter_from_tp_region(a, group, site=sites["attn"]),
                               self.attn.c_proj, ATTN_OUT, masked=True)
         m = self.mlp.out(self.mlp.hidden(gather_to_tp_region(layer_norm(self.ln_2, x), group, site=sites["mlp"])))
         return self.sp_close(x, reduce_scatter_from_tp_region(m, group, site=sites["mlp"]), self.mlp.c_proj, MLP_OUT,
@@ -279,10 +279,11 @@ class SPDBlock(ShardedBlock):
     tp_overlap = K: the batch in K chunks, chunk k's all-reduce overlapping chunk k+1's compute."""
 
     def forward(self, xbar, r, T, kv=None, *, sp=False):
-        if sp:  # sum_i [r_i + a_i + R * M_i] = tp xbar + sum_i [d_i + a_i] + R * sum_i M_i, reduce-scattered
+        if sp:  # sum_i [d_i + a_i + R * M_i] reduce-scattered onto the token shard (desynced: xbar an SPStream)
             s, _ = self.partials(xbar, r, T, kv, sp=True)
             reduced = reduce_scatter_from_tp_region(s, self.group, site=self.sites["mlp"])
-            return self.sp_close(-(self.group.tp - 1) * xbar, reduced, self.mlp.c_proj, MLP_OUT, masked=True), None
+            shard = xbar if r is None else xbar.shard
+            return self.sp_close(shard, reduced, self.mlp.c_proj, MLP_OUT, masked=True), None
         chunks = self.chunks(xbar, r, T, kv)
         # tp_async_grad: f fused with LN1 and c_attn; with K chunks, each chunk's backward wait made before any
         # chunk computes (see TPBlock)
@@ -295,10 +296,11 @@ class SPDBlock(ShardedBlock):
         return join([self.add_synced_bias(x + reduced.wait(), self.mlp.c_proj, R) for x, reduced, R in issued]), None
 
     def partials(self, xbar, r, T, kv, n0=0, *, sp=False, src=None):
-        """(s (L, N, C), R): the summands d_i + a_i + R * M_i(LN2(y_i)) of the block's one all-reduce (sp: r_i in
-        place of d_i, see forward) and the replica mask R. n0: a batch chunk's first token (its masks' rows)."""
+        """(s (L, N, C), R): the summands d_i + a_i + R * M_i(LN2(y_i)) of the block's one all-reduce (sp: its
+        reduce-scatter; a desynced xbar is an SPStream, d_i = r_i - its base) and the replica mask R. n0: a batch
+        chunk's first token (its masks' rows)."""
         group, tp, proj = self.group, self.group.tp, self.attn.c_proj
-        synced = r is None and not sp  # every r_i is xbar: d_i = 0
+        synced = r is None  # every r_i is xbar: d_i = 0
         r, heads = self.shard_heads(xbar, r, T, kv, n0, sp=sp, src=src)
         D = self.shard_mask(r, ATTN_OUT, n0)
         if synced:  # the summands a_i + R * M_i, a_i = D_i * (A_i + b_A/tp) kept as it is, not as (r_i + a_i) - xbar
@@ -312,7 +314,7 @@ class SPDBlock(ShardedBlock):
             y = self.attn.out(heads, acc=r, bias=self.bias_share(proj, 1 / tp), mask=D)
             if tp > 1 and proj.bias is not None:
                 y = y + self.bias_share(proj, (tp - 1) / tp)
-        acc = y if sp else group.delta(y, xbar)  # d_i + a_i + b_A (tp-1)/tp (sp: r_i + ...)
+        acc = y - xbar.base if sp else group.delta(y, xbar)  # d_i + a_i + b_A (tp-1)/tp
         if tp > 1 and proj.bias is not None:
             acc = acc - self.bias_share(proj, (tp - 1) / tp)
         u = self.mlp.hidden(layer_norm(self.ln_2, y))
@@ -326,9 +328,11 @@ class ParallelBlock(ShardedBlock):
     tp_overlap does not apply (nothing to overlap); sequence parallel: a synced input is all-gathered."""
 
     def forward(self, xbar, r, T, kv=None, *, sp=False):
-        tp = self.group.tp
-        src = self.column_input((xbar,), self.ln_1, synced=False) if self.fused_f() and r is None else None
+        tp, synced = self.group.tp, r is None
+        src = self.column_input((xbar,), self.ln_1, synced=False) if self.fused_f() and synced else None
         r, y = self.shard_heads(xbar, r, T, kv, sp=sp, src=src)
+        if sp and synced:  # the token shard and the gathered stream the r_i start from (see SPStream)
+            xbar = SPStream(xbar, r)
         r = self.attn.out(y, acc=r, bias=self.bias_share(self.attn.c_proj, 1 / tp), mask=self.shard_mask(r, ATTN_OUT))
         u = self.mlp.hidden(layer_norm(self.ln_2, r))
         r = self.mlp.out(u, acc=r, bias=self.bias_share(self.mlp.c_proj, 1 / tp), mask=self.shard_mask(r, MLP_OUT))
@@ -481,11 +485,11 @@ class DistributedGPT(ModelInterface, GPT):
     def final_sync(self, xbar, r, pending=(), *, sp=False):
         """The stream before ln_f: xbar plus what a last ladder block left pending, or, when the last block left it
         desynced, one more sync xbar + sum_i d_i. sp: xbar is a token shard, gathered (all-gather); a desynced
-        stream is first reduce-scattered, sum_i r_i - (tp-1) xbar (= xbar + sum_i d_i)."""
+        stream (xbar an SPStream) first gets its d_i = r_i - base reduce-scattered onto the shard."""
         xbar = add_pending(xbar, pending)
         if sp:
             if r is not None:
-                xbar = reduce_scatter_from_tp_region(r, self.group, site=FINAL_SYNC) - (self.group.tp - 1) * xbar
+                xbar = xbar.shard + reduce_scatter_from_tp_region(r - xbar.base, self.group, site=FINAL_SYNC)
             return gather_from_sequence_region(xbar, self.group, site=FINAL_SYNC)
         return xbar if r is None else xbar + reduce_from_tp_region(self.group.delta(r, xbar), self.group,
                                                                    site=FINAL_SYNC)

@@ -116,6 +116,10 @@ def check_bf16_identity(pd):
         for loss_parallel in (False, True):
             model = DistributedGPT.from_gpt(gpt, pd.tp, [kind, "parallel"], pd=pd, loss_parallel=loss_parallel)
             out[f"{kind}/loss_parallel={loss_parallel}"] = (stream(model) - want).abs().max().item()
+        if kind != "ladder":  # sequence parallel ('ladder' refuses it): its syncs reduce-scatter the d_i
+            for pattern in ([kind, "parallel"], ["parallel", kind]):  # synced input, desynced input
+                model = DistributedGPT.from_gpt(gpt, pd.tp, pattern, pd=pd, sequence_parallel=True)
+                out[f"{pattern}/sequence_parallel"] = (stream(model) - want).abs().max().item()
     return out
 
 

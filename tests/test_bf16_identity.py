@@ -6,8 +6,8 @@ moves in bf16.
    stream reaching ln_f is the embedding, bitwise, for every block type at tp 2, 4 and 8, simulated, with and
    without the vocabulary-parallel embedding (real TP at tp 2: tests/test_comm_timing.py, whose torchrun worker
    checks it). Before the fix 'spd' and 'parallel' moved it by tp * (bf16(x) - x): up to 0.21 at |x| ~ 7.5, tp 4.
-   Not covered: sequence parallelism, whose 'spd' blocks and desynced syncs reduce-scatter the stream itself
-   (sum_i r_i - (tp-1) x) in bf16 (measured 0.06-0.15 at tp 4; docs/compression.md).
+   Sequence parallel too ('ladder' refuses it): its syncs reduce-scatter the shards' d_i, not the stream itself;
+   before that fix, reduce-scattering sum_i r_i - (tp-1) x in bf16 moved the stream by 0.06-0.15 at tp 4.
 2. Noise: all 'spd' (and 'parallel') under bf16 autocast is as close to its fp32 self as all 'tp' is to GPT in
    fp32: the same matmuls rounded the same way (the streams' distances over 3 seeds within a factor of 1.5)."""
 
@@ -67,6 +67,18 @@ def test_zeroed_c_proj_leaves_the_stream_unchanged(tp, loss_parallel):
             assert torch.equal(got, want), (kind, pattern, (got - want).abs().max().item())
 
 
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_zeroed_c_proj_leaves_the_stream_unchanged_sequence_parallel(tp):
+    base = gpt(zero_proj=True).eval()
+    idx, _ = batch()
+    want = stream_before_ln_f(base, idx)
+    for pattern in (["spd"] * 4, ["parallel"] * 4, ["parallel", "spd", "parallel", "tp"], ["tp", "parallel"] * 2):
+        model = DistributedGPT.from_gpt(base, tp, pattern, sequence_parallel=True).eval()
+        got = stream_before_ln_f(model, idx)
+        assert got.dtype == torch.float32
+        assert torch.equal(got, want), (pattern, (got - want).abs().max().item())
+
+
 def test_identity_check_can_fail():
     """Anti-vacuity: one c_proj bias left non-zero moves the stream, and the comparison sees it."""
     base = gpt(zero_proj=True).eval()
@@ -87,10 +99,13 @@ def stream_fp32(model, idx):
     return seen[0]
 
 
-@pytest.mark.parametrize("tp, kind", [(2, "spd"), (8, "spd"), (4, "parallel")])
-def test_spd_bf16_noise_is_tp_bf16_noise(tp, kind):
-    """The stream entering ln_f: ||bf16 - fp32|| summed over 3 seeds, all `kind` against itself in fp32, all 'tp'
-    against GPT in fp32. Measured ratio 1.07-1.09 (tp 2-8); before the fix 115-465. Without biases: with them,
+@pytest.mark.parametrize("tp, kind, sp", [(2, "spd", False), (8, "spd", False), (4, "parallel", False),
+                                         (2, "spd", True), (8, "spd", True), (4, "parallel", True)])
+def test_spd_bf16_noise_is_tp_bf16_noise(tp, kind, sp):
+    """The stream entering ln_f: ||bf16 - fp32|| summed over 3 seeds, all `kind` (sp: sequence parallel) against
+    itself in fp32, all 'tp' against GPT in fp32. Measured ratio 1.07-1.09 (tp 2-8); before the fix 115-465.
+    Sequence parallel 1.13-1.15 (its shards' streams start from the all-gathered bf16 stream); before its fix
+    171-565. Without biases: with them,
     'spd' and 'parallel' carry their c_proj bias shares (b/tp per shard) in the bf16 partial sums of their one
     all-reduce (the block's own math, not the fan-out), 3.5-5x the 'tp' stream noise with biases ~0.1."""
     kind_noise = tp_noise = 0.0
@@ -99,7 +114,7 @@ def test_spd_bf16_noise_is_tp_bf16_noise(tp, kind):
         idx, _ = batch(seed)
         tp_noise += (stream_before_ln_f(DistributedGPT.from_gpt(base, tp, ["tp"] * 4).eval(), idx)
                      - stream_fp32(base, idx)).norm().item()
-        model = DistributedGPT.from_gpt(base, tp, [kind] * 4).eval()
+        model = DistributedGPT.from_gpt(base, tp, [kind] * 4, sequence_parallel=sp).eval()
         kind_noise += (stream_before_ln_f(model, idx) - stream_fp32(model, idx)).norm().item()
     assert tp_noise > 0  # bf16 rounds something: the comparison is not between identical numbers
     assert kind_noise <= 1.5 * tp_noise, (kind_noise, tp_noise)

@@ -86,6 +86,7 @@ def test_device_clock_marks_read_lazily_per_direction(worker):
 
 def test_real_tp_bf16_fan_out_keeps_the_stream(worker):
     """Real TP, bf16 autocast, every c_proj zeroed: the stream entering ln_f is GPT's bitwise for every block type,
-    with the vocab-parallel embedding too (tests/test_bf16_identity.py: issue 37.1)."""
+    with the vocab-parallel embedding too, and sequence parallel (tests/test_bf16_identity.py: issue 37.1)."""
     for rank in worker:
+        assert len(rank["bf16_identity"]) == 13  # 4 kinds x 2 embeddings, 5 sequence-parallel patterns
         assert set(rank["bf16_identity"].values()) == {0.0}, rank["bf16_identity"]

@@ -139,6 +139,15 @@ class Pending(NamedTuple):
         return x if self.bias is None else x + self.bias
 
 
+class SPStream(NamedTuple):
+    """Sequence parallelism, the stream desynced (after a 'parallel' block): this rank's token shard of the last
+    synced stream (N/tp, C), and that stream gathered (L, N, C), the value every shard's r_i started from (rounded
+    to bf16 under autocast, as the all-gather moves it). r_i - base is the shard's d_i, exact in fp32, so a sync
+    reduce-scatters d_i, not the stream itself, and adds it to the unrounded token shard."""
+    shard: torch.Tensor
+    base: torch.Tensor
+
+
 def stream_parts(x, pending):
     """x plus one pending output (or None) as the parts a ColumnInput sums, (x, value, bias); a stand-in for Pending
     that is already added (a pipeline cut's) as its sum."""
