@@ -21,19 +21,37 @@ sys.path.insert(0, ROOT)
 
 def run_script(*args, env=None, timeout=600):
     """Run a repo script as a user would; returns the CompletedProcess. A script or `-m module` run with the default
-    environment goes through the fork server (tests/forkserver.py: the same process, without a new torch import)."""
+    environment goes through the fork server (tests/forkserver.py: the same process, without a new torch import);
+    so do a torchrun launch's agent and, through tests/forkclient.py, its ranks."""
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
-    if env is None and (args[0].endswith(".py") or args[0] == "-m" and args[1] != "torch.distributed.run"):
+    if env is None and args[:2] == ("-m", "torch.distributed.run"):
+        full_env["TPCOMM_FORKSERVER"] = _server_path()
+        return _forked(list(args[:2]) + _ranks_through_client(args[2:]), full_env, timeout)
+    if env is None and (args[0].endswith(".py") or args[0] == "-m"):
         return _forked(list(args), full_env, timeout)
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, env=full_env,
                           timeout=timeout)
 
 
+FORKCLIENT = os.path.join(ROOT, "tests", "forkclient.py")
+
+
+def _ranks_through_client(torchrun_args):
+    """torchrun's arguments with tests/forkclient.py as the script, the script (or torchrun's `-m MODULE`) its
+    arguments: each rank is then forked by the server. torchrun's own options come first, all as --key=value."""
+    args = list(torchrun_args)
+    for i, arg in enumerate(args):
+        if arg == "-m" or not arg.startswith("-"):  # the script, or torchrun's --module: the client runs `-m MODULE`
+            return args[:i] + [FORKCLIENT] + args[i:]
+    raise ValueError(f"no script in a torchrun command line: {torchrun_args}")
+
+
 _server = {}
 
 
-def _forked(args, env, timeout):
-    if "proc" not in _server:  # one server per pytest process, started at its first script run
+def _server_path():
+    """The fork server's socket; one server per pytest process, started at its first script run."""
+    if "proc" not in _server:
         path = f"/tmp/tpcomm-forkserver-{os.getpid()}.sock"
         if os.path.exists(path):
             os.unlink(path)
@@ -46,11 +64,16 @@ def _forked(args, env, timeout):
         atexit.register(lambda: (proc.kill(), os.path.exists(path) and os.unlink(path)))
     if _server["proc"].poll() is not None:
         raise RuntimeError(f"the tests' fork server (tests/forkserver.py) exited with {_server['proc'].returncode}")
+    return _server["path"]
+
+
+def _forked(args, env, timeout):
+    path = _server_path()
     with tempfile.TemporaryDirectory() as d:
         out, err = os.path.join(d, "stdout"), os.path.join(d, "stderr")
         open(out, "w").close(), open(err, "w").close()
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.connect(_server["path"])
+            s.connect(path)
             s.settimeout(timeout)
             f = s.makefile("rw")
             f.write(json.dumps(dict(argv=args, env=env, cwd=ROOT, stdout=out, stderr=err)) + "\n")

@@ -11,17 +11,20 @@ whole process tree) and runs the script as `__main__` (runpy). An exception nobo
 gets the exit status (negative: the signal) as subprocess.run reports it.
 
 What differs from a fresh `python`: those modules are already imported (as the scripts' own imports would make
-them), and nothing else is: no repository module. conftest.run_script therefore sends here only a script or `-m module` run with the default
-environment; `-c` code (a test may check what it imports), torchrun launches and runs given their own environment
-still start a fresh interpreter.
+them), and nothing else is: no repository module. conftest.run_script therefore sends here only a script or
+`-m module` run with the default environment, torchrun's agent among them, and a torchrun launch's ranks through
+tests/forkclient.py; `-c` code (a test may check what it imports) and runs given their own environment still start
+a fresh interpreter.
 
-Protocol (one request per connection, handled one at a time: an xdist worker runs its tests one at a time):
-the client sends one JSON line {"argv", "env", "cwd", "stdout", "stderr"}; the server answers the child's pid,
-then, once it exited, its wait status, each as a line.
+Protocol (one request per connection, each served by a waiter process of its own, so requests run side by side):
+the client sends one JSON line {"argv", "env", "cwd", and "stdout", "stderr" paths or "fds": true with its
+descriptors 0, 1, 2 attached (SCM_RIGHTS)}; the server answers the child's pid, then, once it exited, its wait
+status, each as a line. A client that hangs up first has its child killed.
 """
 import json
 import os
 import runpy
+import select
 import signal
 import socket
 import sys
@@ -34,41 +37,68 @@ import tqdm  # noqa: F401
 
 
 def serve(path):
-    """Answer requests forever; returns only in a forked child, set up as `python ARGV` would be."""
+    """Answer requests forever, each in a waiter process of its own (so a torchrun launch's ranks start together);
+    returns only in a forked script child, its request set up as `python ARGV` would be."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
-    server.listen(16)
+    server.listen(64)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the waiters, reaped by the kernel
     while True:
         conn, _ = server.accept()
-        with conn.makefile("r") as f:
-            request = json.loads(f.readline())
-        pid = os.fork()
-        if pid == 0:
+        if os.fork() == 0:
             server.close()
-            conn.close()
-            become(request)
-            return request["argv"]
-        try:
-            conn.sendall(f"{pid}\n".encode())
-        except OSError:
-            pass
-        _, status = os.waitpid(pid, 0)
-        try:
-            conn.sendall(f"{status}\n".encode())
-        except OSError:  # the caller gave up (its timeout killed the child) and hung up
-            pass
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            return waiter(conn)
         conn.close()
 
 
-def become(request):
+def waiter(conn):
+    """Read the request (and the caller's stdin/stdout/stderr, when it sends them), fork the script child, answer
+    its pid and then its wait status; kill it if the caller hangs up first. Returns the request in the child."""
+    data, fds = b"", []
+    while not data.endswith(b"\n"):
+        chunk, got, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+        if not chunk:
+            os._exit(0)
+        data, fds = data + chunk, fds + got
+    request = json.loads(data)
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        become(request, fds)
+        return request["argv"]
+    for fd in fds:
+        os.close(fd)
+    try:
+        conn.sendall(f"{pid}\n".encode())
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                conn.sendall(f"{status}\n".encode())
+                break
+            if select.select([conn], [], [], 0.1)[0] and not conn.recv(1):  # the caller hung up (or was killed)
+                os.killpg(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                break
+    except OSError:  # the caller gave up (its timeout killed the child) and hung up
+        pass
+    os._exit(0)
+
+
+def become(request, fds):
     os.setsid()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
-    for fd, name, mode in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY),
-                           (2, request["stderr"], os.O_WRONLY)):
-        opened = os.open(name, mode)
-        os.dup2(opened, fd)
-        os.close(opened)
+    if fds:  # the caller's own descriptors (a torchrun rank's: shared with the agent, as a plain rank's are)
+        for fd, opened in enumerate(fds):
+            os.dup2(opened, fd)
+            os.close(opened)
+    else:
+        for fd, name, mode in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY),
+                               (2, request["stderr"], os.O_WRONLY)):
+            opened = os.open(name, mode)
+            os.dup2(opened, fd)
+            os.close(opened)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
