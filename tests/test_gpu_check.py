@@ -61,10 +61,12 @@ def test_real_tp_equals_simulation_and_comm_time_is_sane(tiny):
 def test_identity_and_cost_model_fields(tiny):
     s = tiny[0]["sections"]
     dev = s["bf16_identity"]["max_deviation"]
-    # every block type at tp 2, 4, 8 and GPT; whether each is exactly 0 is issue 37.1's fix, reported not asserted
-    assert set(dev) == {"gpt"} | {f"{k} tp{t}" for k in gpu_check.BLOCK_TYPES for t in (2, 4, 8)}
-    assert dev["gpt"] == 0.0 and dev["tp tp8"] == 0.0  # the blocks that never mix dtypes: exact
-    assert isinstance(s["bf16_identity"]["ok"], bool)
+    # every block type at tp 2, 4, 8 and GPT, and two sequence-parallel patterns at each tp: all exactly 0 on CPU
+    # (issue 37.1's fix; tests/test_bf16_identity.py), reported on a GPU whatever they are
+    sp = [f"{p} tp{t} sequence parallel" for p in (["spd", "parallel", "tp", "parallel"],
+                                                   ["parallel", "spd", "parallel", "tp"]) for t in (2, 4, 8)]
+    assert set(dev) == {"gpt"} | {f"{k} tp{t}" for k in gpu_check.BLOCK_TYPES for t in (2, 4, 8)} | set(sp)
+    assert set(dev.values()) == {0.0} and s["bf16_identity"]["ok"] is True, dev
     assert s["cost_model"]["assumed_mfu"] == pytest.approx(0.40) and s["cost_model"]["measured_mfu"] is None
 
 

@@ -20,7 +20,8 @@ Sections (SECTIONS, in order):
   read) must be above what the fastest link could do (64 MiB / 1 TB/s) and below the synchronised wall time of the
   step that holds it. A clock that reads queued work (NCCL returns at enqueue) fails the first bound.
 - bf16_identity: every block's c_proj zeroed, so each block must leave the stream unchanged: the largest deviation
-  of the stream entering ln_f from the embedding, under bf16 autocast, per block type at tp 2, 4 and 8.
+  of the stream entering ln_f from the embedding, under bf16 autocast, per block type at tp 2, 4 and 8, and for two
+  sequence-parallel patterns (a synced and a desynced stream entering each syncing block).
 - cost_model: the cost model's assumed MFU (tpcomm.cost_model) beside the measured one, and its compute-term step
   time beside the measured step.
 Timings on CUDA synchronise the device before reading the clock.
@@ -304,7 +305,8 @@ def stream_deviation(model, idx, ctx):
 
 
 def bf16_identity(st):
-    """Zeroed c_proj everywhere: under bf16 autocast each model must give ln_f the embedding unchanged."""
+    """Zeroed c_proj everywhere: under bf16 autocast each model (sequence parallel too) must give ln_f the embedding
+    unchanged."""
     from tpcomm.build import build_model
     from tpcomm.runtime import autocast_context
 
@@ -321,6 +323,11 @@ def bf16_identity(st):
             torch.manual_seed(0)
             m = build_model("distributed_gpt", dict(args, tp_size=tp, block_types=kind)).to(device)
             dev[f"{kind} tp{tp}"] = stream_deviation(zero_c_proj(m), idx, ctx)
+        # sequence parallel ('ladder' refuses it): a synced and a desynced stream entering each block that syncs
+        for pattern in (["spd", "parallel", "tp", "parallel"], ["parallel", "spd", "parallel", "tp"]):
+            torch.manual_seed(0)
+            m = build_model("distributed_gpt", dict(args, tp_size=tp, block_types=pattern, sequence_parallel=True))
+            dev[f"{pattern} tp{tp} sequence parallel"] = stream_deviation(zero_c_proj(m.to(device)), idx, ctx)
     return dict(dtype="bfloat16", max_deviation=dev, worst=max(dev.values()), ok=max(dev.values()) == 0.0)
 
 
