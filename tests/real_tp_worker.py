@@ -187,8 +187,10 @@ def check_loss_parallel(pd, gpt, results):
 
 def check_generation(pd, gpt, results, patterns=PATTERNS, dtype=torch.float32):
     """Generation under real TP gives the single-process model's tokens, greedy and seeded sampling, with and
-    without the KV cache, and every tp rank holds the same tokens."""
-    prompt = torch.randint(VOCAB, (2, 5), generator=torch.Generator().manual_seed(9))
+    without the KV cache, and every tp rank holds the same tokens. 26 prompt tokens and 8 new ones: the context
+    passes block_size (32) at the 7th, so the cache's crop is compared too (KV-cache == recomputing is proven for
+    every block type in simulation, tests/test_generate.py)."""
+    prompt = torch.randint(VOCAB, (2, 26), generator=torch.Generator().manual_seed(9))
     for block_types in patterns:
         real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd).to(dtype).eval()
         sim = DistributedGPT.from_gpt(gpt, pd.tp, block_types).to(dtype).eval()
@@ -198,7 +200,7 @@ def check_generation(pd, gpt, results, patterns=PATTERNS, dtype=torch.float32):
                 out = []
                 for model in (real, sim):
                     torch.manual_seed(11)
-                    out.append(model.generate(prompt, 30, temperature=temperature, top_k=top_k, use_cache=use_cache))
+                    out.append(model.generate(prompt, 8, temperature=temperature, top_k=top_k, use_cache=use_cache))
                 every = [torch.empty_like(out[0]) for _ in range(pd.tp)]
                 dist.all_gather(every, out[0], group=pd.tp_group)
                 ok = ok and torch.equal(out[0], out[1]) and all(torch.equal(e, out[0]) for e in every)
