@@ -69,14 +69,15 @@ def waiter(conn):
         return request["argv"]
     for fd in fds:
         os.close(fd)
+    exited = os.pidfd_open(pid)  # readable once the child exits (Linux), so the wait below wakes at once
     try:
         conn.sendall(f"{pid}\n".encode())
         while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                conn.sendall(f"{status}\n".encode())
+            ready = select.select([conn, exited], [], [])[0]
+            if exited in ready:
+                conn.sendall(f"{os.waitpid(pid, 0)[1]}\n".encode())
                 break
-            if select.select([conn], [], [], 0.1)[0] and not conn.recv(1):  # the caller hung up (or was killed)
+            if not conn.recv(1):  # the caller hung up (or was killed) first
                 os.killpg(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
                 break
