@@ -264,7 +264,7 @@ class TPBlock(ShardedBlock):
                               ATTN_OUT, masked=False)
         else:
             y = self.attn.heads(layer_norm(self.ln_1, r), T, self.probs_dropout(), kv)
-            a = self.attn.out(y, acc=r - x.base, mask=self.replica_mask(r[0], ATTN_OUT))
+            a = self.attn.out(y, acc=x.delta(r), mask=self.replica_mask(r[0], ATTN_OUT))
             x = self.sp_close(x.shard, reduce_scatter_from_tp_region(a, group, site=sites["attn"]),
                               self.attn.c_proj, ATTN_OUT, masked=True)
         m = self.mlp.out(self.mlp.hidden(gather_to_tp_region(layer_norm(self.ln_2, x), group, site=sites["mlp"])))
@@ -314,7 +314,7 @@ class SPDBlock(ShardedBlock):
             y = self.attn.out(heads, acc=r, bias=self.bias_share(proj, 1 / tp), mask=D)
             if tp > 1 and proj.bias is not None:
                 y = y + self.bias_share(proj, (tp - 1) / tp)
-        acc = y - xbar.base if sp else group.delta(y, xbar)  # d_i + a_i + b_A (tp-1)/tp
+        acc = xbar.delta(y) if sp else group.delta(y, xbar)  # d_i + a_i + b_A (tp-1)/tp
         if tp > 1 and proj.bias is not None:
             acc = acc - self.bias_share(proj, (tp - 1) / tp)
         u = self.mlp.hidden(layer_norm(self.ln_2, y))
@@ -489,7 +489,7 @@ class DistributedGPT(ModelInterface, GPT):
         xbar = add_pending(xbar, pending)
         if sp:
             if r is not None:
-                xbar = xbar.shard + reduce_scatter_from_tp_region(r - xbar.base, self.group, site=FINAL_SYNC)
+                xbar = xbar.shard + reduce_scatter_from_tp_region(xbar.delta(r), self.group, site=FINAL_SYNC)
             return gather_from_sequence_region(xbar, self.group, site=FINAL_SYNC)
         return xbar if r is None else xbar + reduce_from_tp_region(self.group.delta(r, xbar), self.group,
                                                                    site=FINAL_SYNC)

@@ -71,13 +71,13 @@ def _forked(args, env, timeout):
     path = _server_path()
     with tempfile.TemporaryDirectory() as d:
         out, err = os.path.join(d, "stdout"), os.path.join(d, "stderr")
-        open(out, "w").close(), open(err, "w").close()
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s, open(os.devnull) as stdin, \
+                open(out, "w") as stdout, open(err, "w") as stderr:
             s.connect(path)
             s.settimeout(timeout)
-            f = s.makefile("rw")
-            f.write(json.dumps(dict(argv=args, env=env, cwd=ROOT, stdout=out, stderr=err)) + "\n")
-            f.flush()
+            request = json.dumps(dict(argv=args, env=env, cwd=ROOT)) + "\n"
+            socket.send_fds(s, [request.encode()], [stdin.fileno(), stdout.fileno(), stderr.fileno()])
+            f = s.makefile("r")
             pid = int(f.readline())  # a server that died mid-request answers '': ValueError, a failed test
             try:
                 status = int(f.readline())

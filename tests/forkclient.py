@@ -22,7 +22,7 @@ def main(argv):
     agent, path = os.getppid(), os.environ["TPCOMM_FORKSERVER"]
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.connect(path)
-        request = dict(argv=argv, env=dict(os.environ), cwd=os.getcwd(), fds=True)
+        request = dict(argv=argv, env=dict(os.environ), cwd=os.getcwd())
         socket.send_fds(s, [(json.dumps(request) + "\n").encode()], [0, 1, 2])
         f = s.makefile("r")
         pid = int(f.readline())

@@ -17,9 +17,10 @@ tests/forkclient.py; `-c` code (a test may check what it imports) and runs given
 a fresh interpreter.
 
 Protocol (one request per connection, each served by a waiter process of its own, so requests run side by side):
-the client sends one JSON line {"argv", "env", "cwd", and "stdout", "stderr" paths or "fds": true with its
-descriptors 0, 1, 2 attached (SCM_RIGHTS)}; the server answers the child's pid, then, once it exited, its wait
-status, each as a line. A client that hangs up first has its child killed.
+the client sends one JSON line {"argv", "env", "cwd"} with the child's stdin, stdout and stderr descriptors
+attached (SCM_RIGHTS: conftest's are /dev/null and the test's output files, a rank's are its own); the server
+answers the child's pid, then, once it exited, its wait status, each as a line. A client that hangs up first has
+its child killed.
 """
 import json
 import os
@@ -53,7 +54,7 @@ def serve(path):
 
 
 def waiter(conn):
-    """Read the request (and the caller's stdin/stdout/stderr, when it sends them), fork the script child, answer
+    """Read the request and the caller's stdin/stdout/stderr descriptors, fork the script child, answer
     its pid and then its wait status; kill it if the caller hangs up first. Returns the request in the child."""
     data, fds = b"", []
     while not data.endswith(b"\n"):
@@ -90,16 +91,9 @@ def become(request, fds):
     os.setsid()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
-    if fds:  # the caller's own descriptors (a torchrun rank's: shared with the agent, as a plain rank's are)
-        for fd, opened in enumerate(fds):
-            os.dup2(opened, fd)
-            os.close(opened)
-    else:
-        for fd, name, mode in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY),
-                               (2, request["stderr"], os.O_WRONLY)):
-            opened = os.open(name, mode)
-            os.dup2(opened, fd)
-            os.close(opened)
+    for fd, opened in enumerate(fds):  # the caller's stdin, stdout, stderr (a torchrun rank's: the agent's, shared)
+        os.dup2(opened, fd)
+        os.close(opened)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])

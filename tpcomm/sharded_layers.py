@@ -147,6 +147,11 @@ class SPStream(NamedTuple):
     shard: torch.Tensor
     base: torch.Tensor
 
+    def delta(self, r):
+        """d_i = r_i - base: a plain difference (not group.delta's gradient shortcut): base's gradient reaches the
+        token shards through the all-gather's backward, a reduce-scatter, as r_i's own does."""
+        return r - self.base
+
 
 def stream_parts(x, pending):
     """x plus one pending output (or None) as the parts a ColumnInput sums, (x, value, bias); a stand-in for Pending
