@@ -190,6 +190,46 @@ def test_async_g_equals_g_forward_and_backward():
     assert group.counter.report(micro_steps=1, tokens=1)["async_allreduces"] == 2  # the loop's second, and this
 
 
+class _WritesOnWait(SimulatedTP):
+    """A group whose asynchronous sum lands in its buffer only at wait(), through an ATen in-place copy: what gloo
+    does with CUDA tensors (it reduces on the host and copies the result back), unlike gloo on CPU tensors."""
+
+    def sum_partials_async(self, x):
+        buf = torch.zeros_like(x[0])
+
+        class Work:
+            def wait(self):
+                buf.copy_(x.sum(0))
+        return buf, Work()
+
+    def wait(self, work):
+        work.wait()
+
+
+def test_async_g_survives_a_collective_that_writes_its_buffer_late():
+    """The buffer an asynchronous g returns is written after the call (gloo on CUDA: H100, 2026-11-26, real_tp
+    failed with "Output 0 of _ReducedBackward is a view ... modified inplace"): wait() then gives g, value and
+    gradient, as the blocking g does; and it fails if the buffer is the Function's output itself."""
+    x = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 5, 4, dtype=torch.float64)
+    outs, grads = [], []
+    for reduce in (lambda t: reduce_from_tp_region(t, SimulatedTP(3)),
+                   lambda t: reduce_from_tp_region_async(t, _WritesOnWait(3)).wait()):
+        x.grad = None
+        y = reduce(copy_to_tp_region(x, SimulatedTP(3)) * w)
+        (y * y).sum().backward()
+        outs.append(y.detach())
+        grads.append(x.grad.clone())
+    assert torch.equal(outs[0], outs[1]) and torch.equal(grads[0], grads[1])
+    # the check can fail: the buffer itself as the output is what autograd refuses
+    from tpcomm.collectives import _Reduced
+    buf = torch.zeros(5, 4, dtype=torch.float64)
+    y = _Reduced.apply(copy_to_tp_region(x, SimulatedTP(3)) * w, buf)
+    buf.copy_(torch.ones_like(buf))
+    with pytest.raises(RuntimeError, match="modified inplace"):
+        (y * y).sum().backward()
+
+
 def test_all_reduces_are_waited_for_after_the_next_module(monkeypatch):
     """All-ladder: module i's all-reduce is waited for only after module i+1's was issued (2 in flight at most)."""
     log = log_async(lambda fn: monkeypatch.setattr(tensor_parallel_model, "reduce_from_tp_region_async", fn))

@@ -7,6 +7,7 @@ import json
 import re
 
 import pytest
+import torch
 
 from conftest import (TORCHRUN, assert_same, differs, losses, one_line_error, run_script, shared_launch, train,
                       val_losses)
@@ -246,6 +247,17 @@ def test_good_layouts_pass():
     validate_pp_layout(**GOOD)
     validate_pp_layout(**dict(GOOD, schedule="gpipe", n_microbatches=1))  # GPipe runs any m
     validate_pp_layout(**dict(GOOD, schedule="interleaved_1f1b", virtual_stages=2, pp_layers=[1] * 8))
+    validate_pp_layout(world=1, pp_size=1, tp=1, n_layer=2, schedule="1f1b", n_microbatches=1, batch_size=4)
+
+
+def test_torch_without_output_grads_is_refused(monkeypatch):
+    """torch < 2.13 (its PipelineStage takes no output_grads: 2.11 on the H100 of docs/gpu.md) is refused at
+    validation for pp > 1, in one line naming pp_size and the torch version; pp_size=1 still passes."""
+    import tpcomm.pipeline as pipeline
+    monkeypatch.setattr(pipeline, "STAGE_TAKES_OUTPUT_GRADS", False)
+    with pytest.raises(ConfigError) as e:
+        validate_pp_layout(**GOOD)
+    assert "\n" not in str(e.value) and "pp_size=4" in str(e.value) and torch.__version__ in str(e.value)
     validate_pp_layout(world=1, pp_size=1, tp=1, n_layer=2, schedule="1f1b", n_microbatches=1, batch_size=4)
 
 

@@ -104,15 +104,35 @@ def test_checkpoint_gather_gives_each_stages_values_on_every_rank(gathered):
     assert r0["optimizer_entries"] == list(range(r0["n_params"])) and r0["moment_shapes_ok"]
 
 
-def _moved(rank, world):
-    dims, model, pipe = _pipeline(rank, world, "gpt", device=f"cuda:{rank % torch.cuda.device_count()}")
-    on_gpu = {n for n, p in model.named_parameters() if p.device.type == "cuda"}
-    local = {n for n, _ in pipe.named_parameters()}
-    return dict(on_gpu=sorted(on_gpu), local=sorted(local), n_params=len(list(model.parameters())))
+def _moved(rank, world, device):
+    """Which of the model's parameters are on `device` after the Pipeline is built, and which are its stages', by
+    the parameters themselves: the last stage's untied head is lm_head.weight in the model and wte's name in the
+    stage (the checkpoint's key), so names would not match."""
+    dims, model, pipe = _pipeline(rank, world, "gpt", device=device)
+    name = {id(p): n for n, p in model.named_parameters()}
+    on_device = {id(p) for p in model.parameters() if p.device.type == torch.device(device).type}
+    local = {id(p) for p in pipe.parameters()}
+    return dict(on_device=sorted(name[i] for i in on_device), local=sorted(name.get(i, "?") for i in local),
+                n_params=len(name))
+
+
+def _check_moved(results):
+    for r in results:
+        assert r["on_device"] == r["local"], r  # this rank's stages, and nothing else, on its device
+        assert 0 < len(r["on_device"]) < r["n_params"], r  # the other stages stayed on the CPU
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_only_the_stages_move_to_the_gpu(tmp_path):
-    for r in spawn_gloo(_moved, 2, tmp_path):
-        assert r["on_gpu"] == r["local"], r  # this rank's stages, and nothing else, on its GPU
-        assert len(r["on_gpu"]) < r["n_params"], r  # the other stages stayed on the CPU
+    _check_moved(spawn_gloo(_moved, 2, tmp_path, "cuda:0"))
+
+
+def test_only_the_stages_move_to_the_device_rehearsed_on_meta(tmp_path):
+    """The same on the meta device, without a GPU (the placement logic is the device's business alone); and the
+    check fails when the whole model is moved."""
+    results = spawn_gloo(_moved, 2, tmp_path, "meta")
+    _check_moved(results)
+    whole = [dict(r, on_device=sorted(set(r["on_device"]) | {"lm_head.weight", "transformer.wte.weight"}))
+             for r in results]
+    with pytest.raises(AssertionError):
+        _check_moved(whole)

@@ -29,6 +29,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 from tpcomm import compressed_exchange
+from tpcomm.compressed_exchange import all_gather_single, reduce_scatter_single
 from tpcomm.counting import (CommCounter, CudaEventClock, GRAD_NORM, GRAD_SYNC, Timing, WALL_CLOCK, count,
                              direction_now, traced)
 
@@ -238,7 +239,7 @@ class RealTP:
         out = x.new_empty(x.shape[0] * self.tp, *x.shape[1:])
         clock = self.clock_for(x)
         start = clock.now()
-        dist.all_gather_single(out, x, group=self.group)
+        all_gather_single(out, x, group=self.group)
         self.blocked(start, clock)
         return out
 
@@ -250,7 +251,7 @@ class RealTP:
         out = x.new_empty(x.shape[0] // self.tp, *x.shape[1:])
         clock = self.clock_for(x)
         start = clock.now()
-        dist.reduce_scatter_single(out, x, group=self.group)
+        reduce_scatter_single(out, x, group=self.group)
         self.blocked(start, clock)
         return out
 
@@ -425,6 +426,12 @@ class AsyncReduction:
         self.group, self.site, self.nbytes = group, site, nbytes
         with traced(group, "g_async", "fwd", site, nbytes):  # the issue
             reduced, self.work = group.sum_partials_async(x.detach())
+        if self.work is not None:
+            # The collective writes the buffer after this returns, and gloo on CUDA tensors copies its result back
+            # with an ATen copy, an in-place write autograd forbids on a custom Function's output (seen on an H100:
+            # "Output 0 of _ReducedBackward is a view and its base ... has been modified inplace"). The buffer's
+            # .data shares its storage but not its version counter, so that write is not seen as one.
+            reduced = reduced.data
         self.value, self.waited = _Reduced.apply(x, reduced), False
 
     def wait(self):

@@ -15,6 +15,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
+# torch 2.13 named these two *_single (PyTorch PR 186123) and kept the older names, all_gather_into_tensor and
+# reduce_scatter_tensor, as deprecated aliases; torch 2.12 and older have only the older names.
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 def one_shot_async(group, x):
     """(1, N, C) -> ((N, C), work): an all-gather of every rank's packed partial sum (uint8: scales, then values)
@@ -25,7 +30,7 @@ def one_shot_async(group, x):
     gathered = payload.new_empty(group.tp * payload.numel())  # every rank's payload, rank order
     clock = group.clock_for(x)
     start = clock.now()
-    work = group.in_flight(dist.all_gather_single(gathered, payload, group=group.group, async_op=True), start, clock)
+    work = group.in_flight(all_gather_single(gathered, payload, group=group.group, async_op=True), start, clock)
     out = x.new_empty(x.shape[1:])
     return out, _Decompress(group, work, gathered.view(group.tp, -1), out)
 
@@ -106,7 +111,7 @@ class _TwoShot:
         gathered = payload.new_empty(g.tp * payload.numel())
         clock = g.clock_for(self.out)
         start = clock.now()
-        dist.all_gather_single(gathered, payload, group=g.group)
+        all_gather_single(gathered, payload, group=g.group)
         g.blocked(start, clock)
         with g.codec_time(self.out):
             rows = codec.unpack(gathered.view(g.tp, -1), shape, self.out.dtype).reshape(-1, shape[1])

@@ -59,7 +59,7 @@ SIZES = {
                  batch_size=12, sim_batch_size=8, tp8_heads=8, warmup=3, iters=10, rounds=3, compile_backend="inductor",
                  prompt_len=128, new_tokens=32, decode_batches=(1, 16),
                  real=dict(block_size=256, batch_size=4), dtype="bfloat16",
-                 budget=dict(gpt_train=180, sim_tp8=70, decode=50, real_tp=100, comm_sanity=5, bf16_identity=30,
+                 budget=dict(gpt_train=180, sim_tp8=70, decode=50, real_tp=100, comm_sanity=5, bf16_identity=45,
                              cost_model=5)),
     "tiny": dict(model=dict(n_layer=4, n_head=8, n_embd=64, block_size=16, vocab_size=128),
                  batch_size=4, sim_batch_size=4, tp8_heads=8, warmup=1, iters=2, rounds=2, compile_backend="eager",
@@ -312,22 +312,27 @@ def bf16_identity(st):
 
     size, device = st["size"], st["device"]
     # 4 layers (one of each block type's transitions is enough; the defect is per block), biases on: c_proj's zeroed too
-    args = model_args(size, n_head=size["tp8_heads"], n_layer=4, bias=True)
+    # A 1024-token vocabulary: the embedding and head play no part in the stream's rounding, and 19 models with
+    # GPT-2's 50304 took the section past its 30 s on an H100 (2026-11-26). Built on the device, not moved there.
+    args = dict(model_args(size, n_head=size["tp8_heads"], n_layer=4, bias=True),
+                vocab_size=min(1024, size["model"]["vocab_size"]))
     ctx = autocast_context(torch.device(device).type, "bfloat16")
     g = torch.Generator().manual_seed(0)
     idx = torch.randint(args["vocab_size"], (2, args["block_size"]), generator=g).to(device)
-    torch.manual_seed(0)
-    dev = {"gpt": stream_deviation(zero_c_proj(build_model("gpt", args).to(device)), idx, ctx)}
+
+    def build(name, **over):
+        torch.manual_seed(0)
+        with torch.device(device):
+            return zero_c_proj(build_model(name, dict(args, **over)))
+
+    dev = {"gpt": stream_deviation(build("gpt"), idx, ctx)}
     for tp in (2, 4, 8):
         for kind in BLOCK_TYPES:
-            torch.manual_seed(0)
-            m = build_model("distributed_gpt", dict(args, tp_size=tp, block_types=kind)).to(device)
-            dev[f"{kind} tp{tp}"] = stream_deviation(zero_c_proj(m), idx, ctx)
+            dev[f"{kind} tp{tp}"] = stream_deviation(build("distributed_gpt", tp_size=tp, block_types=kind), idx, ctx)
         # sequence parallel ('ladder' refuses it): a synced and a desynced stream entering each block that syncs
         for pattern in (["spd", "parallel", "tp", "parallel"], ["parallel", "spd", "parallel", "tp"]):
-            torch.manual_seed(0)
-            m = build_model("distributed_gpt", dict(args, tp_size=tp, block_types=pattern, sequence_parallel=True))
-            dev[f"{pattern} tp{tp} sequence parallel"] = stream_deviation(zero_c_proj(m.to(device)), idx, ctx)
+            m = build("distributed_gpt", tp_size=tp, block_types=pattern, sequence_parallel=True)
+            dev[f"{pattern} tp{tp} sequence parallel"] = stream_deviation(m, idx, ctx)
     return dict(dtype="bfloat16", max_deviation=dev, worst=max(dev.values()), ok=max(dev.values()) == 0.0)
 
 

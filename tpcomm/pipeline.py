@@ -36,13 +36,14 @@ its replay are in tpcomm/pipeline_timeline.py); the benchmark of bench.py --mode
 """
 
 import contextlib
+import inspect
 import math
 from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.nn import functional as F
 
 from configurator import ConfigError
@@ -54,6 +55,9 @@ from tpcomm.pipeline_timeline import (Recorder, RecordedStage, bubble_fraction, 
                                       format_timeline, replay, theoretical_bubble)
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
+# The stages hand torch their gradient examples (output_grads), which PipelineStage takes from torch 2.13 on: an
+# older torch (2.11 on the H100 that ran make gpu-check) is refused at validation, not at the first stage built.
+STAGE_TAKES_OUTPUT_GRADS = "output_grads" in inspect.signature(PipelineStage.__init__).parameters
 
 
 # ---------------------------------------------------------------- layout: checked before any process group starts
@@ -69,6 +73,9 @@ def validate_pp_layout(*, world, pp_size, tp, n_layer, schedule, n_microbatches,
                        (k["n_microbatches"], n_microbatches)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{key} must be a positive int, got {value!r}")
+    if pp_size > 1 and not STAGE_TAKES_OUTPUT_GRADS:
+        raise ConfigError(f"pp_size={pp_size} needs torch >= 2.13 (its PipelineStage takes output_grads); this is "
+                          f"torch {torch.__version__}")
     if schedule not in SCHEDULES:
         raise ConfigError(f"{k['schedule']}: unknown schedule {schedule!r}; use one of {list(SCHEDULES)}")
     if world % (pp_size * tp):
