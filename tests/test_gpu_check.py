@@ -50,10 +50,14 @@ def test_training_and_decode_fields(tiny):
 def test_real_tp_equals_simulation_and_comm_time_is_sane(tiny):
     s = tiny[0]["sections"]
     real = s["real_tp"]
-    assert real["ok"] and real["max_abs_diff"] <= gpu_check.LOSS_TOL
+    assert real["ok"] and real["max_abs_diff"] <= gpu_check.REAL_TOL and real["dtype"] == "float64"
     for p in real["patterns"].values():
         assert len(p["real"]) == gpu_check.REAL_STEPS
         assert p["real"][0] != p["real"][-1]  # the steps trained (not a comparison of one repeated number)
+    assert set(real["options"]) == {name for name, _, _ in gpu_check.OPTION_CASES}
+    for o in real["options"].values():  # each option through real TP, within its bound
+        assert o["ok"] and o["max_abs_diff"] <= o["tolerance"] and len(o["real"]) == gpu_check.OPTION_STEPS
+        assert o["real"][0] != o["real"][-1]
     c = s["comm_sanity"]
     assert c["mib"] == 64 and c["ok"] and c["floor_ms"] < c["in_collective_ms"] <= c["step_ms"]
 
