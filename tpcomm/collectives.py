@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 from tpcomm import compressed_exchange
-from tpcomm.compressed_exchange import all_gather_single, reduce_scatter_single
+from tpcomm.compressed_exchange import all_gather_single, reduce_scatter_single  # torch < 2.13: the older names
 from tpcomm.counting import (CommCounter, CudaEventClock, GRAD_NORM, GRAD_SYNC, Timing, WALL_CLOCK, count,
                              direction_now, traced)
 
@@ -427,10 +427,11 @@ class AsyncReduction:
         with traced(group, "g_async", "fwd", site, nbytes):  # the issue
             reduced, self.work = group.sum_partials_async(x.detach())
         if self.work is not None:
-            # The collective writes the buffer after this returns, and gloo on CUDA tensors copies its result back
-            # with an ATen copy, an in-place write autograd forbids on a custom Function's output (seen on an H100:
-            # "Output 0 of _ReducedBackward is a view and its base ... has been modified inplace"). The buffer's
-            # .data shares its storage but not its version counter, so that write is not seen as one.
+            # The buffer is written after this returns, by an in-place ATen write autograd forbids on a custom
+            # Function's output: gloo's copy back of a CUDA tensor's sum (seen on an H100: "Output 0 of
+            # _ReducedBackward is a view and its base ... has been modified inplace"), the compressed exchanges'
+            # dequantized sum. The buffer's .data shares its storage but not its version counter: the one place
+            # every late write goes unseen.
             reduced = reduced.data
         self.value, self.waited = _Reduced.apply(x, reduced), False
 

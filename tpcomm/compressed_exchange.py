@@ -87,10 +87,10 @@ class _Decompress:
 
     def wait(self):
         self.work.wait()
-        # written through .data, unseen by autograd (as an all-reduce writes its buffer): g's output, a view of out
-        # made by _Reduced, is not to be read before this wait, and nothing has used it yet
+        # a write after issue, as an all-reduce's own: g's output is out's .data (AsyncReduction), so autograd does
+        # not see it, and nothing reads that output before this wait
         with self.group.codec_time(self.out):
-            self.out.data.copy_(self.group.codec.unpack(self.gathered, self.out.shape, self.out.dtype).sum(0))
+            self.out.copy_(self.group.codec.unpack(self.gathered, self.out.shape, self.out.dtype).sum(0))
 
 
 class _TwoShot:
@@ -115,5 +115,5 @@ class _TwoShot:
         g.blocked(start, clock)
         with g.codec_time(self.out):
             rows = codec.unpack(gathered.view(g.tp, -1), shape, self.out.dtype).reshape(-1, shape[1])
-            self.out.data.copy_(rows[:self.out.numel() // shape[1]].view(self.out.shape))  # as _Decompress writes
+            self.out.copy_(rows[:self.out.numel() // shape[1]].view(self.out.shape))  # as _Decompress writes
 

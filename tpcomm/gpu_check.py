@@ -464,7 +464,8 @@ def compare_real_sim(pd, size, device):
     for name, opts, dtype in OPTION_CASES:
         opts = dict(opts, block_types=(list(opts.get("block_types", BLOCK_TYPES)) * L)[:L])
         r = losses_of(opts, OPTION_STEPS, getattr(torch, dtype))
-        out["options"][name] = dict(r, dtype=dtype, tolerance=OPTION_TOL[dtype], ok=r["max_abs_diff"] <= OPTION_TOL[dtype])
+        tol = OPTION_TOL[dtype]
+        out["options"][name] = dict(r, dtype=dtype, tolerance=tol, ok=r["max_abs_diff"] <= tol)
     out["max_abs_diff"] = max(p["max_abs_diff"] for p in out["patterns"].values())
     out["ok"] = out["max_abs_diff"] <= REAL_TOL and all(o["ok"] for o in out["options"].values())
     return out

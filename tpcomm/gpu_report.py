@@ -73,8 +73,8 @@ def markdown(report):
                      f"(bound {r['tolerance']:g}): **{'ok' if r['ok'] else 'FAILED'}**")
         if r.get("options"):
             lines.append(f"  - options, {r['option_steps']} steps each: " + "; ".join(
-                f"{name} ({o['dtype']}) {o['max_abs_diff']:.1e} (bound {o['tolerance']:g}, {'ok' if o['ok'] else 'FAILED'})"
-                for name, o in r["options"].items()))
+                f"{name} ({o['dtype']}) {o['max_abs_diff']:.1e} (bound {o['tolerance']:g}, "
+                f"{'ok' if o['ok'] else 'FAILED'})" for name, o in r["options"].items()))
     if not failed("comm_sanity"):
         r = s["comm_sanity"]
         lines.append(f"- `comm_sanity`: {r['mib']} MiB all-reduce ({r['backend']}, {r['ranks']} ranks): "
