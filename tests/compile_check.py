@@ -42,7 +42,8 @@ def run_steps(model_type, dropout, *, pd=None, backend="aot_eager", extra=None):
                 _, loss = run(x, y)
                 loss.backward()
                 report = model.comm_report(micro_steps=1, tokens=x.numel())
-                counts.append([report.get(k) for k in ("fwd_allreduces", "bwd_allreduces", "comm_bytes_per_token")])
+                counts.append([report.get(k) for k in ("fwd_allreduces", "bwd_allreduces", "comm_bytes_per_token",
+                                                       "fwd_reduce_scatters", "vocab_allreduces")])
                 model.eval()
                 with torch.no_grad():
                     run(x, y)
@@ -56,4 +57,5 @@ def run_steps(model_type, dropout, *, pd=None, backend="aot_eager", extra=None):
         out[mode], out[f"{mode}_counts"] = losses, counts
         out["recompiled"] = out.get("recompiled", False) or recompiled
     out["graph_breaks"] = sum(counters["graph_break"].values())
+    out["unique_graphs"] = counters["stats"]["unique_graphs"]  # traced in the compiled pass only
     return out

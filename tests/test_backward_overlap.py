@@ -9,7 +9,6 @@ import json
 
 import pytest
 import torch
-from compile_check import STEPS, WARMUP, run_steps
 from conftest import TINY, TORCHRUN, one_line_error, run_script
 from test_tensor_parallel import assert_same, batch, make_gpt, run_reference, with_dropout
 
@@ -116,33 +115,7 @@ def test_train_refuses_sequence_parallel_in_one_line(tmp_path, char_data):
     assert "tp_async_grad=True does not run with sequence_parallel=True" in one_line_error(r)
 
 
-@pytest.mark.parametrize("extra", [dict(tp_async_grad=True),
-                                   dict(tp_async_grad=True, tp_overlap=2, block_types=["ladder", "tp"])],
-                         ids=["async", "async-overlap2-ladder"])
-def test_compiles_once_and_equals_eager(extra):
-    """Simulated: the fused functions trace into the one graph (forward and backward), no recompile after warm-up,
-    compiled == eager (aot_eager: 1e-6, tests/test_compile.py), the same counts."""
-    r = run_steps("distributed_gpt", 0.1, extra=extra)
-    assert not r["recompiled"] and r["graph_breaks"] == 0
-    assert len(r["compiled"]) == WARMUP + STEPS
-    assert r["compiled"] == pytest.approx(r["eager"], rel=1e-6)
-    assert r["compiled_counts"] == r["eager_counts"]
-
-
-@pytest.mark.slow
-def test_real_tp_compiled_equals_eager(tmp_path):
-    """Real TP (2 gloo processes): compiled (the collectives functional, inside the graph) == eager, no recompile,
-    the same counts."""
-    variants = [dict(tp_async_grad=True, tp_overlap=2, block_types=["ladder", "tp"])]
-    out = tmp_path / "compile.json"
-    r = run_script(*TORCHRUN, "--nproc_per_node=2", "tests/compile_worker.py", str(out), json.dumps(variants),
-                   timeout=600)  # minutes on 2 busy cores
-    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
-    [result] = json.loads(out.read_text())
-    assert not result["recompiled"]
-    assert result["compiled"] == pytest.approx(result["eager"], rel=1e-6)
-    assert result["compiled_counts"] == result["eager_counts"]
-    assert result["eager_counts"][0][:2] == [6, 6]  # ladder 2 + tp 2 modules x 2 chunks: the variant ran
+# Compiled (simulated and real TP) with tp_async_grad, tp_overlap=2, the ladder and int8: tests/test_compile.py's VARIANTS.
 
 
 # ---------- real tensor parallelism (torchrun, gloo) ----------

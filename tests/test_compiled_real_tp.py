@@ -38,10 +38,9 @@ def check(result, backend):
 
 
 @pytest.mark.slow
-def test_compiled_real_tp_is_one_graph_at_12_layers_and_with_every_option(tmp_path):
+def test_compiled_real_tp_is_one_graph_at_12_layers(tmp_path):
     results = run_cases(tmp_path, CASES)
     for name, backend, _ in CASES:
         check(results[name], backend)
     fwd, bwd = results["12 layers, every block type"]["eager_counts"][0][:2]
     assert (fwd, bwd) == (15, 12)  # tp 2 + spd 1 + parallel 0 + ladder 2, x3 (+ the final sync's fwd): it ran
-    assert results["sequence parallel + loss parallel"]["eager_counts"][0][3:] == [3, 5]  # RS, vocab all-reduces

@@ -20,8 +20,8 @@ from tpcomm import plots, results
 from configurator import _literal
 from conftest import ROOT, TINY, run_script
 
-TINY_SWEEP = [a for a in TINY if not a.startswith(("--n_layer", "--log_interval"))] + [
-    "--max_iters=6", "--lr_decay_iters=6", "--eval_interval=3", "--log_interval=1"]
+TINY_SWEEP = [a for a in TINY if not a.startswith(("--n_layer", "--log_interval", "--gradient_accumulation_steps"))]
+TINY_SWEEP += ["--max_iters=6", "--lr_decay_iters=6", "--eval_interval=3", "--log_interval=1"]
 
 
 def tiny_runs(tmp_path):
@@ -30,7 +30,7 @@ def tiny_runs(tmp_path):
     for name, types in (("tp", "['tp'] * 2"), ("par", "['parallel'] * 2")):
         path = tmp_path / f"tiny_{name}.py"
         path.write_text(f"model_type = 'distributed_gpt'\ntp_size = 2\nn_layer = 2\nblock_types = {types}\n"
-                        f"always_save_checkpoint = False\n")
+                        f"always_save_checkpoint = False\ngradient_accumulation_steps = 2\n")
         runs.append(experiment.Run(name, str(path)))
     return runs
 
@@ -115,7 +115,7 @@ def test_result_file_holds_what_the_tables_need(tmp_path, char_data):
     total = sum(p.numel() for p in model.parameters())
     emb = model.transformer.wte.weight.numel() + model.transformer.wpe.weight.numel()
     assert rec["params"] == dict(total=total, non_embedding=total - emb)
-    per_iter = 4 * 32 * 40  # batch_size x block_size (TINY) x gradient_accumulation_steps (train.py's default)
+    per_iter = 4 * 32 * 2  # batch_size x block_size (TINY) x gradient_accumulation_steps (tiny_runs)
     train_tokens = os.path.getsize(os.path.join(char_data, "train.bin")) // 2
     assert (rec["tokens_per_iter"], rec["tokens"]) == (per_iter, per_iter * 6)
     assert rec["data"]["train_tokens"] == train_tokens and rec["data"]["epochs"] == pytest.approx(
@@ -156,7 +156,7 @@ def test_sweep_output_in_a_log_has_no_escape_codes(tmp_path, monkeypatch, capfd)
 
 def test_unequal_token_budgets_are_refused(tmp_path, char_data):
     runs = tiny_runs(tmp_path)
-    runs[1] = experiment.Run("par", runs[1].config, ("--gradient_accumulation_steps=2",))
+    runs[1] = experiment.Run("par", runs[1].config, ("--gradient_accumulation_steps=4",))  # the configs': 2
     with pytest.raises(experiment.SweepError, match=r"same tokens.*tp=.*par="):
         experiment.plan(runs, sweep_dir=str(tmp_path / "s"), seeds=[1],
                         overrides=[*TINY_SWEEP, f"--data_dir={char_data}"])
