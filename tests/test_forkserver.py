@@ -14,11 +14,19 @@ from conftest import ROOT, TORCHRUN, run_script
 SCRIPT = """
 import os, sys, time
 what = sys.argv[1]
-print("rank", os.environ.get("RANK", "-"), "of", os.environ.get("WORLD_SIZE", "-"), "args", sys.argv[1:], flush=True)
+print("rank", os.environ.get("RANK", "-"), "of", os.environ.get("WORLD_SIZE", "-"), "args", sys.argv[1:2], flush=True)
 if what == "fail" and os.environ.get("RANK", "1") == "1":
     sys.exit(3)
 if what == "raise":
     raise ValueError("bad value")
+if what == "message":
+    sys.exit("error: a message")
+if what == "at_exit":  # what the end of the interpreter does: join threads, run atexit, write files left open
+    import atexit, threading
+    left_open = open(sys.argv[2], "w")
+    left_open.write("written at exit;")
+    atexit.register(lambda: print("atexit ran", flush=True))
+    threading.Thread(target=lambda: (time.sleep(0.2), print("thread joined", flush=True))).start()
 if what == "sleep":  # argv[2]: a folder for the pids of what must not outlive a timeout
     open(os.path.join(sys.argv[2], f"rank{os.environ['RANK']}"), "w").write(f"{os.getpid()} {os.getppid()}")
     time.sleep(600)
@@ -37,12 +45,17 @@ def fresh(*args):
                           env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
 
 
-@pytest.mark.parametrize("what", ["ok", "fail", "raise"])
-def test_a_forked_run_is_a_fresh_run(script, what):
-    forked, plain = run_script(script, what), fresh(script, what)
+@pytest.mark.parametrize("what", ["ok", "fail", "raise", "message", "at_exit"])
+def test_a_forked_run_is_a_fresh_run(script, what, tmp_path):
+    """The same output, status and exit: the forked child skips the interpreter's teardown (forkserver.py's
+    exit_like_python) but joins threads, runs atexit handlers and writes a file left open, as `python` does."""
+    forked, plain = run_script(script, what, str(tmp_path / "forked")), fresh(script, what, str(tmp_path / "plain"))
     assert (forked.returncode, forked.stdout) == (plain.returncode, plain.stdout)
     assert forked.stderr.splitlines()[-1:] == plain.stderr.splitlines()[-1:]  # ValueError: bad value, or nothing
-    assert forked.returncode == {"ok": 0, "fail": 3, "raise": 1}[what]
+    assert forked.returncode == {"ok": 0, "fail": 3, "raise": 1, "message": 1, "at_exit": 0}[what]
+    if what == "at_exit":
+        assert forked.stdout.splitlines()[1:] == ["thread joined", "atexit ran"], forked.stdout
+        assert (tmp_path / "forked").read_text() == (tmp_path / "plain").read_text() == "written at exit;"
 
 
 def test_torchrun_ranks_get_their_environment_and_output(script):

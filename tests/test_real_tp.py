@@ -216,7 +216,7 @@ def test_sample_real_matches_single_process(tmp_path, char_data):
                                   timeout=120))
         assert real == one and one.count("---------------") == 2, (extra, one, real)
     cached = samples(run_script("sample.py", *common, "--top_k=10"))
-    assert cached == samples(run_script("sample.py", *common, "--top_k=10", "--kv_cache=False"))
+    assert cached == one  # the last one: --kv_cache=False
     other = samples(run_script("sample.py", *common, "--top_k=10", "--seed=7"))
     assert other != cached  # the samples depend on the seed: the equalities above are not vacuous
 
