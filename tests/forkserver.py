@@ -125,12 +125,11 @@ def exit_like_python(code):
     threading._shutdown()  # what Py_FinalizeEx does first
     atexit._run_exitfuncs()
     for obj in gc.get_objects():  # the child's own objects (the server's are frozen)
-        if isinstance(obj, io.IOBase):
-            try:
-                if not obj.closed:
-                    obj.flush()
-            except (OSError, ValueError):
-                pass
+        try:
+            if issubclass(type(obj), io.IOBase) and not obj.closed:  # type(): isinstance() of a dead proxy raises
+                obj.flush()
+        except Exception:  # noqa: B902 (a file that cannot be flushed is not written at exit either)
+            pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

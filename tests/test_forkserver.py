@@ -22,7 +22,11 @@ if what == "raise":
 if what == "message":
     sys.exit("error: a message")
 if what == "at_exit":  # what the end of the interpreter does: join threads, run atexit, write files left open
-    import atexit, threading
+    import atexit, threading, weakref
+    class Gone: pass
+    gone = Gone()
+    sys.dead_proxy = weakref.proxy(gone)  # kept to the end, its object gone (torch.compile leaves some such):
+    del gone                              # isinstance() of it raises
     left_open = open(sys.argv[2], "w")
     left_open.write("written at exit;")
     atexit.register(lambda: print("atexit ran", flush=True))
