@@ -53,6 +53,28 @@ def _ranks_through_client(torchrun_args):
     raise ValueError(f"no script in a torchrun command line: {torchrun_args}")
 
 
+def fork_server_for_children(monkeypatch, module):
+    """`module`'s own subprocess.Popen of `python SCRIPT ...` or `python -m ...` (a sweep's train.py runs, and
+    their torchrun ranks) goes through the fork server, as run_script's do: tests/forkclient.py stands in for the
+    interpreter, the rest of the command line, its environment and its standard streams unchanged."""
+    import types
+
+    def popen(cmd, *args, env=None, **kwargs):
+        if isinstance(cmd, list) and cmd[:1] == [sys.executable] and len(cmd) > 1 and (
+                cmd[1] == "-m" or cmd[1].endswith(".py")):
+            rest = cmd[1:]
+            if rest[:2] == ["-m", "torch.distributed.run"]:
+                rest = rest[:2] + _ranks_through_client(rest[2:])
+            cmd = [sys.executable, FORKCLIENT, *rest]
+            env = dict(os.environ if env is None else env, TPCOMM_FORKSERVER=_server_path())
+        return subprocess.Popen(cmd, *args, env=env, **kwargs)
+
+    shim = types.ModuleType("subprocess")
+    shim.__dict__.update(vars(subprocess))
+    shim.Popen = popen
+    monkeypatch.setattr(module, "subprocess", shim)
+
+
 _server = {}
 
 

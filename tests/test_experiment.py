@@ -18,10 +18,16 @@ import pytest
 from tpcomm import sweep as experiment
 from tpcomm import plots, results
 from configurator import _literal
-from conftest import ROOT, TINY, run_script
+from conftest import ROOT, TINY, fork_server_for_children, run_script
 
 TINY_SWEEP = [a for a in TINY if not a.startswith(("--n_layer", "--log_interval", "--gradient_accumulation_steps"))]
 TINY_SWEEP += ["--max_iters=6", "--lr_decay_iters=6", "--eval_interval=3", "--log_interval=1"]
+
+
+@pytest.fixture(autouse=True)
+def forked_train_runs(monkeypatch):
+    """The sweeps' train.py runs, forked as run_script's are (a fresh interpreter took ~5 s of a 1 s tiny run)."""
+    fork_server_for_children(monkeypatch, experiment)
 
 
 def tiny_runs(tmp_path):
