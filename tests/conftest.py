@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 
 import numpy as np
 import pytest
@@ -57,8 +58,6 @@ def fork_server_for_children(monkeypatch, module):
     """`module`'s own subprocess.Popen of `python SCRIPT ...` or `python -m ...` (a sweep's train.py runs, and
     their torchrun ranks) goes through the fork server, as run_script's do: tests/forkclient.py stands in for the
     interpreter, the rest of the command line, its environment and its standard streams unchanged."""
-    import types
-
     def popen(cmd, *args, env=None, **kwargs):
         if isinstance(cmd, list) and cmd[:1] == [sys.executable] and len(cmd) > 1 and (
                 cmd[1] == "-m" or cmd[1].endswith(".py")):

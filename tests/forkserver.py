@@ -11,7 +11,8 @@ whole process tree) and runs the script as `__main__` (runpy). An exception nobo
 gets the exit status (negative: the signal) as subprocess.run reports it.
 
 What differs from a fresh `python`: those modules are already imported (as the scripts' own imports would make
-them), and nothing else is: no repository module. conftest.run_script therefore sends here only a script or
+them), and nothing else is: no repository module; and the child ends without the interpreter's teardown of every
+module and object (exit_like_python: threads, atexit handlers and files left open are seen to as at any exit). conftest.run_script therefore sends here only a script or
 `-m module` run with the default environment, torchrun's agent among them, and a torchrun launch's ranks through
 tests/forkclient.py; `-c` code (a test may check what it imports) and runs given their own environment still start
 a fresh interpreter.

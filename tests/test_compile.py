@@ -24,11 +24,10 @@ VARIANTS = [dict(tp_overlap=2, tp_comm_dtype="int8", tp_async_grad=True, block_t
             dict(sequence_parallel=True, loss_parallel=True),
             dict(tp_comm_dtype="int8", tp_comm_exchange="two_shot", block_types=["ladder", "tp"])]
 VARIANT_IDS = ["overlap2-int8-async-ladder", "sp-loss_parallel", "int8-2shot-ladder"]
-REAL_VARIANTS = VARIANTS
 # tests/compile_worker.py in the shared launch of 2 processes (conftest.shared_launch)
 SHARED_LAUNCHES = {
     "real_plain": {None: (2, ["tests/compile_worker.py", "{dir}/compile.json"])},
-    "real_variants": {None: (2, ["tests/compile_worker.py", "{dir}/compile.json", json.dumps(REAL_VARIANTS)])},
+    "real_variants": {None: (2, ["tests/compile_worker.py", "{dir}/compile.json", json.dumps(VARIANTS)])},
 }
 
 
@@ -110,13 +109,12 @@ def test_real_tp_hide_delay_shrink_compiled_equal_eager(real_variants):
     sequence parallelism's reduce-scatter / all-gather and the vocabulary-parallel loss: one graph, compiled ==
     eager, no recompile, the same counts."""
     results = real_variants
-    assert len(results) == len(REAL_VARIANTS)
+    assert len(results) == len(VARIANTS)
     for result in results:
         assert not result["recompiled"] and result["graph_breaks"] == 0
+        assert result["unique_graphs"] == 2  # training (forward + backward) and evaluation (no_grad)
         assert result["compiled"] == pytest.approx(result["eager"], rel=TOL["aot_eager"])
         assert result["compiled_counts"] == result["eager_counts"]
-    for result in results:
-        assert result["unique_graphs"] == 2  # training (forward + backward) and evaluation (no_grad)
     fwd, bwd, nbytes = results[0]["eager_counts"][0][:3]
     assert (fwd, bwd) == (6, 6)  # ladder 2 + tp 2 modules x 2 chunks: the variant ran
     assert nbytes < 1024  # int8 forward partial sums: fewer bytes than the 1,024 B/token uncompressed
