@@ -211,10 +211,11 @@ class ShardedBlock(nn.Module):
         R2 = self.replica_mask(x, MLP_OUT, n0)
         return x, self.mlp.out(self.mlp.gelu(pre), mask=R2), R2
 
-    def step(self, xbar, r, pending, T, kv=None, *, sp=False):
+    def step(self, xbar, r, pending, T, kv=None, *, sp=False, next_block=None):
         """The model's stream through this block, (xbar, r, pending) -> (xbar, r, pending): outputs still pending
         (from a ladder block before it) are added first, then the block runs; it leaves nothing pending.
-        sp: sequence parallelism, xbar this rank's token shard of the synced stream (docs/overlap.md)."""
+        sp: sequence parallelism, xbar this rank's token shard of the synced stream (docs/overlap.md). next_block:
+        the block after this one in the same module (None at the end or at a pipeline cut; see LadderBlock)."""
         return (*self(add_pending(xbar, pending), r, T, kv, sp=sp), ())
 
 
@@ -349,13 +350,13 @@ class LadderBlock(ShardedBlock):
     -> (x', None, (P_A', P_M')). Synced input: u_i = u, x'_i = x', d_i = 0; desynced (after 'parallel', nothing
     pending): u_i = x'_i = r_i, the d_i join attention's all-reduce."""
 
-    def step(self, xbar, r, pending, T, kv=None, *, sp=False):
+    def step(self, xbar, r, pending, T, kv=None, *, sp=False, next_block=None):
         assert not sp, "validate_sync_options refuses sequence_parallel with 'ladder'"
-        return self(xbar, r, T, kv, pending=pending)
+        return self(xbar, r, T, kv, pending=pending, next_block=next_block)
 
-    def forward(self, xbar, r, T, kv=None, pending=()):
+    def forward(self, xbar, r, T, kv=None, pending=(), next_block=None):
         if self.fused_f() and r is None:
-            return self.forward_async_grad(xbar, T, kv, pending)
+            return self.forward_async_grad(xbar, T, kv, pending, next_block)
         P_A, P_M = pending or (None, None)  # a ladder block's two outputs, or nothing after another block type
         u = xbar if P_A is None else P_A.add_to(xbar)  # waits for attention l-1's all-reduce (MLP l-1 ran meanwhile)
         a, R1 = self.attn_partials(u, r, T, kv)
@@ -364,26 +365,44 @@ class LadderBlock(ShardedBlock):
         m, R2 = self.mlp_partials(x, r)
         return x, None, (P_A, self.issue(m, self.mlp.c_proj, R2, "mlp"))
 
-    def forward_async_grad(self, xbar, T, kv, pending):
+    def forward_async_grad(self, xbar, T, kv, pending, next_block):
         """forward on a synced stream with tp_async_grad: f fused with LN1 and c_attn, and with LN2 and c_fc, each
-        backward all-reduce asynchronous. The MLP's backward wait is a node made before attention computes, so the
-        MLP's backward all-reduce runs while attention's backward computes (the ladder's delay, backward)."""
-        P_A, P_M = pending or (None, None)
-        src = self.column_input(stream_parts(xbar, P_A), self.ln_1)
+        backward all-reduce asynchronous, waited for in a node made before the module the ladder lets it overlap:
+        the MLP's wait before attention computes (MLP l's backward all-reduce runs while attention l's backward
+        computes), and, when the next block is a ladder block this one can hand its input to (hands_over_to), the
+        next attention's wait before this MLP computes (attention l+1's runs while MLP l's backward computes)."""
+        P_A, P_M, *handed = pending or (None, None)  # handed: this attention's ColumnInput, made by the block before
+        src = handed[0] if handed else self.column_input(full(stream_parts(xbar, P_A), xbar), self.ln_1)
         if len(src.parts) > 1:
             P_A.reduction.wait()  # attention l-1's all-reduce (MLP l-1 ran meanwhile)
-            u, qkv = src.project(*self.attn.qkv_weight(), norm="before", resid=True, site=self.sites["attn"])
-        else:
-            u, qkv = src.parts[0], src.project(*self.attn.qkv_weight(), norm="before", site=self.sites["attn"])
-        mlp_src = self.column_input(stream_parts(u, P_M), self.ln_2, defer=True)
+        u = src.stream()  # formed apart from attention's projection, whose backward then need not wait for the MLP's
+        x_parts = full(stream_parts(u, P_M), u)  # x = u + P_M, summed in the MLP's (and next attention's) projection
+        # the MLP's wait made before all of attention (its projection included), so it runs after attention's backward
+        mlp_src = self.column_input(x_parts, self.ln_2, defer=True)
+        qkv = src.project(*self.attn.qkv_weight(), norm="before", site=self.sites["attn"])
+        hand_over = self.hands_over_to(next_block)
         y = self.attn.attend(qkv, T, self.probs_dropout(), kv)
         R1 = self.replica_mask(xbar, ATTN_OUT)
         a = self.attn.out(y, mask=R1)
         P_A = self.issue(a, self.attn.c_proj, R1, "attn")
+        # the next attention reads x + P_A: its ColumnInput, its wait's node, made before MLP l computes
+        handed = (next_block.column_input(full((*x_parts, P_A.value, P_A.bias), u), next_block.ln_1, defer=True),) \
+            if hand_over else ()
         if isinstance(P_M, Pending):
             P_M.reduction.wait()  # MLP l-1's all-reduce (attention l ran meanwhile)
         x, m, R2 = self.fused_mlp_partials(mlp_src)
-        return x, None, (P_A, self.issue(m, self.mlp.c_proj, R2, "mlp"))
+        return x, None, (P_A, self.issue(m, self.mlp.c_proj, R2, "mlp"), *handed)
+
+    def hands_over_to(self, block):
+        """Whether this block makes the next block's first ColumnInput (forward_async_grad): block is a ladder block
+        taking the fused path, in real eager training (where waits are deferred), and neither block is sharded by
+        FSDP2 (which gathers block's LayerNorm, whose gradient the deferred wait gives, only in block's forward, and
+        reduces block's gradients when block's inputs have theirs)."""
+        if not (isinstance(block, LadderBlock) and block.fused_f() and self.group.real
+                and not torch.compiler.is_compiling()):
+            return False
+        from torch.distributed.fsdp import FSDPModule
+        return not isinstance(self, FSDPModule) and not isinstance(block, FSDPModule)
 
     def issue(self, partials, linear, mask, site):
         """Pending: the all-reduce of partials (L, N, C), issued, and the bias to add after it. The bias is a copy:
@@ -391,6 +410,14 @@ class LadderBlock(ShardedBlock):
         reduction = reduce_from_tp_region_async(partials, self.group, site=self.sites[site])
         b = self.synced_bias(linear, mask)
         return Pending(reduction, reduction.value, None if b is None else b.clone())
+
+
+def full(parts, like):
+    """The stream's parts with a broadcast one (a bias, (C,)) expanded to like's shape (N, C): a part read twice (by a
+    fused projection and by the stream formed apart, or by two projections) then has its two (N, C) gradients summed
+    before the sum over tokens, as when one sum of the parts is read twice (bit for bit: the blocking path's
+    gradient). None parts (no bias) stay None."""
+    return tuple(p if p is None or p.shape == like.shape else p.expand(like.shape) for p in parts)
 
 
 # The block types: the names block_types accepts, and their classes. A new type is one class and one entry here.
@@ -458,8 +485,10 @@ class DistributedGPT(ModelInterface, GPT):
         sp = self.sequence_parallel_on(b * t)
         if sp:  # the synced stream sharded along the tokens (docs/overlap.md)
             xbar = scatter_to_sequence_region(xbar, self.group, site=SP_EMBED)
-        for i, block in enumerate(self.transformer.h):
-            xbar, r, pending = block.step(xbar, r, pending, t, None if kv_cache is None else kv_cache.layers[i], sp=sp)
+        blocks = self.transformer.h
+        for i, block in enumerate(blocks):
+            xbar, r, pending = block.step(xbar, r, pending, t, None if kv_cache is None else kv_cache.layers[i], sp=sp,
+                                          next_block=blocks[i + 1] if i + 1 < len(blocks) else None)
         if kv_cache is not None:
             kv_cache.advance(t)
         x = self.transformer.ln_f(self.final_sync(xbar, r, pending, sp=sp).view(b, t, -1))

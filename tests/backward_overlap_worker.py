@@ -6,7 +6,7 @@ with gloo by tests/test_backward_overlap.py, all checks of a world size in one l
 after tp_overlap=1 and 2), the same == the simulation (float64, real_tp_worker.TOL), 3 AdamW steps with clipping
 bitwise, one weight perturbed (the comparison can fail), and a torch.profiler trace of one training step per rank
 (OUT_DIR/trace-<pattern>.rank<r>.json) with the order of the backward all-reduces' issues and waits and the compute
-run between each issue and its wait. 4 processes: tp 4, then dp 2 x tp 2 under FSDP2, then pp 2 x tp 2 (GPipe),
+run between each issue and its wait. 4 processes: tp 4, then dp 2 x tp 2 under FSDP2 and DDP, then pp 2 x tp 2 (GPipe),
 each asynchronous == blocking bitwise in float32. Rank 0 writes OUT_DIR/results.json; the assertions live in the
 test file.
 """
@@ -84,6 +84,10 @@ def check_equal(pd, gpt, results, patterns):
             out = {"logits": ratio(lr, ls, TOL["float64"]), "loss": ratio(lossr, losss, TOL["float64"]),
                    "grads": ratio(gr, gs, TOL["float64"])}
             results[f"tp{pd.tp}/sim/{tag}"] = dict(ratio=max(v["ratio"] for v in out.values()), parts=out)
+        if "ladder" in block_types:  # no dropout: the pending biases (C,), not masked (N, C), summed over tokens
+            results[f"tp{pd.tp}/equal/{name(block_types)}/p0"] = bitwise(
+                step(build(gpt, block_types, pd, torch.float32, tp_async_grad=True), idx, tgt),
+                step(build(gpt, block_types, pd, torch.float32), idx, tgt))
 
 
 def check_can_fail(pd, gpt, results):
@@ -157,19 +161,22 @@ def check_order(pd, gpt, out_dir, results):
         results[f"order/{label}/rank{pd.tp_rank}"] = dict(log=[e[:3] for e in log], between=between)
 
 
-def check_fsdp(pd, gpt, results):
-    """dp 2 x tp 2, FSDP2 over dp: 3 steps asynchronous == blocking, bitwise (float32, dropout)."""
+def check_data_parallel(pd, gpt, results):
+    """dp 2 x tp 2, FSDP2 (its blocks wait for the ladder's attention all-reduce in their own forward) and DDP (all
+    'ladder': each block hands the next its ColumnInput) over dp: 3 steps asynchronous == blocking, bitwise
+    (float32, dropout)."""
     dropped = with_dropout(gpt, 0.2)
     rows = slice(pd.dp_rank * 2, pd.dp_rank * 2 + 2)
     data = [(x[rows], y[rows]) for x, y in (batch(20 + i) for i in range(STEPS))]
-    out = []
-    for async_grad in (True, False):
-        print(f"rank {dist.get_rank()}: fsdp async={async_grad}", file=sys.stderr, flush=True)
-        model = build(dropped, ["tp", "ladder", "ladder", "spd"], pd, torch.float32, tp_async_grad=async_grad,
-                      tp_overlap=2)
-        run = apply_data_parallel(model, pd, kind="fsdp", device_type="cpu")
-        out.append(train(model, run, pd, data))
-    results["fsdp/dp2tp2/train"] = bitwise(*out)
+    for kind, block_types, kw in (("fsdp", ["tp", "ladder", "ladder", "spd"], dict(tp_overlap=2)),
+                                  ("ddp", ["ladder"] * 4, {})):
+        out = []
+        for async_grad in (True, False):
+            print(f"rank {dist.get_rank()}: {kind} async={async_grad}", file=sys.stderr, flush=True)
+            model = build(dropped, block_types, pd, torch.float32, tp_async_grad=async_grad, **kw)
+            run = apply_data_parallel(model, pd, kind=kind, device_type="cpu")
+            out.append(train(model, run, pd, data))
+        results[f"{kind}/dp2tp2/train"] = bitwise(*out)
 
 
 def check_pipeline(pd, gpt, results):
@@ -200,12 +207,12 @@ def main(argv):
             check_training(pd, gpt, results, [(["tp", "ladder", "ladder", "spd"], {}), (["tp"] * 4, dict(tp_overlap=2))])
             check_order(pd, gpt, out_dir, results)
         else:
-            only = argv[1].split(",") if len(argv) > 1 else ("tp4", "fsdp", "pp")
+            only = argv[1].split(",") if len(argv) > 1 else ("tp4", "dp", "pp")
             if "tp4" in only:
                 check_equal(pd, gpt, results, [PATTERNS[0], PATTERNS[4]])
-            if "fsdp" in only:
+            if "dp" in only:
                 pd = init_parallel(dp=2, tp=2, device_type="cpu", backend="gloo")
-                check_fsdp(pd, gpt, results)
+                check_data_parallel(pd, gpt, results)
             if "pp" in only:
                 pd = init_parallel(dp=1, tp=2, pp=2, device_type="cpu", backend="gloo")
                 check_pipeline(pd, gpt, results)

@@ -130,11 +130,14 @@ def real2(tmp_path_factory):
 
 @pytest.mark.parametrize("block_types", PATTERNS, ids=[name(p) for p in PATTERNS])
 def test_real_async_equals_blocking_and_the_simulation(real2, block_types):
-    """Real TP at tp 2: bitwise equal to the blocking path (float32, dropout, K = 1 and 2); equal to the simulated
+    """Real TP at tp 2: bitwise equal to the blocking path (float32, dropout, K = 1 and 2; the ladder's also without
+    dropout); equal to the simulated
     asynchronous path in float64 (real_tp_worker.TOL: 1e-9)."""
     for K in (1, 2) if {"tp", "spd"} & set(block_types) else (1,):
         assert real2[f"tp2/equal/{name(block_types)}/K{K}"]["ok"]
         assert real2[f"tp2/sim/{name(block_types)}/K{K}"]["ratio"] <= 1.0, real2[f"tp2/sim/{name(block_types)}/K{K}"]
+    if "ladder" in block_types:  # and without dropout (the ladder's pending biases unmasked)
+        assert real2[f"tp2/equal/{name(block_types)}/p0"]["ok"]
     assert not real2["can_fail/tp2/perturbed_shard"]["ok"]
 
 
@@ -148,7 +151,8 @@ def test_real_backward_all_reduces_are_in_flight_beside_compute(real2):
     all 'tp': every backward all-reduce's wait comes after its module's weight-gradient GEMM (1 matmul between);
     tp_overlap=2: per module both chunks' all-reduces are issued before the first wait, and the first one issued
     (chunk 1's) has chunk 0's backward matmuls between its issue and its wait; all 'ladder': each MLP's all-reduce
-    is waited for after the attention's backward matmuls of its layer."""
+    is waited for after all of the attention's backward matmuls of its layer, and each attention's (but the first
+    layer's) after all of the previous layer's MLP's."""
     for rank in (0, 1):
         plain, chunked, ladder = (real2[f"order/{label}/rank{rank}"] for label in ("tp", "tp-overlap2", "ladder"))
         module = [("issue", "mlp"), ("wait", "mlp"), ("issue", "attn"), ("wait", "attn")]
@@ -160,9 +164,19 @@ def test_real_backward_all_reduces_are_in_flight_beside_compute(real2):
         assert [(e[0], e[2]) for e in chunked["log"]] == pair * 4
         first, second = chunked["between"][0::2], chunked["between"][1::2]
         assert all(n > 1 for *_, n in first) and all(n >= 1 for *_, n in second)
-        assert [(e[0], e[2]) for e in ladder["log"]] == module * 4
-        mlp, attn = ladder["between"][0::2], ladder["between"][1::2]
-        assert all(n > 1 for *_, n in mlp) and all(n == 1 for *_, n in attn)
+        # layer l: MLP l's all-reduce waited for after attention l's whole backward (its projection's GEMMs
+        # included), attention l's after MLP l-1's; layer 0's attention waits inline (no block before it)
+        ladder_log = [("issue", 3, "mlp"), ("issue", 3, "attn"), ("wait", 3, "mlp")]
+        for layer in (2, 1):
+            ladder_log += [("issue", layer, "mlp"), ("wait", layer + 1, "attn"), ("issue", layer, "attn"),
+                           ("wait", layer, "mlp")]
+        ladder_log += [("issue", 0, "mlp"), ("wait", 1, "attn"), ("issue", 0, "attn"), ("wait", 0, "attn"),
+                       ("wait", 0, "mlp")]
+        assert [tuple(e) for e in ladder["log"]] == ladder_log
+        between = {(layer, site): n for layer, site, n in ladder["between"]}
+        assert all(between[layer, "mlp"] == 5 for layer in range(4))  # attention l's 4 (c_proj 2, c_attn 2), own 1
+        assert all(between[layer, "attn"] == 5 for layer in (1, 2, 3))  # MLP l-1's 4 (c_proj 2, c_fc 2), own 1
+        assert between[0, "attn"] == 1  # its own weight-gradient GEMM: no module before it
 
 
 @pytest.fixture(scope="module")
@@ -175,11 +189,11 @@ def real4(tmp_path_factory):
 
 @pytest.mark.slow
 def test_real_tp4_fsdp2_and_pipeline_equal_blocking(real4):
-    """4 processes: tp 4 (bitwise, and == the simulation in float64), FSDP2 over dp 2 x tp 2 (3 training steps,
-    bitwise) and pp 2 x tp 2 (GPipe, one step's loss and gradients, bitwise)."""
+    """4 processes: tp 4 (bitwise, and == the simulation in float64), FSDP2 and DDP over dp 2 x tp 2 (3 training
+    steps, bitwise) and pp 2 x tp 2 (GPipe, one step's loss and gradients, bitwise)."""
     for pattern in ("tp-tp-tp-tp", "tp-ladder-ladder-spd"):
         for K in (1, 2):
             assert real4[f"tp4/equal/{pattern}/K{K}"]["ok"]
             assert real4[f"tp4/sim/{pattern}/K{K}"]["ratio"] <= 1.0
-    assert real4["fsdp/dp2tp2/train"]["ok"]
+    assert real4["fsdp/dp2tp2/train"]["ok"] and real4["ddp/dp2tp2/train"]["ok"]
     assert real4["pp/pp2tp2/step"]["ok"]

@@ -22,7 +22,7 @@ WAYS = (("drop", "all `spd`", "all-spd", "all-spd"),
         ("drop", "all `parallel`", "all-parallel", "all-parallel"),
         ("hide", "`tp_overlap=2`", None, "tp_overlap=2"),
         ("hide", "sequence parallelism", None, "sequence_parallel"),
-        ("delay", "all `ladder`", "all-ladder", "all-ladder-fwd-only"),
+        ("delay", "all `ladder`", "all-ladder", "all-ladder"),
         ("delay", "`ladder` in the upper half", "ladder-upper", None),
         ("shrink", "bf16", "all-tp-bf16", "all-tp-bf16"),
         ("shrink", "fp8", "all-tp-fp8", "all-tp-fp8"),
@@ -53,10 +53,10 @@ def gpu_speedups():
                          in cm.LINKS) +
                f"); overlap at efficiency {cfg['efficiency']:g} (the compute beside a collective hides it one for "
                "one); the baseline is Megatron-LM's all-`tp` step, whose backward hides each input-gradient "
-               "all-reduce behind its weight-gradient GEMM (docs/cost_model.md); `ladder` is priced with its forward "
-               "all-reduces delayed and its backward ones hidden as Megatron's are (the repo's `tp_async_grad` "
-               "also hides each MLP's backward all-reduce behind the attention's backward: between this and the "
-               "cost model's all-delayed bound, docs/cost_model.md)")
+               "all-reduce behind its weight-gradient GEMM (docs/cost_model.md); `ladder` is priced as the repo runs it "
+               "with `tp_async_grad=True` (the setting Megatron's baseline assumes): each module's forward all-reduce "
+               "behind the next module's compute, and its backward one behind the previous module's backward "
+               "(docs/overlap.md)")
     checks = [(what, end, cm.error(m, p)) for what, published, model in cm.published_checks(cfg, cm.options(cfg))
               for end, m, p in (zip(("low ", "high "), model, published) if isinstance(published, tuple)
                                 else [("", model, published)])]
@@ -141,7 +141,7 @@ def answer_summary(ctx):
         first = (f"After {base['tokens'] / 1e6:.2f}M tokens, at 95%: {costs}." if costs else
                  "No pattern has 2 paired seeds yet.")
     out = [first]
-    hide, delay, half = gpu["tp_overlap=2"], gpu["all-ladder-fwd-only"], gpu["all-spd"]
+    hide, delay, half = gpu["tp_overlap=2"], gpu["all-ladder"], gpu["all-spd"]
     out.append(f"On GPUs (predicted, {GPU_SHAPE} at tp {GPU_TP}), hiding the syncs (`tp_overlap=2`, same math) "
                f"recovers {_share(hide[nv], half[nv])} of what dropping half of them (all `spd`) saves on "
                f"{nv.split(' (')[0]} ({hide[nv]:.2f}x against {half[nv]:.2f}x) and {_share(hide[ib], half[ib])} over "

@@ -25,19 +25,22 @@ class _Deferred:
     def __init__(self, covered):
         self.finish, self.grads = None, None
         self.covered = covered  # which of (ln_w, ln_b, *parts) the _AwaitGrads node holds (the others are None)
+        self.stream_at = None  # the node's output whose incoming gradient is the stream's (ColumnInput.stream)
 
-    def result(self):
+    def result(self, incoming):
         if self.grads is None:
-            self.grads, self.finish = self.finish(), None
+            stream_grad = None if self.stream_at is None else incoming[self.stream_at]
+            self.grads, self.finish = self.finish(stream_grad), None
         return self.grads
 
 
 class _AwaitGrads(torch.autograd.Function):
     """Identity forward on tensors that exist early (the stream's parts, the LayerNorm's parameters), so that its
     node's sequence number is low and the engine, which runs the ready node created last first, reaches it only after
-    the other ready work. Backward: ignores the placeholders _FusedColumn returned and gives the real gradients, once
-    the all-reduce has completed (_Deferred.result). Its outputs feed only that _FusedColumn, so the placeholders
-    never reach a gradient accumulation."""
+    the other ready work. Backward: gives the real gradients once the all-reduce has completed (_Deferred.result),
+    from the placeholders _FusedColumn returned plus, where the stream was formed from its outputs too
+    (ColumnInput.stream), the stream's gradient, which joins f's there as the residual's does in the fused sum. Its
+    outputs feed only that _FusedColumn and that sum, so the placeholders never reach a gradient accumulation."""
 
     @staticmethod
     def forward(ctx, link, *xs):
@@ -45,8 +48,8 @@ class _AwaitGrads(torch.autograd.Function):
         return tuple(x.view_as(x) for x in xs)
 
     @staticmethod
-    def backward(ctx, *placeholders):
-        grads = ctx.link.result()
+    def backward(ctx, *incoming):
+        grads = ctx.link.result(incoming)
         return (None, *(grads[i] for i in ctx.link.covered))
 
 
@@ -127,7 +130,7 @@ class _FusedColumn(torch.autograd.Function):
         grad_W = h.transpose(1, 2).bmm(grad_y)
         grad_b = None if ctx.b_shape is None else grad_y.sum_to_size(ctx.b_shape)
 
-        def finish():
+        def finish(stream_grad=None):  # stream_grad: the stream's, when formed apart from a deferred ColumnInput
             if work is not None:
                 with traced(group, "f_async", "bwd", ctx.site, nbytes, waiting=True):
                     group.wait(work)
@@ -135,8 +138,9 @@ class _FusedColumn(torch.autograd.Function):
             if norm == "before":  # f's sum is the gradient of LN(s)
                 g_s, gw, gb = torch.ops.aten.native_layer_norm_backward(
                     total.to(ln_x.dtype), ln_x, [ln_x.shape[-1]], mean, rstd, ln_w, ln_b, ln_mask)
-            if norm != "fan_out" and grad_out is not None:  # s's residual use
-                g_s = g_s + grad_out
+            resid_grad = grad_out if stream_grad is None else stream_grad
+            if norm != "fan_out" and resid_grad is not None:  # s's residual use
+                g_s = g_s + resid_grad
             g_s = g_s.to(ctx.dtypes[1])
             return (gw, gb, *(g_s if shape == g_s.shape else g_s.sum_to_size(shape) for shape in ctx.part_shapes))
 
@@ -167,6 +171,21 @@ class ColumnInput:
             self.ln_w = None if ln_w is None else out.pop(0)
             self.ln_b = None if ln_b is None else out.pop(0)
             self.parts = tuple(out)
+
+    def stream(self):
+        """The synced stream the parts sum to, formed apart from the projection, so that the projection's backward
+        need not wait for the stream's readers' (project(resid=True) returns it from the projection). Deferred: formed
+        from the _AwaitGrads node's outputs, so its gradient reaches that node and joins f's there, before the sum
+        goes to the parts (the fused sum's order). Else the parts get the two gradients apart, summed where they
+        accumulate: a broadcast part (a bias) must then be expanded to the stream's shape beforehand (full() in
+        tensor_parallel_model.py), so its two are summed before the sum over tokens; a single part's readers meet in
+        a view of it first, as they met in resid's output. Both bit for bit resid's."""
+        if self.link is not None:
+            self.link.stream_at = len(self.link.covered) - len(self.parts)  # its first part's output
+        s = self.parts[0].view_as(self.parts[0])  # one part: a tensor of its own, where its readers' gradients meet
+        for p in self.parts[1:]:
+            s = s + p
+        return s
 
     def project(self, W, b, *, norm, resid=False, site=None):
         """norm 'before' -> y, or (s, y) with resid; 'fan_out' -> (r, y); see _FusedColumn."""

@@ -366,8 +366,9 @@ def train_variants(shape, *, tp, link, tokens, seq_len, mfu, opts=Options(), pea
     each hidden behind its column-parallel layer's weight-gradient GEMM. The others, each with the same backward
     rule for the all-reduces it keeps (async_grad: every backward f all-reduce can hide behind its own wgrad GEMM):
     '+sp' sequence parallelism; 'overlap K=k' tp_overlap=k on every module forward and backward (Domino-style);
-    'ladder' all 'ladder' as the repo runs it (forward delayed); 'ladder fwd+bwd' the backward delayed too (module
-    i's input-gradient all-reduce behind module i-1's backward); 'int8', 'fp8', 'bf16' and their '2shot': the
+    'ladder' all 'ladder' with its forward all-reduces delayed and its backward ones as the baseline's (the repo's
+    ladder with tp_async_grad=False, against the blocking baseline); 'ladder fwd+bwd' the backward delayed too
+    (module i's input-gradient all-reduce behind module i-1's backward: the repo's with tp_async_grad=True); 'int8', 'fp8', 'bf16' and their '2shot': the
     forward reductions compressed, one_shot or two_shot exchange (backward ones stay bf16 all-reduces); 'spd int8';
     dropped: 'all spd', 'parallel/spd' (['parallel','spd']*(L/2)), 'all parallel'. async_grad=False gives the
     numbers of the blocking model this repository printed before."""

@@ -103,8 +103,9 @@ def print_both_baselines(cfg, opts):
     """The figure's variants (1.3B, tp 8) and the table's tp 8 rows, each speedup against both baselines."""
     print("\n## Predicted speedups against both baselines (1.3B (24 x 2048), tp 8; `predicted_speedups`)\n")
     print("Each cell: speedup over Megatron's all 'tp' (async backward) / over the blocking all 'tp'. Names as the "
-          "quality runs' (tpcomm.readings.pattern_name); all-ladder delays forward and backward all-reduces, "
-          "all-ladder-fwd-only the forward ones (as the repo runs it); fp8 and int8 move the same bytes.\n")
+          "quality runs' (tpcomm.readings.pattern_name); all-ladder delays forward and backward all-reduces (the "
+          "repo's ladder with tp_async_grad=True), all-ladder-fwd-only the forward ones (tp_async_grad=False); fp8 "
+          "and int8 move the same bytes.\n")
     both = {link.name: {b: predicted_speedups(key, b, cfg=cfg) for b in BASELINES}
             for key, link in (("nvlink", LINKS[0]), ("ib", LINKS[1]))}
     print("| variant | " + " | ".join(f"{name}: megatron / blocking" for name in both) + " |")

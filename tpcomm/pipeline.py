@@ -185,8 +185,10 @@ class StageModule(nn.Module):
                 x = block(x)
         else:  # the blocks' stream is flat over tokens: (xbar, r, pending), as DistributedGPT.forward passes it
             xbar, r, pending = self.enter(stream)
-            for block in self.transformer.h:
-                xbar, r, pending = block.step(xbar, r, pending, t)
+            blocks = self.transformer.h
+            for i, block in enumerate(blocks):  # the stage's last block has no next one here (the cut is between)
+                nxt = blocks[i + 1] if i + 1 < len(blocks) else None
+                xbar, r, pending = block.step(xbar, r, pending, t, next_block=nxt)
             if not self.is_last:
                 return tuple(s.view(-1, b, t, C) if s.dim() == 3 else s.view(b, t, C)
                              for s in self.leave(xbar, r, pending))
