@@ -204,7 +204,8 @@ class ShardedBlock(nn.Module):
         """mlp_partials of the synced stream x = the sum of src's parts, f fused with LN2 and c_fc (tp_async_grad):
         (x (N, C), R2 * M_i(LN2(x)) (L, N, C), R2)."""
         # x is formed inside (its gradient then joins LN2's there), else it is parts[0]; a deferred src's parts feed
-        # only the projection (their placeholder gradients must reach no other use), so x comes out of it
+        # only the projection and ColumnInput.stream (their placeholder gradients must reach no other use), so x
+        # comes out of the projection
         resid = len(src.parts) > 1 or src.link is not None
         out = src.project(*self.mlp.fc_weight(), norm="before", resid=resid, site=self.sites["mlp"])
         x, pre = out if resid else (src.parts[0], out)
