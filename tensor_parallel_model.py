@@ -31,8 +31,8 @@ from tpcomm.sequence_parallel import (gather_from_sequence_region, gather_to_tp_
                                       scatter_to_sequence_region)
 from tpcomm.vocab_parallel import vocab_parallel_cross_entropy
 
-from tpcomm.sharded_layers import (Pending, Reduced, ShardedAttention, ShardedMLP, SPStream, add_pending, join,  # noqa: F401
-                                   layer_norm, project, stream_parts, synced_layer_norm)
+from tpcomm.sharded_layers import (Pending, Reduced, ShardedAttention, ShardedMLP, SPStream, add_pending, full,  # noqa: F401
+                                   join, layer_norm, project, stream_parts, synced_layer_norm)
 
 SP_EMBED = (None, None, "sp_embed")  # trace site: the embedding output scattered onto the token shards
 
@@ -411,14 +411,6 @@ class LadderBlock(ShardedBlock):
         reduction = reduce_from_tp_region_async(partials, self.group, site=self.sites[site])
         b = self.synced_bias(linear, mask)
         return Pending(reduction, reduction.value, None if b is None else b.clone())
-
-
-def full(parts, like):
-    """The stream's parts with a broadcast one (a bias, (C,)) expanded to like's shape (N, C): a part read twice (by a
-    fused projection and by the stream formed apart, or by two projections) then has its two (N, C) gradients summed
-    before the sum over tokens, as when one sum of the parts is read twice (bit for bit: the blocking path's
-    gradient). None parts (no bias) stay None."""
-    return tuple(p if p is None or p.shape == like.shape else p.expand(like.shape) for p in parts)
 
 
 # The block types: the names block_types accepts, and their classes. A new type is one class and one entry here.

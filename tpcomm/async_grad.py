@@ -177,8 +177,8 @@ class ColumnInput:
         need not wait for the stream's readers' (project(resid=True) returns it from the projection). Deferred: formed
         from the _AwaitGrads node's outputs, so its gradient reaches that node and joins f's there, before the sum
         goes to the parts (the fused sum's order). Else the parts get the two gradients apart, summed where they
-        accumulate: a broadcast part (a bias) must then be expanded to the stream's shape beforehand (full() in
-        tensor_parallel_model.py), so its two are summed before the sum over tokens; a single part's readers meet in
+        accumulate: a broadcast part (a bias) must then be expanded to the stream's shape beforehand
+        (tpcomm.sharded_layers.full), so its two are summed before the sum over tokens; a single part's readers meet in
         a view of it first, as they met in resid's output. Both bit for bit resid's."""
         if self.link is not None:
             self.link.stream_at = len(self.link.covered) - len(self.parts)  # its first part's output

@@ -163,6 +163,14 @@ def stream_parts(x, pending):
     return (pending.add_to(x),)
 
 
+def full(parts, like):
+    """The stream's parts with a broadcast one (a bias, (C,)) expanded to like's shape (N, C): a part read twice (by a
+    fused projection and by the stream formed apart, or by two projections) then has its two (N, C) gradients summed
+    before the sum over tokens, as when one sum of the parts is read twice (bit for bit: the blocking path's
+    gradient). None parts (no bias) stay None."""
+    return tuple(p if p is None or p.shape == like.shape else p.expand(like.shape) for p in parts)
+
+
 def add_pending(x, pending):
     """x (N, C) plus the pending outputs (a tuple of Pending, maybe empty), in order, each waited for."""
     for p in pending:
