@@ -1,6 +1,6 @@
-"""The layout's rules (issue 34): the package never imports an entry script, no module over 600 lines, train.py a
-short flat loop, one validator for the model options; and every hostile input the issue lists refused in one line
-with exit status 2, nothing written."""
+"""The layout's rules (issue 34): the package never imports an entry script, no import cycles, no module over 600
+lines, train.py a short flat loop, one validator for the model options; and every hostile input the issue lists
+refused in one line with exit status 2, nothing written."""
 
 import ast
 import glob
@@ -48,6 +48,41 @@ def test_the_package_never_imports_an_entry_script():
              for p in sorted(glob.glob(os.path.join(ROOT, "tpcomm", "*.py")))}
     assert len(found) > 30  # the package's modules were read
     assert {path: names for path, names in found.items() if names} == {}
+
+
+def import_cycle(graph):
+    """One cycle of the module graph {module: modules it imports}, as a list that starts and ends with the same
+    module, or None."""
+    state, path = {}, []
+
+    def visit(m):
+        state[m] = "open"
+        path.append(m)
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == "open":
+                return path[path.index(n):] + [n]
+            if n not in state and (found := visit(n)):
+                return found
+        state[m] = "done"
+        path.pop()
+        return None
+
+    return next((c for m in sorted(graph) if m not in state and (c := visit(m))), None)
+
+
+def test_the_cycle_detector_can_fail():
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_import_cycles():
+    """The repository's modules (top-level scripts and tpcomm/) import each other without a cycle, counting imports
+    inside functions too: each module sits on a floor below everything that imports it."""
+    paths = glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "tpcomm", "*.py"))
+    names = {os.path.relpath(p, ROOT)[:-3].replace(os.sep, "."): p for p in paths}
+    graph = {m: imported_modules(open(p).read()) & set(names) - {m} for m, p in names.items()}
+    assert len(graph) > 40 and sum(map(len, graph.values())) > 100  # the modules and their imports were read
+    assert import_cycle(graph) is None
 
 
 def test_no_module_over_600_lines_and_train_py_a_short_loop():

@@ -17,7 +17,6 @@ from configurator import ConfigError
 from model import GPT, NANOGPT_ARGS, GPTConfig
 from tpcomm.build import build_model
 from tpcomm.options import MODEL_TYPES, expand_block_types
-from tpcomm import sharded_checkpoint
 from tpcomm.runtime import RunError
 
 # out_dir/ckpt.pt is a dict:
@@ -217,30 +216,3 @@ def clean_state_dict(state_dict):
     """Drop the prefix torch.compile adds, and the causal-mask buffers of nanoGPT's non-flash attention
     (attn.bias), so checkpoints load into plain models."""
     return {k.removeprefix("_orig_mod."): v for k, v in state_dict.items() if not k.endswith(".attn.bias")}
-
-
-def load_optimizer_state(owner, optimizer, state):
-    """A checkpoint's optimizer state; how the optimizer runs (fused, foreach) stays this run's own, so a
-    checkpoint written on CUDA resumes on CPU."""
-    own = optimizer.param_groups
-    groups = [dict(g, **{k: o[k] for k in ("fused", "foreach", "capturable") if k in o})
-              for g, o in zip(state["param_groups"], own)]
-    owner.load_gpt_optimizer_state(optimizer, dict(state, param_groups=groups))
-
-
-def resume_state(checkpoint, cfg, pd, *, model, owner, optimizer, scaler, device, device_type):
-    """A checkpoint's optimizer state (sharded: loaded in place), loss scaler and RNGs; (iter_num, best_val_loss).
-    owner: what holds this rank's parameters (the model, or the pipeline under pp)."""
-    if "layout" in checkpoint:  # sharded
-        sharded_checkpoint.load_sharded(model, optimizer, cfg["out_dir"], pd)
-        for group, saved in zip(optimizer.param_groups, checkpoint["param_groups"]):
-            group.update({k: v for k, v in saved.items() if k not in ("params", "fused", "foreach", "capturable")})
-    else:
-        load_optimizer_state(owner, optimizer, checkpoint["optimizer"])
-    if checkpoint.get("scaler") and scaler.is_enabled():
-        scaler.load_state_dict(checkpoint["scaler"])
-    if "rng_state" in checkpoint:  # nanoGPT's checkpoints have none
-        torch.set_rng_state(checkpoint["rng_state"])
-    if "cuda_rng_state" in checkpoint and device_type == "cuda":
-        torch.cuda.set_rng_state(checkpoint["cuda_rng_state"], device)
-    return int(checkpoint["iter_num"]), float(checkpoint["best_val_loss"])

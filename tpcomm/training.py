@@ -1,7 +1,8 @@
 """
 A training run's state and its phases that are not the step: start_run builds it (the model from scratch, a
-checkpoint or GPT-2; DDP/FSDP or pipeline stages; the optimizer; the data), evaluate and save are the loop's
-evaluation and checkpoint phases, closing_line its last words. train.py's loop works on a Training.
+checkpoint or GPT-2; DDP/FSDP or pipeline stages; the optimizer, and on resume its state and the RNGs; the data),
+evaluate and save are the loop's evaluation and checkpoint phases, closing_line its last words. train.py's loop
+works on a Training.
 """
 
 import contextlib
@@ -18,12 +19,39 @@ from tpcomm import sharded_checkpoint
 from tpcomm.batches import Batches
 from tpcomm.build import model_from_config
 from tpcomm.checkpoint import (CHECKPOINT_NAME, clean_state_dict, make_checkpoint, remove_stale_temp_files,
-                               resume_state, save_checkpoint)
+                               save_checkpoint)
 from tpcomm.data_parallel import parallelize
 from tpcomm.metrics import MetricsLog
 from tpcomm.parallel_dims import ParallelDims
 from tpcomm.runtime import autocast_context, make_grad_scaler, setup_runtime
 from tpcomm.train_config import previous_checkpoints
+
+
+def load_optimizer_state(owner, optimizer, state):
+    """A checkpoint's optimizer state; how the optimizer runs (fused, foreach) stays this run's own, so a
+    checkpoint written on CUDA resumes on CPU."""
+    own = optimizer.param_groups
+    groups = [dict(g, **{k: o[k] for k in ("fused", "foreach", "capturable") if k in o})
+              for g, o in zip(state["param_groups"], own)]
+    owner.load_gpt_optimizer_state(optimizer, dict(state, param_groups=groups))
+
+
+def resume_state(checkpoint, cfg, pd, *, model, owner, optimizer, scaler, device, device_type):
+    """A checkpoint's optimizer state (sharded: loaded in place), loss scaler and RNGs; (iter_num, best_val_loss).
+    owner: what holds this rank's parameters (the model, or the pipeline under pp)."""
+    if "layout" in checkpoint:  # sharded
+        sharded_checkpoint.load_sharded(model, optimizer, cfg["out_dir"], pd)
+        for group, saved in zip(optimizer.param_groups, checkpoint["param_groups"]):
+            group.update({k: v for k, v in saved.items() if k not in ("params", "fused", "foreach", "capturable")})
+    else:
+        load_optimizer_state(owner, optimizer, checkpoint["optimizer"])
+    if checkpoint.get("scaler") and scaler.is_enabled():
+        scaler.load_state_dict(checkpoint["scaler"])
+    if "rng_state" in checkpoint:  # nanoGPT's checkpoints have none
+        torch.set_rng_state(checkpoint["rng_state"])
+    if "cuda_rng_state" in checkpoint and device_type == "cuda":
+        torch.cuda.set_rng_state(checkpoint["cuda_rng_state"], device)
+    return int(checkpoint["iter_num"]), float(checkpoint["best_val_loss"])
 
 
 @dataclass
