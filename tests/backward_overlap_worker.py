@@ -6,8 +6,8 @@ with gloo by tests/test_backward_overlap.py, all checks of a world size in one l
 after tp_overlap=1 and 2), the same == the simulation (float64, real_tp_worker.TOL), 3 AdamW steps with clipping
 bitwise, one weight perturbed (the comparison can fail), and a torch.profiler trace of one training step per rank
 (OUT_DIR/trace-<pattern>.rank<r>.json) with the order of the backward all-reduces' issues and waits and the compute
-run between each issue and its wait. 4 processes: tp 4, then dp 2 x tp 2 under FSDP2 and DDP, then pp 2 x tp 2 (GPipe),
-each asynchronous == blocking bitwise in float32. Rank 0 writes OUT_DIR/results.json; the assertions live in the
+run between each issue and its wait. 4 processes: tp 4, then dp 2 x tp 2 under FSDP2 and DDP, then pp 2 x tp 2
+(GPipe), each asynchronous == blocking bitwise in float32. Rank 0 writes OUT_DIR/results.json; the assertions live in the
 test file.
 """
 

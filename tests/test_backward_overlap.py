@@ -131,8 +131,7 @@ def real2(tmp_path_factory):
 @pytest.mark.parametrize("block_types", PATTERNS, ids=[name(p) for p in PATTERNS])
 def test_real_async_equals_blocking_and_the_simulation(real2, block_types):
     """Real TP at tp 2: bitwise equal to the blocking path (float32, dropout, K = 1 and 2; the ladder's also without
-    dropout); equal to the simulated
-    asynchronous path in float64 (real_tp_worker.TOL: 1e-9)."""
+    dropout); equal to the simulated asynchronous path in float64 (real_tp_worker.TOL: 1e-9)."""
     for K in (1, 2) if {"tp", "spd"} & set(block_types) else (1,):
         assert real2[f"tp2/equal/{name(block_types)}/K{K}"]["ok"]
         assert real2[f"tp2/sim/{name(block_types)}/K{K}"]["ratio"] <= 1.0, real2[f"tp2/sim/{name(block_types)}/K{K}"]
