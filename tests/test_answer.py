@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT
 from test_experiment import fake_results
 from tpcomm import answer as ans
-from tpcomm import plots, readings, report
+from tpcomm import plots, readings, report, results
 
 
 # ---------- a paired difference stated at 95% ----------
@@ -83,6 +83,22 @@ def test_a_pattern_without_result_files_is_pending(tmp_path, fake_long):
     fake_results(root, "cpu-long", seeds=(1337,))
     ctx = report.Results(root=root, say=lambda *a: None)
     assert "| shrink | int8 two-shot | +0.000 (1) | pending (1 paired seed) |" in ans.answer_table(ctx)
+
+
+def test_a_seed_the_baseline_lacks_is_not_counted_as_paired(tmp_path, fake_long):
+    """While all tp has not finished a seed another pattern has, the answer's seeds cell says how many seeds its
+    interval is over, and the results table's gap pairs seeds as the interval does."""
+    shutil.copytree(fake_long, tmp_path, dirs_exist_ok=True)
+    runs = tmp_path / "experiments" / "cpu-long" / "runs"
+    n_spd = len(list(runs.glob("all-spd-seed*.json")))
+    last = max(runs.glob("all-tp-seed*.json"))
+    last.unlink()
+    ctx = report.Results(root=str(tmp_path), say=lambda *a: None)
+    row = next(line for line in report.sweep_answer(ctx, "cpu-long").splitlines() if line.startswith("| `['spd']*12`"))
+    assert f"| {n_spd - 1} paired of {n_spd} |" in row, row
+    rows = ctx.rows("cpu-long")
+    spd = next(r for r in rows if r["config"] == "all-spd")
+    assert spd["gap_to_baseline"] == pytest.approx(results.paired(rows)["all-spd"]["final"][0], abs=1e-12)
 
 
 def test_the_figure_marks_the_ways_that_keep_the_math(fake_long):

@@ -300,7 +300,7 @@ def test_writers_use_the_measured_numbers(tmp_path):
     b, lo = rows
     assert (b["fwd_allreduces"], lo["fwd_allreduces"]) == (8, 3) and b["baseline"] == "99comm"
     assert b["val_loss_mean"] == pytest.approx(2.1) and b["val_loss_std"] == pytest.approx(statistics.stdev([2, 2.2]))
-    assert lo["gap_to_baseline"] == pytest.approx(0.25)
+    assert lo["gap_to_baseline"] == pytest.approx(0.35)  # over seed 1, the one both ran: 2.35 - 2.0
     assert b["tokens_per_s"] == 200 and lo["tokens_per_s"] == 500  # median step of records after the first two
     # steady step times 160, 53.3, 80 ms: median 80, p90 (inclusive) 80 + 0.8 * (160 - 80) = 144, ratio 1.8
     assert b["step_ms"] == 80 and b["p90_over_median"] == pytest.approx(1.8) and b["scattered"]
@@ -308,7 +308,7 @@ def test_writers_use_the_measured_numbers(tmp_path):
     text = open(md).read()
     for cell in ("| cfg_99comm.py | `['parallel','spd']*2` | 8 | 8 | 2.1000 ± 0.1414 | 2.0000–2.2000 | 2 | +0.0000 "
                  "| 80.0 | 200 | 1.80 scattered | 11.5 |",
-                 "| cfg_98comm.py | `['parallel','spd']*2` | 3 | 3 | 2.3500 | — | 1 | +0.2500 | 32.0 | 500 | 1.20 | "
+                 "| cfg_98comm.py | `['parallel','spd']*2` | 3 | 3 | 2.3500 | — | 1 | +0.3500 | 32.0 | 500 | 1.20 | "
                  "9.0 |"):
         assert cell in text, text
     with open(csv_path) as f:
@@ -320,6 +320,15 @@ def test_writers_use_the_measured_numbers(tmp_path):
         with open(p, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
         assert plots.png_digest(p) is not None
+
+
+def test_the_gap_pairs_seeds_and_falls_back_to_the_means():
+    base = dict(seeds=[1, 2, 3], val_loss_per_seed=[2.0, 2.2, 2.4], val_loss_mean=2.2)
+    assert results.gap(dict(seeds=[3, 1], val_loss_per_seed=[2.5, 2.1], val_loss_mean=2.3), base) == \
+        pytest.approx(0.1)  # (2.5 - 2.4 + 2.1 - 2.0) / 2: seeds matched by number, not by position
+    assert results.gap(dict(seeds=[1, 4], val_loss_per_seed=[2.1, 9.0], val_loss_mean=5.55), base) == \
+        pytest.approx(0.1)  # seed 4 has no partner: left out (the means' difference would be 3.35)
+    assert results.gap(dict(seeds=[7], val_loss_per_seed=[2.5], val_loss_mean=2.5), base) == pytest.approx(0.3)
 
 
 def test_a_count_that_changes_mid_run_is_an_error(tmp_path):

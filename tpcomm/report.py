@@ -92,6 +92,14 @@ def sweep_paired(ctx, name):
     return data_warning(rows) + results.paired_markdown(rows) + image
 
 
+def seeds_cell(row, diff):
+    """A row's seed count, and how many of them are paired with the baseline where that is fewer ('5 paired of
+    6': the interval is over the 5)."""
+    if diff is None or len(diff["seeds"]) == row["n_seeds"]:
+        return str(row["n_seeds"])
+    return f"{len(diff['seeds'])} paired of {row['n_seeds']}"
+
+
 def sweep_answer(ctx, name):
     """A sweep's compact quality table: per pattern its forward syncs, the mean final val loss, the paired
     difference to the all-tp baseline with its 95% interval (one seed: the difference alone), seeds counted, and
@@ -113,7 +121,7 @@ def sweep_answer(ctx, name):
         note = " (delayed)" if "ladder" in r["block_pattern"] else ""
         note += f" ({comm_dtype_label(r)})" if r.get("tp_comm_dtype") else ""
         lines.append(f"| `{r['block_pattern']}` | {r['fwd_allreduces']}{note} | {r['val_loss_mean']:.4f} | "
-                     f"{cell} | {r['n_seeds']} | {reading} |")
+                     f"{cell} | {seeds_cell(r, diff)} | {reading} |")
     have = {r["config"] for r in rows}
     lines += [f"| {run.name} | — | — | — | 0 | pending (no result file yet) |" for run in sweeps.SWEEPS[name]
               if run.name not in have]

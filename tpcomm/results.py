@@ -390,8 +390,19 @@ def summarize(groups):
         base = max(measured, key=lambda r: (is_plain_tp(r), r["fwd_allreduces"], r["n_seeds"])) if measured else None
         for r in members:
             r["baseline"] = base["config"] if base else None
-            r["gap_to_baseline"] = r["val_loss_mean"] - base["val_loss_mean"] if base else None
+            r["gap_to_baseline"] = gap(r, base) if base else None
     return rows
+
+
+def gap(row, base):
+    """Final val loss of row minus base's, averaged over the seeds both ran (while one has seeds the other has
+    not yet, the means of different seed sets would mix seed noise into the gap); the difference of the means
+    where they share no seed."""
+    mine, ref = dict(zip(row["seeds"], row["val_loss_per_seed"])), dict(zip(base["seeds"], base["val_loss_per_seed"]))
+    shared = sorted(set(mine) & set(ref))
+    if not shared:
+        return row["val_loss_mean"] - base["val_loss_mean"]
+    return statistics.fmean(mine[s] - ref[s] for s in shared)
 
 
 def baseline_of(row, rows):
@@ -413,7 +424,7 @@ def sizes_vary(rows):
 def markdown_table(rows):
     bases = {r["baseline"] for r in rows}
     base = baseline_of(rows[0], rows) if rows and len(bases) == 1 else None
-    gap = f"gap to {base['fwd_allreduces']}-sync baseline" if base else "gap to baseline (all-tp of its size)"
+    gap_head = f"gap to {base['fwd_allreduces']}-sync baseline" if base else "gap to baseline (all-tp of its size)"
     n_seeds = max((r["n_seeds"] for r in rows), default=0)
     label = (lambda r: r["config_file"]) if len({r["config_file"] for r in rows}) == len(rows) else \
         (lambda r: r["config"])
@@ -424,7 +435,7 @@ def markdown_table(rows):
              "size": lambda r: f"{size_label(r)} ({fmt(r['params_non_embedding'], ',d')})"}
     lines = ["| config | block pattern | " + "".join(f"{h} | " for _, h in extra) +
              f"fwd all-reduces | bwd all-reduces | final val loss ({'mean ± std' if n_seeds > 1 else 'one seed'}) | "
-             f"min–max | seeds | {gap} | ms/step (median) | tokens/s | p90/median step | wall time (s) |",
+             f"min–max | seeds | {gap_head} | ms/step (median) | tokens/s | p90/median step | wall time (s) |",
              "|---|---|" + "---:|" * (len(extra) + 10)]
     for r in rows:
         loss = fmt(r["val_loss_mean"], ".4f") + (f" ± {r['val_loss_std']:.4f}" if r["n_seeds"] > 1 else "")
@@ -443,7 +454,8 @@ def table_preamble(rows):
     tokens = sorted({r["tokens"] for r in rows})
     return (f"Tokens per run (batch x block x accumulation x iters): {', '.join(f'{t:,}' for t in tokens)}. "
             f"All-reduces are measured per forward/backward pass by counting f/g calls. Final val loss is the last "
-            f"eval record (iter {', '.join(str(i) for i in sorted({r['final_iter'] for r in rows}))}). Step time is "
+            f"eval record (iter {', '.join(str(i) for i in sorted({r['final_iter'] for r in rows}))}); the gap to "
+            f"the baseline is averaged over the seeds both ran. Step time is "
             f"the median over the steady-state logged steps of each run (the first {SKIP_TRAIN_RECORDS} of each "
             f"process left out: start-up, a resumed run's restart), the median over seeds, and tokens/s comes from "
             f"it; p90/median is the 90th percentile of the step times over their median, the largest over seeds, "
