@@ -3,7 +3,7 @@ The sweeps: train one config per point (a communication budget, a tp degree, a m
 each finished run leaves a small result file that is committed to git, and every table and plot is computed from
 those files alone (tpcomm/results.py; the docs' tables and plots: tpcomm/report.py).
 
-$ python experiment.py cpu                             # Shakespeare-char, 16 configs, 435 s on 2 CPU cores
+$ python experiment.py cpu                             # Shakespeare-char, 16 configs, 7-19 min on 2 CPU cores
 $ python experiment.py cpu --seeds=1337,1338,1339      # more seeds (runs with a result file are skipped, not redone)
 $ python experiment.py cpu --max_iters=20 --eval_interval=10 --lr_decay_iters=20   # quick try, own directory
 $ python experiment.py cpu --report-only               # table and plots again from the result files
