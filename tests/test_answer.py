@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT
 from test_experiment import fake_results
 from tpcomm import answer as ans
-from tpcomm import plots, readings, report, results
+from tpcomm import pairing, plots, readings, report
 
 
 # ---------- a paired difference stated at 95% ----------
@@ -98,7 +98,7 @@ def test_a_seed_the_baseline_lacks_is_not_counted_as_paired(tmp_path, fake_long)
     assert f"| {n_spd - 1} paired of {n_spd} |" in row, row
     rows = ctx.rows("cpu-long")
     spd = next(r for r in rows if r["config"] == "all-spd")
-    assert spd["gap_to_baseline"] == pytest.approx(results.paired(rows)["all-spd"]["final"][0], abs=1e-12)
+    assert spd["gap_to_baseline"] == pytest.approx(pairing.paired(rows)["all-spd"]["final"][0], abs=1e-12)
 
 
 def test_the_figure_marks_the_ways_that_keep_the_math(fake_long):

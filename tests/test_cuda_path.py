@@ -4,7 +4,6 @@ read; MFU is measured against the peak of the exact device and dtype, or not at 
 
 import json
 import os
-import time
 from types import SimpleNamespace
 
 import pytest

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from tpcomm import sweep as experiment
-from tpcomm import plots, results
+from tpcomm import pairing, plots, results
 from configurator import _literal
 from conftest import ROOT, TINY, fork_server_for_children, run_script
 
@@ -320,6 +320,19 @@ def test_writers_use_the_measured_numbers(tmp_path):
         with open(p, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
         assert plots.png_digest(p) is not None
+
+
+def test_the_interval_uses_students_t_at_every_seed_count():
+    """mean_ci's half-width is t(n-1) * sd / sqrt(n): Student's t from the table to 30 degrees of freedom, then a
+    series within 2e-4 of the exact quantile; never the normal's 1.96 at 12 seeds (t(11) = 2.201, 12% wider)."""
+    exact = {1: 12.706, 4: 2.776, 10: 2.228, 11: 2.201, 20: 2.086, 30: 2.042, 31: 2.0395, 40: 2.0211, 60: 2.0003,
+             120: 1.9799}
+    for df, t in exact.items():
+        assert pairing.t_975(df) == pytest.approx(t, abs=2e-4), df
+    xs = [0.01 * i for i in range(12)]
+    mean, half = pairing.mean_ci(xs)
+    assert mean == pytest.approx(0.055) and half == pytest.approx(2.201 * statistics.stdev(xs) / 12 ** 0.5, rel=1e-4)
+    assert pairing.mean_ci([0.3]) == (0.3, None)
 
 
 def test_the_gap_pairs_seeds_and_falls_back_to_the_means():
@@ -653,15 +666,15 @@ def test_paired_differences_confidence_intervals_and_ordering(tmp_path):
     low = [fake_run(tmp_path, "3comm", seed=s, fwd=3, val_losses=[4.0, 2.4, v], tok_s=[1] * 5, wall_s=1.0)
            for s, v in ((1, 1.9), (2, 1.7))]
     rows = results.summarize([("8comm", [record(d) for d in base]), ("3comm", [record(d) for d in low])])
-    pairs = results.paired(rows)
+    pairs = pairing.paired(rows)
     mean, ci, per_seed = pairs["3comm"]["final"]
     assert per_seed == pytest.approx([-0.1, -0.3]) and mean == pytest.approx(-0.2)
     assert ci == pytest.approx(12.706 * statistics.stdev([-0.1, -0.3]) / 2 ** 0.5)
-    assert results.ordering(pairs["3comm"]["curve"], 16) == (
+    assert pairing.ordering(pairs["3comm"]["curve"], 16) == (
         "lower 20-20 (0.00M-0.00M tokens); tied 40-40 (0.00M-0.00M tokens)")
-    assert results.has_pairs(rows)
-    assert results.flatness(rows[0]) == (0.0, (40, 40))
-    md = results.paired_markdown(rows, early_iter=20)
+    assert pairing.has_pairs(rows)
+    assert pairing.flatness(rows[0]) == (0.0, (40, 40))
+    md = pairing.paired_markdown(rows, early_iter=20)
     assert "| 3comm | `['parallel','spd']*2` | 3 | 1.8000 ± 0.1414 | -0.2000 [-1.4706, +1.0706] | -0.1000, -0.3000 | " \
            "-0.1000 [-0.1000, -0.1000] |" in md, md
     assert "criterion for flat: under 1%: met" in md

@@ -3,7 +3,6 @@ real TP, every way of giving up a sync interleaved, the 64 MiB all-reduce check,
 the cost model's predictions) on gloo with 2 processes and a tiny model; resume, dry-run and bad input."""
 
 import json
-import os
 
 import pytest
 

@@ -21,8 +21,6 @@ def _tensors_in(obj):
 
 
 def _pipeline(rank, world, model_type, device="cpu"):
-    import torch.distributed as dist
-
     from tpcomm.build import build_model
     from tpcomm.parallel_dims import init_parallel
     from tpcomm.pipeline import Pipeline

@@ -4,7 +4,7 @@ cpu-long result files, and its predicted GPU step speedup from the cost model (g
 answer calls tpcomm/cost_model.py); the trade-off figure docs/answer_tradeoff.png draws the same.
 """
 
-from tpcomm import plots, results
+from tpcomm import pairing, plots
 from tpcomm.readings import claim, data_warning, no_results, penalties, side_of
 
 
@@ -65,7 +65,7 @@ def gpu_speedups():
 
 def _short(p):
     """'+0.020 [-0.005, +0.044] (2)': a paired difference, its 95% interval and its seeds, in 3 decimals."""
-    return f"{results.fmt_ci(p[0], p[1], 3)} ({p[2]})"
+    return f"{pairing.fmt_ci(p[0], p[1], 3)} ({p[2]})"
 
 
 def _long_penalties(ctx):

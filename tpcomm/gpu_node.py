@@ -316,7 +316,7 @@ def report(cfg):
     """results.md from the result files: measured beside predicted, per shape."""
     from tpcomm.cost_model import error
 
-    lines = [f"# gpu-node: real tensor parallelism, every way of giving up a sync\n",
+    lines = ["# gpu-node: real tensor parallelism, every way of giving up a sync\n",
              "Written by `python experiment.py gpu-node` from the result files in `runs/`. Measured: best of the "
              "interleaved rounds, rank 0 (the slowest rank's step in `runs/`). Predicted: tpcomm/cost_model.py "
              "train_variants, NVLink 4 within one node, at the MFU shown and the device's dense bf16 peak "

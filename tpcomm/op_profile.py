@@ -5,7 +5,6 @@ self time is the time in no op at all (Python between ops), so the groups sum to
 saw it.
 """
 
-import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 STEP = "op_profile step"  # the span around each profiled step

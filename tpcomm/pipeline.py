@@ -37,7 +37,6 @@ its replay are in tpcomm/pipeline_timeline.py); the benchmark of bench.py --mode
 
 import contextlib
 import inspect
-import math
 from typing import NamedTuple
 
 import torch

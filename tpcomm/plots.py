@@ -12,7 +12,8 @@ import os
 import statistics
 import textwrap
 
-from tpcomm.results import SCATTER_LIMIT, group_key, has_pairs, paired, paired_markdown, size_label, sizes_vary, varies
+from tpcomm.pairing import has_pairs, paired, paired_markdown
+from tpcomm.results import SCATTER_LIMIT, group_key, size_label, sizes_vary, varies
 
 PLOTS = ("val_loss_vs_allreduces.png", "val_loss_curves.png", "tokens_per_s_vs_allreduces.png")
 

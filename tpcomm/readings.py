@@ -4,7 +4,7 @@ difference to the all-tp baseline, and what that says at 95% (claim: a bound whe
 cost or gain with its interval).
 """
 
-from tpcomm import results
+from tpcomm import pairing, results
 from tpcomm import sweep as sweeps
 
 
@@ -42,14 +42,14 @@ def comm_dtype_label(row):
 
 def penalties(rows):
     """{(pattern name, tp, size key): (mean, ci, n seeds)} of the final paired difference to the all-tp baseline."""
-    pairs = results.paired(rows)
+    pairs = pairing.paired(rows)
     return {(pattern_name(r), r["tp_size"], results.group_key(r)): (*pairs[r["config"]]["final"][:2],
                                                                     len(pairs[r["config"]]["seeds"]))
             for r in rows if r["config"] in pairs and r["config"] != r["baseline"]}
 
 
 def interval_cell(p, *, empty="—"):
-    return empty if p is None else f"{results.fmt_ci(p[0], p[1])} ({p[2]})"
+    return empty if p is None else f"{pairing.fmt_ci(p[0], p[1])} ({p[2]})"
 
 
 def claim(p, base_loss):

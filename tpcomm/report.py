@@ -25,7 +25,7 @@ import os
 import re
 import statistics
 
-from tpcomm import ROOT, plots, results
+from tpcomm import ROOT, pairing, plots, results
 from tpcomm import sweep as sweeps
 from tpcomm.answer import answer_summary, answer_table, tradeoff_plot
 from tpcomm.readings import claim, comm_dtype_label, data_warning, interval_cell, no_results, pattern_name, penalties
@@ -85,11 +85,11 @@ def sweep_paired(ctx, name):
     rows = ctx.rows(name)
     if not rows:
         return no_results(name)
-    if not results.has_pairs(rows):
+    if not pairing.has_pairs(rows):
         return f"_`{name}`: no config shares 2+ seeds with its baseline yet; the paired comparison needs them._"
     image = f"\n\n![{name}: paired difference to the baseline during training]({PAIRED_IMAGES[name]})" \
         if name in PAIRED_IMAGES else ""
-    return data_warning(rows) + results.paired_markdown(rows) + image
+    return data_warning(rows) + pairing.paired_markdown(rows) + image
 
 
 def seeds_cell(row, diff):
@@ -107,14 +107,14 @@ def sweep_answer(ctx, name):
     rows = ctx.rows(name)
     if not rows:
         return no_results(name)
-    pairs = results.paired(rows)
+    pairs = pairing.paired(rows)
     lines = [source_line(name, rows), "",
              "| pattern | fwd syncs | val loss (mean) | difference to all `tp` [95% CI] | seeds | at 95% it |",
              "|---|---:|---:|---:|---:|---|"]
     for r in rows:
         diff = pairs.get(r["config"])
         cell = "baseline" if r["config"] == r["baseline"] else "—" if diff is None else \
-            results.fmt_ci(*diff["final"][:2])
+            pairing.fmt_ci(*diff["final"][:2])
         base_loss = next(b["val_loss_mean"] for b in rows if b["config"] == r["baseline"])
         reading = "" if r["config"] == r["baseline"] else \
             claim(None if diff is None else (*diff["final"][:2], len(diff["seeds"])), base_loss)
@@ -280,7 +280,7 @@ def sweep_plot(name, index):
 def paired_plot(name):
     def spec(ctx):
         rows = ctx.rows(name)
-        return plots.paired_plot(rows, title=f"{name} sweep") if rows and results.has_pairs(rows) else None
+        return plots.paired_plot(rows, title=f"{name} sweep") if rows and pairing.has_pairs(rows) else None
     return spec
 
 

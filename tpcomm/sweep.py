@@ -49,7 +49,7 @@ import time
 from dataclasses import dataclass
 
 from configurator import ConfigError, configure
-from tpcomm import ROOT, plots, results
+from tpcomm import ROOT, pairing, plots, results
 from tpcomm.gpu_claim import GPUClaim, node_gpus
 from tpcomm.sweep_records import (finished_seeds, git_state, load_result, machine_info, read_done,  # noqa: F401
                                    record_job, rows_of, run_dir_finished, same_config)
@@ -384,7 +384,7 @@ def report(jobs, sweep_dir, *, title, note="", remark=""):
     paired = plots.write_paired(rows, sweep_dir, title=title)
     if paired:  # 2+ seeds: the paired comparison with the baseline
         pngs.append(paired[1])
-        return results.markdown_table(rows) + "\n\n" + results.paired_markdown(rows), pngs
+        return results.markdown_table(rows) + "\n\n" + pairing.paired_markdown(rows), pngs
     return results.markdown_table(rows), pngs
 
 

@@ -123,7 +123,7 @@ SWEEPS = {
     # the model size at one tokens/parameter: 3 sizes spanning 24x in non-embedding parameters (12 x 64: cpu-long's)
     "size-axis": [shared(p) if size == AXES_SIZE else axes_run(p, size=size, steps=steps)
                   for size, steps in SIZES.items() for p in ("all-tp", "all-spd", "all-parallel")],
-    # the axes model trained 4x longer; meant to reach a flat baseline (< 1% over the last fifth, results.flatness),
+    # the axes model trained 4x longer; meant to reach a flat baseline (< 1% over the last fifth, pairing.flatness),
     # which 20,000 steps do not: docs/axes.md says why and what that costs
     "convergence": [axes_run(p, steps=CONVERGENCE_STEPS) for p in ("all-tp", "all-spd", "all-parallel")],
 }
