@@ -146,7 +146,8 @@ def answer_summary(ctx):
                f"recovers {_share(hide[nv], half[nv])} of what dropping half of them (all `spd`) saves on "
                f"{nv.split(' (')[0]} ({hide[nv]:.2f}x against {half[nv]:.2f}x) and {_share(hide[ib], half[ib])} over "
                f"{ib.split(' (')[0]} ({hide[ib]:.2f}x against {half[ib]:.2f}x); delaying them (all `ladder`) "
-               f"{_share(delay[nv], half[nv])} and {_share(delay[ib], half[ib])}.")
+               f"{_share(delay[nv], half[nv])} and {_share(delay[ib], half[ib])} ({delay[nv]:.2f}x and "
+               f"{delay[ib]:.2f}x).")
     one, two, bf16 = gpu["all-tp-int8"], gpu["all-tp-int8-2shot"], gpu["all-tp-bf16"]
     out.append(f"Shrinking them to int8 with the one-shot all-gather {_pace(one[nv])} on {nv.split(' (')[0]} and "
                f"{_pace(one[ib])} over {ib.split(' (')[0]} at tp {GPU_TP}; the two-shot exchange {_pace(two[nv])} "
