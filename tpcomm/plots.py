@@ -296,7 +296,8 @@ def write_paired(rows, out_dir, *, title="Communication sweep"):
     return [md, png]
 
 
-WAY_COLORS = {"drop": "tab:red", "hide": "tab:green", "delay": "tab:blue", "shrink": "tab:purple"}
+WAY_COLORS = {"drop": "tab:red", "hide": "tab:green", "delay": "tab:blue", "shrink": "tab:purple",
+              "drop + shrink": "black"}
 
 
 def _dodge(xs, *, near=1.1, step=1.035):
@@ -338,7 +339,7 @@ def draw_tradeoff(data, *, title):
         xs = [p["speedup"][k] for p in points]
         shift, offset = _dodge(xs)
         for j, p in enumerate(points):
-            x, color = xs[j] * shift[j], WAY_COLORS.get(p["way"], "black")
+            x, color = xs[j] * shift[j], WAY_COLORS[p["way"]]
             if p["status"] == "measured":
                 ax.errorbar([x], [p["mean"]], yerr=[p["ci"]], fmt="o", capsize=4, color=color)
                 y = p["mean"]
