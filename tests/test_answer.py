@@ -21,6 +21,8 @@ def test_claim_bounds_a_cost_where_the_interval_holds_zero():
     """Holding 0: the largest cost ruled out (the interval's upper end) and its share of the baseline; excluding 0:
     the cost (or the gain) with its interval; under 2 paired seeds: pending."""
     assert readings.claim((0.002, 0.006, 10), 1.7) == "costs at most +0.008 nats (0.5%)"
+    # a bound under 0.002 nats keeps a fourth decimal, not "+0.000 nats (0.0%)"
+    assert readings.claim((-0.0045, 0.0050, 10), 1.7) == "costs at most +0.0005 nats (0.03%)"
     assert readings.claim((0.025, 0.022, 3), 1.7) == "costs +0.025 [+0.003, +0.047] nats (1.5%)"
     assert readings.claim((-0.046, 0.026, 3), 2.0) == "gains 0.046 [-0.072, -0.020] nats (2.3%)"
     # anti-vacuity: the same mean with a narrower interval is a cost, not a bound

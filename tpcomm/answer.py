@@ -5,7 +5,7 @@ answer calls tpcomm/cost_model.py); the trade-off figure docs/answer_tradeoff.pn
 """
 
 from tpcomm import pairing, plots
-from tpcomm.readings import claim, data_warning, no_results, penalties, side_of
+from tpcomm.readings import bound, claim, data_warning, no_results, penalties, side_of
 
 
 ANSWER_LABELS = {"all-spd": "all `spd`", "parallel-spd": "`['parallel','spd']*6`", "all-parallel": "all `parallel`",
@@ -131,10 +131,10 @@ def answer_summary(ctx):
     wide = [ANSWER_LABELS[n] for b, n in bounded if b > 0.01 * loss]
     costs = "; ".join(f"{ANSWER_LABELS[n]} {claim(measured[n], loss)}" for n in worse)
     if bounded:
+        (lo, lo_pct), (hi, hi_pct) = bound(bounded[0][0], loss), bound(bounded[-1][0], loss)
         first = (f"After {base['tokens'] / 1e6:.2f}M tokens the 95% intervals rule out costs above "
-                 f"{bounded[0][0]:+.3f} nats ({ANSWER_LABELS[bounded[0][1]]}) to {bounded[-1][0]:+.3f} "
-                 f"({ANSWER_LABELS[bounded[-1][1]]}), {100 * bounded[0][0] / loss:.1f}% to "
-                 f"{100 * bounded[-1][0] / loss:.1f}% of all `tp`'s {loss:.3f}"
+                 f"{lo} nats ({ANSWER_LABELS[bounded[0][1]]}) to {hi} ({ANSWER_LABELS[bounded[-1][1]]}), "
+                 f"{lo_pct} to {hi_pct} of all `tp`'s {loss:.3f}"
                  + (f", so a cost under 1% is not yet shown for {', '.join(wide)}" if wide else "")
                  + (f"; {costs}" if costs else "") + ".")
     else:

@@ -52,6 +52,13 @@ def interval_cell(p, *, empty="—"):
     return empty if p is None else f"{pairing.fmt_ci(p[0], p[1])} ({p[2]})"
 
 
+def bound(b, base_loss):
+    """A bound in nats and as a share of the baseline's loss, to 3 decimals (0.1%), or to 4 (0.01%) below 0.002
+    nats, where 3 would print a near-zero bound as +0.000 (0.0%)."""
+    small = abs(b) < 0.002
+    return f"{b:+.{4 if small else 3}f}", f"{100 * b / base_loss:.{2 if small else 1}f}%"
+
+
 def claim(p, base_loss):
     """What a paired difference (mean, ci, seeds) says at 95%: where the interval holds 0, the largest cost it
     rules out ("costs at most +0.008 nats (0.5%)"); where it does not, the cost (or gain) with its interval; with
@@ -62,7 +69,8 @@ def claim(p, base_loss):
     side = side_of(mean, ci)
     pct = lambda x: f"{100 * x / base_loss:.1f}%"  # noqa: E731
     if side is None:
-        return f"costs at most {mean + ci:+.3f} nats ({pct(mean + ci)})"
+        nats, share = bound(mean + ci, base_loss)
+        return f"costs at most {nats} nats ({share})"
     if side == "worse":
         return f"costs {mean:+.3f} [{mean - ci:+.3f}, {mean + ci:+.3f}] nats ({pct(mean)})"
     return f"gains {-mean:.3f} [{mean - ci:+.3f}, {mean + ci:+.3f}] nats ({pct(-mean)})"
