@@ -38,7 +38,7 @@ from tpcomm import trace as comm_trace
 from tpcomm.data_parallel import set_gradient_sync
 from tpcomm.metrics import eta
 from tpcomm.parallel_dims import init_parallel, shutdown
-from tpcomm.runtime import RunError, RunLock, exit_on_run_error
+from tpcomm.runtime import DeviceClock, RunError, RunLock, exit_on_run_error
 from tpcomm.train_config import DEFAULTS, prepare  # noqa: F401 (DEFAULTS: train.py's options, as nanoGPT's)
 from tpcomm.training import all_reduce_mean, closing_line, evaluate, save, start_run
 
@@ -59,18 +59,18 @@ def get_lr(it, cfg):
     return cfg["min_lr"] + coeff * (cfg["learning_rate"] - cfg["min_lr"])
 
 
-def train_step(training):
-    """One optimizer step over the global batch. Returns (the loss: its micro-steps' parts, read by read_loss; seconds
-    the step took; collectives report). Under pp the pipeline runs the step (Pipeline.train_step)."""
+def train_step(training, *, report=True):
+    """One optimizer step over the global batch. Returns (the loss: its micro-steps' parts, read by read_loss;
+    collectives report, or None when not `report`: reading it waits for the device's collectives, so the loop asks
+    for it at log steps only). Under pp the pipeline runs the step (Pipeline.train_step)."""
     cfg, raw_model = training.cfg, training.raw_model
-    t0 = time.perf_counter()
     if training.pipe is not None:
         first = training.micro_offset
         batches = [training.batches.get("train", training.iter_num, first + j) for j in range(training.grad_accum)]
         lossf, comm = training.pipe.train_step(batches, training.optimizer, dropout_key=(cfg["seed"], training.iter_num,
                                           training.micro_offset), ctx=training.ctx, grad_clip=cfg["grad_clip"],
                                           tokens=cfg["batch_size"] * cfg["block_size"])
-        return lossf, time.perf_counter() - t0, comm
+        return lossf, comm
     raw_model.reset_comm_counts()
     # forward backward update, with gradient accumulation; DDP/FSDP sync gradients on the last micro-step only
     loss_parts = []  # each micro-step's loss, on the device: no sync per micro-step
@@ -85,7 +85,8 @@ def train_step(training):
         loss_parts.append(loss.detach())
         training.scaler.scale(loss).backward()
     raw_model.sync_replicated_grads()  # real tp: parameters every shard holds get their summed gradient
-    comm = raw_model.comm_report(micro_steps=training.grad_accum, tokens=cfg["batch_size"] * cfg["block_size"])
+    comm = raw_model.comm_report(micro_steps=training.grad_accum,
+                                 tokens=cfg["batch_size"] * cfg["block_size"]) if report else None
     # clip the gradient
     if cfg["grad_clip"] != 0.0:
         training.scaler.unscale_(training.optimizer)
@@ -94,7 +95,7 @@ def train_step(training):
     training.scaler.step(training.optimizer)
     training.scaler.update()
     training.optimizer.zero_grad(set_to_none=True)
-    return loss_parts, time.perf_counter() - t0, comm
+    return loss_parts, comm
 
 
 def read_loss(training, loss):
@@ -133,6 +134,10 @@ def train(training):
     local_iter_num, running_mfu = 0, -1.0
     first_iter, last_eval = training.iter_num, None  # (iteration, losses) of the last evaluation
     loop_start = time.perf_counter()
+    # ms/iter, tokens/s and MFU: the device-synchronised time since the last log line, evaluation and saving left
+    # out, over the steps since: queued work counts where it ran, and the host syncs at log steps only
+    clock = DeviceClock(training.device)
+    interval_start, interval_steps = clock.now(), 0
     while True:
         # determine and set the learning rate for this iteration
         lr = get_lr(training.iter_num, cfg)
@@ -142,6 +147,7 @@ def train(training):
         # evaluate the loss on train/val sets and write checkpoints (never a non-finite model); always at the last
         # iteration, so a run ends evaluated and saved whatever eval_interval is
         if training.iter_num % cfg["eval_interval"] == 0 or training.iter_num == cfg["max_iters"]:
+            paused = clock.now()
             losses = evaluate(training)
             last_eval = (training.iter_num, losses)
             if master:
@@ -157,24 +163,28 @@ def train(training):
                 training.best_val_loss = min(training.best_val_loss, losses["val"])
                 if training.iter_num > 0 and not cfg["eval_only"]:
                     save(training)
+            interval_start += clock.now() - paused  # the step time leaves evaluation and saving out
         if cfg["eval_only"]:
             break
 
-        # one training step: forward/backward with gradient accumulation, clip, update; timed on its own
+        # one training step: forward/backward with gradient accumulation, clip, update (no host sync but a log step's)
         traced = cfg["trace"] is not None and training.iter_num == cfg["trace_iter"]
         trace = comm_trace.rank_path(cfg["trace"], training.pd.rank) if traced else None
+        logged = training.iter_num % cfg["log_interval"] == 0
         with comm_trace.trace_steps(trace, enabled=traced) as tracer, tracer.step():
-            loss, dt, comm = train_step(training)
+            loss, comm = train_step(training, report=logged)
+        interval_steps += 1
         if traced and master:
             print(f"trace of step {training.iter_num}: {cfg['trace']}"
                   + (" (rank r: .rank<r> before the extension)" if training.pd.distributed else ""))
 
         # logging: the loss is read (a device sync, a dp all-reduce) at log steps only, as nanoGPT does; a
         # non-finite one stops the run (evaluation checks its own before any checkpoint is written)
-        if training.iter_num % cfg["log_interval"] == 0:
+        if logged:
+            dt = (clock.now() - interval_start) / interval_steps  # seconds per step over the interval
             lossf = read_loss(training, loss)
             stop_if_not_finite(training, "training", lossf)
-        if training.iter_num % cfg["log_interval"] == 0 and master:
+        if logged and master:
             if local_iter_num >= 5:  # let the training loop settle a bit
                 mfu = training.raw_model.estimate_mfu(cfg["batch_size"] * training.grad_accum, dt,
                                                       device=training.device, dtype=training.dtype)
@@ -193,6 +203,8 @@ def train(training):
                   f"{eta(training.iter_num - first_iter + 1, cfg['max_iters'] - training.iter_num, loop_start)}")
             training.metrics.write(iter=training.iter_num, loss=lossf, lr=lr, dt_ms=dt * 1000, tokens_per_s=tok_s,
                                    mfu=running_mfu if running_mfu >= 0 else None, **comm)
+        if logged:
+            interval_start, interval_steps = clock.now(), 0
         training.iter_num += 1
         local_iter_num += 1
 

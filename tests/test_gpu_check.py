@@ -71,6 +71,10 @@ def test_identity_and_cost_model_fields(tiny):
                                                    ["parallel", "spd", "parallel", "tp"]) for t in (2, 4, 8)]
     assert set(dev) == {"gpt"} | {f"{k} tp{t}" for k in gpu_check.BLOCK_TYPES for t in (2, 4, 8)} | set(sp)
     assert set(dev.values()) == {0.0} and s["bf16_identity"]["ok"] is True, dev
+    # and in training passes, gradients on, with each option the validator allows (tests/test_bf16_train_identity.py)
+    train = s["bf16_identity"]["train_loss_deviation"]
+    assert len(train) == 3 * 13 and set(train.values()) == {0.0}, train
+    assert "parallel tp8 (tp_async_grad=True)" in train and "spd tp4 (tp_async_grad=True, tp_overlap=2)" in train
     assert s["cost_model"]["assumed_mfu"] == pytest.approx(0.40) and s["cost_model"]["measured_mfu"] is None
 
 

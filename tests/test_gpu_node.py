@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import one_line_error, run_script
+from conftest import TORCHRUN, one_line_error, run_script
 from tpcomm import gpu_node
 
 # forward collectives of each way at tp 2 on the tiny shape (4 layers), measured by the model's counters
@@ -105,3 +105,18 @@ def test_gpt2_sweep_real_tp_dry_run_states_gpu_hours():
     assert "experiments/gpt2+tp_mode=real/" in r.stdout  # its own runs, apart from the simulated ones
     hours = [line for line in r.stdout.splitlines() if line.startswith("expected:")]
     assert len(hours) == 1 and "13 run(s)" in hours[0] and "GPU-hours" in hours[0] and "h wall" in hours[0]
+
+
+def test_one_rank_failing_in_one_way_loses_only_that_way(tmp_path):
+    """Rank 1 raises inside 'all spd' (tests/gpu_node_fail_worker.py): the ranks agree on it at the way's end
+    (gpu_node.agree_on_failure), every other way is timed on both ranks in step, and the result file records the
+    failed way with rank 1's error; the launch ends well inside its time box."""
+    config = gpu_node.run_config("tiny", gpu_node.REHEARSAL)
+    out = tmp_path / "tiny.json"
+    r = run_script(*TORCHRUN, "--nproc_per_node=2", "tests/gpu_node_fail_worker.py",
+                   f"--config={json.dumps(config)}", f"--out={out}", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
+    res = json.loads(out.read_text())
+    assert res["errors"] == {"all spd": "rank 1: RuntimeError: injected on rank 1"}, res["errors"]
+    assert list(res["ways"]) == [w[0] for w in gpu_node.WAYS if w[0] != "all spd"]
+    assert all(row["ms_per_iter"] > 0 for row in res["ways"].values())

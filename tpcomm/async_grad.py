@@ -53,9 +53,17 @@ class _AwaitGrads(torch.autograd.Function):
         return (None, *(grads[i] for i in ctx.link.covered))
 
 
-def _placeholder(t):
-    """A gradient of t's shape and dtype that no one reads (stride 0: no memory)."""
-    return torch.zeros((), dtype=t.dtype, device=t.device).expand(t.shape)
+def _one_dtype(x, w, b, *, autocast):
+    """A LayerNorm's input and parameters in one dtype, as CUDA's kernel wants them (its CPU kernel takes a mix):
+    float32 at least under autocast, whose fp32 list holds layer_norm (a bf16 stream or bf16 FSDP2-gathered weights
+    meet fp32 there), else the input's."""
+    want = torch.promote_types(x.dtype, torch.float32) if autocast else x.dtype
+    return tuple(None if t is None else t.to(want) for t in (x, w, b))
+
+
+def _placeholder(t, dtype):
+    """A gradient of t's shape, in dtype, that no one reads (stride 0: no memory)."""
+    return torch.zeros((), dtype=dtype, device=t.device).expand(t.shape)
 
 
 class _FusedColumn(torch.autograd.Function):
@@ -75,14 +83,17 @@ class _FusedColumn(torch.autograd.Function):
             s = s + p
         L, C = group.local, s.shape[-1]
         dt = torch.get_autocast_dtype(s.device.type) if torch.is_autocast_enabled(s.device.type) else None
+        ln_dtypes = (None, *(None if t is None else t.dtype for t in (ln_w, ln_b)))
         with torch.autocast(s.device.type, enabled=False):
             r = None
-            if norm == "fan_out":
-                r = (s if dt is None else s.to(dt)).unsqueeze(0).expand(L, *s.shape)  # f
+            if norm == "fan_out":  # f; the stream's own dtype (its value exactly, as fan_out_stream's): a bf16 copy
+                r = s.unsqueeze(0).expand(L, *s.shape)  # would add tp times its rounding at the next sync (issue 46)
                 ln_x = ln_in if ln_in is not None else r  # simulated: every shard's LN is LN(s), computed once
             else:
                 ln_x = s if norm == "before" else None
             if ln_x is not None:
+                ln_dtypes = (ln_x.dtype, *ln_dtypes[1:])
+                ln_x, ln_w, ln_b = _one_dtype(ln_x, ln_w, ln_b, autocast=dt is not None)
                 h, mean, rstd = torch.native_layer_norm(ln_x, (C,), ln_w, ln_b, LN_EPS)
             else:
                 h, mean, rstd = s, None, None
@@ -92,7 +103,7 @@ class _FusedColumn(torch.autograd.Function):
                 h, W, b = h.to(dt), W.to(dt), None if b is None else b.to(dt)
             y = torch.bmm(h, W) if b is None else torch.baddbmm(b, h, W)
         ctx.save_for_backward(W, h, ln_x, mean, rstd, ln_w, ln_b)
-        ctx.group, ctx.norm, ctx.site, ctx.link = group, norm, site, link
+        ctx.group, ctx.norm, ctx.site, ctx.link, ctx.dt, ctx.ln_dtypes = group, norm, site, link, dt, ln_dtypes
         ctx.b_shape = None if b is None else b.shape
         ctx.part_shapes = [p.shape for p in parts]
         ctx.dtypes = (s.dtype, parts[0].dtype)
@@ -109,7 +120,7 @@ class _FusedColumn(torch.autograd.Function):
         grad_out = grads[0] if len(grads) == 2 else None  # of s (its residual use) or r
         grad_y = grads[-1]
         grad_h = grad_y.bmm(W.transpose(1, 2))  # the input-gradient GEMM, (L, N, C)
-        ln_mask = [True, ln_w is not None and ln_w.requires_grad, ln_b is not None and ln_b.requires_grad]
+        ln_mask = [True, ln_w is not None and ctx.needs_input_grad[7], ln_b is not None and ctx.needs_input_grad[8]]
         g_lnw = g_lnb = g_ln_in = None
         if norm == "fan_out":
             if group.real:  # LN ran after f on this rank: its gradient joins f's before the all-reduce
@@ -122,6 +133,8 @@ class _FusedColumn(torch.autograd.Function):
                 local = grad_out
         else:
             local = grad_h
+        if ctx.dt is not None:  # f's all-reduce moves the autocast dtype, as the unfused f's does
+            local = local.to(ctx.dt)
         # issue the all-reduce of the input gradient (simulated: the sum over the shards, at once)
         nbytes = 0 if torch.compiler.is_compiling() else count(group, "bwd", local)
         with traced(group, "f_async", "bwd", ctx.site, nbytes):
@@ -142,16 +155,18 @@ class _FusedColumn(torch.autograd.Function):
             if norm != "fan_out" and resid_grad is not None:  # s's residual use
                 g_s = g_s + resid_grad
             g_s = g_s.to(ctx.dtypes[1])
+            gw, gb = (None if g is None else g.to(d) for g, d in zip((gw, gb), ctx.ln_dtypes[1:]))  # the params'
             return (gw, gb, *(g_s if shape == g_s.shape else g_s.sum_to_size(shape) for shape in ctx.part_shapes))
 
         if ctx.link is None:
             deferred = finish()
         else:  # _AwaitGrads, created earlier in the forward, waits; until then these placeholders stand in
             ctx.link.finish = finish
-            deferred = (*(None if t is None else _placeholder(t) for t in (ln_w, ln_b)),
+            deferred = (*(None if t is None else _placeholder(t, d) for t, d in zip((ln_w, ln_b), ctx.ln_dtypes[1:])),
                         *(torch.zeros((), dtype=ctx.dtypes[1], device=h.device).expand(shape)
                           for shape in ctx.part_shapes))
         gw, gb, *g_parts = deferred
+        g_ln_in = None if g_ln_in is None else g_ln_in.to(ctx.ln_dtypes[0])
         return (None, None, None, None, None, grad_W, grad_b, gw, gb, g_ln_in, *g_parts)
 
 

@@ -22,7 +22,9 @@ Sections (SECTIONS, in order):
   step that holds it. A clock that reads queued work (NCCL returns at enqueue) fails the first bound.
 - bf16_identity: every block's c_proj zeroed, so each block must leave the stream unchanged: the largest deviation
   of the stream entering ln_f from the embedding, under bf16 autocast, per block type at tp 2, 4 and 8, and for two
-  sequence-parallel patterns (a synced and a desynced stream entering each syncing block).
+  sequence-parallel patterns (a synced and a desynced stream entering each syncing block); then in training passes
+  (gradients on), the loss minus GPT's for 'tp', 'spd' and 'parallel' at tp 2, 4 and 8 with each option the
+  validator allows (tp_async_grad, tp_overlap, sequence_parallel, alone and combined: tpcomm/bf16_identity.py).
 - cost_model: the cost model's assumed MFU (tpcomm.cost_model) beside the measured one, and its compute-term step
   time beside the measured step.
 Timings on CUDA synchronise the device before reading the clock.
@@ -296,14 +298,6 @@ def comm_sanity(st):
     return res
 
 
-def zero_c_proj(model):
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".c_proj." in name:
-                p.zero_()
-    return model
-
-
 def stream_deviation(model, idx, ctx):
     """Largest |stream entering ln_f - embedding output| of one forward pass under ctx."""
     seen = {}
@@ -320,7 +314,8 @@ def stream_deviation(model, idx, ctx):
 
 def bf16_identity(st):
     """Zeroed c_proj everywhere: under bf16 autocast each model (sequence parallel too) must give ln_f the embedding
-    unchanged."""
+    unchanged, and in training passes (gradients on) each option's loss must be GPT's (tpcomm.bf16_identity)."""
+    from tpcomm.bf16_identity import train_grid, train_loss, zero_c_proj
     from tpcomm.build import build_model
     from tpcomm.runtime import autocast_context
 
@@ -347,7 +342,13 @@ def bf16_identity(st):
         for pattern in (["spd", "parallel", "tp", "parallel"], ["parallel", "spd", "parallel", "tp"]):
             m = build("distributed_gpt", tp_size=tp, block_types=pattern, sequence_parallel=True)
             dev[f"{pattern} tp{tp} sequence parallel"] = stream_deviation(m, idx, ctx)
-    return dict(dtype="bfloat16", max_deviation=dev, worst=max(dev.values()), ok=max(dev.values()) == 0.0)
+    # training passes: the same models with each option the validator allows, loss - GPT's loss
+    targets = torch.roll(idx, -1, dims=1)
+    want = train_loss(build("gpt"), idx, targets, ctx)
+    train = train_grid(lambda tp, block_types, options: build("distributed_gpt", tp_size=tp, block_types=block_types,
+                                                              **options), want, idx, targets, ctx, n_layer=4)
+    worst = max(*dev.values(), *train.values())
+    return dict(dtype="bfloat16", max_deviation=dev, train_loss_deviation=train, worst=worst, ok=worst == 0.0)
 
 
 def cost_model(st):

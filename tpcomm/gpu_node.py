@@ -16,9 +16,11 @@ prediction's assumed MFU; default the cost model's), --backend=nccl|gloo, --devi
 Each shape's launch leaves one result file, OUT/runs/<shape>.json, committed like the CPU sweeps' (config, machine,
 git commit, every way's numbers); a launch whose result file exists with the same config is skipped, so the sweep
 resumes after a kill and a report needs only the files. The report: OUT/results.md.
-Caveat: the in-collective and exposed columns come from the tp group's counters (tpcomm/collectives.py); they time
-NCCL correctly only once that layer times with CUDA events (issue 37.2). Until then they read near zero on NCCL, and
-the 64 MiB all-reduce check each launch records (gpu_check.allreduce_sanity) says so (its `ok` is false).
+The in-collective and exposed columns come from the tp group's counters (tpcomm/collectives.py), which time NCCL's
+collectives with CUDA events (tpcomm/counting.py CudaEventClock); the 64 MiB all-reduce check each launch records
+(gpu_check.allreduce_sanity) holds that clock against a physical floor. Eager, for the reason docs/gpu.md states.
+A way that raises on any rank is dropped on every rank at the end of its round (agree_on_failure), its error in the
+result file, and the other ways go on.
 """
 
 import datetime
@@ -189,6 +191,44 @@ def expected_seconds(cfg, shape):
 
 # ---------- the worker: one rank of a launch ----------
 
+def time_ways(models, opts, ctx, X, Y, config, device):
+    """Every way's steps, interleaved in rounds (best round kept): ({way: row}, {way: its error}). A way that
+    raises on any rank is dropped on every rank (agree_on_failure) and the others go on."""
+    import torch
+
+    from tpcomm.gpu_check import timed_steps
+
+    B, T = X.shape
+    best, errors = {}, {}
+    for r in range(config["rounds"]):
+        for name, m in models.items():
+            if name in errors:
+                continue
+            try:
+                if r == 0:
+                    timed_steps(m, m, opts[name], ctx, X, Y, config["warmup"], device)
+                m.reset_comm_counts()
+                dt = timed_steps(m, m, opts[name], ctx, X, Y, config["iters"], device)
+                rep = m.comm_report(micro_steps=config["iters"], tokens=X.numel())
+                row = dict(ms_per_iter=dt * 1e3, tokens_per_s=B * T / dt,
+                           in_collectives_ms=rep.get("comm_busy_seconds", 0.0) / config["iters"] * 1e3,
+                           exposed_ms=rep.get("comm_seconds", 0.0) / config["iters"] * 1e3,
+                           **{k: v for k, v in rep.items() if k not in ("comm_seconds", "comm_busy_seconds")})
+                if name not in best or row["ms_per_iter"] < best[name]["ms_per_iter"]:
+                    best[name] = row
+            except Exception as e:  # noqa: BLE001 (an OOM in one way must not lose the others)
+                mine = f"{type(e).__name__}: {str(e)[:300]}"
+                if config["device"] == "cuda":
+                    torch.cuda.empty_cache()
+            else:
+                mine = None
+            failed = agree_on_failure(mine, device)  # every rank drops the way together, and goes on in step
+            if failed:
+                errors[name] = failed
+                best.pop(name, None)
+    return best, errors
+
+
 def worker(argv):
     """Under torch.distributed.run: build every way's model (real TP over all ranks), time them interleaved, run the
     64 MiB all-reduce check; rank 0 writes the result file."""
@@ -197,7 +237,7 @@ def worker(argv):
 
     from model import device_peak_flops
     from tpcomm.build import build_model
-    from tpcomm.gpu_check import allreduce_sanity, sync, timed_steps, write_json
+    from tpcomm.gpu_check import allreduce_sanity, sync, write_json
     from tpcomm.parallel_dims import init_parallel, shutdown
     from tpcomm.runtime import autocast_context, setup_runtime
 
@@ -227,29 +267,8 @@ def worker(argv):
     X = torch.randint(config["vocab_size"], (B, T), generator=g).to(device)
     Y = torch.randint(config["vocab_size"], (B, T), generator=g).to(device)
     opts = {n: m.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device_type) for n, m in models.items()}
-    best, errors = {}, {}
     t0 = time.perf_counter()
-    for r in range(config["rounds"]):
-        for name, m in models.items():
-            if name in errors:
-                continue
-            try:
-                if r == 0:
-                    timed_steps(m, m, opts[name], ctx, X, Y, config["warmup"], device)
-                m.reset_comm_counts()
-                dt = timed_steps(m, m, opts[name], ctx, X, Y, config["iters"], device)
-                rep = m.comm_report(micro_steps=config["iters"], tokens=X.numel())
-                row = dict(ms_per_iter=dt * 1e3, tokens_per_s=B * T / dt,
-                           in_collectives_ms=rep.get("comm_busy_seconds", 0.0) / config["iters"] * 1e3,
-                           exposed_ms=rep.get("comm_seconds", 0.0) / config["iters"] * 1e3,
-                           **{k: v for k, v in rep.items() if k not in ("comm_seconds", "comm_busy_seconds")})
-                if name not in best or row["ms_per_iter"] < best[name]["ms_per_iter"]:
-                    best[name] = row
-            except Exception as e:  # noqa: BLE001 (an OOM in one way must not lose the others; every rank alike)
-                errors[name] = f"{type(e).__name__}: {str(e)[:300]}"
-                best.pop(name, None)
-                if device_type == "cuda":
-                    torch.cuda.empty_cache()
+    best, errors = time_ways(models, opts, ctx, X, Y, config, device)
     sync(device)
     timing_s = time.perf_counter() - t0
     try:
@@ -273,6 +292,24 @@ def worker(argv):
                 date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
             git=git_commit()), out)
     shutdown(pd, finished=True)
+
+
+def agree_on_failure(error, device):
+    """At the end of each way's round, on every rank: a flag (1 where this rank's way raised) all-reduced with MAX
+    over the group, so the ranks agree that the way failed and none runs the next way's collectives against another
+    rank still in this one's; where it failed, each failed rank's error, gathered ("rank r: ...", None where none did).
+    A rank that fails between two collectives of a step still leaves the others waiting in the next one (until the
+    process group's timeout ends the launch): the ranks' shards are alike, so an out-of-memory strikes them alike."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([0.0 if error is None else 1.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item() == 0.0:
+        return None
+    errors = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    return "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e is not None)
 
 
 def git_commit():
@@ -320,8 +357,8 @@ def report(cfg):
              "Written by `python experiment.py gpu-node` from the result files in `runs/`. Measured: best of the "
              "interleaved rounds, rank 0 (the slowest rank's step in `runs/`). Predicted: tpcomm/cost_model.py "
              "train_variants, NVLink 4 within one node, at the MFU shown and the device's dense bf16 peak "
-             "(H100 SXM's when unknown). In-collective and exposed times are the tp group's counters (see "
-             "tpcomm/gpu_node.py on NCCL timing).\n"]
+             "(H100 SXM's when unknown). In-collective and exposed times are the tp group's counters (CUDA events on "
+             "NCCL; the 64 MiB all-reduce check below holds them against a floor).\n"]
     found = 0
     for shape in cfg["shapes"]:
         path = result_path(cfg, shape)

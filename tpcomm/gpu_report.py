@@ -82,8 +82,9 @@ def markdown(report):
                      f"{r['floor_ms']:.3f} ms: **{'ok' if r['ok'] else 'FAILED'}**")
     if not failed("bf16_identity"):
         r = s["bf16_identity"]
-        worst = sorted(r["max_deviation"].items(), key=lambda kv: -kv[1])[:3]
-        lines.append(f"- `bf16_identity`: zeroed c_proj under bf16 autocast, largest stream deviation "
+        both = {**r["max_deviation"], **r.get("train_loss_deviation", {})}  # a gpu.json from before issue 46: none
+        worst = sorted(both.items(), key=lambda kv: -kv[1])[:3]
+        lines.append(f"- `bf16_identity`: zeroed c_proj under bf16 autocast, largest stream or training-loss deviation "
                      f"{r['worst']:.2e} ({', '.join(f'{k}: {v:.1e}' for k, v in worst)}): "
                      f"**{'ok' if r['ok'] else 'FAILED'}**")
     if not failed("cost_model"):

@@ -1,0 +1,29 @@
+"""gpu-node's worker (tpcomm/gpu_node.py) with rank 1 made to raise inside one way ('all spd'), after that way's
+first timed steps (its warm-up is the call before), as an error one rank meets at the end of a way would
+(tests/test_gpu_node.py).
+$ torchrun --standalone --nproc_per_node=2 tests/gpu_node_fail_worker.py --config=JSON --out=PATH"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tpcomm import gpu_check, gpu_node  # noqa: E402
+
+FAILING_WAY = "all spd"
+timed_steps = gpu_check.timed_steps
+calls = []  # of the failing way's model
+
+
+def failing_timed_steps(run, model, optimizer, ctx, X, Y, n, device):
+    seconds = timed_steps(run, model, optimizer, ctx, X, Y, n, device)
+    if set(model.config.block_types) == {"spd"}:
+        calls.append(n)
+        if os.environ["RANK"] == "1" and len(calls) > 1:  # not in its warm-up: in its timed steps
+            raise RuntimeError("injected on rank 1")
+    return seconds
+
+
+if __name__ == "__main__":
+    gpu_check.timed_steps = failing_timed_steps
+    gpu_node.worker(sys.argv[1:])
