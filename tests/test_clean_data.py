@@ -88,7 +88,7 @@ def test_allow_dirty_writes_scratch_files_the_report_refuses(monkeypatch, capsys
     with pytest.raises(results.ResultsError, match=re.escape(str(path)) + ".*scratch"):
         report.Results(root=str(tmp_path), say=lambda *a: None).rows("cpu-long")
     # its own sweep's tables read it in experiments/scratch/; without the mark the report reads it
-    provenance.check_code_state(record, os.path.join(ROOT, provenance.SCRATCH_DIR, "cpu-long", "runs", "x.json"))
+    sweep_records.check_code_state(record, os.path.join(ROOT, sweep_records.SCRATCH_DIR, "cpu-long", "runs", "a.json"))
     record["git"].pop("scratch")
     results.write_record(record, str(path))
     assert report.Results(root=str(tmp_path), say=lambda *a: None).rows("cpu-long")

@@ -3,7 +3,7 @@ Which code wrote each result file, and whether a row's files (and the baseline i
 state. A result file records the git commit its run started from and whether tracked files outside experiments/
 had uncommitted changes ("dirty": the code behind it cannot be named). The sweep writes committed result files only
 from a clean tree; `--allow-dirty` writes scratch files (git "scratch": true) under experiments/scratch/, which
-the report refuses (check_code_state).
+the report refuses (sweep_records.check_code_state, where result files are loaded).
 
 A row whose files span several clean commits, or a row paired with a baseline from another commit, is one code
 state for its math only when a rerun shows it: a rerun check is a result file in experiments/<sweep>/reruns/, the
@@ -19,22 +19,9 @@ import os
 from collections import Counter
 
 from tpcomm import ROOT, results
+from tpcomm.sweep_records import load_result
 
 RERUN_DECIMALS = 4  # a rerun equals its old file when their final val losses agree to 4 decimals
-SCRATCH_DIR = os.path.join("experiments", "scratch")  # --allow-dirty's result files (ignored by git)
-
-
-def check_code_state(record, path):
-    """Refuse a scratch result file (written from a dirty tree with --allow-dirty) anywhere but experiments/scratch/
-    (where only its own sweep's tables read it): ResultsError naming it. Called where the report loads result files
-    (sweep_records.load_result); a file from a dirty tree written before the sweep refused them is read, and
-    flagged by the report as from unnamed code."""
-    git = record.get("git")
-    scratch = os.path.join(ROOT, SCRATCH_DIR) + os.sep
-    if isinstance(git, dict) and git.get("scratch") and not os.path.abspath(path).startswith(scratch):
-        raise results.ResultsError(f"{path}: a scratch result file (written with --allow-dirty from commit "
-                                   f"{str(git.get('commit'))[:7]} with uncommitted changes): the report reads "
-                                   f"only result files from clean commits; rerun it from a clean checkout")
 
 
 def code_state(record):
@@ -109,11 +96,9 @@ def row_verdict(run, states, base_run, base_states, checks):
 def states_of(ctx, name):
     """({run name: Counter of code states} of a sweep's committed result files (report.Results ctx), shared runs
     included, and the names of its own runs)."""
-    from tpcomm import sweep as sweeps
-
     out, own = {}, set()
     for j in ctx.jobs(name):
-        record = sweeps.load_result(j, say=lambda *_: None)
+        record = load_result(j, say=lambda *_: None)
         if record is not None:
             out.setdefault(j.run.name, Counter())[code_state(record)] += 1
             own |= {j.run.name} if j.sweep == name else set()

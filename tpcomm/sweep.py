@@ -52,10 +52,9 @@ from dataclasses import dataclass
 from configurator import ConfigError, configure
 from tpcomm import ROOT, pairing, plots, results
 from tpcomm.gpu_claim import GPUClaim, node_gpus
-from tpcomm.provenance import SCRATCH_DIR
-from tpcomm.sweep_records import (DirtyTreeError, finished_seeds, git_state, load_result, machine_info,  # noqa: F401
-                                   read_done, record_job, refuse_dirty, rows_of, run_dir_finished, same_config,
-                                   scratch_mark)
+from tpcomm.sweep_records import (SCRATCH_DIR, DirtyTreeError, finished_seeds, git_state, load_result,  # noqa: F401
+                                   machine_info, read_done, record_job, refuse_dirty, rows_of, run_dir_finished,
+                                   same_config, scratch_mark)
 from tpcomm.sweep_plan import (AXES_CONFIG, AXES_SEEDS, AXES_SIZE, AXES_STEPS, CONVERGENCE_STEPS, PATTERNS,  # noqa: F401
                                RESOLVED_SEEDS, SIZES, SWEEP_REMARKS, SWEEP_SEEDS, SWEEPS, TP_AXIS_PATTERNS, Run)
 from tpcomm.sweep_plan import runs_named

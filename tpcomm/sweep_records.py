@@ -11,7 +11,8 @@ import re
 import subprocess
 
 from tpcomm import ROOT, results
-from tpcomm.provenance import SCRATCH_DIR, check_code_state
+
+SCRATCH_DIR = os.path.join("experiments", "scratch")  # --allow-dirty's result files (ignored by git)
 
 
 def read_done(out_dir):
@@ -54,6 +55,19 @@ def git_state():
     return dict(commit=head.stdout.strip(), dirty=bool(status.stdout.strip()))
 
 
+def check_code_state(record, path):
+    """Refuse a scratch result file (written from a dirty tree with --allow-dirty) anywhere but experiments/scratch/
+    (where only its own sweep's tables read it): ResultsError naming it. Called where the report loads result files
+    (sweep_records.load_result); a file from a dirty tree written before the sweep refused them is read, and
+    flagged by the report as from unnamed code."""
+    git = record.get("git")
+    scratch = os.path.join(ROOT, SCRATCH_DIR) + os.sep
+    if isinstance(git, dict) and git.get("scratch") and not os.path.abspath(path).startswith(scratch):
+        raise results.ResultsError(f"{path}: a scratch result file (written with --allow-dirty from commit "
+                                   f"{str(git.get('commit'))[:7]} with uncommitted changes): the report reads "
+                                   f"only result files from clean commits; rerun it from a clean checkout")
+
+
 def machine_info():
     import torch
 
@@ -86,7 +100,7 @@ def refuse_dirty(job, git):
 
 
 def scratch_mark(job):
-    """What a scratch result file's git record adds (provenance.check_code_state refuses it outside scratch/)."""
+    """What a scratch result file's git record adds (check_code_state refuses it outside scratch/)."""
     return dict(scratch=True) if job.scratch else {}
 
 
