@@ -156,6 +156,9 @@ def test_the_report_prints_commits_and_rerun_checks(tmp_path):
     results.write_record(dict(rerun, git=DIRTY), path)
     with pytest.raises(results.ResultsError, match="reruns/all-spd-seed1339.json: a rerun check must come from"):
         provenance.rerun_checks("cpu-long", root=root)
+    results.write_record(dict(rerun, git=dict(CLEAN, scratch=True)), path)  # nor does a scratch file
+    with pytest.raises(results.ResultsError, match="reruns/all-spd-seed1339.json: a scratch result file"):
+        provenance.rerun_checks("cpu-long", root=root)
 
 
 def test_the_committed_files_name_their_code_or_are_flagged():

@@ -19,7 +19,7 @@ import os
 from collections import Counter
 
 from tpcomm import ROOT, results
-from tpcomm.sweep_records import load_result
+from tpcomm.sweep_records import check_code_state, load_result
 
 RERUN_DECIMALS = 4  # a rerun equals its old file when their final val losses agree to 4 decimals
 
@@ -38,11 +38,12 @@ def is_named(state):
 
 def rerun_checks(sweep, *, root=ROOT):
     """Each rerun file in experiments/<sweep>/reruns/ against the file of the same name in runs/: the commits, the
-    two final val losses and whether they agree to RERUN_DECIMALS decimals. A rerun without its old file, or from a
-    dirty tree, is a ResultsError naming it."""
+    two final val losses and whether they agree to RERUN_DECIMALS decimals. A rerun without its old file, from a
+    dirty tree or a scratch file is a ResultsError naming it."""
     out = []
     for path in sorted(glob.glob(os.path.join(root, "experiments", sweep, "reruns", "*.json"))):
         new = results.read_record(path)
+        check_code_state(new, path)
         old_path = os.path.join(root, "experiments", sweep, "runs", os.path.basename(path))
         if not os.path.exists(old_path):
             raise results.ResultsError(f"{path}: a rerun check needs the file it reruns, {old_path}")
