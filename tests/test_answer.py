@@ -21,8 +21,12 @@ def test_claim_bounds_a_cost_where_the_interval_holds_zero():
     """Holding 0: the largest cost ruled out (the interval's upper end) and its share of the baseline; excluding 0:
     the cost (or the gain) with its interval; under 2 paired seeds: pending."""
     assert readings.claim((0.002, 0.006, 10), 1.7) == "costs at most +0.008 nats (0.5%)"
-    # a bound under 0.002 nats keeps a fourth decimal, not "+0.000 nats (0.0%)"
-    assert readings.claim((-0.0045, 0.0050, 10), 1.7) == "costs at most +0.0005 nats (0.03%)"
+    # a bound is printed no finer than a tenth of its half-width, rounded up (never understated): +0.0005 with a
+    # half-width of 0.005 is +0.001 (0.1%), not the +0.0005 (0.03%) one more seed would move
+    assert readings.claim((-0.0045, 0.0050, 10), 1.7) == "costs at most +0.001 nats (0.1%)"
+    # 0.025 (1.47%) with a half-width of 0.021 (1.2%): 2 decimals in nats, none in percent, each rounded up
+    assert readings.claim((0.004, 0.021, 3), 1.7) == "costs at most +0.03 nats (2%)"
+    assert readings.bound(0.0251, 1.7, half_width=0.0021) == ("+0.026", "1.5%")
     assert readings.claim((0.025, 0.022, 3), 1.7) == "costs +0.025 [+0.003, +0.047] nats (1.5%)"
     assert readings.claim((-0.046, 0.026, 3), 2.0) == "gains 0.046 [-0.072, -0.020] nats (2.3%)"
     # anti-vacuity: the same mean with a narrower interval is a cost, not a bound
@@ -72,7 +76,7 @@ def test_a_pattern_without_result_files_is_pending(tmp_path, fake_long):
         path.unlink()
     ctx = report.Results(root=root, say=lambda *a: None)
     table = ans.answer_table(ctx)
-    assert "| shrink | int8 two-shot | pending | pending (0 paired seeds) |" in table, table
+    assert "| shrink | int8 two-shot | pending | — | pending (0 paired seeds) |" in table, table
     assert "| all-tp-int8-2shot | — | — | — | 0 | pending (no result file yet) |" in report.sweep_answer(ctx,
                                                                                              "cpu-long")
     data, draw = ans.tradeoff_plot(ctx)
@@ -84,7 +88,7 @@ def test_a_pattern_without_result_files_is_pending(tmp_path, fake_long):
     # one seed of it: still pending (no interval), said so
     fake_results(root, "cpu-long", seeds=(1337,))
     ctx = report.Results(root=root, say=lambda *a: None)
-    assert "| shrink | int8 two-shot | +0.000 (1) | pending (1 paired seed) |" in ans.answer_table(ctx)
+    assert "| shrink | int8 two-shot | +0.000 (1) | — | pending (1 paired seed) |" in ans.answer_table(ctx)
 
 
 def test_a_seed_the_baseline_lacks_is_not_counted_as_paired(tmp_path, fake_long):
@@ -165,7 +169,8 @@ def test_the_sentences_follow_the_intervals(fake_long):
     """Where every interval excludes 0 there is no bound to state: the first sentence names each cost instead."""
     ctx = report.Results(root=str(fake_long), say=lambda *a: None)
     first = ans.answer_summary(ctx).split(". On GPUs")[0]
-    assert first.startswith("After 3.84M tokens the 95% intervals rule out costs above ")
+    assert first.startswith("After 3.84M tokens the per-row 95% intervals rule out costs above ")
+    assert "of all `tp`'s validation loss (" in first
     assert "all `parallel` costs +0.017 [" in first and "all `ladder` costs +0.002 [" in first
     pen, base = ans._long_penalties(ctx)
     narrow = {k: (abs(m) + 0.01, 0.001, n) for k, (m, c, n) in pen.items() if c is not None}  # all above 0

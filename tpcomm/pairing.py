@@ -9,6 +9,8 @@ the baseline is flat; the markdown tables of it (results.md's companion paired.m
     paired_markdown(rows)
 """
 
+import functools
+import math
 import statistics
 
 from tpcomm.results import baseline_of, fmt, size_label
@@ -16,6 +18,7 @@ from tpcomm.results import baseline_of, fmt, size_label
 # two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (standard tables); beyond, t_975()
 T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
          2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+CORRELATION_MIN_SEEDS = 10  # shared_baseline_correlation: r over fewer common seeds says little
 FLAT_FRACTION, FLAT_THRESHOLD = 0.2, 0.01  # flat: the val loss improved < 1% over the last fifth of training
 
 
@@ -26,6 +29,60 @@ def t_975(df):
         return T_975[df - 1]
     z = 1.959964
     return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+def _central_mass(t, df):
+    """P(|T| <= t) for Student's t with an integer df >= 1, in closed form (Abramowitz and Stegun 26.7.3-4)."""
+    theta = math.atan(t / math.sqrt(df))
+    s, c = math.sin(theta), math.cos(theta)
+    if df % 2:  # odd: 2/pi (theta + sin(theta) (c + 2/3 c^3 + 2*4/(3*5) c^5 + ... up to c^(df-2)))
+        term, total = c, 0.0
+        for k in range(1, (df - 1) // 2 + 1):
+            total += term
+            term *= c * c * (2 * k) / (2 * k + 1)
+        return 2 / math.pi * (theta + s * total)
+    term, total = 1.0, 0.0  # even: sin(theta) (1 + 1/2 c^2 + 1*3/(2*4) c^4 + ... up to c^(df-2))
+    for k in range(1, df // 2 + 1):
+        total += term
+        term *= c * c * (2 * k - 1) / (2 * k)
+    return s * total
+
+
+@functools.lru_cache(maxsize=None)
+def t_quantile(alpha, df):
+    """The two-sided 1 - alpha quantile of Student's t (df an integer >= 1): t with P(|T| <= t) = 1 - alpha, by
+    bisection on the closed-form distribution (t_quantile(0.05, df) is t_975(df))."""
+    lo, hi = 0.0, 1.0
+    while _central_mass(hi, df) < 1 - alpha:
+        lo, hi = hi, 2 * hi
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _central_mass(mid, df) < 1 - alpha else (lo, mid)
+    return (lo + hi) / 2
+
+
+def familywise(diffs, *, alpha=0.05):
+    """Bonferroni's simultaneous intervals over the rows with 2+ paired seeds: {row: (mean, half-width)} at
+    1 - alpha/m each (m the number of such rows), so all m hold at once with probability >= 1 - alpha; and m."""
+    rows = {k: d for k, d in diffs.items() if len(d) > 1}
+    m = len(rows)
+    half = {k: t_quantile(alpha / m, len(d) - 1) * statistics.stdev(d) / len(d) ** 0.5 for k, d in rows.items()}
+    return {k: (statistics.fmean(d), half[k]) for k, d in rows.items()}, m
+
+
+def shared_baseline_correlation(pairs, *, min_seeds=CORRELATION_MIN_SEEDS):
+    """Pearson r between two rows' per-seed differences to their shared baseline, over the seeds both ran (at
+    least min_seeds), for every pair of rows in pairs ({row: {'seeds': [...], 'final': (mean, ci, per-seed)}}:
+    paired()'s), as a sorted list. A noisy baseline seed moves every row's difference on that seed alike."""
+    per = {k: dict(zip(p["seeds"], p["final"][2])) for k, p in pairs.items()}
+    names, out = sorted(per), []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            seeds = sorted(set(per[a]) & set(per[b]))
+            xs, ys = [per[a][s] for s in seeds], [per[b][s] for s in seeds]
+            if len(seeds) >= min_seeds and len(set(xs)) > 1 and len(set(ys)) > 1:  # r of a constant is undefined
+                out.append(statistics.correlation(xs, ys))
+    return sorted(out)
 
 
 def mean_ci(xs):

@@ -4,6 +4,8 @@ difference to the all-tp baseline, and what that says at 95% (claim: a bound whe
 cost or gain with its interval).
 """
 
+import math
+
 from tpcomm import pairing, results
 from tpcomm import sweep as sweeps
 
@@ -52,24 +54,35 @@ def interval_cell(p, *, empty="—"):
     return empty if p is None else f"{pairing.fmt_ci(p[0], p[1])} ({p[2]})"
 
 
-def bound(b, base_loss):
-    """A bound in nats and as a share of the baseline's loss, to 3 decimals (0.1%), or to 4 (0.01%) below 0.002
-    nats, where 3 would print a near-zero bound as +0.000 (0.0%)."""
-    small = abs(b) < 0.002
-    return f"{b:+.{4 if small else 3}f}", f"{100 * b / base_loss:.{2 if small else 1}f}%"
+def decimals(half_width):
+    """Decimals that print a number no finer than a tenth of its interval's half-width (0.0064: 3 decimals), so a
+    digit that one more seed would move is not shown."""
+    return max(0, math.floor(-math.log10(half_width / 10))) if half_width > 0 else 4
+
+
+def _up(x, d):
+    """x rounded up at d decimals: a printed upper bound never understates (the 1e-9 absorbs float noise)."""
+    return math.ceil(x * 10 ** d - 1e-9) / 10 ** d
+
+
+def bound(b, base_loss, *, half_width):
+    """An upper bound in nats and as a share of the baseline's loss, rounded up, each no finer than a tenth of the
+    interval's half-width (decimals()): +0.0006 with a half-width of 0.0064 prints +0.001 (0.1%)."""
+    d, dp = decimals(half_width), decimals(100 * half_width / base_loss)
+    return f"{_up(b, d):+.{d}f}", f"{_up(100 * b / base_loss, dp):.{dp}f}%"
 
 
 def claim(p, base_loss):
     """What a paired difference (mean, ci, seeds) says at 95%: where the interval holds 0, the largest cost it
-    rules out ("costs at most +0.008 nats (0.5%)"); where it does not, the cost (or gain) with its interval; with
-    fewer than 2 paired seeds, that it is pending."""
+    rules out ("costs at most +0.008 nats (0.5%)", bound(): no finer than a tenth of the half-width); where it does
+    not, the cost (or gain) with its interval; with fewer than 2 paired seeds, that it is pending."""
     if p is None or p[1] is None:
         return f"pending ({0 if p is None else p[2]} paired seed{'' if p and p[2] == 1 else 's'})"
     mean, ci, _ = p
     side = side_of(mean, ci)
     pct = lambda x: f"{100 * x / base_loss:.1f}%"  # noqa: E731
     if side is None:
-        nats, share = bound(mean + ci, base_loss)
+        nats, share = bound(mean + ci, base_loss, half_width=ci)
         return f"costs at most {nats} nats ({share})"
     if side == "worse":
         return f"costs {mean:+.3f} [{mean - ci:+.3f}, {mean + ci:+.3f}] nats ({pct(mean)})"

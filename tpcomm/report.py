@@ -10,7 +10,8 @@ A table lives in a markdown file (README.md, docs/*.md) between two markers:
 
 NAME is a key of blocks(): `<sweep>` (its results table), `<sweep>-paired` (paired differences to the baseline, 95%
 CIs), `<sweep>-answer` (each pattern's claim at 95%, claim(); pending for a run without files), the axes tables
-(tp-axis-penalty, tp-axis-alltp, size-axis-penalty, axes-compute), `answer-table` and `answer` (the README's answer:
+(tp-axis-penalty, tp-axis-alltp, size-axis-penalty, axes-compute), `<axes sweep>-provenance` (each row's commits,
+the rerun checks and the rows mixing code states or from dirty trees: tpcomm/provenance.py), `answer-table` and `answer` (the README's answer:
 each way of giving up a sync, its quality cost at 95% and its predicted GPU speedup from tpcomm/cost_model.py,
 called in tpcomm/answer.py's gpu_speedups() alone; the figure docs/answer_tradeoff.png draws the same). A plot is a PNG in docs/
 (plot_specs()) whose metadata holds the sha256 of the numbers it shows (plots.save_png). `report` also rewrites
@@ -28,6 +29,7 @@ import statistics
 from tpcomm import ROOT, pairing, plots, results
 from tpcomm import sweep as sweeps
 from tpcomm.answer import answer_summary, answer_table, tradeoff_plot
+from tpcomm.provenance import provenance_markdown
 from tpcomm.readings import claim, comm_dtype_label, data_warning, interval_cell, no_results, pattern_name, penalties
 
 MARKER = re.compile(r"<!-- report:([\w.-]+) -->(.*?)<!-- /report:\1 -->", re.S)
@@ -291,6 +293,8 @@ def blocks():
         out[name] = ((name,), lambda ctx, name=name: sweep_table(ctx, name))
         out[f"{name}-paired"] = ((name,), lambda ctx, name=name: sweep_paired(ctx, name))
         out[f"{name}-answer"] = ((name,), lambda ctx, name=name: sweep_answer(ctx, name))
+    for name in AXES:
+        out[f"{name}-provenance"] = ((name,), lambda ctx, name=name: provenance_markdown(ctx, name))
     out["tp-axis-penalty"] = (("tp-axis", "cpu-long"), tp_axis_penalty)
     out["tp-axis-alltp"] = (("tp-axis", "cpu-long"), tp_axis_alltp)
     out["size-axis-penalty"] = (("size-axis", "cpu-long"), size_axis_penalty)

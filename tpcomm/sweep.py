@@ -16,7 +16,8 @@ $ python experiment.py convergence                     # the axes model trained 
 $ python experiment.py report [--check]                # every docs table and plot from the result files
 $ python experiment.py gpt2 --counts                   # measured all-reduces and bytes/token of each config
 
-Runner options: --seeds=S1,S2  --nproc=N (torchrun when > 1)  --out=DIR  --report-only  --dry-run  --counts.
+Runner options: --seeds=S1,S2  --nproc=N (torchrun when > 1)  --out=DIR  --report-only  --dry-run  --counts  --runs=A,B
+--allow-dirty (uncommitted changes: scratch result files, which the report refuses; tpcomm/provenance.py).
 Every other --key=value goes to train.py (and names the sweep directory, so a quick try never touches the
 real runs). A run works in experiments/<sweep>[+overrides]/<run>-seed<S>/ (ignored by git) with train.py's
 config.json and metrics.jsonl, the run's train.log (written line by line as train.py prints, so it is complete up to
@@ -51,12 +52,14 @@ from dataclasses import dataclass
 from configurator import ConfigError, configure
 from tpcomm import ROOT, pairing, plots, results
 from tpcomm.gpu_claim import GPUClaim, node_gpus
-from tpcomm.sweep_records import (finished_seeds, git_state, load_result, machine_info, read_done,  # noqa: F401
-                                   record_job, rows_of, run_dir_finished, same_config)
+from tpcomm.sweep_records import (SCRATCH_DIR, DirtyTreeError, finished_seeds, git_state, load_result,  # noqa: F401
+                                   machine_info, read_done, record_job, refuse_dirty, rows_of, run_dir_finished,
+                                   same_config, scratch_mark)
 from tpcomm.sweep_plan import (AXES_CONFIG, AXES_SEEDS, AXES_SIZE, AXES_STEPS, CONVERGENCE_STEPS, PATTERNS,  # noqa: F401
                                RESOLVED_SEEDS, SIZES, SWEEP_REMARKS, SWEEP_SEEDS, SWEEPS, TP_AXIS_PATTERNS, Run)
+from tpcomm.sweep_plan import runs_named
 
-RUNNER_OPTIONS = ("seeds", "nproc", "out", "report-only", "dry-run", "counts", "check")
+RUNNER_OPTIONS = ("seeds", "nproc", "out", "report-only", "dry-run", "counts", "check", "allow-dirty", "runs")
 
 
 class SweepError(ValueError):
@@ -73,6 +76,7 @@ class Job:
     nproc: int
     sweep: str = ""  # the sweep whose directory holds the run (its home)
     result_path: str = ""  # <that directory>/runs/<run>-seed<S>.json (committed)
+    scratch: bool = False  # --allow-dirty: a scratch result file (under experiments/scratch/, refused by the report)
 
     @property
     def label(self):
@@ -277,7 +281,8 @@ def record_finished(jobs, *, say=print):
         if not is_finished(job) and run_dir_finished(job):
             say(f"record {job.label}: finished earlier in {job.out_dir}")
             git = git_state()
-            record_job(job, git=git and dict(git, when="recorded after the run"))
+            refuse_dirty(job, git)
+            record_job(job, git=git and dict(git, when="recorded after the run", **scratch_mark(job)))
 
 
 class RunProgress:
@@ -304,8 +309,10 @@ def finish_job(job, *, progress, say):
             say(f"redo {job.label}: {job.out_dir} holds a run of another config; removed")
             shutil.rmtree(job.out_dir)
     git = git_state()  # the code the run starts from
+    refuse_dirty(job, git)
     run_job(job, bar=progress)
-    return record_job(job, git=git and dict(git, when="run start"))
+    return record_job(job, git=git and dict(git, when="run start", **scratch_mark(job)))
+
 
 
 def job_lock(job):
@@ -497,8 +504,13 @@ def main(argv, *, report_main=None):
         if status:
             sys.exit(status)
         return
-    runs = SWEEPS[sweep]
+    runs = runs_named(sweep, opts.get("runs"))
+    if runs is None:
+        raise SweepError(f"--runs takes run names of {sweep!r} ({', '.join(r.name for r in SWEEPS[sweep])}), got "
+                         f"{opts['runs']!r}")
     sweep_dir = opts.get("out") or sweep_dir_for(sweep, overrides)
+    if opts.get("allow-dirty"):  # scratch: every run (shared ones too) in an ignored directory
+        sweep_dir = opts["out"] = os.path.join(SCRATCH_DIR, os.path.basename(os.path.normpath(sweep_dir)))
     homes = homes_of(runs, overrides, out=opts.get("out"))
     dirs = sorted({sweep_dir, *homes.values()})
     seeds = opts["seeds"] or list(SWEEP_SEEDS.get(sweep, (1337,)))
@@ -520,8 +532,13 @@ def main(argv, *, report_main=None):
         show_report(sweep_dir, table, plots, remark=remark)
         return
     jobs = plan(runs, seeds=seeds, nproc=opts["nproc"], check_data=False, **planned)
+    for j in jobs:
+        j.scratch = bool(opts.get("allow-dirty"))
     if not opts.get("dry-run"):  # data for the runs to train (with every result file committed: none needed)
-        check_data_files([j for j in jobs if not is_finished(j)])
+        todo = [j for j in jobs if not is_finished(j)]
+        for j in todo[:1]:  # the tree is the same for every run: refused before any work
+            refuse_dirty(j, git_state())
+        check_data_files(todo)
     print(f"sweep {sweep!r}: {len(runs)} configs x {len(seeds)} seed(s) = {len(jobs)} runs, "
           f"{', '.join(f'{t:,}' for t in sorted({tokens_of(j.cfg) for j in jobs}))} tokens each, in "
           f"{', '.join(dirs)}")
@@ -568,11 +585,11 @@ def cli(argv, *, report_main=None):
     if "--help" in argv or "-h" in argv:
         doc = (sys.modules["__main__"].__doc__ or __doc__ or "").strip()
         print(f"{doc}\n\nsweeps: {', '.join(SWEEPS)}\nrunner options: --seeds=A,B --nproc=N --out=DIR "
-              f"--report-only --dry-run --counts; other --key=value options are train.py overrides")
+              f"--report-only --dry-run --counts --runs=A,B --allow-dirty; other --key=value options go to train.py")
         sys.exit(0)
     try:
         main(argv, report_main=report_main)
-    except (SweepError, ConfigError, results.ResultsError) as e:
+    except (SweepError, ConfigError, results.ResultsError, DirtyTreeError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

@@ -134,3 +134,12 @@ SWEEP_REMARKS = {  # printed with the sweep's table and written into its results
            "longer (docs/axes.md, `python experiment.py cpu-long`, 3.84M tokens) the advantage is gone and all-"
            "parallel ends HIGHER than all-tp: read those runs before taking this table as a quality result.",
 }
+
+
+def runs_named(sweep, names):
+    """The sweep's runs, or those named by --runs=A,B (a rerun check trains one again: docs/axes.md); None when a
+    name is not one of its runs."""
+    wanted = None if names is None else str(names).split(",") if names is not True else [""]
+    if wanted is not None and set(wanted) - {r.name for r in SWEEPS[sweep]}:
+        return None
+    return [r for r in SWEEPS[sweep] if wanted is None or r.name in wanted]

@@ -12,6 +12,8 @@ import subprocess
 
 from tpcomm import ROOT, results
 
+SCRATCH_DIR = os.path.join("experiments", "scratch")  # --allow-dirty's result files (ignored by git)
+
 
 def read_done(out_dir):
     """The run's done.json, or None when it is missing or unreadable. The runner writes done.json last, atomically,
@@ -40,16 +42,30 @@ def run_dir_finished(job):
 
 
 def git_state():
-    """{"commit": HEAD, "dirty": tracked files changed} of the checkout, or None outside git."""
+    """{"commit": HEAD, "dirty": tracked files changed} of the checkout, or None outside git. Result files are not
+    code: changes under experiments/ (a sweep replacing its own result files) leave the tree clean."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=60)
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                                capture_output=True, text=True, timeout=60)
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                 ":(exclude)experiments"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         return None
     if head.returncode or status.returncode:
         return None
     return dict(commit=head.stdout.strip(), dirty=bool(status.stdout.strip()))
+
+
+def check_code_state(record, path):
+    """Refuse a scratch result file (written from a dirty tree with --allow-dirty) anywhere but experiments/scratch/
+    (where only its own sweep's tables read it): ResultsError naming it. Called where the report loads result files
+    (sweep_records.load_result); a file from a dirty tree written before the sweep refused them is read, and
+    flagged by the report as from unnamed code."""
+    git = record.get("git")
+    scratch = os.path.join(ROOT, SCRATCH_DIR) + os.sep
+    if isinstance(git, dict) and git.get("scratch") and not os.path.abspath(path).startswith(scratch):
+        raise results.ResultsError(f"{path}: a scratch result file (written with --allow-dirty from commit "
+                                   f"{str(git.get('commit'))[:7]} with uncommitted changes): the report reads "
+                                   f"only result files from clean commits; rerun it from a clean checkout")
 
 
 def machine_info():
@@ -58,6 +74,34 @@ def machine_info():
     return dict(cpu_count=os.cpu_count(), torch=torch.__version__, python=platform.python_version(),
                 arch=platform.machine(), omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
                 cuda=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+
+
+def committed(path):
+    """git would track this result file (not ignored): the sweep writes it only from a clean tree."""
+    try:
+        ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return ignored.returncode == 1  # 0: ignored; 1: not ignored; 128: not in a work tree (nothing committed)
+
+
+class DirtyTreeError(ValueError):
+    """A committed result file from a tree with uncommitted changes: refused before the run (one line, exit 2)."""
+
+
+def refuse_dirty(job, git):
+    """A committed result file must name the code that wrote it: from a tree with uncommitted changes to tracked
+    files (outside experiments/), DirtyTreeError, unless --allow-dirty made it a scratch file."""
+    if job.scratch or not (git and git["dirty"]) or not committed(job.result_path):
+        return
+    raise DirtyTreeError(f"{job.label}: the checkout ({git['commit'][:7]}) has uncommitted changes (git status), and "
+                         f"{job.result_path} would be committed: commit first, or pass --allow-dirty to write "
+                         f"scratch files under {SCRATCH_DIR}/ (the report refuses them)")
+
+
+def scratch_mark(job):
+    """What a scratch result file's git record adds (check_code_state refuses it outside scratch/)."""
+    return dict(scratch=True) if job.scratch else {}
 
 
 def record_job(job, *, git):
@@ -88,6 +132,7 @@ def load_result(job, *, say=print):
     if not os.path.exists(job.result_path):
         return None
     record = results.read_record(job.result_path)
+    check_code_state(record, job.result_path)
     key = same_config(record["config"], job.cfg)
     if key is not None:
         say(f"left out {job.label}: {job.result_path} is stale ({key}={record['config'][key]!r}, the sweep has "
