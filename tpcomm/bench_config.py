@@ -31,6 +31,7 @@ DEFAULTS = dict(
     tp_comm_dtype=None,
     tp_comm_block=32,
     tp_comm_exchange="one_shot",
+    tp_collective_matmul=False,
     n_layer=12,
     n_head=12,
     n_embd=768,
