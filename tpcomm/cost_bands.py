@@ -15,6 +15,7 @@ value (up to 4^6 points) and keeps the smallest and largest speedup per variant;
 holds at every point.
 """
 
+import functools
 import itertools
 import json
 import os
@@ -73,17 +74,21 @@ def ranges(path=GPU_JSON):
 
 
 def _speedups(link, *, mfu, efficiency, busbw, latency, launch, hbm_share, baseline):
+    """({variant: speedup over the baseline}, {variant: ms per micro-step saved}) at one set of assumptions."""
     cfg = cm.PREDICT_DEFAULTS
     opts = cm.Options(chunks=cfg["tp_overlap"], efficiency=efficiency, launch=launch,
                       hbm_bw=hbm_share * cm.const("h100_hbm_bw"))
     v = cm.train_variants(cm.FIGURE_SHAPE, tp=8, link=link._replace(alpha=latency, busbw=busbw),
                           tokens=cfg["batch_size"] * cfg["seq_len"], seq_len=cfg["seq_len"], mfu=mfu, opts=opts,
                           async_grad=baseline == "megatron")
-    return {name: cm.speedup(v, key) for name, key in cm.FIGURE_VARIANTS.items()}
+    base = sum(v["all tp"])
+    return ({name: cm.speedup(v, key) for name, key in cm.FIGURE_VARIANTS.items()},
+            {name: 1e3 * (base - sum(v[key])) for name, key in cm.FIGURE_VARIANTS.items()})
 
 
+@functools.lru_cache(maxsize=8)
 def grid(link_name, *, baseline="megatron", path=GPU_JSON):
-    """[(assumptions dict, {variant: speedup})] at every combination of each range's low, middle and high, for the
+    """[(assumptions dict, {variant: speedup}, {variant: ms saved a micro-step})] at every combination of each range's low, middle and high, for the
     figure's case (cost_model.FIGURE_SHAPE at tp 8) on link_name ('nvlink' or 'ib')."""
     link = cm.LINK_ALIASES[link_name.lower()]
     r = ranges(path)
@@ -91,39 +96,58 @@ def grid(link_name, *, baseline="megatron", path=GPU_JSON):
     axes = {"mfu": (r["mfu"], cfg["mfu"]), "efficiency": (r["efficiency"], cfg["efficiency"]),
             "busbw": (r[LINK_RANGE[link.name]], link.busbw), "latency": (r["latency"], link.alpha),
             "launch": (r["launch"], cm.const("kernel_launch")), "hbm_share": (r["hbm_share"], 1.0)}
-    out = []
+    out = []  # a tuple, below: cached, so never changed in place
     for values in itertools.product(*(a.points(point) for a, point in axes.values())):
         at = dict(zip(axes, values))
-        out.append((at, _speedups(link, baseline=baseline, **at)))
-    return out
+        out.append((at, *_speedups(link, baseline=baseline, **at)))
+    return tuple(out)
 
 
 def speedup_bands(link_name, *, baseline="megatron", path=GPU_JSON):
     """{variant: (low, high)} predicted speedup over the baseline across the declared ranges (the figure's variant
     names, cost_model.FIGURE_VARIANTS). The data the figure's horizontal bands and the answer's [low, high] use."""
     points = grid(link_name, baseline=baseline, path=path)
-    return {name: (min(s[name] for _, s in points), max(s[name] for _, s in points))
+    return {name: (min(s[name] for _, s, _ in points), max(s[name] for _, s, _ in points))
             for name in cm.FIGURE_VARIANTS}
 
 
 def always(points, test):
     """'always', 'never' or 'sometimes': whether test(speedups) holds at every point of the grid."""
-    held = [test(s) for _, s in points]
+    held = [test(s) for _, s, _ in points]
     return "always" if all(held) else "never" if not any(held) else "sometimes"
 
 
-def step_saved_ms(link_name, variant, *, baseline="megatron"):
+AXIS_WORDS = {"mfu": "GEMM efficiency", "efficiency": "overlap efficiency", "busbw": "link bandwidth",
+              "latency": "latency", "launch": "the codec kernels' launch", "hbm_share": "the codec kernels' bandwidth"}
+
+
+def condition(points, test):
+    """Where test(speedups) holds, in words: 'at every assumption', 'at no assumption', or what it depends on (the
+    assumption whose value alone decides it, with the values where it holds; else the assumptions that move it)."""
+    verdict = always(points, test)
+    if verdict != "sometimes":
+        return "at every assumption" if verdict == "always" else "at no assumption"
+    movers = []
+    for axis in points[0][0]:
+        by_value = {}
+        for at, s, _ in points:
+            by_value.setdefault(at[axis], set()).add(test(s))
+        if all(len(v) == 1 for v in by_value.values()):
+            held = sorted(value for value, v in by_value.items() if True in v)
+            span = _fmt(axis, held[0]) + ("" if len(held) == 1 else f" to {_fmt(axis, held[-1])}")
+            return f"only at {AXIS_WORDS[axis]} {span}"
+        if any(len(v) == 1 for v in by_value.values()):
+            movers.append(AXIS_WORDS[axis])
+    return "at some assumptions (it depends on " + (", ".join(movers) or "them together") + ")"
+
+
+def _fmt(axis, value):
+    return {"mfu": f"{value:.0%}", "efficiency": f"{value:g}", "busbw": f"{value / 1e9:.0f} GB/s",
+            "latency": f"{value * 1e6:g} us", "launch": f"{value * 1e6:g} us", "hbm_share": f"{value:.0%}"}[axis]
+
+
+def step_saved_ms(link_name, variant, *, baseline="megatron", path=GPU_JSON):
     """(low, high) milliseconds per training micro-step the variant saves against the baseline across the ranges
     (negative: it costs time): the ratio sentences restated as time."""
-    link = cm.LINK_ALIASES[link_name.lower()]
-    r = ranges()
-    cfg = cm.PREDICT_DEFAULTS
-    saved = []
-    for mfu, eta, bw, lat in itertools.product(r["mfu"].points(), r["efficiency"].points(),
-                                               r[LINK_RANGE[link.name]].points(), r["latency"].points()):
-        opts = cm.Options(chunks=cfg["tp_overlap"], efficiency=eta)
-        v = cm.train_variants(cm.FIGURE_SHAPE, tp=8, link=link._replace(alpha=lat, busbw=bw),
-                              tokens=cfg["batch_size"] * cfg["seq_len"], seq_len=cfg["seq_len"], mfu=mfu, opts=opts,
-                              async_grad=baseline == "megatron")
-        saved.append(1e3 * (sum(v["all tp"]) - sum(v[cm.FIGURE_VARIANTS[variant]])))
-    return min(saved), max(saved)
+    points = grid(link_name, baseline=baseline, path=path)
+    return min(ms[variant] for _, _, ms in points), max(ms[variant] for _, _, ms in points)
