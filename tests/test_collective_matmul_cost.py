@@ -71,7 +71,9 @@ def test_a_measured_gemm_efficiency_narrows_the_band(tmp_path):
     assert cb.measured_mfu_range(path) is None  # no file: the declared 25-50%
     blocks = [dict(type="tp", mode="eager", gemm_efficiency=0.38), dict(type="spd", mode="compiled",
                                                                          gemm_efficiency=0.42)]
-    path.write_text(json.dumps({"sections": {"cost_calibration": {"blocks": blocks}}}))
+    path.write_text(json.dumps({"device": "cpu", "sections": {"cost_calibration": {"blocks": blocks}}}))
+    assert cb.measured_mfu_range(path) is None  # a CPU rehearsal calibrates nothing
+    path.write_text(json.dumps({"device": "cuda", "sections": {"cost_calibration": {"blocks": blocks}}}))
     assert cb.measured_mfu_range(path) == (0.38, 0.42)
     wide, narrow = cb.speedup_bands("nvlink"), cb.speedup_bands("nvlink", path=path)
     low, high = wide["all-spd"]

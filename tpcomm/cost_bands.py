@@ -57,9 +57,12 @@ def measured_mfu_range(path=GPU_JSON):
     GPU has run it (the file, the section or its numbers absent)."""
     try:
         with open(path) as f:
-            section = (json.load(f).get("sections") or {}).get("cost_calibration") or {}
+            report = json.load(f)
     except (OSError, ValueError):
         return None
+    if not str(report.get("device", "")).startswith("cuda"):  # a CPU rehearsal's numbers calibrate nothing
+        return None
+    section = (report.get("sections") or {}).get("cost_calibration") or {}
     effs = [row["gemm_efficiency"] for row in section.get("blocks", [])
             if isinstance(row, dict) and isinstance(row.get("gemm_efficiency"), (int, float))]
     return (min(effs), max(effs)) if effs else None
