@@ -29,7 +29,7 @@ from tpcomm.collectives import (copy_to_tp_region, keep_dtype, reduce_from_tp_re
 from tpcomm.counting import FINAL_SYNC, VOCAB_EMBED, VOCAB_HEAD
 from tpcomm.sequence_parallel import (gather_from_sequence_region, gather_to_tp_region, reduce_scatter_from_tp_region,
                                       scatter_to_sequence_region)
-from tpcomm.collective_matmul import all_gather_matmul, matmul_reduce_scatter
+from tpcomm.collective_matmul import collective_matmul_block
 from tpcomm.vocab_parallel import vocab_parallel_cross_entropy
 
 from tpcomm.sharded_layers import (Pending, Reduced, ShardedAttention, ShardedMLP, SPStream, add_pending, full,  # noqa: F401
@@ -261,8 +261,8 @@ class TPBlock(ShardedBlock):
         Desynced input (r, after 'parallel'; x an SPStream): the reduce-scatter of d_i + R1 * A_i, d_i = r_i - base,
         onto the token shard, R1 applied before the reduce-scatter (it must not drop the d_i)."""
         group, sites = self.group, self.sites
-        if self.collective_matmul:
-            return self.forward_collective_matmul(x, T, kv), None
+        if self.collective_matmul:  # tp_collective_matmul: the collectives as rings beside partial GEMMs
+            return collective_matmul_block(self, x, T, kv), None
         if r is None:
             h = gather_to_tp_region(layer_norm(self.ln_1, x), group, site=sites["attn"])
             a = self.attn.out(self.attn.heads(h, T, self.probs_dropout(), kv))
@@ -276,19 +276,6 @@ class TPBlock(ShardedBlock):
         m = self.mlp.out(self.mlp.hidden(gather_to_tp_region(layer_norm(self.ln_2, x), group, site=sites["mlp"])))
         return self.sp_close(x, reduce_scatter_from_tp_region(m, group, site=sites["mlp"]), self.mlp.c_proj, MLP_OUT,
                              masked=False), None
-
-    def forward_collective_matmul(self, x, T, kv):
-        """forward_sp with each all-gather fused with the GEMM after it and each reduce-scatter with the GEMM before
-        it, as rings of peer-to-peer steps beside partial GEMMs (tp_collective_matmul; 'tp' blocks only, so the
-        stream arrives synced)."""
-        group, sites, attn, mlp = self.group, self.sites, self.attn, self.mlp
-        qkv = all_gather_matmul(layer_norm(self.ln_1, x), *attn.qkv_weight(), group, site=sites["attn"])
-        y = attn.attend(qkv, T, self.probs_dropout(), kv)
-        a = matmul_reduce_scatter(y, attn.proj_weight(), group, site=sites["attn"])
-        x = self.sp_close(x, a, attn.c_proj, ATTN_OUT, masked=False)
-        u = mlp.gelu(all_gather_matmul(layer_norm(self.ln_2, x), *mlp.fc_weight(), group, site=sites["mlp"]))
-        m = matmul_reduce_scatter(u, mlp.proj_weight(), group, site=sites["mlp"])
-        return self.sp_close(x, m, mlp.c_proj, MLP_OUT, masked=False)
 
 
 class SPDBlock(ShardedBlock):

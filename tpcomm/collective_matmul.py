@@ -22,31 +22,41 @@ import torch
 import torch.distributed as dist
 
 from tpcomm.collectives import in_autocast_dtype
-from tpcomm.counting import P2P, SP_LABEL, count_sp, direction_now, nbytes, traced
+from tpcomm.dropout import ATTN_OUT, MLP_OUT
+from tpcomm.sharded_layers import layer_norm
+from tpcomm.counting import P2P, SP_LABEL, Timing, count_sp, direction_now, nbytes, traced
 
 
 def _transfer(group, send, site, op):
-    """Step of the ring: send `send` to rank j-1, receive as much from rank j+1 (real); counted, traced.
-    Returns (received buffer, works, trace label args) to finish with _finish."""
+    """Step of the ring: send `send` to rank j-1, receive as much from rank j+1 (real); counted, traced, and timed
+    into the counter (real: its issue and its wait exposed, issue to the end of the wait in collectives).
+    Returns (received buffer, works, step) to finish with _finish."""
     direction = direction_now()
     size = count_sp(group, direction, P2P, nbytes(send))
     span = (group, op, direction, site, size)
     if not group.real:
         with traced(*span, collective=SP_LABEL[P2P]):
-            return None, (), span
+            return None, (), (span, None)
     tp, j = group.tp, group.first_shard
     recv = torch.empty_like(send)
+    clock = group.clock_for(send)
+    start = clock.now()
     with traced(*span, collective=SP_LABEL[P2P]):
         works = [dist.isend(send, group=group.group, group_dst=(j - 1) % tp),
                  dist.irecv(recv, group=group.group, group_src=(j + 1) % tp)]
-    return recv, works, span
+    return recv, works, (span, (clock, start, clock.now()))
 
 
-def _finish(works, span):
+def _finish(works, step):
     """Wait for a step's transfer (the span 'wait ring_p2p ...', so a trace pairs it with its issue)."""
+    span, marks = step
     with traced(*span, waiting=True, collective=SP_LABEL[P2P]):
+        w0 = marks and marks[0].now()
         for w in works:
             w.wait()
+    if marks is not None:
+        clock, start, issued = marks
+        span[0].counter.add_timing(Timing(clock, span[2], start, issued, waited=(w0, clock.now())))
 
 
 def ring_all_gather_matmul(x, w, b, group, site, op="ag"):
@@ -69,8 +79,8 @@ def ring_all_gather_matmul(x, w, b, group, site, op="ag"):
             if group.real:
                 full[rows] = held
             if step is not None:
-                recv, works, span = step
-                _finish(works, span)
+                recv, works, marks = step
+                _finish(works, marks)
                 cur = recv
     return out, full
 
@@ -88,8 +98,8 @@ def ring_matmul_reduce_scatter(y, w, group, site, op="rs"):
         c = (j + s + 1) % tp
         part = y[0, c * n:(c + 1) * n] @ w[0]  # beside the transfer of the previous step's sum
         if step is not None:
-            recv, works, span = step
-            _finish(works, span)
+            recv, works, marks = step
+            _finish(works, marks)
             part = part + recv
         acc = part
         step = _transfer(group, acc.contiguous(), site, op) if s < tp - 1 else None
@@ -166,3 +176,17 @@ def matmul_reduce_scatter(y, w, group, *, site=None):
     """(L, N, K) -> this rank's (N/tp, C) rows of sum_i y_i @ w_i (simulated: (N, C)), w (L, K, C): the bmm followed
     by plain sequence parallelism's reduce_scatter_from_tp_region, as one ring."""
     return _MatmulReduceScatter.apply(in_autocast_dtype(y).contiguous(), in_autocast_dtype(w), group, site)
+
+
+def collective_matmul_block(block, x, T, kv):
+    """A 'tp' block (tensor_parallel_model.TPBlock) under sequence parallelism with each all-gather fused with the
+    GEMM after it and each reduce-scatter with the GEMM before it (TPBlock.forward_sp's synced path, its LN, bias
+    and dropout as there): x (N/tp, C) this rank's token shard (simulated: (N, C)) -> the block's output shard."""
+    group, sites, attn, mlp = block.group, block.sites, block.attn, block.mlp
+    qkv = all_gather_matmul(layer_norm(block.ln_1, x), *attn.qkv_weight(), group, site=sites["attn"])
+    y = attn.attend(qkv, T, block.probs_dropout(), kv)
+    a = matmul_reduce_scatter(y, attn.proj_weight(), group, site=sites["attn"])
+    x = block.sp_close(x, a, attn.c_proj, ATTN_OUT, masked=False)
+    u = mlp.gelu(all_gather_matmul(layer_norm(block.ln_2, x), *mlp.fc_weight(), group, site=sites["mlp"]))
+    m = matmul_reduce_scatter(u, mlp.proj_weight(), group, site=sites["mlp"])
+    return block.sp_close(x, m, mlp.c_proj, MLP_OUT, masked=False)

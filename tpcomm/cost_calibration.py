@@ -26,7 +26,7 @@ CALIBRATION_SIZES = {"full": dict(n_embd=2048, n_head=16, tp=8, batch=8, seq=102
 
 def timed(fn, device, iters):
     """Best-of seconds of fn() over iters calls after one warm-up (the device synchronised around each)."""
-    from tpcomm.gpu_check import sync
+    from tpcomm.runtime import sync
 
     fn()
     best = float("inf")

@@ -48,6 +48,7 @@ from tpcomm import ROOT
 from tpcomm.models import train_step
 from tpcomm.gpu_report import BEGIN, BLOCK_TYPES, END, write_json, write_markdown  # noqa: F401
 from tpcomm.cost_calibration import cost_calibration
+from tpcomm.runtime import sync
 
 SECTIONS = ("gpt_train", "sim_tp8", "decode", "real_tp", "comm_sanity", "bf16_identity", "cost_model",
             "cost_calibration")
@@ -115,12 +116,6 @@ def time_box(seconds):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-
-
-def sync(device):
-    """Wait for the device's queued work before the clock is read (CPU work is already done)."""
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize(device)
 
 
 def model_args(size, **changes):
