@@ -360,7 +360,8 @@ def summary(source):
         lines.append(f"step {i}: {c['fwd']} fwd + {c['bwd']} bwd all-reduces, {c['grad_sync']} grad sync, "
                      f"{c['grad_norm']} grad norm, {c['vocab']} vocab"
                      + (f", {c['reduce_scatter']} reduce-scatters + {c['all_gather']} all-gathers"
-                        if c["reduce_scatter"] or c["all_gather"] else "") + f"; {spent:.2f} of {(b - a) / 1e3:.2f} ms in "
+                        if c["reduce_scatter"] or c["all_gather"] else "")
+                     + (f", {c['ring_p2p']} ring transfers" if c["ring_p2p"] else "") + f"; {spent:.2f} of {(b - a) / 1e3:.2f} ms in "
                      f"collectives")
         per = overlap_by_direction([ev for ev in with_waits if ev["step"] == i])
         line = f"step {i} overlap: " + "; ".join(
