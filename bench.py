@@ -422,11 +422,13 @@ def wire_bytes(comm, p, *, two_shot=False):
     """Bytes per token one rank sends over a ring, forward and backward, from the counted payloads: an all-reduce
     2(p-1)/p of its tensor, a compressed one p-1 times its payload (one_shot: an all-gather of the packed partial
     sums) or 2(p-1)/p of it (two_shot: all-to-all + all-gather, padding aside), a reduce-scatter or an all-gather
-    (sequence parallelism; counted as the whole (N, C) buffer) (p-1)/p of it."""
+    (sequence parallelism; counted as the whole (N, C) buffer) (p-1)/p of it, collective matmul's ring transfers
+    as counted (what a rank sends)."""
     compressed = comm.get("compressed_bytes_per_token", 0.0)
     plain = comm.get("comm_bytes_per_token", 0.0) - compressed
     shrunk = (2 * (p - 1) / p if two_shot else p - 1) * compressed
-    return 2 * (p - 1) / p * plain + shrunk + (p - 1) / p * comm.get("sp_bytes_per_token", 0.0)
+    return (2 * (p - 1) / p * plain + shrunk + (p - 1) / p * comm.get("sp_bytes_per_token", 0.0)
+            + comm.get("ring_bytes_per_token", 0.0))
 
 
 def comm_table(rows, cfg, say):

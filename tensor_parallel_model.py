@@ -29,6 +29,7 @@ from tpcomm.collectives import (copy_to_tp_region, keep_dtype, reduce_from_tp_re
 from tpcomm.counting import FINAL_SYNC, VOCAB_EMBED, VOCAB_HEAD
 from tpcomm.sequence_parallel import (gather_from_sequence_region, gather_to_tp_region, reduce_scatter_from_tp_region,
                                       scatter_to_sequence_region)
+from tpcomm.collective_matmul import collective_matmul_block
 from tpcomm.vocab_parallel import vocab_parallel_cross_entropy
 
 from tpcomm.sharded_layers import (Pending, Reduced, ShardedAttention, ShardedMLP, SPStream, add_pending, full,  # noqa: F401
@@ -55,6 +56,7 @@ class ShardedBlock(nn.Module):
         self.group, self.key, self.layer, self.p = group, key, layer, config.dropout
         self.overlap = config.tp_overlap  # K: chunks of the batch, each chunk's all-reduce overlapping the next chunk
         self.async_grad = config.tp_async_grad  # f's backward all-reduce asynchronous (docs/overlap.md)
+        self.collective_matmul = config.tp_collective_matmul  # SP's collectives as rings beside partial GEMMs
         # where this block's collectives run, for their trace labels (counting.traced): (layer, block type, site)
         kind = next((name for name, cls in BLOCKS.items() if type(self) is cls), type(self).__name__)
         self.sites = {site: (layer, kind, site) for site in ("attn", "mlp")}
@@ -259,6 +261,8 @@ class TPBlock(ShardedBlock):
         Desynced input (r, after 'parallel'; x an SPStream): the reduce-scatter of d_i + R1 * A_i, d_i = r_i - base,
         onto the token shard, R1 applied before the reduce-scatter (it must not drop the d_i)."""
         group, sites = self.group, self.sites
+        if self.collective_matmul:  # tp_collective_matmul: the collectives as rings beside partial GEMMs
+            return collective_matmul_block(self, x, T, kv), None
         if r is None:
             h = gather_to_tp_region(layer_norm(self.ln_1, x), group, site=sites["attn"])
             a = self.attn.out(self.attn.heads(h, T, self.probs_dropout(), kv))

@@ -178,3 +178,25 @@ def test_the_sentences_follow_the_intervals(fake_long):
         mp.setattr(ans, "_long_penalties", lambda ctx: (narrow, base))
         first = ans.answer_summary(ctx).split(". On GPUs")[0]
     assert first.startswith("After 3.84M tokens, at 95%: all `spd` costs +0.013 [") and "rule out" not in first
+
+
+def test_the_time_side_is_a_band_and_holds_at_both_ends(fake_long):
+    """Issue 48.3: each speedup cell prints the point and [low, high] over the declared ranges (the point inside),
+    the collective-matmul row is the strongest hide, and the time sentences give ms saved a micro-step with where
+    each comparison holds, not ratios of (speedup - 1)."""
+    import re
+
+    from tpcomm import cost_bands
+
+    ctx = report.Results(root=str(fake_long), say=lambda *a: None)
+    table = ans.answer_table(ctx)
+    row = next(line for line in table.splitlines() if "collective matmul" in line)
+    cells = re.findall(r"(\d+\.\d\d)x \[(\d+\.\d\d), (\d+\.\d\d)\]", row)
+    assert len(cells) == 2 and all(float(lo) <= float(x) <= float(hi) for x, lo, hi in cells), row
+    summary = ans.answer_summary(ctx)
+    assert "recovers" not in summary and "ms a micro-step saved" in summary
+    assert "dropping beats hiding them" in summary and " ms" in summary
+    lo, hi = cost_bands.step_saved_ms("nvlink", "all-spd")
+    assert f"dropping half of them (all `spd`) {lo:+.1f} to {hi:+.1f} ms" in summary
+    data, _ = ans.tradeoff_plot(ctx)
+    assert all(len(p["band"]) == 2 and p["band"][0][0] <= p["speedup"][0] <= p["band"][0][1] for p in data["points"])

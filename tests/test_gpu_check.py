@@ -129,3 +129,18 @@ def test_full_sizes_need_a_gpu(tmp_path):
     with pytest.raises(gpu_check.ConfigError, match="sizes='full' needs a CUDA GPU"):
         gpu_check.run_check(dict(gpu_check.DEFAULTS, device="cpu", out_dir=str(tmp_path)), say=lambda *a: None)
     assert not (tmp_path / "gpu.json").exists()
+
+
+def test_cost_calibration_fields(tiny):
+    """Issue 48.4 rehearsed: the shard block eager and compiled (fwd, bwd, the model's terms, an efficiency), the
+    GEMMs whole and at 1/tp of the tokens, int8 and fp8 codecs beside the model's term; its line in gpu.md."""
+    report, md, _ = tiny
+    r = report["sections"]["cost_calibration"]
+    assert [b["mode"] for b in r["blocks"]] == ["eager", "compiled"]
+    for b in r["blocks"]:
+        assert b["fwd_ms"] > 0 and b["bwd_ms"] > 0 and b["model_bwd_ms"] == pytest.approx(2 * b["model_fwd_ms"])
+        assert 0 < b["gemm_efficiency"]
+    tokens = r["shape"]["batch"] * r["shape"]["seq"]
+    assert {g["m"] for g in r["gemms"]} == {tokens, tokens // r["shape"]["tp"]}
+    assert [k["codec"] for k in r["codecs"]] == ["int8", "fp8"] and all(k["model_ms"] > 0 for k in r["codecs"])
+    assert "`cost_calibration`: one tp-8 shard block" in md

@@ -10,8 +10,9 @@ from conftest import TORCHRUN, one_line_error, run_script
 from tpcomm import gpu_node
 
 # forward collectives of each way at tp 2 on the tiny shape (4 layers), measured by the model's counters
-FWD = {"all tp": 8, "all spd": 4, "parallel/spd": 2, "all parallel": 1, "tp overlap2": 16, "tp +sp": 0,
-       "all ladder": 8, "tp int8": 8, "tp int8 2shot": 8}
+FWD = {"all tp": 8, "all tp async": 8, "all spd": 4, "parallel/spd": 2, "all parallel": 1, "tp overlap2": 16,
+       "tp +sp": 0, "tp +sp ring": 0, "all ladder": 8, "all ladder async": 8, "tp bf16": 8, "tp fp8": 8, "tp int8": 8,
+       "tp int8 2shot": 8, "spd int8": 4}
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +33,7 @@ def test_rehearsal_times_every_way_under_real_tp(rehearsal):
         assert row["ms_per_iter"] > 0 and row["tokens_per_s"] > 0 and row["in_collectives_ms"] > 0, name
         assert row["ms_per_iter_max_rank"] >= row["ms_per_iter"]
     assert res["ways"]["tp +sp"]["fwd_reduce_scatters"] > 0
+    assert res["ways"]["tp +sp ring"]["fwd_ring_transfers"] > 0 and res["ways"]["tp +sp ring"]["fwd_reduce_scatters"] == 0
     assert res["ways"]["all ladder"]["async_allreduces"] > 0
     sanity = res["allreduce_sanity"]
     assert sanity["ok"] and sanity["backend"] == "gloo" and sanity["mib"] == 64
@@ -70,6 +72,8 @@ def test_predictions_follow_the_syncs():
     # (int8 one-shot is predicted slower than bf16 on NVLink at tp 8: it all-gathers 7 compressed partials)
     assert pred["tp int8"][1] > base_comm
     assert base - base_comm == pytest.approx(pred["all spd"][0] - pred["all spd"][1])  # the same compute
+    assert pred["all tp async"][1] < base_comm  # Megatron's baseline hides the backward all-reduces
+    assert pred["all ladder async"][1] < pred["all ladder"][1]  # the backward delayed too
 
 
 def test_dry_run_states_plan_and_gpu_hours():

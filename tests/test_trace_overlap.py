@@ -52,3 +52,16 @@ def test_summary_cli(tmp_path, capsys):
     main(["summary", str(path)])
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and out[1].startswith(f"{path}: step 0 overlap: fwd 4.50 ms in collectives")
+
+
+def test_collective_matmul_ring_transfers_pair_with_their_waits():
+    """Issue 48: a ring transfer's issue span and its 'wait ring_p2p ...' span are one collective, in flight from
+    the issue to the end of the wait, the GEMM between them beside it; the summary counts the transfers."""
+    ring = "ring_p2p ag fwd L0 tp attn 1024B real"
+    t = {"traceEvents": [span("ProfilerStep#0", 0, 10000), span(ring, 1000, 100),
+                         span("aten::mm", 1100, 800, cat="cpu_op"), span("wait " + ring, 1900, 100)]}
+    from tpcomm.trace import collective_events
+
+    per = overlap_by_direction(collective_events(t, waits=True))
+    assert per["fwd"] == pytest.approx(dict(n=1, in_ms=1.0, exposed_ms=0.2, beside_ms=0.8, share=0.8))
+    assert "1 ring transfers" in summary(t)[0]

@@ -31,6 +31,7 @@ DEFAULTS = dict(
     tp_comm_dtype=None,
     tp_comm_block=32,
     tp_comm_exchange="one_shot",
+    tp_collective_matmul=False,
     n_layer=12,
     n_head=12,
     n_embd=768,
@@ -194,7 +195,7 @@ def sync_options(cfg, variant):
 
 def variant_name(variant):
     """'' for the default; else ' +overlap2', ' +sp', ' +int8/32' (dtype/values per scale; ' +int8/32 2shot' with
-    tp_comm_exchange='two_shot'), joined."""
+    tp_comm_exchange='two_shot'), ' +sp +ring' (tp_collective_matmul), joined."""
     parts = []
     if variant.get("tp_overlap", 1) > 1:
         parts.append(f"overlap{variant['tp_overlap']}")
@@ -202,6 +203,8 @@ def variant_name(variant):
         parts.append("async-grad")
     if variant.get("sequence_parallel"):
         parts.append("sp")
+    if variant.get("tp_collective_matmul"):
+        parts.append("ring")
     if variant.get("tp_comm_dtype"):
         two = " 2shot" if variant.get("tp_comm_exchange") == "two_shot" else ""
         parts.append(f"{variant['tp_comm_dtype']}/{variant.get('tp_comm_block', 32)}{two}")

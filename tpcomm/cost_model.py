@@ -27,6 +27,7 @@ import math
 from typing import NamedTuple
 
 from configurator import ConfigError
+from tpcomm.collective_matmul_cost import gpt_collective_matmul, torchtitan_checks
 BF16 = 2  # bytes per value: the GPU predictions move the residual stream in bf16 (tp_comm's autocast dtype)
 
 
@@ -411,6 +412,9 @@ def train_variants(shape, *, tp, link, tokens, seq_len, mfu, opts=Options(), pea
                 comm["spd int8"] = dropped(["spd"] * L, forward_comm=squeezed)
     comm.update({"all spd": dropped(["spd"] * L), "parallel/spd": dropped(["parallel", "spd"] * (L // 2)),
                  "all parallel": dropped(["parallel"] * L)})
+    # SP's collectives as rings beside partial GEMMs, forward and backward (tpcomm/collective_matmul_cost.py)
+    comm["collective matmul"] = gpt_collective_matmul(L, shape.n_embd, tp=tp, link=link, tokens=tokens, peak=peak,
+                                                      mfu=mfu, efficiency=eta)
     return {k: (compute, v) for k, v in comm.items()}
 
 
@@ -529,7 +533,9 @@ def published_checks(cfg, opts):
             ("Domino, as first checked: the bound over blocking", pub, bound(blocking)),
             ("Ladder Residual: 70B decode speedup, tp 8, batch 1", const("ladder_speedup"), ladder[0]),
             ("Ladder Residual: 70B decode speedup over batch 1-64 (range)",
-             (const("ladder_speedup_low"), const("ladder_speedup_high")), (min(ladder), max(ladder)))]
+             (const("ladder_speedup_low"), const("ladder_speedup_high")), (min(ladder), max(ladder))),
+            *torchtitan_checks(link=LINKS[0], peak=const("h100_bf16_flops"), mfu=cfg["mfu"],
+                               efficiency=opts.efficiency)]
 
 
 # The ways of giving up a sync in the trade-off figure (issue 33), named as tpcomm.readings.pattern_name names the
@@ -538,7 +544,8 @@ FIGURE_VARIANTS = {"all-spd": "all spd", "parallel-spd": "parallel/spd", "all-pa
                    "tp_overlap=2": "overlap K=2", "sequence_parallel": "+sp", "all-ladder": "ladder fwd+bwd",
                    "all-ladder-fwd-only": "ladder", "all-tp-bf16": "bf16", "all-tp-bf16-2shot": "bf16 2shot",
                    "all-tp-fp8": "fp8", "all-tp-fp8-2shot": "fp8 2shot", "all-tp-int8": "int8",
-                   "all-tp-int8-2shot": "int8 2shot", "all-spd-int8": "spd int8"}
+                   "all-tp-int8-2shot": "int8 2shot", "all-spd-int8": "spd int8",
+                   "collective_matmul": "collective matmul"}
 FIGURE_SHAPE = SHAPES[1]  # the 1.3B shape (24 x 2048) at tp 8
 LINK_ALIASES = {"nvlink": LINKS[0], "ib": LINKS[1], "infiniband": LINKS[1], **{lk.name.lower(): lk for lk in LINKS}}
 

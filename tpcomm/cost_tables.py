@@ -46,8 +46,8 @@ def print_published(cfg, opts):
         print(f"| {what} | {shown_p} | {shown_m} | {err} |")
 
 
-TRAIN_COLUMNS = ("+sp", "overlap", "ladder", "ladder fwd+bwd", "int8", "int8 2shot", "all spd", "parallel/spd",
-                 "all parallel")
+TRAIN_COLUMNS = ("+sp", "collective matmul", "overlap", "ladder", "ladder fwd+bwd", "int8", "int8 2shot", "all spd",
+                 "parallel/spd", "all parallel")
 
 
 BASELINE_WORDS = {
@@ -68,7 +68,8 @@ def print_training(cfg, opts):
     print(f"\n## Training step, H100 SXM bf16, MFU {cfg['mfu']:.0%}, micro-batch {cfg['batch_size']} x "
           f"{cfg['seq_len']} = {tokens:,} tokens per tp group, baseline {base}\n")
     print(f"Baseline (--baseline={base}): {BASELINE_WORDS[base]}. Speedup = baseline step / the variant's step. "
-          "+sp: sequence parallelism (RS + AG, same bytes, twice the latency). overlap: "
+          "+sp: sequence parallelism (RS + AG, same bytes, twice the latency). collective matmul: SP's collectives "
+          "as rings of tp steps beside partial GEMMs, forward and backward (tpcomm/collective_matmul_cost.py). overlap: "
           f"tp_overlap={K} on every module, forward and backward (Domino-style; chunk k's all-reduce hides behind "
           "chunk k+1's compute, the last chunk's exposed, or in the backward behind its wgrad GEMM under async). "
           "ladder: all 'ladder' as the repo runs it (forward all-reduce of module i hides behind module i+1). "

@@ -23,9 +23,10 @@ import time
 
 import torch
 
-# sequence parallelism's collectives, counted apart from the all-reduces: reduce-scatter and all-gather
-RS, AG = "rs", "ag"
-SP_LABEL = {RS: "reduce_scatter", AG: "all_gather"}
+# sequence parallelism's collectives, counted apart from the all-reduces: reduce-scatter and all-gather, and the
+# peer-to-peer transfers of collective matmul's rings (tpcomm/collective_matmul.py), one count per transfer
+RS, AG, P2P = "rs", "ag", "p2p"
+SP_LABEL = {RS: "reduce_scatter", AG: "all_gather", P2P: "ring_p2p"}
 
 
 class CommCounter:
@@ -58,7 +59,7 @@ class CommCounter:
         self.compiled = torch.zeros(len(self.COMPILED), dtype=torch.int64)
         # sequence parallelism's reduce-scatters and all-gathers, counted apart from the all-reduces (add_sp):
         # [count, bytes] per (direction, kind), kind 'rs' or 'ag'; compiled code counts into compiled_sp
-        self.sp = {(d, k): [0, 0] for d in ("fwd", "bwd") for k in ("rs", "ag")}
+        self.sp = {(d, k): [0, 0] for d in ("fwd", "bwd") for k in (RS, AG, P2P)}
         self.compiled_sp = torch.zeros(2 * len(self.sp), dtype=torch.int64)
 
     @property
@@ -139,9 +140,13 @@ class CommCounter:
         counts = {dk: (v[0] + c[2 * i], v[1] + c[2 * i + 1]) for i, (dk, v) in enumerate(self.sp.items())}
         if not any(count for count, _ in counts.values()):
             return {}
-        names = dict(rs="reduce_scatters", ag="all_gathers")
-        out = {f"{d}_{names[k]}": count // n for (d, k), (count, _) in counts.items()}
-        out["sp_bytes_per_token"] = sum(nbytes for _, nbytes in counts.values()) / (n * tokens)
+        names = {RS: "reduce_scatters", AG: "all_gathers", P2P: "ring_transfers"}
+        out = {f"{d}_{names[k]}": count // n for (d, k), (count, _) in counts.items() if k != P2P}
+        out["sp_bytes_per_token"] = sum(b for (_, k), (_, b) in counts.items() if k != P2P) / (n * tokens)
+        ring = {d: counts[d, P2P] for d in ("fwd", "bwd")}
+        if any(count for count, _ in ring.values()):  # collective matmul: what each rank sent, step by step
+            out.update({f"{d}_ring_transfers": count // n for d, (count, _) in ring.items()})
+            out["ring_bytes_per_token"] = sum(b for _, b in ring.values()) / (n * tokens)
         return out
 
     def report(self, *, micro_steps, tokens):
@@ -150,7 +155,8 @@ class CommCounter:
         async_allreduces: how many of the fwd_allreduces were issued asynchronously, free to overlap the compute
         that follows them (real mode overlaps them; simulated mode sums at once, and counts them alike).
         With sequence parallelism: fwd_reduce_scatters, fwd_all_gathers, bwd_reduce_scatters, bwd_all_gathers and
-        sp_bytes_per_token (their whole-buffer bytes), none of them in the all-reduce keys.
+        sp_bytes_per_token (their whole-buffer bytes), none of them in the all-reduce keys. With collective matmul
+        (tp_collective_matmul): fwd_ring_transfers, bwd_ring_transfers and ring_bytes_per_token (what a rank sent).
         With tp_comm_dtype: compressed_allreduces (how many fwd_allreduces moved block-quantized) and
         compressed_bytes_per_token (their compressed bytes, scales included, also in comm_bytes_per_token).
         Times (real TP; seconds since reset, all passes together): comm_seconds exposed and comm_busy_seconds in

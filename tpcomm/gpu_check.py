@@ -27,6 +27,9 @@ Sections (SECTIONS, in order):
   validator allows (tp_async_grad, tp_overlap, sequence_parallel, alone and combined: tpcomm/bf16_identity.py).
 - cost_model: the cost model's assumed MFU (tpcomm.cost_model) beside the measured one, and its compute-term step
   time beside the measured step.
+- cost_calibration: one 1.3B tp-8 shard block forward and backward (bf16, eager and compiled), its GEMMs whole and
+  at 1/tp of the tokens, int8 and fp8 quantize + dequantize, each beside the cost model's term
+  (tpcomm/cost_calibration.py); tpcomm/cost_bands.py narrows its GEMM-efficiency range from it.
 Timings on CUDA synchronise the device before reading the clock.
 """
 
@@ -46,8 +49,11 @@ from configurator import ConfigError, configure, exit_on_config_error
 from tpcomm import ROOT
 from tpcomm.models import train_step
 from tpcomm.gpu_report import BEGIN, BLOCK_TYPES, END, write_json, write_markdown  # noqa: F401
+from tpcomm.cost_calibration import cost_calibration
+from tpcomm.runtime import sync
 
-SECTIONS = ("gpt_train", "sim_tp8", "decode", "real_tp", "comm_sanity", "bf16_identity", "cost_model")
+SECTIONS = ("gpt_train", "sim_tp8", "decode", "real_tp", "comm_sanity", "bf16_identity", "cost_model",
+            "cost_calibration")
 LOSS_TOL = 1e-4  # fp32 real vs simulated losses (the issue's bound), over OPTION_STEPS steps
 # The two patterns' REAL_STEPS steps run in float64: in float32 (TF32 off) two H100 runs drifted to 7.3e-5 and 2.5e-4
 # by the tenth step on losses near 10 (cuBLAS sums a sharded product in another order than the whole one; CPU: 5e-7)
@@ -67,8 +73,9 @@ COMM_MIB = 64
 FASTEST_LINK = 1e12  # B/s: no link moves an all-reduce faster than this (NVLink 4 busbw ~0.45e12), so a reading
 # below COMM_MIB MiB / FASTEST_LINK timed queueing, not the collective
 
-# model sizes, step counts and time boxes (seconds) per --sizes; 'full' is for one CUDA GPU (the boxes add up to 440 s,
-# inside the 8 minutes a short GPU loan allows), 'tiny' rehearses every section on CPU (~20 s of CPU time; its boxes
+# model sizes, step counts and time boxes (seconds) per --sizes; 'full' is for one CUDA GPU (the boxes add up to 550 s:
+# 440 s inside the 8 minutes a short GPU loan allows, plus cost_calibration's 110 s; a short loan can run it alone
+# with --sections=cost_calibration), 'tiny' rehearses every section on CPU (~20 s of CPU time; its boxes
 # are wide because a shared CPU host can stretch wall time 5x)
 SIZES = {
     "full": dict(model=dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304),
@@ -76,13 +83,13 @@ SIZES = {
                  prompt_len=128, new_tokens=32, decode_batches=(1, 16),
                  real=dict(block_size=256, batch_size=4), dtype="bfloat16",
                  budget=dict(gpt_train=180, sim_tp8=70, decode=50, real_tp=130, comm_sanity=5, bf16_identity=45,
-                             cost_model=5)),
+                             cost_model=5, cost_calibration=110)),
     "tiny": dict(model=dict(n_layer=4, n_head=8, n_embd=64, block_size=16, vocab_size=128),
                  batch_size=4, sim_batch_size=4, tp8_heads=8, warmup=1, iters=2, rounds=2, compile_backend="eager",
                  prompt_len=8, new_tokens=4, decode_batches=(1, 16),
                  real=dict(block_size=16, batch_size=2), dtype="bfloat16",
                  budget=dict(gpt_train=120, sim_tp8=60, decode=60, real_tp=180, comm_sanity=5, bf16_identity=60,
-                             cost_model=5)),
+                             cost_model=5, cost_calibration=60)),
 }
 
 DEFAULTS = dict(
@@ -111,12 +118,6 @@ def time_box(seconds):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-
-
-def sync(device):
-    """Wait for the device's queued work before the clock is read (CPU work is already done)."""
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize(device)
 
 
 def model_args(size, **changes):
@@ -371,7 +372,7 @@ def cost_model(st):
 
 
 RUNNERS = dict(gpt_train=gpt_train, sim_tp8=sim_tp8, decode=decode, real_tp=real_tp, comm_sanity=comm_sanity,
-               bf16_identity=bf16_identity, cost_model=cost_model)
+               bf16_identity=bf16_identity, cost_model=cost_model, cost_calibration=cost_calibration)
 
 
 # ---------- the 2-rank worker ----------

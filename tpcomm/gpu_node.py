@@ -33,9 +33,12 @@ import time
 from configurator import ConfigError
 from tpcomm import ROOT
 
-# (name, what it does, block_types for n layers, TP_COMM_OPTIONS, the cost model's train_variants key)
+# (name, what it does, block_types for n layers, TP_COMM_OPTIONS, the cost model's train_variants key, priced with
+# the asynchronous backward where the options say tp_async_grad): every way the answer prices, both baselines
 WAYS = (
     ("all tp", "baseline: every sync, blocking", lambda n: ["tp"] * n, {}, "all tp"),
+    ("all tp async", "baseline as Megatron runs it: each backward all-reduce beside its weight-gradient GEMM",
+     lambda n: ["tp"] * n, {"tp_async_grad": True}, "all tp"),
     ("all spd", "drop: one sync per block", lambda n: ["spd"] * n, {}, "all spd"),
     ("parallel/spd", "drop: one sync per two blocks", lambda n: ["parallel", "spd"] * (n // 2), {}, "parallel/spd"),
     ("all parallel", "drop: one sync in all", lambda n: ["parallel"] * n, {}, None),
@@ -43,10 +46,18 @@ WAYS = (
      {"tp_overlap": 2}, "overlap K=2"),
     ("tp +sp", "hide: sequence parallelism (reduce-scatter + all-gather)", lambda n: ["tp"] * n,
      {"sequence_parallel": True}, "+sp"),
+    ("tp +sp ring", "hide: collective matmul, SP's collectives as rings beside partial GEMMs", lambda n: ["tp"] * n,
+     {"sequence_parallel": True, "tp_collective_matmul": True}, "collective matmul"),
     ("all ladder", "delay: each sync one module late", lambda n: ["ladder"] * n, {}, "ladder"),
+    ("all ladder async", "delay: forward and backward syncs one module late", lambda n: ["ladder"] * n,
+     {"tp_async_grad": True}, "ladder fwd+bwd"),
+    ("tp bf16", "shrink: bf16 partial sums, one-shot", lambda n: ["tp"] * n, {"tp_comm_dtype": "bf16"}, "bf16"),
+    ("tp fp8", "shrink: fp8 block-quantized, one-shot", lambda n: ["tp"] * n, {"tp_comm_dtype": "fp8"}, "fp8"),
     ("tp int8", "shrink: int8 block-quantized, one-shot", lambda n: ["tp"] * n, {"tp_comm_dtype": "int8"}, "int8"),
     ("tp int8 2shot", "shrink: int8, two-shot exchange", lambda n: ["tp"] * n,
      {"tp_comm_dtype": "int8", "tp_comm_exchange": "two_shot"}, "int8 2shot"),
+    ("spd int8", "drop + shrink: one sync per block, int8", lambda n: ["spd"] * n, {"tp_comm_dtype": "int8"},
+     "spd int8"),
 )
 # n_layer, n_embd, n_head: GPT-2 124M with 8 heads of 96 (its 12 do not split over 8 ranks; parameters and FLOPs are
 # GPT-2's), and GPT-3 XL's 24 x 2048 with 16 heads of 128 (the cost model's "1.3B" shape)
@@ -172,10 +183,10 @@ def predictions(config, *, mfu, peak=None):
     shape = Shape(config["shape"], config["n_layer"], config["n_embd"], config["n_head"], config["vocab_size"])
     kw = dict(tp=config["tp"], link=LINKS[0], tokens=config["batch_size"] * config["block_size"],
               seq_len=config["block_size"], mfu=mfu, peak=peak)
-    variants = train_variants(shape, opts=Options(chunks=2), **kw)
+    variants = {a: train_variants(shape, opts=Options(chunks=2), async_grad=a, **kw) for a in (False, True)}
     out = {}
-    for name, _, pattern, _, key in WAYS:
-        compute, comm = variants[key] if key else train_step(
+    for name, _, pattern, opts, key in WAYS:
+        compute, comm = variants[opts.get("tp_async_grad", False)][key] if key else train_step(
             shape, fwd_syncs=forward_syncs(pattern(config["n_layer"])), **kw)
         out[name] = ((compute + comm) * 1e3, comm * 1e3)
     return out

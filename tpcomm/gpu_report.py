@@ -96,6 +96,15 @@ def markdown(report):
             line += (f"; its compute term predicts {r['predicted_ms_per_iter']:.1f} ms/iter for the measured "
                      f"{r['measured_ms_per_iter']:.1f} ({r['error_pct']:+.0f}%)")
         lines.append(line)
+    if not failed("cost_calibration"):
+        r = s["cost_calibration"]
+        c = r["shape"]
+        lines.append(f"- `cost_calibration`: one tp-{c['tp']} shard block of d {c['n_embd']}, {c['batch']} x {c['seq']} "
+                     "tokens (fwd / bwd ms, the cost model's at its MFU in brackets): " + "; ".join(
+                         f"{b['mode']} {b['fwd_ms']:.3f} / {b['bwd_ms']:.3f} ({b['model_fwd_ms']:.3f} / "
+                         f"{b['model_bwd_ms']:.3f}), GEMM efficiency {100 * b['gemm_efficiency']:.1f}%"
+                         for b in r["blocks"]) + "; quantize + dequantize " + "; ".join(
+                         f"{k['codec']} {k['ms']:.3f} ms ({k['model_ms']:.3f})" for k in r["codecs"]))
     return "\n".join(lines) + "\n"
 
 

@@ -16,7 +16,7 @@ MODEL_TYPES = ("gpt", "distributed_gpt")
 BLOCK_TYPES = ("tp", "spd", "parallel", "ladder")  # tensor_parallel_model.BLOCKS: one class per name
 # The TPConfig keys that set how syncs move (build_model and train.py pass them through as they are)
 TP_COMM_OPTIONS = ("tp_overlap", "tp_async_grad", "sequence_parallel", "tp_comm_dtype", "tp_comm_block",
-                   "tp_comm_exchange")
+                   "tp_comm_exchange", "tp_collective_matmul")
 # what makes a DistributedGPT out of a GPT: given to model_type='gpt', each one is refused
 TP_KEYS = ("tp_size", "block_types", "loss_parallel", *TP_COMM_OPTIONS)
 
@@ -54,7 +54,8 @@ def check_heads(*, n_embd, n_head):
         raise ConfigError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
 
 
-def validate_sync_options(*, tp_overlap, sequence_parallel, block_types, tp_size=None, tp_async_grad=False):
+def validate_sync_options(*, tp_overlap, sequence_parallel, block_types, tp_size=None, tp_async_grad=False,
+                          tp_collective_matmul=False):
     """tp_overlap, tp_async_grad and sequence_parallel (docs/overlap.md): ConfigError naming the keys and values. block_types is
     the expanded list. The batch-size conditions are checked where the batch is known (check_batch, the forward)."""
     if isinstance(tp_overlap, bool) or not isinstance(tp_overlap, int) or tp_overlap < 1:
@@ -78,6 +79,21 @@ def validate_sync_options(*, tp_overlap, sequence_parallel, block_types, tp_size
     if sequence_parallel and "ladder" in block_types:
         raise ConfigError(f"sequence_parallel=True does not run with 'ladder' blocks (block_types={block_types}): "
                           f"their pending all-reduces are not token-sharded (docs/overlap.md)")
+    validate_collective_matmul(tp_collective_matmul=tp_collective_matmul, sequence_parallel=sequence_parallel,
+                               block_types=block_types)
+
+
+def validate_collective_matmul(*, tp_collective_matmul, sequence_parallel, block_types):
+    """tp_collective_matmul (tpcomm/collective_matmul.py): sequence parallelism's all-gather + column GEMM and row
+    GEMM + reduce-scatter as rings of peer-to-peer steps, so it needs sequence_parallel=True and 'tp' blocks only
+    (the blocks whose two syncs are those pairs)."""
+    if not isinstance(tp_collective_matmul, bool):
+        raise ConfigError(f"tp_collective_matmul must be True or False, got {tp_collective_matmul!r}")
+    if tp_collective_matmul and not sequence_parallel:
+        raise ConfigError("tp_collective_matmul=True needs sequence_parallel=True (it decomposes sequence "
+                          "parallelism's all-gathers and reduce-scatters), got sequence_parallel=False")
+    if tp_collective_matmul and set(block_types) != {"tp"}:
+        raise ConfigError(f"tp_collective_matmul=True runs 'tp' blocks only, got block_types={block_types}")
 
 
 def check_compression_block(*, tp_comm_dtype, tp_comm_block, n_embd, default=32):
@@ -102,13 +118,15 @@ class TPConfig(GPTConfig):
     tp_comm_dtype: Optional[str] = None  # compress every g reduction's partial sums (block-quantized); None: off
     tp_comm_block: int = 32  # values per absmax scale along the hidden dimension (tp_comm_dtype)
     tp_comm_exchange: str = "one_shot"  # how they move: 'one_shot' all-gather, 'two_shot' reduce-scatter + all-gather
+    tp_collective_matmul: bool = False  # sequence parallelism's collectives as rings beside partial GEMMs
 
     def __post_init__(self):
         validate_tp_args(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd, tp_size=self.tp_size,
                          block_types=self.block_types)
         self.block_types = expand_block_types(self.block_types, self.n_layer)
         validate_sync_options(tp_overlap=self.tp_overlap, sequence_parallel=self.sequence_parallel,
-                              block_types=self.block_types, tp_size=self.tp_size, tp_async_grad=self.tp_async_grad)
+                              block_types=self.block_types, tp_size=self.tp_size, tp_async_grad=self.tp_async_grad,
+                              tp_collective_matmul=self.tp_collective_matmul)
         check_compression_block(tp_comm_dtype=self.tp_comm_dtype, tp_comm_block=self.tp_comm_block,
                                 n_embd=self.n_embd)
         validate_compression(tp_comm_dtype=self.tp_comm_dtype, tp_comm_block=self.tp_comm_block, n_embd=self.n_embd,

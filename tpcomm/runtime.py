@@ -231,3 +231,9 @@ class RunLock:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
+
+
+def sync(device):
+    """Wait for the device's queued work before the clock is read (CPU work is already done)."""
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize(device)

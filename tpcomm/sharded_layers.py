@@ -76,8 +76,11 @@ class ShardedAttention(nn.Module):
 
     def out(self, y, **kw):
         """acc + mask * (A_i + bias), see project."""
-        L, N, Cs = y.shape
-        return project(y, self.c_proj.weight.view(-1, L, Cs).permute(1, 2, 0), **kw)  # (L, Cs, C): shard i's columns
+        return project(y, self.proj_weight(), **kw)
+
+    def proj_weight(self):
+        """(L, Cs, C): shard i's columns of c_proj, A_i = y_i @ W_i."""
+        return self.c_proj.weight.view(-1, self.c_proj.weight.shape[1] // self.Cs, self.Cs).permute(1, 2, 0)
 
 
 class ShardedMLP(nn.Module):
@@ -107,8 +110,11 @@ class ShardedMLP(nn.Module):
 
     def out(self, u, **kw):
         """acc + mask * (M_i + bias), see project."""
-        L, N, Hs = u.shape
-        return project(u, self.c_proj.weight.view(-1, L, Hs).permute(1, 2, 0), **kw)  # (L, Hs, C)
+        return project(u, self.proj_weight(), **kw)
+
+    def proj_weight(self):
+        """(L, Hs, C): shard i's columns of c_proj, M_i = u_i @ W_i."""
+        return self.c_proj.weight.view(-1, self.c_proj.weight.shape[1] // self.Hs, self.Hs).permute(1, 2, 0)
 
 
 class Reduced(NamedTuple):

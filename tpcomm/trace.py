@@ -40,8 +40,9 @@ from configurator import exit_in_one_line
 
 STEP_PREFIX = "ProfilerStep#"  # the span of one training step (torch.profiler's own name for it)
 # tp_comm.traced's label, parsed back
-COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")  # the last two: sequence parallelism's
-LABEL = re.compile(r"^(?P<collective>allreduce|reduce_scatter|all_gather) (?P<op>\w+) (?P<direction>fwd|bwd)(?: L(?P<layer>\d+) (?P<block>\S+))? "
+# the last three: sequence parallelism's, ring_p2p one transfer of collective matmul's rings (tp_collective_matmul)
+COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather", "ring_p2p")
+LABEL = re.compile(r"^(?P<collective>allreduce|reduce_scatter|all_gather|ring_p2p) (?P<op>\w+) (?P<direction>fwd|bwd)(?: L(?P<layer>\d+) (?P<block>\S+))? "
                    r"(?P<site>\w+) (?P<bytes>\d+)B (?P<mode>sim|real)$")
 WAIT_PREFIX = "wait "  # tp_comm.traced(waiting=True): the wait for an asynchronous all-reduce, before its label
 COMPUTE_CATEGORIES = ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset")  # drawn grey by plot_timeline
@@ -194,7 +195,7 @@ def count(events):
     comm_report's fwd_allreduces / bwd_allreduces), grad_sync, grad_norm, vocab, reduce_scatter and all_gather
     (sequence parallelism, both directions), and all of them."""
     out = {"fwd": 0, "bwd": 0, "grad_sync": 0, "grad_norm": 0, "vocab": 0, "reduce_scatter": 0, "all_gather": 0,
-           "all": len(events)}
+           "ring_p2p": 0, "all": len(events)}
     for ev in events:
         category = ev["category"]
         key = (ev["direction"] if category == "stream" else ev["site"] if category == "grad"
@@ -359,7 +360,8 @@ def summary(source):
         lines.append(f"step {i}: {c['fwd']} fwd + {c['bwd']} bwd all-reduces, {c['grad_sync']} grad sync, "
                      f"{c['grad_norm']} grad norm, {c['vocab']} vocab"
                      + (f", {c['reduce_scatter']} reduce-scatters + {c['all_gather']} all-gathers"
-                        if c["reduce_scatter"] or c["all_gather"] else "") + f"; {spent:.2f} of {(b - a) / 1e3:.2f} ms in "
+                        if c["reduce_scatter"] or c["all_gather"] else "")
+                     + (f", {c['ring_p2p']} ring transfers" if c["ring_p2p"] else "") + f"; {spent:.2f} of {(b - a) / 1e3:.2f} ms in "
                      f"collectives")
         per = overlap_by_direction([ev for ev in with_waits if ev["step"] == i])
         line = f"step {i} overlap: " + "; ".join(

@@ -61,6 +61,7 @@ DEFAULTS = dict(
     tp_comm_dtype=None,  # None (off) | 'bf16' | 'fp8' | 'int8': block-quantized partial sums in every g reduction
     tp_comm_block=32,  # values per absmax scale (tp_comm_dtype)
     tp_comm_exchange="one_shot",  # 'one_shot': all-gather the compressed partials | 'two_shot': reduce-scatter + all-gather
+    tp_collective_matmul=False,  # sequence_parallel's all-gathers/reduce-scatters as rings beside partial GEMMs
     # AdamW
     learning_rate=6e-4,
     max_iters=600000,  # steps 0..max_iters: max_iters + 1 steps, as in nanoGPT
