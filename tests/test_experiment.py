@@ -715,7 +715,7 @@ def test_an_interrupted_checkpointing_run_resumes_from_its_checkpoint(tmp_path, 
 # ---------- `python experiment.py report`: docs tables and plots from the result files alone ----------
 
 PATTERN_LOSS = {"all-tp": 0.0, "all-spd": 0.002, "parallel-spd": 0.004, "all-parallel": 0.016, "all-ladder": 0.001,
-                "ladder-upper": 0.001}
+                "ladder-upper": 0.001, "all-caat": 0.003, "parallel3-spd": 0.012}
 
 
 FAKE_PARAMS = {}
@@ -726,7 +726,8 @@ def fake_record(job, *, final):
     cfg, per_iter = job.cfg, results.tokens_per_iter(job.cfg)
     steps, every = cfg["max_iters"], cfg["eval_interval"]
     types = cfg["block_types"] if isinstance(cfg["block_types"], list) else ["tp"] * cfg["n_layer"]
-    fwd = sum({"tp": 2, "spd": 1, "parallel": 0, "ladder": 2}[t] for t in types) + (types[-1] == "parallel")
+    fwd = sum({"tp": 2, "spd": 1, "parallel": 0, "ladder": 2, "caat": 2}[t] for t in types) + \
+        (types[-1] in ("parallel", "caat"))
     shape = tuple(cfg.get(k) for k in ("model_type", "n_layer", "n_embd", "n_head", "block_size", "bias"))
     if shape not in FAKE_PARAMS:  # a model built per shape, not per record: the block types share the parameters
         FAKE_PARAMS[shape] = results.count_params(cfg, 65)
