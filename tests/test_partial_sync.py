@@ -165,3 +165,25 @@ def test_cost_model_prices_p_of_the_bytes():
         assert v["tracks/4"][1] == pytest.approx(2 * (L // 4) * t(n))  # one sync every 4 blocks, each way
     assert v["partial sync"][1] == pytest.approx(v["all tp"][1] + 2 * t(n))  # p = 1: all 'tp' plus those two
     assert cm.forward_syncs(["caat"] * 4) == 9 and cm.forward_syncs((["parallel"] * 3 + ["spd"]) * 3) == 3
+
+
+def test_checkpoint_keeps_the_fraction():
+    """A checkpoint of a 'caat' model rebuilds it with its own p (the function depends on it), not the default."""
+    from tpcomm.checkpoint import build_model_from_checkpoint, model_spec
+    model = caat(make_gpt(), 2, p=0.25)
+    args, options = model_spec("distributed_gpt", model)
+    back = build_model_from_checkpoint(dict(model=model.gpt_state_dict(), model_args=args,
+                                            model_type="distributed_gpt", model_options=options))
+    assert back.config.caat_sync_fraction == 0.25
+    idx, tgt = batch()
+    assert_same(run(back, idx, tgt), run(model, idx, tgt), rtol=0, atol=0)
+
+
+def test_generation_with_the_kv_cache_equals_recomputing():
+    """'caat' blocks generate the same tokens with the KV cache as without (each shard's keys and values cached)."""
+    model = caat(make_gpt(), 2, ["caat", "parallel", "caat", "tp"]).eval()
+    prompt = batch()[0][:, :5]
+    torch.manual_seed(3)
+    a = model.generate(prompt, 10, temperature=0, use_cache=True)
+    torch.manual_seed(3)
+    assert torch.equal(a, model.generate(prompt, 10, temperature=0, use_cache=False))
