@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import shared_launch
+from conftest import ROOT, run_script, shared_launch
 from configurator import ConfigError
 from tensor_parallel_model import DistributedGPT, TPConfig
 from test_tensor_parallel import (N_LAYER, TOL, VOCAB, assert_same, attn_shard, batch, layer_norm, make_gpt, mlp_shard,
@@ -187,3 +187,41 @@ def test_generation_with_the_kv_cache_equals_recomputing():
     a = model.generate(prompt, 10, temperature=0, use_cache=True)
     torch.manual_seed(3)
     assert torch.equal(a, model.generate(prompt, 10, temperature=0, use_cache=False))
+
+
+def test_train_refuses_a_bad_fraction_before_any_work(tmp_path):
+    """train.py: one line naming the key and value, exit status 2, no traceback, nothing written."""
+    out = tmp_path / "out"
+    r = run_script("train.py", "config/train_shakespeare_char_cpu.py", "--model_type=distributed_gpt", "--tp_size=2",
+                   "--block_types=caat", "--caat_sync_fraction=0.3", f"--out_dir={out}")
+    assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout
+    assert "caat_sync_fraction=0.3 times n_embd (128) must be a whole number of channels" in r.stderr + r.stdout
+    assert not out.exists()
+
+
+def test_cpu_long_plans_both_ways_with_ten_paired_seeds_and_the_answer_reads_them_pending(tmp_path):
+    """cpu-long plans all 'caat' (p = 0.5, the default) and tracks syncing every 4 blocks with seeds 1337-1346,
+    which all 'tp' has too (paired); without their result files (here: the committed all 'tp' and all 'spd' files
+    alone) the answer's rows and figure read pending."""
+    import shutil
+    from pathlib import Path
+    from tpcomm import answer, report
+    runs_dir = tmp_path / "experiments" / "cpu-long" / "runs"
+    runs_dir.mkdir(parents=True)
+    for f in Path(ROOT, "experiments", "cpu-long", "runs").glob("all-[ts][p]*-seed*.json"):
+        shutil.copy(f, runs_dir)
+    assert {f.name.split("-seed")[0] for f in runs_dir.iterdir()} >= {"all-tp", "all-spd"}
+    from tpcomm.sweep_plan import SWEEPS, SWEEP_SEEDS
+    runs = {r.name: r for r in SWEEPS["cpu-long"]}
+    assert runs["all-caat"].overrides == ("--block_types=['caat']*12",)
+    assert runs["parallel3-spd"].overrides == ("--block_types=(['parallel']*3+['spd'])*3",)
+    for name in ("all-caat", "parallel3-spd"):
+        assert runs[name].seeds == tuple(range(1337, 1347))
+    assert runs["all-tp"].seeds is None and set(range(1337, 1347)) <= set(SWEEP_SEEDS["cpu-long"])
+    ctx = report.Results(root=str(tmp_path), say=lambda *a: None)
+    rows = [line for line in answer.answer_table(ctx).splitlines() if "caat" in line or "*3+" in line]
+    assert len(rows) == 2 and all("| pending |" in line for line in rows), rows
+    assert "| drop | all `spd` | pending" not in answer.answer_table(ctx)  # a row with files is measured
+    data, _ = answer.tradeoff_plot(ctx)
+    status = {p["label"]: p["status"] for p in data["points"]}
+    assert status["(['parallel']*3+['spd'])*3"] == status["all caat: half of each sync's channels"] == "pending"
