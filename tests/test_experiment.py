@@ -202,10 +202,11 @@ def test_axes_sweeps_as_docs_axes_md_states():
         (12, 64, 8, 4, 64, 12)
     assert (cfg["max_iters"], cfg["lr_decay_iters"], cfg["eval_interval"], cfg["eval_iters"]) == (5000, 5000, 250, 50)
     assert all(j.cfg["always_save_checkpoint"] and j.cfg["dataset"] == "shakespeare_char" for j in long)
-    resolved = [s for seed in range(1340, 1347) for s in [seed] * 8]  # the 8 resolved patterns, seeds 4 to 10
-    assert [j.seed for j in long] == [1337] * 11 + [1338] * 11 + [1339] * 11 + resolved + [1347] * 2  # seed-major
-    assert [j.run.name for j in long[-10:]] == ["all-tp", "all-spd", "parallel-spd", "all-parallel", "all-ladder",
-                                                "all-tp-int8", "all-spd-int8", "all-tp-int8-2shot", "all-tp", "all-spd"]
+    resolved = [s for seed in range(1340, 1347) for s in [seed] * 10]  # the 10 resolved patterns, seeds 4 to 10
+    assert [j.seed for j in long] == [1337] * 13 + [1338] * 13 + [1339] * 13 + resolved + [1347] * 2  # seed-major
+    assert [j.run.name for j in long[-12:]] == ["all-tp", "all-spd", "parallel-spd", "all-parallel", "all-ladder",
+                                                "all-tp-int8", "all-spd-int8", "all-tp-int8-2shot", "all-caat",
+                                                "parallel3-spd", "all-tp", "all-spd"]
     assert [results.block_pattern(j.cfg) for j in long[:6]] == [
         "['tp']*12", "['spd']*12", "['parallel','spd']*6", "['parallel']*12", "['ladder']*12", "['tp']*6+['ladder']*6"]
     by_path = {j.result_path: j.cfg for j in long}
