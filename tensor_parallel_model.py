@@ -31,6 +31,7 @@ from tpcomm.sequence_parallel import (gather_from_sequence_region, gather_to_tp_
                                       scatter_to_sequence_region)
 from tpcomm.collective_matmul import collective_matmul_block
 from tpcomm.vocab_parallel import vocab_parallel_cross_entropy
+from tpcomm.partial_sync import PartialSync
 
 from tpcomm.sharded_layers import (Pending, Reduced, ShardedAttention, ShardedMLP, SPStream, add_pending, full,  # noqa: F401
                                    join, layer_norm, project, stream_parts, synced_layer_norm)
@@ -418,7 +419,8 @@ class LadderBlock(ShardedBlock):
 
 
 # The block types: the names block_types accepts, and their classes. A new type is one class and one entry here.
-BLOCKS = {"tp": TPBlock, "spd": SPDBlock, "parallel": ParallelBlock, "ladder": LadderBlock}
+BLOCKS = {"tp": TPBlock, "spd": SPDBlock, "parallel": ParallelBlock, "ladder": LadderBlock,
+          "caat": type("CAATBlock", (PartialSync, ShardedBlock), {})}  # partial-channel sync: tpcomm/partial_sync.py
 assert tuple(BLOCKS) == BLOCK_TYPES  # the names tpcomm/options.py validates
 
 
@@ -494,7 +496,7 @@ class DistributedGPT(ModelInterface, GPT):
         return lm_head_and_loss(self.lm_head, x, targets)
 
     def desynced_after(self, layer):
-        return self.config.block_types[layer] == "parallel"
+        return self.config.block_types[layer] in ("parallel", "caat")
 
     def sequence_parallel_on(self, n):
         """Whether a pass of n tokens runs sequence parallel: sequence_parallel at tp >= 2, when the n tokens split

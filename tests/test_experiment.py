@@ -202,10 +202,11 @@ def test_axes_sweeps_as_docs_axes_md_states():
         (12, 64, 8, 4, 64, 12)
     assert (cfg["max_iters"], cfg["lr_decay_iters"], cfg["eval_interval"], cfg["eval_iters"]) == (5000, 5000, 250, 50)
     assert all(j.cfg["always_save_checkpoint"] and j.cfg["dataset"] == "shakespeare_char" for j in long)
-    resolved = [s for seed in range(1340, 1347) for s in [seed] * 8]  # the 8 resolved patterns, seeds 4 to 10
-    assert [j.seed for j in long] == [1337] * 11 + [1338] * 11 + [1339] * 11 + resolved + [1347] * 2  # seed-major
-    assert [j.run.name for j in long[-10:]] == ["all-tp", "all-spd", "parallel-spd", "all-parallel", "all-ladder",
-                                                "all-tp-int8", "all-spd-int8", "all-tp-int8-2shot", "all-tp", "all-spd"]
+    resolved = [s for seed in range(1340, 1347) for s in [seed] * 10]  # the 10 resolved patterns, seeds 4 to 10
+    assert [j.seed for j in long] == [1337] * 13 + [1338] * 13 + [1339] * 13 + resolved + [1347] * 2  # seed-major
+    assert [j.run.name for j in long[-12:]] == ["all-tp", "all-spd", "parallel-spd", "all-parallel", "all-ladder",
+                                                "all-tp-int8", "all-spd-int8", "all-tp-int8-2shot", "all-caat",
+                                                "parallel3-spd", "all-tp", "all-spd"]
     assert [results.block_pattern(j.cfg) for j in long[:6]] == [
         "['tp']*12", "['spd']*12", "['parallel','spd']*6", "['parallel']*12", "['ladder']*12", "['tp']*6+['ladder']*6"]
     by_path = {j.result_path: j.cfg for j in long}
@@ -715,7 +716,7 @@ def test_an_interrupted_checkpointing_run_resumes_from_its_checkpoint(tmp_path, 
 # ---------- `python experiment.py report`: docs tables and plots from the result files alone ----------
 
 PATTERN_LOSS = {"all-tp": 0.0, "all-spd": 0.002, "parallel-spd": 0.004, "all-parallel": 0.016, "all-ladder": 0.001,
-                "ladder-upper": 0.001}
+                "ladder-upper": 0.001, "all-caat": 0.003, "parallel3-spd": 0.012}
 
 
 FAKE_PARAMS = {}
@@ -726,7 +727,8 @@ def fake_record(job, *, final):
     cfg, per_iter = job.cfg, results.tokens_per_iter(job.cfg)
     steps, every = cfg["max_iters"], cfg["eval_interval"]
     types = cfg["block_types"] if isinstance(cfg["block_types"], list) else ["tp"] * cfg["n_layer"]
-    fwd = sum({"tp": 2, "spd": 1, "parallel": 0, "ladder": 2}[t] for t in types) + (types[-1] == "parallel")
+    fwd = sum({"tp": 2, "spd": 1, "parallel": 0, "ladder": 2, "caat": 2}[t] for t in types) + \
+        (types[-1] in ("parallel", "caat"))
     shape = tuple(cfg.get(k) for k in ("model_type", "n_layer", "n_embd", "n_head", "block_size", "bias"))
     if shape not in FAKE_PARAMS:  # a model built per shape, not per record: the block types share the parameters
         FAKE_PARAMS[shape] = results.count_params(cfg, 65)

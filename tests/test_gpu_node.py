@@ -12,7 +12,7 @@ from tpcomm import gpu_node
 # forward collectives of each way at tp 2 on the tiny shape (4 layers), measured by the model's counters
 FWD = {"all tp": 8, "all tp async": 8, "all spd": 4, "parallel/spd": 2, "all parallel": 1, "tp overlap2": 16,
        "tp +sp": 0, "tp +sp ring": 0, "all ladder": 8, "all ladder async": 8, "tp bf16": 8, "tp fp8": 8, "tp int8": 8,
-       "tp int8 2shot": 8, "spd int8": 4}
+       "tp int8 2shot": 8, "spd int8": 4, "tracks/4": 1, "all caat": 9}
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +71,7 @@ def test_predictions_follow_the_syncs():
     assert pred["tp overlap2"][1] < base_comm and pred["all ladder"][1] < base_comm  # hidden, delayed
     # (int8 one-shot is predicted slower than bf16 on NVLink at tp 8: it all-gathers 7 compressed partials)
     assert pred["tp int8"][1] > base_comm
+    assert pred["tracks/4"][1] < pred["all spd"][1] and pred["all caat"][1] < base_comm  # 6 syncs; half the bytes
     assert base - base_comm == pytest.approx(pred["all spd"][0] - pred["all spd"][1])  # the same compute
     assert pred["all tp async"][1] < base_comm  # Megatron's baseline hides the backward all-reduces
     assert pred["all ladder async"][1] < pred["all ladder"][1]  # the backward delayed too

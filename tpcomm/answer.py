@@ -11,7 +11,8 @@ from tpcomm.readings import bound, claim, data_warning, decimals, no_results, pe
 ANSWER_LABELS = {"all-spd": "all `spd`", "parallel-spd": "`['parallel','spd']*6`", "all-parallel": "all `parallel`",
                  "all-ladder": "all `ladder`", "ladder-upper": "`ladder` in the upper half", "all-tp-bf16": "bf16",
                  "all-tp-fp8": "fp8", "all-tp-int8": "int8", "all-tp-int8-2shot": "int8 two-shot",
-                 "all-spd-int8": "all `spd` + int8"}
+                 "all-spd-int8": "all `spd` + int8", "all-caat": "all `caat` (p = 0.5)",
+                 "parallel3-spd": "`(['parallel']*3+['spd'])*3`"}
 
 
 # (way, what, cpu-long run name or None (the math is all tp's: 0 by construction), the GPU variant or None (not
@@ -20,6 +21,8 @@ ANSWER_LABELS = {"all-spd": "all `spd`", "parallel-spd": "`['parallel','spd']*6`
 WAYS = (("drop", "all `spd`", "all-spd", "all-spd"),
         ("drop", "`['parallel','spd']*6`", "parallel-spd", "parallel-spd"),
         ("drop", "all `parallel`", "all-parallel", "all-parallel"),
+        ("drop", "`(['parallel']*3+['spd'])*3`", "parallel3-spd", "parallel3-spd"),
+        ("drop", "all `caat`: half of each sync's channels", "all-caat", "all-caat"),
         ("hide", "`tp_overlap=2`", None, "tp_overlap=2"),
         ("hide", "sequence parallelism", None, "sequence_parallel"),
         ("hide", "collective matmul (`tp_collective_matmul`)", None, "collective_matmul"),

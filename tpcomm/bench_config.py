@@ -17,6 +17,7 @@ DEFAULTS = dict(
     model_type="gpt",
     tp_size=1,
     block_types=None,
+    caat_sync_fraction=0.5,  # 'caat' blocks: the fraction of channels each sync all-reduces (as train.py takes it)
     patterns=None,  # distributed_gpt: a list of block_types values to time in one run, instead of block_types
     # distributed_gpt: several ways to move the syncs in one run, a list of dicts of tp_overlap / sequence_parallel /
     # tp_comm_dtype / tp_comm_block / tp_comm_exchange over the flags below, each timed with every pattern ({}: the

@@ -25,7 +25,8 @@ from tpcomm.runtime import RunError
 #   model_type            'gpt' | 'distributed_gpt'
 #   model_options         {gelu_approximate} and, for distributed_gpt, {tp_size, block_types (one per layer)} and
 #                         loss_parallel: True when the run sharded wte/lm_head by vocabulary (absent: False; a
-#                         training choice like tp_size: the weights are GPT-layout either way)
+#                         training choice like tp_size: the weights are GPT-layout either way);
+#                         caat_sync_fraction when a block is 'caat' (tpcomm/partial_sync.py)
 #   iter_num, best_val_loss, config (the run's resolved configuration)
 #   rng_state             CPU RNG; cuda_rng_state when the model was on CUDA; scaler (GradScaler state dict)
 # Also read: nanoGPT's own checkpoints (no model_type/model_options/rng_state/scaler: a GPT with the exact GELU) and
@@ -43,6 +44,8 @@ def model_spec(model_type, model):
         model_options.update(tp_size=c.tp_size, block_types=list(c.block_types))
         if getattr(c, "loss_parallel", False):
             model_options["loss_parallel"] = True
+        if "caat" in c.block_types:  # the model's function: 'caat' blocks sync p of the channels
+            model_options["caat_sync_fraction"] = c.caat_sync_fraction
     return model_args, model_options
 
 
@@ -88,6 +91,8 @@ def checkpoint_model(checkpoint):
         spec["tp_size"] = options.get("tp_size", 1)
         spec["block_types"] = expand_block_types(options.get("block_types"), spec["n_layer"])
         spec["loss_parallel"] = bool(options.get("loss_parallel", False))
+        if "caat_sync_fraction" in options:
+            spec["caat_sync_fraction"] = options["caat_sync_fraction"]
     return model_type, spec
 
 

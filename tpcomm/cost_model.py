@@ -128,8 +128,10 @@ def allreduce_time(nbytes, p, *, alpha, busbw):
 
 def forward_syncs(block_types):
     """Forward all-reduces of a pattern, a list with one block type per layer (docs/model.md): 2 per 'tp', 1 per
-    'spd', 1 more before ln_f when the last block leaves the stream desynced. Backward runs as many again."""
-    return 2 * block_types.count("tp") + block_types.count("spd") + (block_types[-1] == "parallel")
+    'spd', 2 per 'caat' (each of a fraction of the channels), 1 more before ln_f when the last block leaves the
+    stream desynced. Backward runs as many again."""
+    return (2 * block_types.count("tp") + block_types.count("spd") + 2 * block_types.count("caat")
+            + (block_types[-1] in ("parallel", "caat")))
 
 
 def fit_line(xs, ys, *, weights=None):
@@ -352,6 +354,7 @@ class Options(NamedTuple):
     comp: Compression = INT8
     launch: float = const("kernel_launch")  # s per extra kernel (quantize, dequantize-and-sum)
     hbm_bw: float = const("h100_hbm_bw")
+    caat_fraction: float = 0.5  # 'caat': the channels each sync all-reduces (tpcomm/partial_sync.DEFAULT_FRACTION)
 
 
 # tp_comm_dtype on the wire (docs/compression.md): 'bf16' is a plain cast, no scales (under bf16 autocast the same
@@ -415,7 +418,19 @@ def train_variants(shape, *, tp, link, tokens, seq_len, mfu, opts=Options(), pea
     # SP's collectives as rings beside partial GEMMs, forward and backward (tpcomm/collective_matmul_cost.py)
     comm["collective matmul"] = gpt_collective_matmul(L, shape.n_embd, tp=tp, link=link, tokens=tokens, peak=peak,
                                                       mfu=mfu, efficiency=eta)
+    # tracks syncing every 4 blocks, (['parallel']*3 + ['spd'])*(L/4); all 'caat' at p = opts.caat_fraction
+    comm["tracks/4"] = dropped(["spd" if i % 4 == 3 else "parallel" for i in range(L)])
+    t_p = allreduce_time(opts.caat_fraction * n, tp, alpha=link.alpha, busbw=link.busbw)
+    comm["partial sync"] = partial_sync_comm(t, t_p, wgrad, efficiency=eta)
     return {k: (compute, v) for k, v in comm.items()}
+
+
+def partial_sync_comm(t, t_p, wgrad, *, efficiency=1.0):
+    """Exposed communication of all 'caat' (tpcomm/partial_sync.py): each module's forward all-reduce and its f's
+    backward one move p of the channels (t_p each; the backward one behind its wgrad GEMM as the baseline's), plus
+    one full sync each way: the final sync before ln_f and the embedding's fan-out in the backward."""
+    return (len(wgrad) * t_p + t + async_grad_exposed([t_p] * len(wgrad), wgrad, efficiency=efficiency)
+            + async_grad_exposed([t], wgrad[:1], efficiency=efficiency))
 
 
 class DecodeShape(NamedTuple):
@@ -545,7 +560,8 @@ FIGURE_VARIANTS = {"all-spd": "all spd", "parallel-spd": "parallel/spd", "all-pa
                    "all-ladder-fwd-only": "ladder", "all-tp-bf16": "bf16", "all-tp-bf16-2shot": "bf16 2shot",
                    "all-tp-fp8": "fp8", "all-tp-fp8-2shot": "fp8 2shot", "all-tp-int8": "int8",
                    "all-tp-int8-2shot": "int8 2shot", "all-spd-int8": "spd int8",
-                   "collective_matmul": "collective matmul"}
+                   "collective_matmul": "collective matmul", "all-caat": "partial sync",
+                   "parallel3-spd": "tracks/4"}
 FIGURE_SHAPE = SHAPES[1]  # the 1.3B shape (24 x 2048) at tp 8
 LINK_ALIASES = {"nvlink": LINKS[0], "ib": LINKS[1], "infiniband": LINKS[1], **{lk.name.lower(): lk for lk in LINKS}}
 

@@ -42,6 +42,8 @@ WAYS = (
     ("all spd", "drop: one sync per block", lambda n: ["spd"] * n, {}, "all spd"),
     ("parallel/spd", "drop: one sync per two blocks", lambda n: ["parallel", "spd"] * (n // 2), {}, "parallel/spd"),
     ("all parallel", "drop: one sync in all", lambda n: ["parallel"] * n, {}, None),
+    ("tracks/4", "drop: one sync every 4 blocks", lambda n: (["parallel"] * 3 + ["spd"]) * (n // 4), {}, "tracks/4"),
+    ("all caat", "drop: half of each sync's channels (CAAT-Net)", lambda n: ["caat"] * n, {}, "partial sync"),
     ("tp overlap2", "hide: batch in 2 chunks, each sync beside the next chunk", lambda n: ["tp"] * n,
      {"tp_overlap": 2}, "overlap K=2"),
     ("tp +sp", "hide: sequence parallelism (reduce-scatter + all-gather)", lambda n: ["tp"] * n,

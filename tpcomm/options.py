@@ -11,14 +11,15 @@ from typing import Optional
 from configurator import ConfigError
 from model import GELU_FORMS, GPTConfig
 from tpcomm.compression import validate_compression
+from tpcomm.partial_sync import DEFAULT_FRACTION
 
 MODEL_TYPES = ("gpt", "distributed_gpt")
-BLOCK_TYPES = ("tp", "spd", "parallel", "ladder")  # tensor_parallel_model.BLOCKS: one class per name
+BLOCK_TYPES = ("tp", "spd", "parallel", "ladder", "caat")  # tensor_parallel_model.BLOCKS: one class per name
 # The TPConfig keys that set how syncs move (build_model and train.py pass them through as they are)
 TP_COMM_OPTIONS = ("tp_overlap", "tp_async_grad", "sequence_parallel", "tp_comm_dtype", "tp_comm_block",
                    "tp_comm_exchange", "tp_collective_matmul")
 # what makes a DistributedGPT out of a GPT: given to model_type='gpt', each one is refused
-TP_KEYS = ("tp_size", "block_types", "loss_parallel", *TP_COMM_OPTIONS)
+TP_KEYS = ("tp_size", "block_types", "caat_sync_fraction", "loss_parallel", *TP_COMM_OPTIONS)
 
 
 def expand_block_types(block_types, n_layer):
@@ -96,6 +97,25 @@ def validate_collective_matmul(*, tp_collective_matmul, sequence_parallel, block
         raise ConfigError(f"tp_collective_matmul=True runs 'tp' blocks only, got block_types={block_types}")
 
 
+def validate_partial_sync(*, caat_sync_fraction, n_embd, block_types, sequence_parallel=False, tp_comm_dtype=None):
+    """caat_sync_fraction p, the channels a 'caat' block's syncs all-reduce (tpcomm/partial_sync.py): ConfigError
+    naming the key and value. block_types is the expanded list."""
+    p = caat_sync_fraction
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+        raise ConfigError(f"caat_sync_fraction must be a number in (0, 1], got {p!r}")
+    if abs(p * n_embd - round(p * n_embd)) > 1e-9:
+        raise ConfigError(f"caat_sync_fraction={p!r} times n_embd ({n_embd}) must be a whole number of channels")
+    if "caat" not in block_types:
+        if p != TPConfig.caat_sync_fraction:
+            raise ConfigError(f"caat_sync_fraction={p!r} has no effect without 'caat' blocks (block_types="
+                              f"{block_types}): leave it at {TPConfig.caat_sync_fraction}")
+        return
+    for key, value, why in (("sequence_parallel", sequence_parallel, "its streams are not token-sharded"),
+                            ("tp_comm_dtype", tp_comm_dtype, "its syncs move a channel slice, not blocks")):
+        if value:
+            raise ConfigError(f"{key}={value!r} does not run with 'caat' blocks (block_types={block_types}): {why}")
+
+
 def check_compression_block(*, tp_comm_dtype, tp_comm_block, n_embd, default=32):
     """tp_comm_block where nothing reads it: refused rather than ignored (tpcomm/compression.py checks the rest)."""
     if tp_comm_dtype == "bf16" and isinstance(tp_comm_block, int) and tp_comm_block >= 1 and n_embd % tp_comm_block:
@@ -108,6 +128,7 @@ class TPConfig(GPTConfig):
     tp_size: int = 1
     block_types: Optional[list] = None  # one of BLOCK_TYPES ('tp' | 'spd' | 'parallel' | 'ladder') per layer, or
     # one for all layers; None = all 'tp'
+    caat_sync_fraction: float = DEFAULT_FRACTION  # 'caat' blocks: the fraction p of channels each sync all-reduces
     # shard the tied wte/lm_head by vocabulary and compute the loss from the sharded logits (vocab-parallel
     # cross-entropy), never gathering a token's full vocabulary of logits on one rank
     loss_parallel: bool = False
@@ -127,6 +148,9 @@ class TPConfig(GPTConfig):
         validate_sync_options(tp_overlap=self.tp_overlap, sequence_parallel=self.sequence_parallel,
                               block_types=self.block_types, tp_size=self.tp_size, tp_async_grad=self.tp_async_grad,
                               tp_collective_matmul=self.tp_collective_matmul)
+        validate_partial_sync(caat_sync_fraction=self.caat_sync_fraction, n_embd=self.n_embd,
+                              block_types=self.block_types, sequence_parallel=self.sequence_parallel,
+                              tp_comm_dtype=self.tp_comm_dtype)
         check_compression_block(tp_comm_dtype=self.tp_comm_dtype, tp_comm_block=self.tp_comm_block,
                                 n_embd=self.n_embd)
         validate_compression(tp_comm_dtype=self.tp_comm_dtype, tp_comm_block=self.tp_comm_block, n_embd=self.n_embd,
@@ -161,7 +185,7 @@ def model_config(model_type, args, *, tp_mode="simulated"):
     if args.get("loss_parallel"):
         raise ConfigError(f"loss_parallel=True needs model_type='distributed_gpt' (it shards wte/lm_head over the "
                           f"tensor-parallel shards), got model_type={model_type!r}")
-    changed = {k: args[k] for k in TP_COMM_OPTIONS if k in args and args[k] != TP_DEFAULTS[k]}
+    changed = {k: args[k] for k in (*TP_COMM_OPTIONS, "caat_sync_fraction") if k in args and args[k] != TP_DEFAULTS[k]}
     if changed:
         raise ConfigError(f"{', '.join(f'{k}={v!r}' for k, v in changed.items())} needs "
                           f"model_type='distributed_gpt', got model_type={model_type!r}")

@@ -49,6 +49,8 @@ PATTERNS = {  # block pattern of n layers
     "all-parallel": lambda n: ["parallel"] * n,
     "all-ladder": lambda n: ["ladder"] * n,  # every sync kept, each one module late (Ladder Residual)
     "ladder-upper": lambda n: ["tp"] * (n // 2) + ["ladder"] * (n - n // 2),  # the paper's conversion of the upper half
+    "all-caat": lambda n: ["caat"] * n,  # every sync kept on half its channels (CAAT-Net's main setting, p = 0.5)
+    "parallel3-spd": lambda n: (["parallel"] * 3 + ["spd"]) * (n // 4),  # tracks that sync every 4 blocks (PTT)
 }
 TP_AXIS_PATTERNS = ("all-spd", "parallel-spd", "all-parallel", "all-ladder", "ladder-upper")
 # (n_layer, n_embd, n_head): max_iters. Tokens per parameter fixed (docs/axes.md, "The size axis"): steps =
@@ -105,16 +107,18 @@ SWEEPS = {
     # the CPU configs with real tensor parallelism: 2 processes, one shard each, all-reduces through gloo
     "cpu-real": comm_runs("config/train_shakespeare_char_{}comm.py", (24, 18, 16, 12, 8, 6, 4, 3, 2, 1),
                           overrides=("--tp_size=2", "--tp_mode=real"), nproc=2),
-    # past the early phase: the axes model (cpu's 12 x 64 with 8 heads), 10x longer than "cpu", in eleven patterns:
-    # three that drop syncs, two that delay them (ladder), five that shrink them (int8 also two-shot);
-    # the resolved patterns (all tp, three drops, all ladder, int8 one- and two-shot) with RESOLVED_SEEDS, the rest 3
+    # past the early phase: the axes model (cpu's 12 x 64 with 8 heads), 10x longer than "cpu", in thirteen
+    # patterns: four that drop syncs (one of them tracks syncing every 4 blocks), one that syncs half of each one's
+    # channels (caat), two that delay them (ladder), five that shrink them (int8 also two-shot); the resolved
+    # patterns (all tp, the drops, caat, all ladder, int8 one- and two-shot) with RESOLVED_SEEDS, the rest 3
     "cpu-long": [*(axes_run(p) for p in ("all-tp", "all-spd")),
                  *(axes_run(p, seeds=RESOLVED_SEEDS[:10]) for p in ("parallel-spd", "all-parallel", "all-ladder")),
                  axes_run("ladder-upper", seeds=AXES_SEEDS),
                  *(axes_run("all-tp", comm_dtype=d, seeds=AXES_SEEDS) for d in ("bf16", "fp8")),  # shrunk: 24 syncs
                  axes_run("all-tp", comm_dtype="int8", seeds=RESOLVED_SEEDS[:10]),
                  axes_run("all-spd", comm_dtype="int8", seeds=RESOLVED_SEEDS[:10]),
-                 axes_run("all-tp", comm_dtype="int8", exchange="two_shot", seeds=RESOLVED_SEEDS[:10])],
+                 axes_run("all-tp", comm_dtype="int8", exchange="two_shot", seeds=RESOLVED_SEEDS[:10]),
+                 *(axes_run(p, seeds=RESOLVED_SEEDS[:10]) for p in ("all-caat", "parallel3-spd"))],  # issue 47
     # the tp degree: 2, 4 (cpu-long's runs) and 8; all-tp once at tp 4, and for seed 1337 at tp 2 and 8 to show it
     # is the same model at every degree
     "tp-axis": [shared("all-tp"),

@@ -52,6 +52,7 @@ DEFAULTS = dict(
     gelu_approximate="none",  # 'none' (exact, nanoGPT's) | 'tanh' (GPT-2's; forced by init_from=gpt2*)
     tp_size=1,  # shards per layer (DistributedGPT)
     block_types=None,  # 'tp' | 'spd' | 'parallel' | 'ladder' per layer (a list), or one for every layer; None = all 'tp'
+    caat_sync_fraction=0.5,  # 'caat' blocks: the fraction of channels each sync all-reduces (CAAT-Net; docs/model.md)
     tp_mode="simulated",  # 'simulated' (one process holds every shard) | 'real' (torchrun, one shard per rank)
     loss_parallel=False,  # distributed_gpt: wte/lm_head sharded by vocabulary, vocab-parallel cross-entropy
     # distributed_gpt: how the syncs move (none changes the weights; docs/overlap.md, docs/compression.md)
