@@ -1,15 +1,14 @@
 """
-DistributedGPT: GPT-2 whose blocks are Megatron tensor-parallel ('tp', 2 forward all-reduces), Sync-Point Drop
-('spd', arXiv 2502.20727, 1 all-reduce), fully 'parallel' (0) or Ladder Residual ('ladder', arXiv 2501.06589, 2
-all-reduces, each overlapping the next module's compute), chosen per layer. docs/model.md has the equations, the
-sharding rules and the dropout rules; this file is them in code.
+DistributedGPT: GPT-2 whose blocks are, per layer, Megatron tensor-parallel ('tp', 2 forward all-reduces), Sync-Point
+Drop ('spd', arXiv 2502.20727, 1), fully 'parallel' (0), Ladder Residual ('ladder', arXiv 2501.06589, 2, delayed) or
+partial-channel sync ('caat', arXiv 2506.19645, 2 of a fraction of the channels). docs/model.md has the equations, the
+sharding and the dropout rules; this file is them in code.
 
-Shard-side tensors carry a leading shard dimension L: L = tp when simulated (one process holds every shard),
-L = 1 in real mode (each rank holds its own). Inside the blocks the stream is flat over tokens: synced (N, C),
-per shard (L, N, C), N = B*T, so no view sits between a tensor and its uses (autograd can then accumulate a
-stream's two gradients in place). Parameters keep GPT's names and, simulated, GPT's exact shapes, so a GPT state
-dict loads as it is; in real mode each rank holds its slice (tpcomm/sharding.py). All communication goes through f and
-g (tpcomm/collectives.py), which count every collective they run (tpcomm/counting.py).
+Shard-side tensors carry a leading shard dimension L: L = tp when simulated (one process holds every shard), L = 1 in
+real mode. Inside the blocks the stream is flat over tokens: synced (N, C), per shard (L, N, C), N = B*T, so no view
+sits between a tensor and its uses (autograd then accumulates a stream's two gradients in place). Parameters keep GPT's
+names and, simulated, GPT's shapes, so a GPT state dict loads as it is; in real mode each rank holds its slice
+(tpcomm/sharding.py). All communication goes through f and g (tpcomm/collectives.py), which count it (counting.py).
 """
 
 import torch
