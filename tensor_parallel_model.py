@@ -4,11 +4,10 @@ Drop ('spd', arXiv 2502.20727, 1), fully 'parallel' (0), Ladder Residual ('ladde
 partial-channel sync ('caat', arXiv 2506.19645, 2 of a fraction of the channels). docs/model.md has the equations, the
 sharding and the dropout rules; this file is them in code.
 
-Shard-side tensors carry a leading shard dimension L: L = tp when simulated (one process holds every shard), L = 1 in
-real mode. Inside the blocks the stream is flat over tokens: synced (N, C), per shard (L, N, C), N = B*T, so no view
-sits between a tensor and its uses (autograd then accumulates a stream's two gradients in place). Parameters keep GPT's
-names and, simulated, GPT's shapes, so a GPT state dict loads as it is; in real mode each rank holds its slice
-(tpcomm/sharding.py). All communication goes through f and g (tpcomm/collectives.py), which count it (counting.py).
+Shard-side tensors lead with a shard dimension L: tp when simulated (one process holds every shard), 1 in real mode.
+In the blocks the stream is flat over tokens: synced (N, C), per shard (L, N, C), N = B*T (no view between a tensor and
+its uses, so autograd accumulates a stream's two gradients in place). Parameters keep GPT's names and, simulated, shapes
+(a GPT state dict loads as it is; real mode: tpcomm/sharding.py). All communication goes through f and g, which count it.
 """
 
 import torch
