@@ -7,7 +7,7 @@ sharding and the dropout rules; this file is them in code.
 Shard-side tensors lead with a shard dimension L: tp when simulated (one process holds every shard), 1 in real mode.
 In the blocks the stream is flat over tokens: synced (N, C), per shard (L, N, C), N = B*T (no view between a tensor and
 its uses, so autograd accumulates a stream's two gradients in place). Parameters keep GPT's names and, simulated, shapes
-(a GPT state dict loads as it is; real mode: tpcomm/sharding.py). All communication goes through f and g, which count it.
+(a GPT state dict loads as it is; real mode: tpcomm/sharding.py). All communication goes through f and g (counted).
 """
 
 import torch
