@@ -132,7 +132,7 @@ def rehearsal(tmp_path_factory):
     for split in ("train", "val"):
         os.remove(data / f"{split}.bin")
     common = ["--rehearsal", f"--out={tmp / 'sweep'}", f"--data_dir={data}", "--seeds=1337"]
-    r = scale(*common, "--budget-minutes=1.05")  # the assumed 60 s start-up: one run fits
+    r = scale(*common, "--budget-minutes=0.4")  # the assumed 15 s start-up (no compile): one run fits
     assert r.returncode == 0, r.stdout + r.stderr
     return tmp, common, r
 
@@ -151,13 +151,13 @@ def test_rehearsal_runs_one_chunk_and_writes_result_files(rehearsal):
 
 def test_rehearsal_resumes_with_measured_estimates(rehearsal):
     tmp, common, _ = rehearsal
-    r = scale(*common, "--dry-run", "--budget-minutes=1.05")
+    r = scale(*common, "--dry-run", "--budget-minutes=0.4")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert any(line.startswith("skip  all-tp-2x16-seed1337") for line in lines), r.stdout
     assert any("all-spd-2x16-seed1337" in line and "(measured, size)" in line for line in lines), r.stdout
     assert any("3x24" in line and "(assumed)" in line for line in lines), r.stdout
-    assert "GPU-minutes still to run" in r.stdout and "next chunk of 1.05 min" in r.stdout
+    assert "GPU-minutes still to run" in r.stdout and "next chunk of 0.4 min" in r.stdout
 
 
 def test_real_plan_dry_run_states_gpu_minutes():

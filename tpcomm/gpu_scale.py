@@ -27,7 +27,9 @@ from tpcomm.sweep_plan import REHEARSAL_SIZES, SCALE_SEEDS, SCALE_SIZES, scale_r
 NAME = "gpu-scale"
 OPTIONS = ("dry-run", "budget-minutes", "concurrent", "seeds", "out", "rehearsal", "slot")
 # The estimate before a size has a finished run (then its measured wall time replaces it). Assumed, not measured:
-STARTUP_S = 60.0  # per run: start-up, data check and inductor's compile (gpu-check's compiled GPT-2: 32 s in all)
+STARTUP_S = 15.0  # per run: python, torch and CUDA start-up, the data check
+COMPILE_S_PER_LAYER = 3.0  # inductor's compile grows with the graph: gpu-check's GPT-2 section (12 layers, eager and
+# compiled timings and the compile) took 32 s in all, ~2.7 s a layer; the simulated model's graph is larger
 LAYER_FLOOR_S = 2.5e-4  # per layer per step: small models are kernel-launch bound (~25 kernels x ~10 us per layer)
 # Measured (docs/gpu.json, `make gpu-check` on one H100): GPT-2 124M's compiled bf16 tokens/s, so 6 x params x that
 # FLOP/s, and simulated tp 8's step over GPT's per block type (eager): the rate a pattern gets here.
@@ -105,14 +107,15 @@ def gpu_rates(path=GPU_JSON):
 
 
 def assumed_seconds(job, rates):
-    """Start-up plus steps x the larger of the compute time (6 x params x tokens at GPT-2's measured rate, times the
+    """Start-up (and compile) plus steps x the larger of the compute time (6 x params x tokens at GPT-2's measured rate, times the
     block type's measured simulation cost) and the launch floor."""
     flops, ratio = rates
     cfg = job.cfg
     kind = "gpt" if cfg["model_type"] == "gpt" else cfg["block_types"][0]
     total, _ = results.count_params(cfg, 97)
     compute = 6 * total * results.tokens_per_iter(cfg) / flops * ratio.get(kind, max(ratio.values()))
-    return STARTUP_S + cfg["max_iters"] * max(compute, LAYER_FLOOR_S * cfg["n_layer"])
+    start = STARTUP_S + (COMPILE_S_PER_LAYER * cfg["n_layer"] if cfg["compile"] else 0.0)
+    return start + cfg["max_iters"] * max(compute, LAYER_FLOOR_S * cfg["n_layer"])
 
 
 def measured_seconds(jobs):
@@ -164,7 +167,7 @@ def dry_run(jobs, sweep_dir, budget_s=None):
         print(f"{'skip' if done else 'run '}  {j.label:<28} {sec / 60:5.1f} min ({where}), "
               f"{sweeps.tokens_of(j.cfg):,} tokens")
     print(f"GPU-minutes still to run: {total / 60:.0f} ({len(todo)} runs). Assumed until measured: {STARTUP_S:.0f} s "
-          f"start-up per run; GPT-2's compiled rate on the H100 ({rates[0] / 1e12:.0f} TFLOP/s at 6 x params per "
+          f"start-up per run and {COMPILE_S_PER_LAYER:.0f} s of compile per layer; GPT-2's compiled rate on the H100 ({rates[0] / 1e12:.0f} TFLOP/s at 6 x params per "
           f"token) times the block type's simulated step over GPT's at tp 8 ("
           f"{', '.join(f'{k} {v:.2f}x' for k, v in rates[1].items() if k != 'gpt')}); at least "
           f"{LAYER_FLOOR_S * 1e3:.2f} ms per layer per step (launch-bound)")
