@@ -248,3 +248,17 @@ def test_report_registers_the_axis():
 
     assert "gpu-scale-axis" in report.blocks() and scale_report.PLOT in report.plot_specs()
     assert [r.name for r in scale_runs()] == [r.name for r in SWEEPS["gpu-scale"]]
+
+
+@pytest.mark.slow
+def test_concurrent_workers_share_one_chunk(tmp_path):
+    """--concurrent=2: two copies of the command, each run of the chunk trained once (the job locks share them)."""
+    data = tmp_path / "data"
+    r = run_script(PREPARE, "--input", c_file(tmp_path / "a.c", 4000, 3), "--out_dir", str(data))
+    assert r.returncode == 0, r.stderr
+    r = scale("--rehearsal", f"--out={tmp_path / 'sweep'}", f"--data_dir={data}", "--seeds=1337",
+              "--budget-minutes=0.6", "--concurrent=2")  # 2 runs of an assumed 15 s fit
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(p.name for p in (tmp_path / "sweep" / "runs").glob("*.json")) == \
+        ["all-spd-2x16-seed1337.json", "all-tp-2x16-seed1337.json"]
+    assert r.stdout.count("] done ") == 2 and r.stdout.count("trained 1 run(s)") == 2, r.stdout

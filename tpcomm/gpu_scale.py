@@ -206,12 +206,12 @@ def run_chunk(jobs, budget_s, *, say=print):
     return trained
 
 
-def concurrent(argv, k):
+def concurrent(argv, k, sweep_dir):
     """k copies of this command at once (--slot=i), each with its own GPU-lock directory (TMPDIR), so their runs
     share the one GPU; the job locks share the runs out. Returns the worst exit status."""
     procs = []
     for i in range(k):
-        tmp = os.path.join(ROOT, "experiments", NAME, f".slot{i}")
+        tmp = os.path.join(sweep_dir, f".slot{i}")  # ignored by git, as the run directories
         os.makedirs(tmp, exist_ok=True)
         cmd = [sys.executable, os.path.join(ROOT, "experiment.py"), NAME,
                *[a for a in argv if not a.startswith("--concurrent")], f"--slot={i}"]
@@ -229,7 +229,7 @@ def main(argv):
         return 0
     if opts.get("concurrent", 1) > 1 and "slot" not in opts:
         ensure_data([j for j in jobs if not sweeps.is_finished(j)])
-        return concurrent(argv, opts["concurrent"])
+        return concurrent(argv, opts["concurrent"], sweep_dir)
     ensure_data([j for j in jobs if not sweeps.is_finished(j)])
     sweeps.check_data_files([j for j in jobs if not sweeps.is_finished(j)])
     t0 = time.time()
