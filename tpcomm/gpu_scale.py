@@ -111,32 +111,39 @@ def assumed_seconds(job, rates):
     block type's measured simulation cost) and the launch floor."""
     flops, ratio = rates
     cfg = job.cfg
-    kind = "gpt" if cfg["model_type"] == "gpt" else cfg["block_types"][0]
     total, _ = results.count_params(cfg, 97)
-    compute = 6 * total * results.tokens_per_iter(cfg) / flops * ratio.get(kind, max(ratio.values()))
+    compute = 6 * total * results.tokens_per_iter(cfg) / flops * ratio.get(kind_of(cfg), max(ratio.values()))
     start = STARTUP_S + (COMPILE_S_PER_LAYER * cfg["n_layer"] if cfg["compile"] else 0.0)
     return start + cfg["max_iters"] * max(compute, LAYER_FLOOR_S * cfg["n_layer"])
 
 
+def kind_of(cfg):
+    return "gpt" if cfg["model_type"] == "gpt" else cfg["block_types"][0]
+
+
 def measured_seconds(jobs):
-    """{run name: median wall s} and {model size: largest wall s} of the finished runs."""
+    """{run name: median wall s} and {model size: [(block type, wall s), ...]} of the finished runs."""
     by_run, by_size = {}, {}
     for j in jobs:
         rec = sweeps.load_result(j, say=lambda *_: None) if os.path.exists(j.result_path) else None
         wall = rec and rec["timing"].get("wall_s")
         if wall:
             by_run.setdefault(j.run.name, []).append(wall)
-            by_size.setdefault(sweeps.model_size(j.cfg), []).append(wall)
-    return {k: statistics.median(v) for k, v in by_run.items()}, {k: max(v) for k, v in by_size.items()}
+            by_size.setdefault(sweeps.model_size(j.cfg), []).append((kind_of(j.cfg), wall))
+    return {k: statistics.median(v) for k, v in by_run.items()}, by_size
 
 
 def estimate(job, measured, rates):
-    """(seconds, where from): the run's own measured wall time, its size's, else the assumption."""
+    """(seconds, where from): the run's own measured wall time; else its size's, each finished run's wall time
+    scaled by the block types' measured simulation costs (the largest of those); else the assumption."""
     by_run, by_size = measured
     if job.run.name in by_run:
         return by_run[job.run.name], "measured"
+    ratio = rates[1]
     if sweeps.model_size(job.cfg) in by_size:
-        return by_size[sweeps.model_size(job.cfg)], "measured, size"
+        mine = ratio.get(kind_of(job.cfg), max(ratio.values()))
+        return max(wall * mine / ratio.get(kind, 1.0) for kind, wall in by_size[sweeps.model_size(job.cfg)]), \
+            "measured, size"
     return assumed_seconds(job, rates), "assumed"
 
 
