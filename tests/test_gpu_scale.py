@@ -163,7 +163,8 @@ def test_rehearsal_resumes_with_measured_estimates(rehearsal):
 def test_real_plan_dry_run_states_gpu_minutes():
     r = scale("--dry-run", "--budget-minutes=8")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.count("\nrun   ") + r.stdout.startswith("run") == 4 * 3 * 3 + 1, r.stdout
+    planned = [line for line in r.stdout.splitlines() if line.startswith(("run ", "skip "))]
+    assert len(planned) == len(SCALE_PATTERNS) * len(SCALE_SIZES) * len(SCALE_SEEDS) + 1, r.stdout  # + GPT once
     assert "GPU-minutes still to run" in r.stdout and "453" not in r.stdout  # the rate, converted, not pasted
     assert "103,680,000 tokens" in r.stdout
 
@@ -176,6 +177,20 @@ def test_real_plan_dry_run_states_gpu_minutes():
 ])
 def test_bad_options_are_one_line(args, words):
     assert words in one_line_error(scale(*args))
+
+
+def test_the_real_plan_wants_a_gpu(monkeypatch):
+    import torch
+    from tpcomm import gpu_scale
+    from tpcomm.sweep import SweepError
+
+    job = type("Job", (), dict(cfg=dict(device="auto")))()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SweepError, match="no CUDA GPU here"):
+        gpu_scale.check_device([job])
+    gpu_scale.check_device([type("Job", (), dict(cfg=dict(device="cpu")))()])  # the rehearsal's: allowed
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    gpu_scale.check_device([job])
 
 
 def test_missing_data_and_no_compact_form_is_one_line(tmp_path):

@@ -227,6 +227,16 @@ def concurrent(argv, k, sweep_dir):
     return max(p.wait() for p in procs)
 
 
+def check_device(jobs):
+    """The sweep's runs pick CUDA (device 'auto'); without a GPU they would run for days on the estimates of minutes:
+    refused (the rehearsal, or an explicit --device=..., is the user's choice)."""
+    import torch
+
+    if any(j.cfg["device"] == "auto" for j in jobs) and not torch.cuda.is_available():
+        raise sweeps.SweepError("gpu-scale: no CUDA GPU here (its runs and estimates are a GPU's); on CPU run "
+                                "--rehearsal, or --dry-run for the plan")
+
+
 def main(argv):
     opts, overrides = parse(argv)
     jobs, sweep_dir = plan_jobs(opts, overrides)
@@ -234,6 +244,7 @@ def main(argv):
     if opts.get("dry-run"):
         dry_run(jobs, sweep_dir, budget_s)
         return 0
+    check_device(jobs)
     if opts.get("concurrent", 1) > 1 and "slot" not in opts:
         ensure_data([j for j in jobs if not sweeps.is_finished(j)])
         return concurrent(argv, opts["concurrent"], sweep_dir)
