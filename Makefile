@@ -1,7 +1,7 @@
 # `make test` is the README's test command; `make setup` installs what it needs.
 PY ?= python
 
-.PHONY: setup test test-fast experiment gpu-check
+.PHONY: setup test test-fast experiment gpu-check gpu-scale
 # torch: 2.13 is the floor (requirements.txt, docs/gpu.md). An installed torch >= 2.13 is kept (on a machine with an
 # NVIDIA GPU only if it is a CUDA build). Else, with a GPU (nvidia-smi works): PyPI's torch==$(TORCH), which is its
 # CUDA build; without one: torch==$(TORCH)+cpu, the CPU build (PyPI's plain torch would pull the multi-GB CUDA build
@@ -50,3 +50,10 @@ experiment: setup
 gpu-check:
 	$(PY) -c "import torch" 2>/dev/null || $(MAKE) setup
 	$(PY) -m tpcomm.gpu_check --out_dir=docs
+
+# One chunk of the gpu-scale sweep on one GPU (docs/gpu.md, "gpu-scale"): the next runs that fit $(MINUTES) minutes,
+# each leaving experiments/gpu-scale/runs/<run>-seed<S>.json; it unpacks data/linux/linux-char.tar.xz when the
+# .bin files are missing. `python experiment.py gpu-scale --dry-run` prints the plan and its GPU-minutes.
+MINUTES ?= 8
+gpu-scale:
+	$(PY) experiment.py gpu-scale --budget-minutes=$(MINUTES)

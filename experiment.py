@@ -8,6 +8,7 @@ $ python experiment.py cpu --report-only            # tables and plots again fro
 $ python experiment.py cpu-long                     # the axes (docs/axes.md): cpu-long, tp-axis, size-axis, convergence
 $ python experiment.py gpt2 --nproc=8               # GPT-2 124M on OpenWebText (GPUs)
 $ python experiment.py gpu-node                     # real TP on one 8-GPU node: every way to give up a sync, timed
+$ python experiment.py gpu-scale --budget-minutes=8  # the next chunk of the 3-size sweep on one GPU (--dry-run: plan)
 $ python experiment.py report                       # README/docs tables and plots from the committed result files
 $ python experiment.py report --check               # exit 1, one line per mismatch, when they are stale
 """
@@ -22,5 +23,9 @@ if __name__ == "__main__":
         from tpcomm.gpu_node import cli as gpu_node_cli
 
         gpu_node_cli(sys.argv[2:])
+    elif sys.argv[1:2] == ["gpu-scale"]:  # the sweep machinery plus a time budget: tpcomm/gpu_scale.py
+        from tpcomm.gpu_scale import cli as gpu_scale_cli
+
+        gpu_scale_cli(sys.argv[2:])
     else:
         cli(sys.argv[1:], report_main=report_main)

@@ -232,6 +232,15 @@ def check_experiment(args):
         except gpu_node.NodeError as e:
             return [str(e)]
         return [f"unknown key --{k}" for k in keys_only if k not in gpu_node.OPTIONS]
+    if parse[:1] == ["gpu-scale"]:  # its own options (tpcomm/gpu_scale.py), then train.py overrides
+        from tpcomm import gpu_scale
+
+        try:
+            _, overrides = gpu_scale.parse(parse[1:])
+        except sweep.SweepError as e:
+            return [str(e)]
+        return [f"unknown key --{k}" for k in keys_only if k not in gpu_scale.OPTIONS and k not in train.DEFAULTS] \
+            + configure_check(train.DEFAULTS, overrides)
     problems = [f"unknown key --{k}" for k in keys_only if k not in train.DEFAULTS and k not in sweep.RUNNER_OPTIONS]
     try:
         _, _, overrides = sweep.parse_args(parse)

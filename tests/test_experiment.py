@@ -19,6 +19,7 @@ from tpcomm import sweep as experiment
 from tpcomm import pairing, plots, results
 from configurator import _literal
 from conftest import ROOT, TINY, fork_server_for_children, run_script
+from tpcomm.sweep_plan import SCALE_CONFIG
 
 TINY_SWEEP = [a for a in TINY if not a.startswith(("--n_layer", "--log_interval", "--gradient_accumulation_steps"))]
 TINY_SWEEP += ["--max_iters=6", "--lr_decay_iters=6", "--eval_interval=3", "--log_interval=1"]
@@ -178,7 +179,8 @@ def test_defined_sweeps_share_one_budget_and_name_their_configs():
         assert all(len(t) == 1 for t in by_size.values()), name
         for j in jobs:
             # <n>comm runs its <n>comm config, <n>comm-<change> that config with one change
-            assert j.run.config.endswith(f"_{j.run.name.split('-')[0]}.py") or j.run.config == experiment.AXES_CONFIG
+            assert j.run.config.endswith(f"_{j.run.name.split('-')[0]}.py") or \
+                j.run.config in (experiment.AXES_CONFIG, SCALE_CONFIG)  # the axes and gpu-scale: one config each
     assert [r.name for r in experiment.SWEEPS["cpu"]] == [f"{n}comm" for n in (24, 18, 16, 12, 8, 6, 4, 3, 2, 1)] + [
         "24comm-ladder", "24comm-ladder-upper", "24comm-bf16", "24comm-fp8", "24comm-int8", "12comm-int8"]
     assert [r.name for r in experiment.SWEEPS["gpt2"]] == [f"{n}comm" for n in (24, 18, 16, 12, 8, 6)] + [

@@ -31,6 +31,7 @@ from tpcomm import sweep as sweeps
 from tpcomm.answer import answer_summary, answer_table, tradeoff_plot
 from tpcomm.provenance import provenance_markdown
 from tpcomm.readings import claim, comm_dtype_label, data_warning, interval_cell, no_results, pattern_name, penalties
+from tpcomm.scale_report import PLOT as SCALE_PLOT, scale_axis, scale_plot
 
 MARKER = re.compile(r"<!-- report:([\w.-]+) -->(.*?)<!-- /report:\1 -->", re.S)
 OPENING = re.compile(r"<!-- report:([\w.-]+) -->")
@@ -301,6 +302,7 @@ def blocks():
     out["axes-compute"] = (AXES, axes_compute)
     out["answer"] = (("cpu-long", "convergence"), answer_summary)
     out["answer-table"] = (("cpu-long",), answer_table)
+    out["gpu-scale-axis"] = (("gpu-scale",), scale_axis)  # tpcomm/scale_report.py
     return out
 
 
@@ -317,6 +319,7 @@ def plot_specs():
         "docs/axes_penalty_vs_tp.png": (("tp-axis", "cpu-long"), penalty_vs_tp),
         "docs/axes_penalty_vs_size.png": (("size-axis", "cpu-long"), penalty_vs_size),
         "docs/answer_tradeoff.png": (("cpu-long",), tradeoff_plot),
+        SCALE_PLOT: (("gpu-scale",), scale_plot),
     }
 
 

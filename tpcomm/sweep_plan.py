@@ -147,3 +147,42 @@ def runs_named(sweep, names):
     if wanted is not None and set(wanted) - {r.name for r in SWEEPS[sweep]}:
         return None
     return [r for r in SWEEPS[sweep] if wanted is None or r.name in wanted]
+
+
+# ---- gpu-scale (issue 52; docs/gpu.md "gpu-scale"): cpu-long's model family at three sizes, on one GPU ----
+SCALE_CONFIG = "config/gpu_scale.py"  # the axes model on the Linux C corpus, bf16 autocast and compile on CUDA
+# (n_layer, n_embd, n_head): batch_size. n_embd = 16/3 n_layer (the 12 x 64 model's aspect), 8 heads (tp 4 and 8
+# divide them). Every size trains AXES_STEPS steps of block 64 at 6.49 tokens per non-embedding parameter (cpu-long's:
+# 3,840,000 / 591,424), so the batch grows with N: batch = 6.49 N / (5000 x 64), rounded (6.47 and 6.50 at the two
+# new sizes; tests/test_gpu_scale.py recomputes it from the models). Learning rate 2e-3 x 64 / n_embd (Adam's
+# hidden-layer rule of muP, from cpu-long's 2e-3 at width 64; not tuned), min_lr a tenth of it.
+SCALE_SIZES = {(12, 64, 8): 12, (21, 112, 8): 64, (36, 192, 8): 324}
+SCALE_PATTERNS = ("all-tp", "all-spd", "all-parallel", "all-ladder", "all-caat")  # caat: partial-channel sync, p = 0.5
+SCALE_SEEDS = AXES_SEEDS
+REHEARSAL_SIZES = {(2, 16, 4): 2, (3, 24, 4): 3}  # the CPU rehearsal's (tests/test_gpu_scale.py): same code path
+
+
+def scale_run(pattern, size, batch, *, config=SCALE_CONFIG):
+    """pattern None: GPT itself (model.py), the step-time reference (docs/gpu.md, "gpu-scale")."""
+    n_layer, n_embd, n_head = size
+    lr = 2e-3 * 64 / n_embd
+    model = ("--model_type=gpt", "--tp_size=1", "--block_types=None") if pattern is None else \
+        (f"--block_types={compact_list(PATTERNS[pattern](n_layer))}",)
+    return Run(f"{pattern or 'gpt'}-{n_layer}x{n_embd}", config,
+               (*model, f"--n_layer={n_layer}", f"--n_embd={n_embd}", f"--n_head={n_head}", f"--batch_size={batch}",
+                f"--learning_rate={lr:.6g}", f"--min_lr={lr / 10:.6g}"),
+               seeds=SCALE_SEEDS[:1] if pattern is None else None)
+
+
+def scale_runs(sizes=None, *, config=SCALE_CONFIG):
+    """Size by size, the all-tp baseline first; at the largest size GPT itself right after it (first seed only:
+    its step time is what simulated tp 4 is timed against, and its loss equals all-tp's up to rounding)."""
+    sizes = sizes or SCALE_SIZES
+    largest = max(sizes, key=lambda s: s[0] * s[1] ** 2)
+    return [run for size, batch in sizes.items() for p in SCALE_PATTERNS
+            for run in [scale_run(p, size, batch, config=config)] +
+            ([scale_run(None, size, batch, config=config)] if p == "all-tp" and size == largest else [])]
+
+
+SWEEPS["gpu-scale"] = scale_runs()
+SWEEP_SEEDS["gpu-scale"] = SCALE_SEEDS
