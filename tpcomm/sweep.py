@@ -48,7 +48,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from configurator import ConfigError, configure
+from configurator import ConfigError, configure, parse_flag
 from tpcomm import ROOT, pairing, plots, results
 from tpcomm.gpu_claim import GPUClaim, node_gpus
 from tpcomm.sweep_records import (finished_seeds, git_state, load_result, machine_info, read_done,  # noqa: F401
@@ -57,6 +57,7 @@ from tpcomm.sweep_plan import (AXES_CONFIG, AXES_SEEDS, AXES_SIZE, AXES_STEPS, C
                                RESOLVED_SEEDS, SIZES, SWEEP_REMARKS, SWEEP_SEEDS, SWEEPS, TP_AXIS_PATTERNS, Run)
 
 RUNNER_OPTIONS = ("seeds", "nproc", "out", "report-only", "dry-run", "counts", "check")
+RUNNER_FLAGS = ("report-only", "dry-run", "counts")  # --flag, --flag=True or --flag=False
 
 
 class SweepError(ValueError):
@@ -114,7 +115,10 @@ def plan(runs, *, sweep_dir, seeds, overrides=(), nproc=None, check_data=True, s
             except ConfigError as e:
                 raise SweepError(f"{run.name}: {e}") from None
             n = nproc or run.nproc or node_gpus()
-            if cfg["tp_mode"] == "real" and n == 1:
+            if cfg["tp_mode"] == "real" and n == 1 and cfg["tp_size"] > 1:
+                if nproc is not None:  # asked for: one process cannot hold the shards, and is not silently two
+                    raise SweepError(f"{run.name}: --nproc=1 cannot run tp_mode='real' with tp_size "
+                                     f"{cfg['tp_size']}: give --nproc a multiple of {cfg['tp_size']}")
                 n = cfg["tp_size"]
             tp = cfg["tp_size"] if cfg["tp_mode"] == "real" else 1
             if n % tp or cfg["gradient_accumulation_steps"] % (n // tp):
@@ -179,7 +183,7 @@ def result_problem(job):
     if not os.path.exists(job.result_path):
         return "no result file"
     try:
-        record = results.read_record(job.result_path)
+        record = results.read_record(job.result_path, sweep=job.sweep)
     except results.ResultsError as e:
         return f"not a valid result file ({e})"
     key = same_config(record["config"], job.cfg)
@@ -295,7 +299,7 @@ def finish_job(job, *, progress, say):
     checkpoint), then record it; returns the record."""
     if run_dir_finished(job):
         record_finished([job], say=say)
-        return results.read_record(job.result_path)
+        return results.read_record(job.result_path, sweep=job.sweep)
     done_path = os.path.join(job.out_dir, "done.json")
     if os.path.exists(done_path):
         if read_done(job.out_dir) is None:
@@ -427,6 +431,8 @@ def parse_args(argv):
             if sweep is not None:
                 raise SweepError(f"one sweep at a time, got {sweep!r} and {arg!r}")
             sweep = arg
+        elif key in RUNNER_FLAGS:
+            opts[key] = parse_flag(arg)
         elif key in RUNNER_OPTIONS and key != "check":
             opts[key] = arg.split("=", 1)[1] if "=" in arg else True
         elif "=" in arg:
@@ -458,8 +464,8 @@ def parse_args(argv):
 def parse_report_args(argv):
     sweeps, check = [], False
     for arg in argv:
-        if arg == "--check":
-            check = True
+        if arg.split("=", 1)[0] == "--check":
+            check = parse_flag(arg)
         elif arg.startswith("-"):
             raise SweepError(f"argument {arg!r}: report takes sweep names and --check")
         elif arg not in SWEEPS:

@@ -87,7 +87,7 @@ def load_result(job, *, say=print):
     ResultsError naming it."""
     if not os.path.exists(job.result_path):
         return None
-    record = results.read_record(job.result_path)
+    record = results.read_record(job.result_path, sweep=job.sweep)
     key = same_config(record["config"], job.cfg)
     if key is not None:
         say(f"left out {job.label}: {job.result_path} is stale ({key}={record['config'][key]!r}, the sweep has "
