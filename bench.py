@@ -47,6 +47,7 @@ from tpcomm.bench_config import (DEFAULTS, combinations, pattern_label, sync_opt
                                  validate_pipeline, variant_name)
 from tpcomm.build import build_model
 from tpcomm.models import train_step as step
+from tpcomm.output_path import replace_atomically
 from tpcomm.runtime import DeviceClock, autocast_context, pick_device_and_dtype, setup_runtime
 from tpcomm.parallel_dims import check_layout, init_parallel, launched_by_torchrun, shutdown
 
@@ -313,7 +314,7 @@ def plot_decode(rows, path, *, title):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    replace_atomically(lambda tmp: fig.savefig(tmp, dpi=120, format="png"), path)
     plt.close(fig)
 
 

@@ -23,6 +23,7 @@ import ast
 import functools
 import copy
 import json
+import math
 import os
 import sys
 
@@ -48,10 +49,15 @@ def _literal(text):
     return ev(ast.parse(text, mode="eval").body)
 
 
-def _coerce(key, value, default):
-    """Check `value` against the default's type; int widens to float; None defaults take anything."""
-    if default is None or value is None:
+def _coerce(key, value, default, nullable=()):
+    """Check `value` against the default's type; int widens to float; None defaults take anything; None is taken
+    only by those and the keys in `nullable` (a numeric key given None would fail later, inside the run)."""
+    if default is None or (value is None and key in nullable):
         return value
+    if value is None:
+        raise ConfigError(f"{key}: expected {type(default).__name__} (default {default!r}), got None")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}: expected a finite number, got {value!r}")
     if isinstance(default, bool) or isinstance(value, bool):
         if isinstance(default, bool) and isinstance(value, bool):
             return value
@@ -70,6 +76,18 @@ def parse_value(key, text):
         return text  # a bare string, e.g. --device=cpu or --out_dir=out
 
 
+def parse_flag(arg):
+    """A runner's on/off flag: `--name` is True; `--name=True` / `--name=False` parse as every other key's value
+    does. Anything else is a ConfigError naming the flag and the value."""
+    if "=" not in arg:
+        return True
+    key, text = arg.lstrip("-").split("=", 1)
+    value = parse_value(key, text)
+    if not isinstance(value, bool):
+        raise ConfigError(f"--{key} is a flag: give --{key}, --{key}=True or --{key}=False, got {text!r}")
+    return value
+
+
 def _run_config_file(path):
     """exec a config file with its directory first on sys.path, so `from sweep_gpt2 import *` finds
     a base config beside it; modules imported from that directory are forgotten afterwards."""
@@ -81,7 +99,7 @@ def _run_config_file(path):
     try:
         with open(path) as f:
             exec(compile(f.read(), path, "exec"), scope)
-    except Exception as e:  # a broken config file is a user error
+    except (Exception, SystemExit) as e:  # a broken config file (or one that calls sys.exit) is a user error
         raise ConfigError(f"config file {path!r} failed: {type(e).__name__}: {e}") from None
     finally:
         sys.dont_write_bytecode = dont_write_bytecode
@@ -100,9 +118,9 @@ def usage(defaults):
     return f"{doc}\n\nkeys (--key=value, after any config files), with their defaults:\n{keys}"
 
 
-def configure(defaults, argv):
+def configure(defaults, argv, *, nullable=()):
     """Return a new dict: defaults updated by config files then --key=value arguments, in order. --help (or -h)
-    prints usage(defaults) and exits 0."""
+    prints usage(defaults) and exits 0. nullable: keys with a non-None default that also take None."""
     config = dict(defaults)
     if "--help" in argv or "-h" in argv:
         try:
@@ -120,7 +138,7 @@ def configure(defaults, argv):
                     continue
                 if key not in config:
                     raise ConfigError(f"unknown config key {key!r} in {arg}")
-                config[key] = _coerce(key, copy.deepcopy(value), defaults[key])
+                config[key] = _coerce(key, copy.deepcopy(value), defaults[key], nullable)
         else:
             if "=" not in arg:
                 raise ConfigError(f"argument {arg!r} must look like --key=value")
@@ -130,7 +148,7 @@ def configure(defaults, argv):
             value = parse_value(key, text)
             if isinstance(defaults[key], str) and not isinstance(value, str):
                 value = text  # --out_dir=123 is still a path
-            config[key] = _coerce(key, value, defaults[key])
+            config[key] = _coerce(key, value, defaults[key], nullable)
     return config
 
 

@@ -118,7 +118,7 @@ def gpt2_codec():
 
 @exit_on_config_error
 def main(argv):
-    cfg = configure(DEFAULTS, argv)
+    cfg = configure(DEFAULTS, argv, nullable=("top_k",))
     check_sample_settings(cfg)
     cfg["start"] = read_prompt(cfg["start"])
     device, device_type, dtype = pick_device_and_dtype(cfg["device"], cfg["dtype"])

@@ -130,7 +130,12 @@ def train(training):
     if cfg["wandb_log"] and master:
         import wandb
 
-        wandb.init(project=cfg["wandb_project"], name=cfg["wandb_run_name"], config=cfg)
+        try:
+            wandb.init(project=cfg["wandb_project"], name=cfg["wandb_run_name"], config=cfg)
+        except Exception as e:  # noqa: BLE001 (no API key, no network, ...: wandb's own errors, one line)
+            raise RunError(f"wandb_log=True: wandb.init failed ({type(e).__name__}: "
+                           f"{str(e).strip().splitlines()[0][:200]}); `wandb login`, WANDB_MODE=offline, or "
+                           f"--wandb_log=False") from None
     local_iter_num, running_mfu = 0, -1.0
     first_iter, last_eval = training.iter_num, None  # (iteration, losses) of the last evaluation
     loop_start = time.perf_counter()

@@ -31,7 +31,7 @@ def error_line(capsys, argv):
     ("--n_embd=0", "n_embd must be an int >= 1, got 0"),
     ("--block_size=0", "block_size must be an int >= 1, got 0"),
     ("--batch_size=0", "batch_size must be an int >= 1, got 0"),
-    ("--vocab_size=None", "vocab_size must be an int >= 1, got None"),
+    ("--vocab_size=None", "vocab_size: expected int (default 50304), got None"),
     ("--iters=0", "iters must be an int >= 1, got 0"),
     ("--warmup=-1", "warmup must be an int >= 0, got -1"),
     ("--n_embd=30", "n_embd (30) must be divisible by n_head (4)"),

@@ -203,7 +203,7 @@ def error_line(capsys, argv):
     (["validate", "--calibration=/nonexistent/cal.json"], "calibration file '/nonexistent/cal.json' not found"),
     (["validate", "--mfu=0.5"], "unknown config key 'mfu'"),
     (["measure"], "out must be the calibration file to write (--out=FILE.json), got None"),
-    (["measure", "--out=/nonexistent/cal.json"], "out: directory '/nonexistent' does not exist"),
+    (["measure", "--out=/nonexistent/cal.json"], "out: the folder '/nonexistent' does not exist"),
     (["measure", "--out=cal.json", "--procs=1"], "procs must be an int >= 2, got 1"),
     (["measure", "--out=cal.json", "--sizes=[1024, 6]"], "sizes must be a non-empty list of byte counts"),
     (["measure", "--out=cal.json", "--iters=0"], "iters must be an int >= 1, got 0"),  # bench.py's own check

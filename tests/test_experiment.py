@@ -388,7 +388,7 @@ def test_counts_refuse_a_model_without_communication(tmp_path):
     (["--log_interval=-1"], "log_interval must be >= 1, got -1"),
     (["--max_iters=-5"], "max_iters must be >= 0, got -5"),
     (["--dropout=1.5"], "dropout must be in [0, 1), got 1.5"),
-    (["--gradient_accumulation_steps=None"], "gradient_accumulation_steps must be a number, got None"),
+    (["--gradient_accumulation_steps=None"], "gradient_accumulation_steps: expected int (default 40), got None"),
     (["--tp_mode=fake"], "tp_mode must be 'simulated' or 'real', got 'fake'"),
     (["--init_from=resume"], "runner starts every run from scratch"),
     (["--nproc=0"], "--nproc must be >= 1, got 0"),

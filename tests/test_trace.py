@@ -202,7 +202,7 @@ def test_plot_bad_input_is_one_line(simulated, tmp_path, capsys):
         (["plot", out, files["tp"], "--labels=a,b"], "2 label(s) for 1 trace(s)"),
         (["plot", out, files["tp"], "--labels=[1]"], "--labels must be a,b or a list of strings"),
         (["plot", out, files["tp"], "--step=5"], f"has {STEPS} step(s); there is no step 5"),
-        (["plot", str(tmp_path / "no" / "x.png"), files["tp"]], "cannot write"),
+        (["plot", str(tmp_path / "no" / "x.png"), files["tp"]], "does not exist"),
         (["plot", out], "usage:"),
         (["draw", out, files["tp"]], "usage:"),
     ]
@@ -217,7 +217,7 @@ def test_plot_bad_input_is_one_line(simulated, tmp_path, capsys):
     (["--trace_steps=0"], "trace_steps must be an int >= 1, got 0"),
     (["--mode=decode", "--trace=t.json"], "trace profiles training steps: it needs mode='train'"),
     (["--trace=/no/such/folder/t.json"], "the folder '/no/such/folder' does not exist"),
-    (["--trace=."], "trace must be a file path, got '.'"),
+    (["--trace=."], "trace must be a file path, got the directory '.'"),
 ])
 def test_bench_bad_trace_options_are_one_line(capsys, args, words):
     with pytest.raises(SystemExit) as e:

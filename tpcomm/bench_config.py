@@ -3,11 +3,11 @@ bench.py's options (DEFAULTS: every model key train.py takes, plus what to time 
 any work: ConfigError naming key and value. The model options are checked by tpcomm/options.py, as train.py's.
 """
 
-import os
 
 from configurator import ConfigError
 from tpcomm.data_parallel import DATA_PARALLEL, INIT_DEVICES
-from tpcomm.options import TP_COMM_OPTIONS, check_batch, model_config, validate_tp_args
+from tpcomm.options import TP_COMM_OPTIONS, TP_DEFAULTS, check_batch, model_config, validate_tp_args
+from tpcomm.output_path import check_output_file, is_png, json_with
 from tpcomm.parallel_dims import world_size
 from tpcomm.pipeline import validate_pp_layout
 from tpcomm.results import compact_list
@@ -97,13 +97,13 @@ def validate(cfg):
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ConfigError(f"trace_steps must be an int >= 1, got {n!r}")
     if trace is not None:
-        if not isinstance(trace, str) or not trace or os.path.isdir(trace):
-            raise ConfigError(f"trace must be a file path, got {trace!r}")
+        check_output_file(trace, key="trace", own=json_with("traceEvents"))  # an earlier trace may be replaced
         if cfg["mode"] != "train":
             raise ConfigError(f"trace profiles training steps: it needs mode='train', got mode={cfg['mode']!r}")
-        folder = os.path.dirname(os.path.abspath(trace))
-        if not os.path.isdir(folder):
-            raise ConfigError(f"trace: the folder {folder!r} does not exist (trace={trace!r})")
+    if cfg["plot"] is not None:
+        check_output_file(cfg["plot"], key="plot", own=is_png, suffixes=(".png",))
+        if cfg["mode"] != "decode":
+            raise ConfigError(f"plot draws the decode timings: it needs mode='decode', got mode={cfg['mode']!r}")
     if cfg["mode"] == "decode":
         sizes = cfg["batch_sizes"] if cfg["batch_sizes"] is not None else [cfg["batch_size"]]
         if not isinstance(sizes, list) or not sizes or any(type(b) is not int or b < 1 for b in sizes):
@@ -157,6 +157,11 @@ def variants_of(cfg):
         bad = sorted(set(v) - set(TP_COMM_OPTIONS))
         if bad:
             raise ConfigError(f"variants: unknown key(s) {bad} in {v!r}; use {list(TP_COMM_OPTIONS)}")
+        for key, value in v.items():  # the type of the flag's default (tp_comm_dtype: a name or None)
+            default = TP_DEFAULTS[key]
+            if not (type(value) is type(default) or (key == "tp_comm_dtype" and isinstance(value, str))):
+                want = "a str or None" if default is None else type(default).__name__
+                raise ConfigError(f"variants: {key} must be {want}, got {value!r} in {v!r}")
     return variants
 
 

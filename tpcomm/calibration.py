@@ -19,6 +19,7 @@ from configurator import ConfigError, configure
 
 from tpcomm import ROOT
 from tpcomm.cost_model import allreduce_time, error, fit_allreduce, fit_line, fit_step, leave_one_out, overlapped_syncs
+from tpcomm.output_path import check_output_file, json_with, replace_atomically
 
 # ---------- python comm_model.py measure: this machine ----------
 
@@ -49,8 +50,7 @@ def measure(cfg):
     out = cfg["out"]
     if not isinstance(out, str) or not out:
         raise ConfigError(f"out must be the calibration file to write (--out=FILE.json), got {out!r}")
-    if not os.path.isdir(os.path.dirname(os.path.abspath(out))):
-        raise ConfigError(f"out: directory {os.path.dirname(os.path.abspath(out))!r} does not exist")
+    check_output_file(out, key="out", own=json_with("format", "microbenchmark"))  # an earlier calibration: replaced
     for key, least in (("procs", 2), ("reps", 1)):
         if type(cfg[key]) is not int or cfg[key] < least:
             raise ConfigError(f"{key} must be an int >= {least}, got {cfg[key]!r}")
@@ -89,10 +89,10 @@ def measure(cfg):
         "samples": samples, "loadavg_after": loadavg(), "fit": fit}
     record["training"] = training(cfg, patterns)
     record["machine"]["loadavg_after"] = loadavg()
-    tmp = out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(record, f, indent=1)
-    os.replace(tmp, out)
+    def write(tmp):
+        with open(tmp, "w") as f:
+            json.dump(record, f, indent=1)
+    replace_atomically(write, out)
     print(f"wrote {out}; next: python comm_model.py validate --calibration={out}")
 
 

@@ -16,7 +16,8 @@ import torch
 from configurator import ConfigError
 from model import GPT, NANOGPT_ARGS, GPTConfig
 from tpcomm.build import build_model
-from tpcomm.options import MODEL_TYPES, expand_block_types
+from tpcomm.options import (FUNCTION_SYNC_OPTIONS, MODEL_TYPES, TP_COMM_OPTIONS, TP_DEPENDENT_BLOCKS,
+                             expand_block_types)
 from tpcomm.runtime import RunError
 
 # out_dir/ckpt.pt is a dict:
@@ -96,12 +97,42 @@ def checkpoint_model(checkpoint):
     return model_type, spec
 
 
+def checkpoint_sync_options(checkpoint):
+    """The TP_COMM_OPTIONS the run that wrote a distributed_gpt checkpoint used (from its resolved config; only the
+    keys it holds); {} for a 'gpt' one."""
+    if checkpoint.get("model_type", "gpt") != "distributed_gpt":
+        return {}
+    trained = checkpoint.get("config")
+    trained = trained if isinstance(trained, dict) else {}
+    return {k: trained[k] for k in TP_COMM_OPTIONS if k in trained}
+
+
+def check_same_function(model_type, spec, sync, *, tp_size):
+    """A tp_size other than the checkpoint's is taken only where the model computes the same function at every
+    tp_size: never for a 'gpt' (which has no shards: the flag would be ignored), nor for 'spd'/'parallel' blocks
+    or compressed syncs (docs/model.md). ConfigError naming the values otherwise."""
+    if tp_size is None or tp_size == spec.get("tp_size"):
+        return
+    if model_type != "distributed_gpt":
+        raise ConfigError(f"tp_size={tp_size!r} has no effect: the checkpoint holds a {model_type!r} model (no "
+                          f"tensor-parallel shards); leave tp_size unset")
+    dependent = sorted({b for b in spec["block_types"] if b in TP_DEPENDENT_BLOCKS})
+    if dependent or sync.get("tp_comm_dtype") is not None:
+        why = f"{dependent} blocks" if dependent else f"tp_comm_dtype={sync['tp_comm_dtype']!r}"
+        raise ConfigError(f"tp_size={tp_size!r} would give another model than the one trained at tp_size="
+                          f"{spec['tp_size']}: its {why} compute a function of tp_size; leave tp_size unset")
+
+
 def build_model_from_checkpoint(checkpoint, *, pd=None, dropout=None, tp_size=None, loss_parallel=False):
-    """The checkpoint's model with its weights: its own type, sizes, GELU and block pattern; dropout and (for
-    distributed_gpt) tp_size and loss_parallel may be changed, since checkpoints are GPT-layout whatever tp_size
-    wrote them. loss_parallel is off unless asked for (None: the checkpoint's), so a sampled or evaluated model
-    returns (B, T, V) logits whatever the training run used."""
+    """The checkpoint's model with its weights: its own type, sizes, GELU, block pattern and compressed syncs
+    (FUNCTION_SYNC_OPTIONS); dropout and (for distributed_gpt) loss_parallel may be changed, and tp_size where the
+    function does not depend on it (check_same_function), since checkpoints are GPT-layout whatever tp_size wrote
+    them. loss_parallel is off unless asked for (None: the checkpoint's), so a sampled or evaluated model returns
+    (B, T, V) logits whatever the training run used."""
     model_type, spec = checkpoint_model(checkpoint)
+    sync = checkpoint_sync_options(checkpoint)
+    check_same_function(model_type, spec, sync, tp_size=tp_size)
+    spec.update({k: v for k, v in sync.items() if k in FUNCTION_SYNC_OPTIONS})
     if dropout is not None:
         spec["dropout"] = dropout
     if tp_size is not None and model_type == "distributed_gpt":

@@ -51,6 +51,7 @@ from tpcomm.models import train_step
 from tpcomm.gpu_report import BEGIN, BLOCK_TYPES, END, write_json, write_markdown  # noqa: F401
 from tpcomm.cost_calibration import cost_calibration
 from tpcomm.runtime import sync
+from tpcomm.output_path import check_folder, check_output_file, json_with
 
 SECTIONS = ("gpt_train", "sim_tp8", "decode", "real_tp", "comm_sanity", "bf16_identity", "cost_model",
             "cost_calibration")
@@ -491,8 +492,27 @@ def validate(cfg):
                               f"{cfg['sections']!r}")
     if cfg["worker"] not in ("", "real_tp"):
         raise ConfigError(f"worker is internal ('' or 'real_tp'), got {cfg['worker']!r}")
-    if not cfg["worker"] and not os.path.isdir(cfg["out_dir"]):
-        raise ConfigError(f"out_dir must be an existing directory, got {cfg['out_dir']!r}")
+    if cfg["worker"]:
+        if "RANK" not in os.environ:  # gpu_check starts it under torch.distributed.run
+            raise ConfigError(f"worker={cfg['worker']!r} is internal: gpu_check launches it under torchrun itself")
+        return
+    check_out_dir(cfg)
+
+
+def check_out_dir(cfg):
+    """out_dir: an existing, writable folder whose gpu.json (if any) is gpu_check's own. The committed figures in
+    docs/ are replaced only by the full check on a GPU: a rehearsal, or some sections only, go elsewhere."""
+    out_dir = cfg["out_dir"]
+    if not isinstance(out_dir, str) or not os.path.isdir(out_dir):
+        raise ConfigError(f"out_dir must be an existing directory, got {out_dir!r}")
+    check_folder(out_dir, key="out_dir", value=out_dir)
+    docs = os.path.realpath(os.path.join(ROOT, "docs"))
+    rehearsal = cfg["sizes"] != "full" or cfg["device"] == "cpu" or cfg["sections"] != "all"
+    if os.path.realpath(out_dir) == docs and rehearsal:
+        raise ConfigError(f"out_dir={out_dir!r} holds the committed GPU figures: sizes={cfg['sizes']!r}, "
+                          f"device={cfg['device']!r}, sections={cfg['sections']!r} is not the full check on a GPU; "
+                          f"give --out_dir=<another folder> (e.g. /tmp)")
+    check_output_file(os.path.join(out_dir, "gpu.json"), key="out_dir", own=json_with("schema", "sections"))
 
 
 def run_check(cfg, *, say=print):

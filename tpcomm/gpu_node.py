@@ -30,8 +30,9 @@ import shlex
 import sys
 import time
 
-from configurator import ConfigError
+from configurator import ConfigError, parse_flag
 from tpcomm import ROOT
+from tpcomm.output_path import check_output_dir
 
 # (name, what it does, block_types for n layers, TP_COMM_OPTIONS, the cost model's train_variants key, priced with
 # the asynchronous backward where the options say tp_async_grad): every way the answer prices, both baselines
@@ -72,6 +73,7 @@ VOCAB = {"tiny": 64}  # else GPT-2's, padded to a multiple of 64 (nanoGPT's 5030
 OPTIONS = ("nproc", "shapes", "batch_size", "block_size", "iters", "warmup", "rounds", "backend", "device", "out",
            "mfu")
 FLAGS = ("dry-run", "report-only", "rehearsal")
+MFU_LEAST = 0.001  # below this a prediction is meaningless (and its times run to hundreds of digits)
 LAUNCH_S = {"gpt2-124m": 60, "1.3b": 150, "tiny": 10}  # start-up, NCCL init and building the models (assumed)
 
 
@@ -84,8 +86,9 @@ def parse(argv):
     flags, given = set(), {}
     for arg in argv:
         key = arg[2:].split("=", 1)[0] if arg.startswith("--") else None
-        if key in FLAGS and "=" not in arg:
-            flags.add(key)
+        if key in FLAGS:
+            if parse_flag(arg):
+                flags.add(key)
         elif key in OPTIONS and "=" in arg:
             given[key] = arg.split("=", 1)[1]
         else:
@@ -108,13 +111,14 @@ def parse(argv):
             cfg["mfu"] = float(given["mfu"])
         except ValueError:
             cfg["mfu"] = None
-        if cfg["mfu"] is None or not 0 < cfg["mfu"] <= 1:
-            raise NodeError(f"mfu must be a fraction in (0, 1], got {given['mfu']!r}")
-    shapes = [s for s in cfg["shapes"].split(",") if s]
+        if cfg["mfu"] is None or not MFU_LEAST <= cfg["mfu"] <= 1:
+            raise NodeError(f"mfu must be a fraction in [{MFU_LEAST}, 1], got {given['mfu']!r}")
+    shapes = cfg["shapes"].split(",")
     bad = [s for s in shapes if s not in SHAPES]
-    if bad or not shapes:
+    if bad or len(set(shapes)) != len(shapes):  # an empty name or a repeated one too
         raise NodeError(f"shapes must be a comma-separated subset of {list(SHAPES)}, got {cfg['shapes']!r}")
     cfg["shapes"] = shapes
+    check_output_dir(cfg["out"], key="out")
     if cfg["backend"] not in ("nccl", "gloo"):
         raise NodeError(f"backend must be 'nccl' or 'gloo', got {cfg['backend']!r}")
     if cfg["device"] not in ("cuda", "cpu"):
@@ -163,9 +167,8 @@ def finished(cfg, shape):
     if not os.path.exists(path):
         return False
     try:
-        with open(path) as f:
-            return json.load(f)["config"] == run_config(shape, cfg)
-    except (OSError, ValueError, KeyError):
+        return read_node_result(path, shape)["config"] == run_config(shape, cfg)
+    except ValueError:  # ResultsError: not a valid result file, so the shape is run again
         return False
 
 
@@ -362,6 +365,16 @@ def gpt2_gpu_hours(jobs):
 
 # ---------- the runner and the report ----------
 
+def read_node_result(path, shape):
+    """A result file, checked by the one validator (tpcomm/result_check.py): ResultsError naming it otherwise."""
+    from tpcomm.result_check import check_node_result
+    from tpcomm.results import _read_json
+
+    record = _read_json(path)
+    check_node_result(path, record, shape=shape)
+    return record
+
+
 def report(cfg):
     """results.md from the result files: measured beside predicted, per shape."""
     from tpcomm.cost_model import error
@@ -378,8 +391,7 @@ def report(cfg):
         if not os.path.exists(path):
             lines.append(f"## {shape}\n\nno result file yet ({path})\n")
             continue
-        with open(path) as f:
-            res = json.load(f)
+        res = read_node_result(path, shape)
         found += 1
         c, m = res["config"], res["machine"]
         pred = predictions(c, mfu=cfg["mfu"], peak=m.get("peak_flops"))
@@ -470,9 +482,11 @@ def main(argv):
 
 def cli(argv):
     """experiment.py gpu-node: user errors as one line, exit 2."""
+    from tpcomm.result_check import ResultsError
+
     try:
         main(argv)
-    except ConfigError as e:
+    except (ConfigError, ResultsError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

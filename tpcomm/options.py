@@ -18,6 +18,10 @@ BLOCK_TYPES = ("tp", "spd", "parallel", "ladder", "caat")  # tensor_parallel_mod
 # The TPConfig keys that set how syncs move (build_model and train.py pass them through as they are)
 TP_COMM_OPTIONS = ("tp_overlap", "tp_async_grad", "sequence_parallel", "tp_comm_dtype", "tp_comm_block",
                    "tp_comm_exchange", "tp_collective_matmul")
+# the sync options that change the model's function (lossy compression of g's partial sums), not only its schedule
+FUNCTION_SYNC_OPTIONS = ("tp_comm_dtype", "tp_comm_block", "tp_comm_exchange")
+# the block types whose function depends on tp_size (docs/model.md, "What equals GPT"); 'tp' and 'ladder' do not
+TP_DEPENDENT_BLOCKS = ("spd", "parallel", "caat")
 # what makes a DistributedGPT out of a GPT: given to model_type='gpt', each one is refused
 TP_KEYS = ("tp_size", "block_types", "caat_sync_fraction", "loss_parallel", *TP_COMM_OPTIONS)
 
@@ -63,11 +67,12 @@ def validate_sync_options(*, tp_overlap, sequence_parallel, block_types, tp_size
         raise ConfigError(f"tp_overlap must be a positive int (chunks of the batch), got {tp_overlap!r}")
     if not isinstance(sequence_parallel, bool):
         raise ConfigError(f"sequence_parallel must be True or False, got {sequence_parallel!r}")
-    if tp_size == 1 and (tp_overlap > 1 or sequence_parallel):  # one shard: no sync to overlap or shard
-        key = f"tp_overlap={tp_overlap}" if tp_overlap > 1 else "sequence_parallel=True"
-        raise ConfigError(f"{key} needs tp_size > 1, got tp_size=1: one shard runs no all-reduce")
     if not isinstance(tp_async_grad, bool):
         raise ConfigError(f"tp_async_grad must be True or False, got {tp_async_grad!r}")
+    if tp_size == 1 and (tp_overlap > 1 or sequence_parallel or tp_async_grad):  # one shard: no sync to move
+        key = (f"tp_overlap={tp_overlap}" if tp_overlap > 1 else
+               "sequence_parallel=True" if sequence_parallel else "tp_async_grad=True")
+        raise ConfigError(f"{key} needs tp_size > 1, got tp_size=1: one shard runs no all-reduce")
     if tp_async_grad and sequence_parallel:
         raise ConfigError("tp_async_grad=True does not run with sequence_parallel=True (its backward collectives are "
                           "reduce-scatters and all-gathers, not f's all-reduce; docs/overlap.md): use one of them")
@@ -176,6 +181,9 @@ def model_config(model_type, args, *, tp_mode="simulated"):
         if tp.get("tp_comm_dtype") is None and block != TP_DEFAULTS["tp_comm_block"]:  # a run's option, ignored
             raise ConfigError(f"tp_comm_block={block!r} has no effect with tp_comm_dtype=None (no compression): set "
                               f"tp_comm_dtype too, or leave tp_comm_block at {TP_DEFAULTS['tp_comm_block']}")
+        if tp.get("tp_comm_dtype") == "bf16" and block != TP_DEFAULTS["tp_comm_block"]:  # likewise
+            raise ConfigError(f"tp_comm_block={block!r} has no effect with tp_comm_dtype='bf16' (bf16 moves no "
+                              f"scales, so no blocks): leave tp_comm_block at {TP_DEFAULTS['tp_comm_block']}")
         return TPConfig(**gpt, **dict(tp, loss_parallel=bool(tp.get("loss_parallel", False))))
     check_heads(n_embd=gpt.get("n_embd", GPTConfig.n_embd), n_head=gpt.get("n_head", GPTConfig.n_head))
     if tp_mode != "simulated" or args.get("tp_size", 1) != 1 or args.get("block_types") is not None:

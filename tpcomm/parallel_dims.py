@@ -154,6 +154,17 @@ def check_dp_shard(dp_shard, *, data_parallel, dp=None):
     return dp_shard
 
 
+def check_backend(backend):
+    """None (nccl on CUDA, gloo elsewhere), 'nccl' (checked against the device when the group starts) or another
+    torch.distributed backend this build of torch has: a single process never starts a group, so a name it cannot
+    use would otherwise pass unnoticed."""
+    if backend is None or backend == "nccl":
+        return
+    if not isinstance(backend, str) or not dist.is_available() or not dist.is_backend_available(backend):
+        raise ConfigError(f"backend={backend!r} is not a torch.distributed backend this torch has; leave it None "
+                          f"(nccl on CUDA, gloo elsewhere) or give 'gloo' or 'nccl'")
+
+
 def init_parallel(*, dp, tp, pp=1, dp_shard=None, device_type, backend=None):
     """Start torch.distributed if under torchrun and build the DeviceMesh of the layout (and, with pipeline stages,
     the embedding groups). dp_shard < dp: HSDP's mesh (see MESH_DIMS). May be called again with another layout of

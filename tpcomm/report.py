@@ -32,6 +32,7 @@ from tpcomm.answer import answer_summary, answer_table, tradeoff_plot
 from tpcomm.provenance import provenance_markdown
 from tpcomm.readings import claim, comm_dtype_label, data_warning, interval_cell, no_results, pattern_name, penalties
 from tpcomm.scale_report import PLOT as SCALE_PLOT, scale_axis, scale_plot
+from tpcomm.result_check import stray_files
 
 MARKER = re.compile(r"<!-- report:([\w.-]+) -->(.*?)<!-- /report:\1 -->", re.S)
 OPENING = re.compile(r"<!-- report:([\w.-]+) -->")
@@ -376,6 +377,11 @@ def main(selected=(), *, check=False, root=ROOT, say=print):
         return cache[name]
 
     problems, mismatches = [], []
+    strays = stray_lines(ctx)
+    if check:
+        problems += strays
+    for line in [] if check else strays:
+        say(line)
     for path in markdown_files(root):
         rel = os.path.relpath(path, root)
         with open(path, encoding="utf-8") as f:
@@ -396,6 +402,15 @@ def main(selected=(), *, check=False, root=ROOT, say=print):
     for line in problems + mismatches:
         print(line)
     return 1 if problems or mismatches else 0
+
+
+def stray_lines(ctx):
+    """One line per entry of the sweeps' runs/ folders that is no sweep's result file (another name, a seed no run
+    has, a folder): the report leaves it out, and says so."""
+    jobs = [j for name in sweeps.SWEEPS for j in ctx.jobs(name)]
+    folders = {os.path.join(ctx.root, sweeps.sweep_dir_for(name, ()), "runs") for name in sweeps.SWEEPS}
+    return [f"{os.path.relpath(p, ctx.root)}: not a result file of any sweep's run (its name); left out"
+            for p in stray_files(folders, [j.result_path for j in jobs])]
 
 
 def update_plots(ctx, chosen, *, check, root, say):

@@ -23,6 +23,7 @@ import statistics
 import time
 
 from tpcomm import ROOT
+from tpcomm.result_check import ResultsError, check_result  # noqa: F401 (ResultsError: results.ResultsError)
 
 SKIP_TRAIN_RECORDS = 2  # the first logged steps of each process include start-up and warm-up: not steady state
 SCATTER_LIMIT = 1.5  # a run whose 90th-percentile step time exceeds its median by this factor was disturbed
@@ -55,11 +56,6 @@ def block_pattern(cfg):
     types = cfg.get("block_types")
     types = ["tp"] * cfg["n_layer"] if types is None else [types] * cfg["n_layer"] if isinstance(types, str) else types
     return compact_list(types)
-
-
-class ResultsError(ValueError):
-    """A run directory or result file that cannot be read as results (corrupt JSON, wrong types): one line naming
-    the file."""
 
 
 def _read_json(path, default=None):
@@ -293,8 +289,9 @@ RECORD_FIELDS = {
 }
 
 
-def read_record(path):
-    """A result file, checked; ResultsError naming the file and the key otherwise."""
+def read_record(path, *, sweep=None):
+    """A result file, checked (its types here, then result_check.check_result: name, run, seed, sweep when given,
+    ranges); ResultsError naming the file and the key otherwise."""
     record = _read_json(path)
     if record is None:
         raise ResultsError(f"{path}: no such result file")
@@ -309,6 +306,7 @@ def read_record(path):
         v = record["timing"].get(key)
         if v is not None and not _is_finite(v):
             raise ResultsError(f"{path}: timing {key!r} must be a number (finite), got {v!r}")
+    check_result(path, record, sweep=sweep)
     return record
 
 

@@ -9,32 +9,28 @@ $ python experiment.py cpu --max_iters=20 --eval_interval=10 --lr_decay_iters=20
 $ python experiment.py cpu --report-only               # table and plots again from the result files
 $ python experiment.py gpt2                            # GPT-2 124M on OpenWebText, 20k steps per run, a process per GPU
 $ python experiment.py cpu-real                        # real TP over 2 processes (gloo): does wall time drop?
-$ python experiment.py cpu-long                        # the axes model, 11 patterns, 5000 steps, 3-11 seeds (docs/axes.md)
+$ python experiment.py cpu-long                        # the axes model, 13 patterns, 5000 steps (docs/axes.md)
 $ python experiment.py tp-axis                         # the same at tp 2, 4, 8 (tp 4: cpu-long's runs, shared)
 $ python experiment.py size-axis                       # 3 model sizes at one tokens/parameter (12 x 64: cpu-long's)
 $ python experiment.py convergence                     # the axes model trained 4x cpu-long (20,000 steps)
+$ python experiment.py gpu-scale --budget-minutes=8     # 0.6M-16M parameters on one GPU, in chunks (docs/gpu.md)
 $ python experiment.py report [--check]                # every docs table and plot from the result files
 $ python experiment.py gpt2 --counts                   # measured all-reduces and bytes/token of each config
 
 Runner options: --seeds=S1,S2  --nproc=N (torchrun when > 1)  --out=DIR  --report-only  --dry-run  --counts  --runs=A,B
 --allow-dirty (uncommitted changes: scratch result files, which the report refuses; tpcomm/provenance.py).
-Every other --key=value goes to train.py (and names the sweep directory, so a quick try never touches the
-real runs). A run works in experiments/<sweep>[+overrides]/<run>-seed<S>/ (ignored by git) with train.py's
-config.json and metrics.jsonl, the run's train.log (written line by line as train.py prints, so it is complete up to
-a kill), and done.json once train.py finished; the runner then writes its result file
-experiments/<sweep>[+overrides]/runs/<run>-seed<S>.json (committed; results.run_record says what it holds). A run
-whose result file exists and records the same config is skipped, so a sweep resumes on any machine from the
-committed files alone. A run shared by two sweeps (Run.home: tp-axis's and size-axis's tp-4 12 x 64 runs are
-cpu-long's) lives in its home sweep's directory. A run without a result file whose directory has a valid done.json
-is recorded, not rerun; any other (interrupted) run is started again from scratch, or, when its config checkpoints
-at every eval (always_save_checkpoint, as the axes sweeps), goes on from its ckpt.pt. Ctrl-C or kill stops the sweep
-and its train.py. A sweep locks each run while it trains it (job_lock): a second sweep process over the same runs
-(the same command in another shell, or tp-axis beside cpu-long) skips those and trains the others, so N processes
-train N runs at a time; on a GPU machine each run's train.py gets GPUs no other run of this user holds
-(CUDA_VISIBLE_DEVICES, GPUClaim), waiting for them when all are taken. Results: results.md/.csv/.json and three
-PNGs in the sweep directory; with 2+ seeds also paired.md and paired_difference_vs_tokens.png (differences to the
-baseline seed by seed, 95% CIs). Runner options and every run's train.py config are checked before the first run
-starts; a user error (a bad value, a corrupt file of a finished run) is one line naming it, exit status 2.
+Every other --key=value goes to train.py (and names the sweep directory, so a quick try never touches the real runs).
+A run works in experiments/<sweep>[+overrides]/<run>-seed<S>/ (ignored by git: config.json, metrics.jsonl, train.log,
+and done.json once train.py finished); the runner then writes its committed result file
+experiments/<sweep>[+overrides]/runs/<run>-seed<S>.json (results.run_record). A run whose result file records the same
+config is skipped, so a sweep resumes on any machine from the committed files alone; a run shared by two sweeps
+(Run.home) lives in its home sweep's directory; a run with a valid done.json is recorded, not rerun; an interrupted
+one starts again, or goes on from its ckpt.pt when its config checkpoints at every eval (the axes sweeps). Ctrl-C or
+kill stops the sweep and its train.py. A sweep locks each run while it trains it (job_lock), so N sweep processes
+over the same runs train N runs at a time; on a GPU machine each run's train.py gets GPUs no other run holds
+(CUDA_VISIBLE_DEVICES, GPUClaim). Results: results.md/.csv/.json and three PNGs in the sweep directory; with 2+ seeds
+also paired.md and paired_difference_vs_tokens.png (differences to the baseline seed by seed, 95% CIs). Runner options
+and every run's train.py config are checked before the first run starts; a user error is one line, exit status 2.
 """
 
 import contextlib
@@ -49,7 +45,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from configurator import ConfigError, configure
+from configurator import ConfigError, configure, parse_flag
 from tpcomm import ROOT, pairing, plots, results
 from tpcomm.gpu_claim import GPUClaim, node_gpus
 from tpcomm.sweep_records import (SCRATCH_DIR, DirtyTreeError, finished_seeds, git_state, load_result,  # noqa: F401
@@ -60,6 +56,7 @@ from tpcomm.sweep_plan import (AXES_CONFIG, AXES_SEEDS, AXES_SIZE, AXES_STEPS, C
 from tpcomm.sweep_plan import runs_named
 
 RUNNER_OPTIONS = ("seeds", "nproc", "out", "report-only", "dry-run", "counts", "check", "allow-dirty", "runs")
+RUNNER_FLAGS = ("report-only", "dry-run", "counts", "allow-dirty")  # --flag, --flag=True or --flag=False
 
 
 class SweepError(ValueError):
@@ -118,7 +115,10 @@ def plan(runs, *, sweep_dir, seeds, overrides=(), nproc=None, check_data=True, s
             except ConfigError as e:
                 raise SweepError(f"{run.name}: {e}") from None
             n = nproc or run.nproc or node_gpus()
-            if cfg["tp_mode"] == "real" and n == 1:
+            if cfg["tp_mode"] == "real" and n == 1 and cfg["tp_size"] > 1:
+                if nproc is not None:  # asked for: one process cannot hold the shards, and is not silently two
+                    raise SweepError(f"{run.name}: --nproc=1 cannot run tp_mode='real' with tp_size "
+                                     f"{cfg['tp_size']}: give --nproc a multiple of {cfg['tp_size']}")
                 n = cfg["tp_size"]
             tp = cfg["tp_size"] if cfg["tp_mode"] == "real" else 1
             if n % tp or cfg["gradient_accumulation_steps"] % (n // tp):
@@ -183,7 +183,7 @@ def result_problem(job):
     if not os.path.exists(job.result_path):
         return "no result file"
     try:
-        record = results.read_record(job.result_path)
+        record = results.read_record(job.result_path, sweep=job.sweep)
     except results.ResultsError as e:
         return f"not a valid result file ({e})"
     key = same_config(record["config"], job.cfg)
@@ -300,7 +300,7 @@ def finish_job(job, *, progress, say):
     checkpoint), then record it; returns the record."""
     if run_dir_finished(job):
         record_finished([job], say=say)
-        return results.read_record(job.result_path)
+        return results.read_record(job.result_path, sweep=job.sweep)
     done_path = os.path.join(job.out_dir, "done.json")
     if os.path.exists(done_path):
         if read_done(job.out_dir) is None:
@@ -434,6 +434,8 @@ def parse_args(argv):
             if sweep is not None:
                 raise SweepError(f"one sweep at a time, got {sweep!r} and {arg!r}")
             sweep = arg
+        elif key in RUNNER_FLAGS:
+            opts[key] = parse_flag(arg)
         elif key in RUNNER_OPTIONS and key != "check":
             opts[key] = arg.split("=", 1)[1] if "=" in arg else True
         elif "=" in arg:
@@ -465,8 +467,8 @@ def parse_args(argv):
 def parse_report_args(argv):
     sweeps, check = [], False
     for arg in argv:
-        if arg == "--check":
-            check = True
+        if arg.split("=", 1)[0] == "--check":
+            check = parse_flag(arg)
         elif arg.startswith("-"):
             raise SweepError(f"argument {arg!r}: report takes sweep names and --check")
         elif arg not in SWEEPS:

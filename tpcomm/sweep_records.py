@@ -131,7 +131,7 @@ def load_result(job, *, say=print):
     ResultsError naming it."""
     if not os.path.exists(job.result_path):
         return None
-    record = results.read_record(job.result_path)
+    record = results.read_record(job.result_path, sweep=job.sweep)
     check_code_state(record, job.result_path)
     key = same_config(record["config"], job.cfg)
     if key is not None:

@@ -36,7 +36,8 @@ import sys
 
 import torch
 
-from configurator import exit_in_one_line
+from configurator import exit_in_one_line, exit_on_config_error
+from tpcomm.output_path import check_output_file, is_png, replace_atomically
 
 STEP_PREFIX = "ProfilerStep#"  # the span of one training step (torch.profiler's own name for it)
 # tp_comm.traced's label, parsed back
@@ -94,7 +95,7 @@ def trace_steps(path, *, enabled=True):
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as prof:
         yield tracer
-    prof.export_chrome_trace(str(path))
+    replace_atomically(lambda tmp: prof.export_chrome_trace(tmp), str(path))
 
 
 def load_trace(source):
@@ -286,7 +287,7 @@ def plot_timeline(sources, out_png, labels=None, *, step=0, title=None):
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     try:
-        fig.savefig(out_png, dpi=130, bbox_inches="tight")
+        replace_atomically(lambda tmp: fig.savefig(tmp, dpi=130, bbox_inches="tight", format="png"), out_png)
     except OSError as e:
         raise TraceError(f"cannot write {str(out_png)!r} ({e.strerror or type(e).__name__})") from None
     finally:
@@ -392,6 +393,7 @@ def parse_labels(text):
     return labels
 
 
+@exit_on_config_error
 @exit_in_one_line(TraceError, 2)
 def main(argv):
     options = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
@@ -410,6 +412,7 @@ def main(argv):
     if len(args) < 3:
         raise TraceError(USAGE)
     out, paths = args[1], args[2:]
+    check_output_file(out, key="plot OUT.png", own=is_png, suffixes=(".png",))
     try:
         step = int(options.get("--step", "0"))
     except ValueError:

@@ -12,10 +12,11 @@ from data.vocab import load_vocab
 from model import GPT2_FIXED, PRETRAINED_SIZES, GPT, GPTConfig
 from tpcomm import ROOT, sharded_checkpoint
 from tpcomm.batches import check_data
-from tpcomm.checkpoint import CHECKPOINT_NAME, checkpoint_model, load_checkpoint
+from tpcomm.checkpoint import CHECKPOINT_NAME, checkpoint_model, checkpoint_sync_options, load_checkpoint
 from tpcomm.data_parallel import DATA_PARALLEL, INIT_DEVICES
-from tpcomm.options import MODEL_TYPES, check_batch, expand_block_types, model_config
-from tpcomm.parallel_dims import check_dp_shard, check_layout
+from tpcomm.output_path import check_output_file, json_with
+from tpcomm.options import FUNCTION_SYNC_OPTIONS, MODEL_TYPES, check_batch, expand_block_types, model_config
+from tpcomm.parallel_dims import check_backend, check_dp_shard, check_layout
 from tpcomm.runtime import check_dtype, pick_device_and_dtype
 
 DEFAULTS = dict(
@@ -151,12 +152,15 @@ def check_train_settings(cfg):
     if cfg["init_from"] not in ("scratch", "resume") and cfg["init_from"] not in PRETRAINED_SIZES:
         raise ConfigError(f"init_from must be 'scratch', 'resume' or one of {sorted(PRETRAINED_SIZES)}, "
                           f"got {cfg['init_from']!r}")
+    if not cfg["out_dir"]:
+        raise ConfigError(f"out_dir must be a folder path, got {cfg['out_dir']!r}")
+    check_backend(cfg["backend"])
+    if cfg["wandb_log"]:
+        check_wandb()
     if os.path.exists(cfg["out_dir"]) and not os.path.isdir(cfg["out_dir"]):
         raise ConfigError(f"out_dir {cfg['out_dir']!r} exists and is not a directory")
-    if cfg["trace"] is not None:
-        folder = os.path.dirname(os.path.abspath(str(cfg["trace"])))
-        if not isinstance(cfg["trace"], str) or not cfg["trace"] or not os.path.isdir(folder):
-            raise ConfigError(f"trace must be a file path in an existing folder, got {cfg['trace']!r}")
+    if cfg["trace"] is not None:  # a Chrome trace of an earlier run may be replaced; no other file
+        check_output_file(cfg["trace"], key="trace", own=json_with("traceEvents"), overwrite=cfg["overwrite"])
         if not isinstance(cfg["trace_iter"], int) or not 0 <= cfg["trace_iter"] <= cfg["max_iters"]:
             raise ConfigError(f"trace_iter must be an iteration in 0..max_iters ({cfg['max_iters']}), "
                               f"got {cfg['trace_iter']!r}")
@@ -178,6 +182,15 @@ def check_train_settings(cfg):
                               f"(init_from={cfg['init_from']!r}) would leave it beside its own config and metrics: "
                               f"continue that run with --init_from=resume, use another out_dir, or give "
                               f"--overwrite=True to replace it")
+
+
+def check_wandb():
+    """wandb_log=True: wandb installed, found before the run starts (a failing wandb.init is train.py's RunError)."""
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        raise ConfigError("wandb_log=True but wandb is not installed (pip install wandb), or give "
+                          "--wandb_log=False") from None
 
 
 def previous_checkpoints(out_dir):
@@ -208,6 +221,22 @@ def adopt_model(cfg, explicit, *, source, model_type, spec):
         if "block_size" in explicit:
             raise ConfigError(f"block_size ({cfg['block_size']}) exceeds {source}'s ({spec['block_size']})")
         cfg["block_size"] = spec["block_size"]
+
+
+def adopt_sync_options(cfg, explicit, trained, *, iter_num):
+    """Resume: the sync options (TP_COMM_OPTIONS) are the checkpoint's run's unless set; one that changes the
+    model's function (FUNCTION_SYNC_OPTIONS) set to another value is refused, as a contradicting block_types is (the
+    schedule ones, tp_overlap, tp_async_grad, sequence_parallel, may change with the layout). A max_iters the
+    checkpoint has passed is refused too: the run would train a step past it and save."""
+    for key, value in trained.items():
+        if key in explicit and cfg[key] != value and key in FUNCTION_SYNC_OPTIONS:
+            raise ConfigError(f"{key}={cfg[key]!r} contradicts the checkpoint's {key}={value!r} (it changes the "
+                              f"model's function); drop the setting (the model comes from the checkpoint)")
+        if key not in explicit:
+            cfg[key] = value
+    if not cfg["eval_only"] and isinstance(iter_num, int) and cfg["max_iters"] < iter_num:
+        raise ConfigError(f"max_iters={cfg['max_iters']} is below the checkpoint's iteration {iter_num}: nothing is "
+                          f"left to train (give a larger max_iters, or eval_only=True)")
 
 
 def check_model(cfg, **sizes):
@@ -271,6 +300,7 @@ def prepare(argv):
                       else sharded_checkpoint.load_sharded_meta(cfg["out_dir"]))  # sharded: no tensors yet
         model_type, spec = checkpoint_model(checkpoint)
         adopt_model(cfg, explicit, source="the checkpoint", model_type=model_type, spec=spec)
+        adopt_sync_options(cfg, explicit, checkpoint_sync_options(checkpoint), iter_num=checkpoint.get("iter_num"))
         vocab_size = spec["vocab_size"]
     elif cfg["init_from"] in PRETRAINED_SIZES:
         spec = dict(PRETRAINED_SIZES[cfg["init_from"]], **GPT2_FIXED)
