@@ -16,6 +16,7 @@ from conftest import ROOT
 from test_experiment import fake_results
 from tpcomm import pairing, provenance, report, results, sweep_records
 from tpcomm import sweep as sweeps
+from tpcomm.sweep_plan import SWEEPS
 
 DIRTY = dict(commit="a" * 40, dirty=True)
 CLEAN = dict(commit="b" * 40, dirty=False)
@@ -138,7 +139,8 @@ def test_the_report_prints_commits_and_rerun_checks(tmp_path):
     assert "**mixes 2 code states**" in row["all-spd"] and "bbbbbbb (2), ccccccc (1)" in row["all-spd"]
     assert "aaaaaaa+dirty (1)" in row["all-parallel"] and "**from unnamed code until rerun**" in row["all-parallel"]
     assert "No rerun checks yet" in table
-    assert "code: 9 of 11 rows from one named code state, 2 flagged" in provenance.summary(ctx, "cpu-long")
+    n = len(SWEEPS["cpu-long"])  # every planned row has fake files here
+    assert f"code: {n - 2} of {n} rows from one named code state, 2 flagged" in provenance.summary(ctx, "cpu-long")
     # a rerun of all-spd seed 1339 at bbbbbbb, equal to 4 decimals, clears the mixed flag
     with open(os.path.join(root, "experiments", "cpu-long", "runs", "all-spd-seed1339.json")) as f:
         record = json.load(f)
