@@ -265,14 +265,18 @@ def penalty_vs_size(ctx):
         return None
     params = {results.group_key(r): r["params_non_embedding"] for r in rows}
     data = penalty_data(pen, x_of=lambda k: params[k[2]])
-    title = "size-axis: cost of dropping syncs vs model size (tp 4, tokens per parameter fixed)"
-    return data, lambda: plots.draw_penalty(data, xlabel="non-embedding parameters", title=title,
-                                      xticks=sorted({p[0] for s in data for p in s["points"]}))
+    tokens = {params[k]: k[3] for k in params}  # group_key's last field: a size's tokens grow with it
+    xticks = sorted({p[0] for s in data for p in s["points"]})
+    title = ("size-axis: cost of dropping syncs at three model sizes (tp 4, tokens per parameter fixed, so each size "
+             "also trains on more tokens: size and tokens are confounded)")
+    return data, lambda: plots.draw_penalty(data, xlabel="non-embedding parameters (and the tokens that size trains "
+                                            "on)", title=title, xticks=xticks,
+                                            xticklabels=[f"{x:,}\n{tokens[x] / 1e6:.2f}M tokens" for x in xticks])
 
 
 def sweep_plot(name, index):
     def spec(ctx):
-        made = plots.sweep_plots(ctx.rows(name), title=f"{name} sweep")
+        made = plots.sweep_plots(ctx.rows(name), title=f"{name} sweep", note=sweeps.SWEEP_REMARKS.get(name, ""))
         return made.get(plots.PLOTS[index])
     return spec
 
@@ -307,7 +311,6 @@ def plot_specs():
         "docs/val_loss_curves.png": (("cpu",), sweep_plot("cpu", 1)),
         "docs/tokens_per_s_vs_allreduces.png": (("cpu",), sweep_plot("cpu", 2)),
         "docs/cpu_real_tokens_per_s_vs_allreduces.png": (("cpu-real",), sweep_plot("cpu-real", 2)),
-        "docs/cpu_long_val_loss_curves.png": (("cpu-long",), sweep_plot("cpu-long", 1)),
         "docs/cpu_long_paired_difference.png": (("cpu-long",), paired_plot("cpu-long")),
         "docs/convergence_paired_difference.png": (("convergence",), paired_plot("convergence")),
         "docs/axes_penalty_vs_tp.png": (("tp-axis", "cpu-long"), penalty_vs_tp),
@@ -432,6 +435,6 @@ def write_sweep_outputs(ctx, names, *, root, say):
         sweep_dir = os.path.join(root, sweeps.sweep_dir_for(name, ()))
         title = f"{name} sweep"
         results.write_tables(rows, sweep_dir, title=title, note=sweeps.SWEEP_REMARKS.get(name, ""))
-        plots.write_plots(rows, sweep_dir, title=title)
+        plots.write_plots(rows, sweep_dir, title=title, note=sweeps.SWEEP_REMARKS.get(name, ""))
         plots.write_paired(rows, sweep_dir, title=title)
         say(f"{name}: {len(rows)} configs; tables and plots in {os.path.relpath(sweep_dir, root)}")
