@@ -14,6 +14,7 @@ import textwrap
 
 from tpcomm import plot_labels, way_styles
 from tpcomm.pairing import has_pairs, paired, paired_markdown
+from tpcomm.readings import pattern_name
 from tpcomm.results import SCATTER_LIMIT, group_key, size_label, sizes_vary, varies
 
 PLOTS = ("val_loss_vs_allreduces.png", "val_loss_curves.png", "tokens_per_s_vs_allreduces.png")
@@ -94,12 +95,6 @@ def _context(rows, title, note):
     return tp_txt, tok_txt, n_seeds, f"\n{note}" if note else "", sim
 
 
-def _way_key(row):
-    from tpcomm.readings import pattern_name  # imported here: readings imports tpcomm.sweep, which imports this module
-
-    return pattern_name(row)
-
-
 def _varied(row):
     """A run that keeps its syncs but delays (ladder), shrinks (tp_comm_dtype) or hides (tp_overlap, sequence
     parallelism) them: drawn as its own marker, off the budget sweep's line."""
@@ -110,7 +105,7 @@ def _varied(row):
 def _sweep_points(rows, value, err, extra):
     """One series per _series line; a point [fwd all-reduces, value, err, extra, baseline?, way key, varied?]."""
     return [dict(series=label, points=[[r["fwd_allreduces"], r[value], r[err], r[extra], r["config"] == r["baseline"],
-                                        _way_key(r), _varied(r)] for r in members if r[value] is not None])
+                                        pattern_name(r), _varied(r)] for r in members if r[value] is not None])
             for label, members in _series(rows)]
 
 
@@ -184,8 +179,8 @@ def curves_data(rows):
         per_iter = {i: [v for c in r["curves"] for j, v in c if j == i] for i in iters}
         tp = f" tp{r['tp_size']}" if varies(rows, "tp_size") else ""
         size = f" {size_label(r)}" if sizes_vary(rows) else ""
-        out.append(dict(label=way_styles.label(_way_key(r), fwd_allreduces=r["fwd_allreduces"]) + tp + size,
-                        key=_way_key(r), fwd=r["fwd_allreduces"], base=r["config"] == r["baseline"], iters=iters,
+        out.append(dict(label=way_styles.label(pattern_name(r), fwd_allreduces=r["fwd_allreduces"]) + tp + size,
+                        key=pattern_name(r), fwd=r["fwd_allreduces"], base=r["config"] == r["baseline"], iters=iters,
                         seeds=r["n_seeds"], mean=[statistics.fmean(per_iter[i]) for i in iters]))
     return out
 
@@ -270,10 +265,10 @@ def paired_plot_data(rows):
     pairs = paired(rows)
     others = sorted((r for r in rows if r["config"] != r["baseline"] and r["config"] in pairs),
                     key=lambda r: (str(group_key(r)), -r["fwd_allreduces"]))
-    return [dict(label=way_styles.label(_way_key(r), fwd_allreduces=r["fwd_allreduces"])
+    return [dict(label=way_styles.label(pattern_name(r), fwd_allreduces=r["fwd_allreduces"])
                  + (f" tp{r['tp_size']}" if varies(rows, "tp_size") else "")
                  + (f" {size_label(r)}" if sizes_vary(rows) else "") + f" ({len(pairs[r['config']]['seeds'])} seeds)",
-                 key=_way_key(r), fwd=r["fwd_allreduces"],
+                 key=pattern_name(r), fwd=r["fwd_allreduces"],
                  points=[[i * r["tokens_per_iter"] / 1e6, m, c or 0.0] for i, m, c in pairs[r["config"]]["curve"]
                          if i > 0]) for r in others]
 
