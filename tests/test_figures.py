@@ -180,3 +180,32 @@ def test_the_axes_figures_draw_no_trend_and_say_seeds_and_tokens(figures):
         assert {str(p[3]) for s in data for p in s["points"]} <= seeds, rel
     size_ticks = [t.get_text() for t in figures["docs/axes_penalty_vs_size.png"][1].axes[0].get_xticklabels()]
     assert all("M tokens" in t for t in size_ticks), size_ticks
+
+
+def test_the_missing_figures_are_drawn_from_their_data_and_linked(figures):
+    """The cost model beside each published figure (every check, its error as cost_model.error gives it) and all
+    parallel's paired difference during training in each sweep that ran it, ending at the sweep's final paired
+    difference; both registered with the report (digest-checked) and linked from their docs page."""
+    from tpcomm import cost_model as cm
+    from tpcomm import pairing
+
+    checks, _ = figures["docs/cost_model_checks.png"]
+    cfg = cm.PREDICT_DEFAULTS
+    published = cm.published_checks(cfg, cm.options(cfg))
+    assert [c[0] for c in checks] == [p[0] for p in published]
+    for (_, pub, model, err), (_, p, m) in zip(checks, published):
+        p, m = (p if isinstance(p, tuple) else (p, p)), (m if isinstance(m, tuple) else (m, m))
+        assert err == pytest.approx([cm.error(m[0], p[0]), cm.error(m[1], p[1])])
+    reversal, _ = figures["docs/parallel_reversal.png"]
+    ctx = report.Results(say=lambda *a: None)
+    assert [s["sweep"] for s in reversal] == ["cpu", "cpu-long", "convergence"]
+    for s in reversal:
+        rows = ctx.rows(s["sweep"])
+        (row,) = [r for r in rows if r["block_pattern"] == "['parallel']*12" and not r.get("tp_comm_dtype")]
+        assert s["points"][-1][1] == pytest.approx(pairing.paired(rows)[row["config"]]["final"][0], abs=1e-12)
+    moved = [dict(s, points=[[x, m + 0.001, c] for x, m, c in s["points"]]) for s in reversal]
+    assert plots.data_digest(moved) != plots.data_digest(reversal)  # a changed result changes the digest
+    for png, page in (("cost_model_checks.png", "cost_model.md"), ("parallel_reversal.png", "axes.md")):
+        assert f"docs/{png}" in report.plot_specs()
+        with open(f"{report.ROOT}/docs/{page}", encoding="utf-8") as f:
+            assert f"]({png})" in f.read(), page

@@ -25,7 +25,7 @@ import os
 import re
 import statistics
 
-from tpcomm import ROOT, pairing, plots, results
+from tpcomm import ROOT, doc_figures, pairing, plots, results
 from tpcomm import sweep as sweeps
 from tpcomm.answer import answer_summary, answer_table, tradeoff_plot
 from tpcomm.readings import claim, comm_dtype_label, data_warning, interval_cell, no_results, pattern_name, penalties
@@ -316,6 +316,8 @@ def plot_specs():
         "docs/axes_penalty_vs_tp.png": (("tp-axis", "cpu-long"), penalty_vs_tp),
         "docs/axes_penalty_vs_size.png": (("size-axis", "cpu-long"), penalty_vs_size),
         "docs/answer_tradeoff.png": (("cpu-long",), tradeoff_plot),
+        "docs/cost_model_checks.png": ((), doc_figures.cost_checks_plot),
+        "docs/parallel_reversal.png": (doc_figures.REVERSAL_SWEEPS, doc_figures.reversal_plot),
     }
 
 
