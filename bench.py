@@ -45,6 +45,7 @@ import torch
 from configurator import ConfigError, configure, exit_on_config_error
 from tpcomm.bench_config import (DEFAULTS, combinations, pattern_label, sync_options, validate,  # noqa: F401
                                  validate_pipeline, variant_name)
+from tpcomm import command_figures
 from tpcomm.build import build_model
 from tpcomm.models import train_step as step
 from tpcomm.runtime import DeviceClock, autocast_context, pick_device_and_dtype, setup_runtime
@@ -290,31 +291,10 @@ def decode_bench(models, cfg, *, device, dtype, device_type, say):
                              collectives_ms=coll, exposed_ms=exposed))
             say(f"| `{name}` | {fwd} ({asyn}) | {b} | {prefill:.2f} | {per_token:.3f} | {coll:.3f} | {exposed:.3f} |")
     if cfg["plot"] and say is print:
-        plot_decode(rows, cfg["plot"], title=f"decode latency, tp={cfg['tp_size']} {cfg['tp_mode']}, {device}")
+        data = command_figures.decode_data(rows, cfg=cfg, device=device, prompt_len=prompt)
+        command_figures.write(command_figures.draw_decode(data), cfg["plot"], data)
         say(f"plot: {cfg['plot']}")
     return rows
-
-
-def plot_decode(rows, path, *, title):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for b in sorted({r["batch"] for r in rows}):
-        pts = sorted((r["fwd_allreduces"], r["decode_ms"], r["collectives_ms"]) for r in rows if r["batch"] == b)
-        line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"batch {b}: decode ms/token")
-        ax.plot([p[0] for p in pts], [p[2] for p in pts], "x--", color=line.get_color(),
-                label=f"batch {b}: in collectives")
-    ax.set_xlabel("forward all-reduces per token (measured)")
-    ax.set_ylabel("ms per generated token")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def bench(cfg, pd, device, device_type, dtype):

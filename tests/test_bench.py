@@ -111,6 +111,13 @@ def test_decode_mode_times_prefill_and_tokens(tmp_path):
         ("`tp`", "4 (0)", "1"), ("`tp`", "4 (0)", "3"), ("`parallel`", "1 (0)", "1"), ("`parallel`", "1 (0)", "3"),
         ("`gpt`", "0 (0)", "1"), ("`gpt`", "0 (0)", "3")]
     assert plot.stat().st_size > 1000
+    # the plotted numbers beside it, their digest in the PNG (report --check compares them); the title names the
+    # model, the prompt and the tokens generated
+    from tpcomm import command_figures, plots
+
+    data, _ = command_figures.load(str(plot))
+    assert plots.png_digest(str(plot)) == plots.data_digest(data) and len(data["rows"]) == 6
+    assert data["new_tokens"] == 4 and "layers x" in data["model"] and data["prompt_len"] > 0
 
 
 def test_variants_time_every_pattern_with_every_way_to_move_its_syncs(capsys):

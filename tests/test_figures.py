@@ -209,3 +209,44 @@ def test_the_missing_figures_are_drawn_from_their_data_and_linked(figures):
         assert f"docs/{png}" in report.plot_specs()
         with open(f"{report.ROOT}/docs/{page}", encoding="utf-8") as f:
             assert f"]({png})" in f.read(), page
+
+
+SPD = dict(kind="spd", tp_size=4, base_loss=1.87, tau_isb=0.01, tau_esb=0.1, kl=[6, 1.88], kl_steps=200,
+           curve=[[12, 1.87, 1.87], [11, 1.876, 1.876], [10, 1.885, 1.885], [9, 1.89, 1.89], [8, 1.897, 1.897],
+                  [7, 1.91, 1.90], [6, 2.52, 1.907]],
+           blocks=[[0, "ESB", 0.6, 0.6], [1, "ISB", 0.005, 0.004], [2, "ISB", 0.007, 0.006], [3, "SB", 0.02, 0.019],
+                   [4, "ISB", 0.003, 0.0025], [5, "ISB", 0.004, 0.004]])  # made-up, the shape of docs/spd.md's
+DECODE = dict(kind="decode", model="12 layers x 128 wide, 8 heads, vocab 65", tp="tp 2 real", device="cpu",
+              prompt_len=32, new_tokens=32, rows=[[p, f, b, 2.0 + f + b / 8, 1.0 + f / 2] for p, f in
+                                                  (("tp", 24), ("spd", 12), ("parallel", 1)) for b in (1, 4, 16)])
+
+
+def test_the_command_figures_carry_their_data_and_report_check_sees_a_stale_one(tmp_path, capsys):
+    """The decode and SPD figures: the zero-shot point off the axis is named, not squashing the rest; the
+    KL-recovered point drawn; the thresholds and B2B named; the decode title names the model, prompt and tokens.
+    Written with their data file, a committed copy is compared by `report --check`: a changed number fails it."""
+    from tpcomm import command_figures as cf
+
+    for data in (SPD, DECODE):
+        fig = cf.DRAW[data["kind"]](data)
+        assert plot_labels.overlapping(fig) == [], data["kind"]
+        texts = " ".join(t.get_text() for t in plot_labels.texts(fig))
+        plots.pyplot().close(fig)
+        if data is SPD:
+            assert "zero-shot 2.520" in texts and "(off the axis)" in texts and "KL distillation" in texts
+            assert "τ ISB = 0.01 nats" in texts and "block-to-block (B2B)" in texts
+        else:
+            assert "12 layers x 128 wide" in texts and "32-token prompt then 32 new tokens" in texts
+    png = str(tmp_path / "docs" / "spd_shakespeare_tp4.png")
+    cf.write(cf.DRAW["spd"](SPD), png, SPD)
+    def check():  # the command figures' lines (the report's own figures have no result files here)
+        lines = report.update_plots(report.Results(root=str(tmp_path)), lambda deps: True, check=True,
+                                    root=str(tmp_path), say=print)
+        return [line for line in lines if any(png in line for png in cf.COMMAND_PNGS)]
+
+    assert check() == []
+    import json
+
+    with open(cf.data_path(png), "w") as f:
+        json.dump(dict(SPD, base_loss=1.9), f)
+    assert check() == ["docs/spd_shakespeare_tp4.png: its data digest differs from the result files'"]

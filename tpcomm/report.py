@@ -25,7 +25,7 @@ import os
 import re
 import statistics
 
-from tpcomm import ROOT, doc_figures, pairing, plots, results
+from tpcomm import ROOT, command_figures, doc_figures, pairing, plots, results
 from tpcomm import sweep as sweeps
 from tpcomm.answer import answer_summary, answer_table, tradeoff_plot
 from tpcomm.readings import claim, comm_dtype_label, data_warning, interval_cell, no_results, pattern_name, penalties
@@ -318,6 +318,8 @@ def plot_specs():
         "docs/answer_tradeoff.png": (("cpu-long",), tradeoff_plot),
         "docs/cost_model_checks.png": ((), doc_figures.cost_checks_plot),
         "docs/parallel_reversal.png": (doc_figures.REVERSAL_SWEEPS, doc_figures.reversal_plot),
+        **{png: ((), lambda ctx, png=png: command_figures.load(os.path.join(ctx.root, png)))
+           for png in command_figures.COMMAND_PNGS},  # drawn by a command, from the data file beside the PNG
     }
 
 
