@@ -1,18 +1,21 @@
 """
-The figures a measuring command draws (`bench.py --mode=decode --plot=PNG`, `spd.py`), each as plain data and a
+The figures a measuring command draws (`bench.py --mode=decode --plot=PNG`, `spd.py`, `python -m tpcomm.trace
+plot`), each as plain data and a
 drawing of it: the command writes the PNG (plots.save_png: the data's digest inside) and the data beside it
 (<name>.data.json, atomically), so `python experiment.py report` redraws and `report --check` compares a committed
 docs/ PNG (COMMAND_PNGS) against its data file without rerunning the measurement. Reading a data file is json.load:
 nothing in it executes.
 """
 
+import errno
 import json
 import os
 
 from tpcomm import plots
 
 DATA_SUFFIX = ".data.json"
-COMMAND_PNGS = ("docs/decode_latency_cpu_real.png", "docs/spd_shakespeare_tp4.png")  # report checks these
+COMMAND_PNGS = ("docs/decode_latency_cpu_real.png", "docs/spd_shakespeare_tp4.png",
+                "docs/trace_timeline.png")  # report checks these
 
 
 def data_path(png):
@@ -20,9 +23,12 @@ def data_path(png):
 
 
 def write(fig, png, data):
-    """The PNG (with the data's digest) and its data file beside it, each written whole or not at all."""
+    """The PNG (with the data's digest) and its data file beside it, each written whole or not at all, into a
+    folder that exists (OSError otherwise)."""
+    folder = os.path.dirname(png) or "."
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(errno.ENOENT, "no such folder", folder)
     tmp = data_path(png) + ".tmp"
-    os.makedirs(os.path.dirname(png) or ".", exist_ok=True)
     with open(tmp, "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)
     plots.save_png(fig, png + ".tmp.png", data)
@@ -123,4 +129,40 @@ def draw_spd(data):
     return fig
 
 
-DRAW = {"decode": draw_decode, "spd": draw_spd}
+TRACE_COLOURS = {"fwd": "tab:blue", "bwd": "tab:orange", "grad": "tab:green"}
+
+
+def draw_trace(data):
+    """tpcomm/trace.plot_timeline's figure: a row per trace (step µs, compute intervals, collectives [ts, dur,
+    fwd/bwd/grad]), the compute grey, the collectives coloured."""
+    from matplotlib.patches import Patch
+
+    plt = plots.pyplot()
+    rows = data["rows"]
+    fig, ax = plt.subplots(figsize=(11, 1.3 + 0.75 * len(rows)))
+    longest = max(r[0] for r in rows) / 1e3
+    for i, (step_us, compute, events) in enumerate(rows):
+        y = len(rows) - 1 - i
+        ax.broken_barh([(a / 1e3, (b - a) / 1e3) for a, b in compute], (y - 0.3, 0.6), color="0.75", lw=0)
+        for ts, dur, kind in events:
+            ax.broken_barh([(ts / 1e3, dur / 1e3)], (y - 0.38, 0.76), facecolor=TRACE_COLOURS[kind],
+                           edgecolor=TRACE_COLOURS[kind], lw=0.6)  # the edge keeps a short collective visible
+        ax.text(step_us / 1e3 + 0.01 * longest, y, f"{step_us / 1e3:.1f} ms, {len(events)} collectives, "
+                f"{sum(e[1] for e in events) / 1e3:.1f} ms in them", va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)), data["labels"][::-1], fontsize=9)
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.set_xlim(0, longest * 1.45)
+    ax.set_xlabel("time within the training step (ms)")
+    ax.set_title(data["title"] or "one training step (forward, backward, AdamW) of one rank", fontsize=10,
+                 loc="left", pad=20)  # room for the legend between the title and the axes
+    ax.legend(handles=[Patch(color="0.75", label="compute (ops)"),
+                       Patch(color=TRACE_COLOURS["fwd"], label="forward all-reduce"),
+                       Patch(color=TRACE_COLOURS["bwd"], label="backward all-reduce"),
+                       Patch(color=TRACE_COLOURS["grad"], label="gradient sync")],
+              loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, ncol=4, frameon=False)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+DRAW = {"decode": draw_decode, "spd": draw_spd, "trace": draw_trace}
