@@ -237,6 +237,7 @@ def test_the_command_figures_carry_their_data_and_report_check_sees_a_stale_one(
             assert "τ ISB = 0.01 nats" in texts and "block-to-block (B2B)" in texts
         else:
             assert "12 layers x 128 wide" in texts and "32-token prompt then 32 new tokens" in texts
+    (tmp_path / "docs").mkdir()
     png = str(tmp_path / "docs" / "spd_shakespeare_tp4.png")
     cf.write(cf.DRAW["spd"](SPD), png, SPD)
     def check():  # the command figures' lines (the report's own figures have no result files here)
