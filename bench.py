@@ -13,7 +13,8 @@ Every model key train.py takes is a flag here too (--tp_overlap=2, --sequence_pa
 ...; tpcomm/bench_config.py), checked as train.py checks it; --variants times several settings of the sync keys in
 one run, each over the flags.
 --mode=decode times generation instead (KV cache, greedy): prefill ms and per-token decode ms for each pattern and
-each of --batch_sizes, with the time in collectives, and --plot=FILE draws ms/token against the all-reduces.
+each of --batch_sizes, with the time in collectives, and --plot=FILE draws ms/token against the all-reduces (in
+training mode under real TP, --plot=FILE draws each step's compute, hidden and exposed communication).
 --mode=memory measures each rank's peak memory when the model is built and during training steps, for any
 data-parallel layout (--data_parallel=ddp|fsdp, --init_device=meta, --loss_parallel):
 $ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=4 bench.py --mode=memory --data_parallel=fsdp \
@@ -347,6 +348,10 @@ def bench(cfg, pd, device, device_type, dtype):
         rows.append(dict(comm_row(name, model, cfg, comm, dt=dt, exposed=comm_dt, busy=busy_dt, X=X), split=split))
     if cfg["model_type"] == "distributed_gpt":
         comm_table(rows, cfg, say)
+    if cfg["plot"] and cfg["tp_mode"] == "real" and say is print:  # where each step's time goes, measured
+        data = command_figures.step_data([r for r in rows if r["name"] != "gpt"], cfg=cfg, device=device)
+        command_figures.write(command_figures.draw_steps(data), cfg["plot"], data)
+        say(f"plot: {cfg['plot']}")
     for name in results:
         if name != "gpt" and "gpt" in results:
             say(f"ratio {name} / gpt: {results[name] / results['gpt']:.3f}")

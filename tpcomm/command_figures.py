@@ -1,6 +1,6 @@
 """
-The figures a measuring command draws (`bench.py --mode=decode --plot=PNG`, `spd.py`, `python -m tpcomm.trace
-plot`), each as plain data and a
+The figures a measuring command draws (`bench.py --plot=PNG`, decode or training under real TP, `spd.py`,
+`python -m tpcomm.trace plot`), each as plain data and a
 drawing of it: the command writes the PNG (plots.save_png: the data's digest inside) and the data beside it
 (<name>.data.json, atomically), so `python experiment.py report` redraws and `report --check` compares a committed
 docs/ PNG (COMMAND_PNGS) against its data file without rerunning the measurement. Reading a data file is json.load:
@@ -129,6 +129,39 @@ def draw_spd(data):
     return fig
 
 
+def step_data(rows, *, cfg, device):
+    """rows: bench.py's communication table (real TP): [name, ms/iter, in collectives, exposed] each."""
+    return dict(kind="steps", model=f"{cfg['n_layer']} layers x {cfg['n_embd']} wide, {cfg['n_head']} heads, "
+                f"batch {cfg['batch_size']} x {cfg['block_size']} tokens", tp=f"tp {cfg['tp_size']} real",
+                device=str(device), rows=[[r["name"], r["ms"], r["busy_ms"], r["exposed_ms"]] for r in rows])
+
+
+def draw_steps(data):
+    """One bar per pattern and variant: compute (the step less the exposed communication), the exposed
+    communication, and beside it the communication that ran hidden behind compute (in collectives less exposed)."""
+    plt = plots.pyplot()
+    rows = data["rows"]
+    fig, ax = plt.subplots(figsize=(10, 2.2 + 0.38 * len(rows)))
+    ys = range(len(rows))[::-1]
+    compute = [ms - exposed for _, ms, _, exposed in rows]
+    ax.barh(ys, compute, color="0.75", label="compute (step time less exposed communication)")
+    ax.barh(ys, [r[3] for r in rows], left=compute, color="#d62728", label="exposed communication (step waits)")
+    ax.barh(ys, [r[2] - r[3] for r in rows], left=[r[1] for r in rows], color="#2ca02c", alpha=0.5,
+            label="communication hidden behind compute (not in the step time)")
+    for y, (_, ms, busy, exposed) in zip(ys, rows):
+        ax.text(ms + max(0.0, busy - exposed), y, f" {ms:.1f} ms a step", va="center", fontsize=8)
+    ax.set_yticks(list(ys), [r[0] for r in rows], fontsize=8)
+    ax.set_xlabel("ms per training step (best of 3 rounds)")
+    lo, hi = ax.get_xlim()
+    ax.set_xlim(0, hi * 1.12)
+    ax.set_title(f"Where a training step's time goes, {data['tp']} on {data['device']} (measured): {data['model']}",
+                 fontsize=9)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
 TRACE_COLOURS = {"fwd": "tab:blue", "bwd": "tab:orange", "grad": "tab:green"}
 
 
@@ -165,4 +198,4 @@ def draw_trace(data):
     return fig
 
 
-DRAW = {"decode": draw_decode, "spd": draw_spd, "trace": draw_trace}
+DRAW = {"decode": draw_decode, "spd": draw_spd, "trace": draw_trace, "steps": draw_steps}
