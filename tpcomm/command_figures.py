@@ -14,8 +14,8 @@ import os
 from tpcomm import plots
 
 DATA_SUFFIX = ".data.json"
-COMMAND_PNGS = ("docs/decode_latency_cpu_real.png", "docs/spd_shakespeare_tp4.png",
-                "docs/trace_timeline.png")  # report checks these
+COMMAND_PNGS = ("docs/decode_latency_cpu_real.png", "docs/spd_shakespeare_tp4.png", "docs/trace_timeline.png",
+                "docs/real_tp_step_breakdown.png")  # report checks these
 
 
 def data_path(png):
