@@ -13,7 +13,8 @@ Every model key train.py takes is a flag here too (--tp_overlap=2, --sequence_pa
 ...; tpcomm/bench_config.py), checked as train.py checks it; --variants times several settings of the sync keys in
 one run, each over the flags.
 --mode=decode times generation instead (KV cache, greedy): prefill ms and per-token decode ms for each pattern and
-each of --batch_sizes, with the time in collectives, and --plot=FILE draws ms/token against the all-reduces.
+each of --batch_sizes, with the time in collectives, and --plot=FILE draws ms/token against the all-reduces (in
+training mode under real TP, --plot=FILE draws each step's compute, hidden and exposed communication).
 --mode=memory measures each rank's peak memory when the model is built and during training steps, for any
 data-parallel layout (--data_parallel=ddp|fsdp, --init_device=meta, --loss_parallel):
 $ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=4 bench.py --mode=memory --data_parallel=fsdp \
@@ -45,9 +46,9 @@ import torch
 from configurator import ConfigError, configure, exit_on_config_error
 from tpcomm.bench_config import (DEFAULTS, combinations, pattern_label, sync_options, validate,  # noqa: F401
                                  validate_pipeline, variant_name)
+from tpcomm import command_figures
 from tpcomm.build import build_model
 from tpcomm.models import train_step as step
-from tpcomm.output_path import replace_atomically
 from tpcomm.runtime import DeviceClock, autocast_context, pick_device_and_dtype, setup_runtime
 from tpcomm.parallel_dims import check_layout, init_parallel, launched_by_torchrun, shutdown
 
@@ -291,31 +292,10 @@ def decode_bench(models, cfg, *, device, dtype, device_type, say):
                              collectives_ms=coll, exposed_ms=exposed))
             say(f"| `{name}` | {fwd} ({asyn}) | {b} | {prefill:.2f} | {per_token:.3f} | {coll:.3f} | {exposed:.3f} |")
     if cfg["plot"] and say is print:
-        plot_decode(rows, cfg["plot"], title=f"decode latency, tp={cfg['tp_size']} {cfg['tp_mode']}, {device}")
+        data = command_figures.decode_data(rows, cfg=cfg, device=device, prompt_len=prompt)
+        command_figures.write(command_figures.draw_decode(data), cfg["plot"], data)
         say(f"plot: {cfg['plot']}")
     return rows
-
-
-def plot_decode(rows, path, *, title):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for b in sorted({r["batch"] for r in rows}):
-        pts = sorted((r["fwd_allreduces"], r["decode_ms"], r["collectives_ms"]) for r in rows if r["batch"] == b)
-        line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"batch {b}: decode ms/token")
-        ax.plot([p[0] for p in pts], [p[2] for p in pts], "x--", color=line.get_color(),
-                label=f"batch {b}: in collectives")
-    ax.set_xlabel("forward all-reduces per token (measured)")
-    ax.set_ylabel("ms per generated token")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    replace_atomically(lambda tmp: fig.savefig(tmp, dpi=120, format="png"), path)
-    plt.close(fig)
 
 
 def bench(cfg, pd, device, device_type, dtype):
@@ -368,6 +348,10 @@ def bench(cfg, pd, device, device_type, dtype):
         rows.append(dict(comm_row(name, model, cfg, comm, dt=dt, exposed=comm_dt, busy=busy_dt, X=X), split=split))
     if cfg["model_type"] == "distributed_gpt":
         comm_table(rows, cfg, say)
+    if cfg["plot"] and cfg["tp_mode"] == "real" and say is print:  # where each step's time goes, measured
+        data = command_figures.step_data([r for r in rows if r["name"] != "gpt"], cfg=cfg, device=device)
+        command_figures.write(command_figures.draw_steps(data), cfg["plot"], data)
+        say(f"plot: {cfg['plot']}")
     for name in results:
         if name != "gpt" and "gpt" in results:
             say(f"ratio {name} / gpt: {results[name] / results['gpt']:.3f}")

@@ -11,7 +11,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import ROOT, run_script  # noqa: E402
+from conftest import run_script  # noqa: E402
 
 TINY = ["--device=cpu", "--compile=False", "--dtype=float32", "--n_layer=2", "--n_head=4", "--n_embd=32",
         "--block_size=32", "--batch_size=4", "--eval_iters=1", "--max_iters=0", "--gradient_accumulation_steps=1",

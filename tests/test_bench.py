@@ -111,6 +111,13 @@ def test_decode_mode_times_prefill_and_tokens(tmp_path):
         ("`tp`", "4 (0)", "1"), ("`tp`", "4 (0)", "3"), ("`parallel`", "1 (0)", "1"), ("`parallel`", "1 (0)", "3"),
         ("`gpt`", "0 (0)", "1"), ("`gpt`", "0 (0)", "3")]
     assert plot.stat().st_size > 1000
+    # the plotted numbers beside it, their digest in the PNG (report --check compares them); the title names the
+    # model, the prompt and the tokens generated
+    from tpcomm import command_figures, plots
+
+    data, _ = command_figures.load(str(plot))
+    assert plots.png_digest(str(plot)) == plots.data_digest(data) and len(data["rows"]) == 6
+    assert data["new_tokens"] == 4 and "layers x" in data["model"] and data["prompt_len"] > 0
 
 
 def test_variants_time_every_pattern_with_every_way_to_move_its_syncs(capsys):
@@ -171,3 +178,24 @@ def test_op_groups_find_the_ops_they_name():
     groups, total = op_profile.op_breakdown(lambda: [a @ a for _ in range(4)], 3)  # a loaded host read 65% matmul)
     assert sum(groups.values()) == pytest.approx(total, rel=1e-6)  # exact but for float summation
     assert groups["matmul"] > 0.8 * total and groups["layer_norm"] == 0.0
+
+
+def test_real_tp_training_plot_splits_each_step(tmp_path):
+    """--plot in training mode under real TP: each pattern's step split into compute, exposed and hidden
+    communication, from the table's own numbers, written beside the PNG (report --check compares them)."""
+    from conftest import TORCHRUN
+
+    from tpcomm import command_figures, plots
+
+    plot = tmp_path / "steps.png"
+    r = run_script(*TORCHRUN, "--nproc_per_node=2", "bench.py", *TINY, "--model_type=distributed_gpt",
+                   "--tp_size=2", "--tp_mode=real", "--patterns=['tp', 'ladder']", f"--plot={plot}", timeout=300)
+    assert r.returncode == 0, r.stderr
+    data, _ = command_figures.load(str(plot))
+    assert plots.png_digest(str(plot)) == plots.data_digest(data)
+    table = {line.split("|")[1].strip(" `"): line.split("|") for line in r.stdout.splitlines()
+             if line.startswith("| `")}
+    assert [row[0] for row in data["rows"]] == ["tp", "ladder"] == list(table)
+    for name, ms, busy, exposed in data["rows"]:  # the plotted numbers are the printed ones
+        assert (f"{ms:.2f}", f"{busy:.2f}", f"{exposed:.2f}") == tuple(table[name][k].strip() for k in (5, 6, 7))
+        assert 0 <= exposed <= busy and exposed <= ms

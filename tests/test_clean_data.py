@@ -8,7 +8,6 @@ import json
 import os
 import random
 import re
-import statistics
 
 import pytest
 

@@ -136,8 +136,13 @@ def test_spd_end_to_end(tiny_run):
                    "--distill_steps=10", "--kl_steps=5", "--tau_isb=-1", "--tau_esb=-1", "--num_spd=2")
     assert r.returncode == 0, r.stderr
     spd_dir = os.path.join(tiny_run, "spd")
-    for name in ("spd.md", "spd.json", "spd.png", "ckpt.pt"):
+    for name in ("spd.md", "spd.json", "spd.png", "spd.data.json", "ckpt.pt"):
         assert os.path.getsize(os.path.join(spd_dir, name)) > 0, name
+    from tpcomm import command_figures, plots
+
+    data, _ = command_figures.load(os.path.join(spd_dir, "spd.png"))  # the figure's numbers, its digest inside
+    assert plots.png_digest(os.path.join(spd_dir, "spd.png")) == plots.data_digest(data)
+    assert data["kl"] is not None and data["kl"][0] == 2  # the KL-recovered point is drawn
     result = json.load(open(os.path.join(spd_dir, "spd.json")))
     assert [row["fwd_allreduces"] for row in result["curve"]] == [4, 3, 2]  # measured: 2 a 'tp' block, 1 an 'spd'
     assert [b["class"] for b in result["blocks"]] == ["ESB", "ESB"]

@@ -187,6 +187,10 @@ def test_plot_command(simulated, tmp_path):
     assert r.returncode == 0, r.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
     assert "Traceback" not in r.stderr
+    from tpcomm import command_figures, plots  # the plotted numbers beside it, their digest inside (report --check)
+
+    data, _ = command_figures.load(str(out))
+    assert plots.png_digest(str(out)) == plots.data_digest(data) and len(data["rows"]) == 2
     line = one_line_error(run_script("-m", "tpcomm.trace", "plot", str(out), str(tmp_path / "missing.json")))
     assert "no trace file" in line and "missing.json" in line
 

@@ -4,7 +4,7 @@ cpu-long result files, and its predicted GPU step speedup from the cost model (g
 answer calls tpcomm/cost_model.py); the trade-off figure docs/answer_tradeoff.png draws the same.
 """
 
-from tpcomm import cost_bands, pairing, plots, provenance
+from tpcomm import answer_figure, cost_bands, pairing, provenance
 from tpcomm.readings import bound, claim, data_warning, decimals, no_results, penalties, side_of
 
 
@@ -236,12 +236,13 @@ def tradeoff_plot(ctx):
         p = (0.0, 0.0, 0) if run is None else pen.get(run)
         status = "same math" if run is None else "pending" if p is None or p[1] is None else "measured"
         mean, ci, n = (None, None, 0 if p is None else p[2]) if status == "pending" else p
-        points.append(dict(way=way, label=what.replace("`", ""), status=status, mean=mean, ci=ci, seeds=n,
-                           speedup=[gpu[variant][name] for name in links],
-                           band=[cost_bands.speedup_bands(name)[variant] for name in links]))  # [low, high] a link
-    data = dict(points=points, links=[n.split(" (")[0] for n in links], base_loss=base["val_loss_mean"])
-    title = (f"Each way of giving up a sync: its quality cost, measured on CPU (`cpu-long`: a "
+        points.append(dict(way=way, label=what.replace("`", ""), key=run or variant, status=status, mean=mean,
+                           ci=ci, seeds=n, speedup=[gpu[variant][name] for name in links],
+                           speedup_band=[cost_bands.speedup_bands(name)[variant] for name in links]))  # [low, high]
+    data = dict(points=points, links=[n.split(" (")[0] for n in links], base_loss=base["val_loss_mean"],
+                left_out=[what.replace("`", "") for _, what, _, variant in WAYS if variant is None])
+    title = (f"Each way of giving up a sync: its quality cost, measured on CPU (y; cpu-long: a "
              f"{base['params_total'] / 1e6:.1f}M-parameter character model, {base['tokens'] / 1e6:.2f}M tokens, tp "
              f"{base['tp_size']}), against its training-step speedup, predicted for GPUs by the cost model "
-             f"({GPU_SHAPE} at tp {GPU_TP}, H100; the assumptions: the README, under the answer's table)")
-    return data, lambda: plots.draw_tradeoff(data, title=title)
+             f"(x; {GPU_SHAPE} at tp {GPU_TP}, H100; the assumptions: the README, under the answer's table)")
+    return data, lambda: answer_figure.draw_tradeoff(data, title=title)

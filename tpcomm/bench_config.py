@@ -48,7 +48,7 @@ DEFAULTS = dict(
     batch_sizes=None,  # decode: the batch sizes to time (None: [batch_size])
     prompt_len=None,  # decode: prompt tokens (None: block_size // 2)
     new_tokens=32,  # decode: generated tokens per timing (prompt_len + new_tokens <= block_size)
-    plot=None,  # decode: a PNG path for ms/token vs forward all-reduces
+    plot=None,  # a PNG path: decode, ms/token vs forward all-reduces; train (real TP), each step's time split
     data_parallel="ddp",  # memory: 'ddp' | 'fsdp' over the data-parallel ranks (world / tp processes)
     init_device="default",  # 'default': build on the device | 'meta': build without memory, materialise each rank's part
     loss_parallel=False,  # distributed_gpt: the vocabulary-parallel lm_head and loss

@@ -88,7 +88,7 @@ def ring_all_gather_matmul(x, w, b, group, site, op="ag"):
 def ring_matmul_reduce_scatter(y, w, group, site, op="rs"):
     """This rank's (n, C) rows of sum_i y_i @ w_i (simulated: every shard's rows, (N, C)), each partial sum's
     transfer beside the next chunk's GEMM. y (L, N, K), w (L, K, C)."""
-    tp, L, N = group.tp, y.shape[0], y.shape[1]
+    tp, N = group.tp, y.shape[1]
     n = N // tp
     if not group.real:
         return _simulated_reduce_scatter(y, w, group, site, op)
@@ -109,7 +109,7 @@ def ring_matmul_reduce_scatter(y, w, group, site, op="rs"):
 def _simulated_reduce_scatter(y, w, group, site, op):
     """The ring of ring_matmul_reduce_scatter for every rank at once: chunk c's sum starts at rank c-1 and gathers
     ranks c-2, ..., c in that order (part + received, as the real ring adds); tp - 1 transfers counted."""
-    tp, L, N = group.tp, y.shape[0], y.shape[1]
+    tp, N = group.tp, y.shape[1]
     n = N // tp
     out = y.new_empty(N, w.shape[-1])
     for c in range(tp):

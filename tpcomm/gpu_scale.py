@@ -258,7 +258,7 @@ def main(argv):
         return 1
     left = sum(not sweeps.is_finished(j) for j in jobs)
     print(f"gpu-scale: trained {trained} run(s) in {time.time() - t0:.0f} s; {left} of {len(jobs)} still to run"
-          + (f" (same command again)" if left else " (the sweep is complete)") + f"; result files in "
+          + (" (same command again)" if left else " (the sweep is complete)") + f"; result files in "
           f"{os.path.join(sweep_dir, 'runs')}")
     return 0
 

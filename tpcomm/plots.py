@@ -12,7 +12,9 @@ import os
 import statistics
 import textwrap
 
+from tpcomm import plot_labels, way_styles
 from tpcomm.pairing import has_pairs, paired, paired_markdown
+from tpcomm.readings import pattern_name
 from tpcomm.results import SCATTER_LIMIT, group_key, size_label, sizes_vary, varies
 
 PLOTS = ("val_loss_vs_allreduces.png", "val_loss_curves.png", "tokens_per_s_vs_allreduces.png")
@@ -93,36 +95,80 @@ def _context(rows, title, note):
     return tp_txt, tok_txt, n_seeds, f"\n{note}" if note else "", sim
 
 
-def loss_vs_allreduces_data(rows):
-    return [dict(series=label, points=[[r["fwd_allreduces"], r["val_loss_mean"], r["val_loss_std"],
-                                        r["gap_to_baseline"], r["config"] == r["baseline"]] for r in members])
+def _varied(row):
+    """A run that keeps its syncs but delays (ladder), shrinks (tp_comm_dtype) or hides (tp_overlap, sequence
+    parallelism) them: drawn as its own marker, off the budget sweep's line."""
+    return bool(row.get("tp_comm_dtype") or "ladder" in row["block_pattern"] or (row.get("tp_overlap") or 1) > 1
+                or row.get("sequence_parallel"))
+
+
+def _sweep_points(rows, value, err, extra):
+    """One series per _series line; a point [fwd all-reduces, value, err, extra, baseline?, way key, varied?]."""
+    return [dict(series=label, points=[[r["fwd_allreduces"], r[value], r[err], r[extra], r["config"] == r["baseline"],
+                                        pattern_name(r), _varied(r)] for r in members if r[value] is not None])
             for label, members in _series(rows)]
+
+
+def loss_vs_allreduces_data(rows):
+    return _sweep_points(rows, "val_loss_mean", "val_loss_std", "gap_to_baseline")
+
+
+LINESTYLES = ("-", "--", ":", "-.")
+
+
+def _draw_sweep(ax, data, *, text_of):
+    """Each series' budget sweep as a grey line, its delayed, shrunk or hidden runs as markers off the line; every
+    point in its way's colour and marker (way_styles) with the label text_of(point, way name or ""); returns the
+    labels and the marks (x, y low, y high) they keep off, for plot_labels.separate."""
+    labels, marks = [], []
+    for k, s in enumerate(data):
+        line = sorted(p[:2] for p in s["points"] if not p[6])
+        ax.plot([p[0] for p in line], [p[1] for p in line], ls=LINESTYLES[k % 4], color="0.6", lw=1.2, zorder=1,
+                label="budget sweep" + (f", {s['series']}" if s["series"] else "") + ": syncs dropped by block pattern")
+        for p in s["points"]:
+            st = way_styles.style(p[5], fwd_allreduces=p[0])
+            ax.errorbar([p[0]], [p[1]], yerr=[p[2]], fmt=st.marker, ms=7, capsize=3, color=st.color, zorder=3)
+            marks.append((p[0], p[1] - (p[2] or 0), p[1] + (p[2] or 0)))
+            name = st.name if way_styles.is_way(p[5]) else ""
+            text = text_of(p, name)
+            if text:
+                labels.append(ax.annotate(text, (p[0], p[1]), xytext=(7, 0), textcoords="offset points",
+                                          va="center", ha="left", fontsize=8, color=st.color if name else "0.3",
+                                          arrowprops=dict(arrowstyle="-", color="0.6", lw=0.5, shrinkA=0,
+                                                          shrinkB=4)))
+    ax.set_xticks(sorted({p[0] for s in data for p in s["points"]}))
+    lo, hi = ax.get_xlim()
+    ax.set_xlim(lo, hi + 0.12 * (hi - lo))  # room for the labels right of the last budget
+    return labels, marks
+
+
+def _place(fig, ax, labels, marks):
+    fig.canvas.draw()
+    plot_labels.separate(fig, labels, obstacles=plot_labels.mark_boxes(ax, marks), step=3)
+
+
+def _gap_text(p, name):
+    if p[4]:
+        return f"{name}: baseline"
+    return f"{name} {p[3]:+.3f}" if name else f"{p[3]:+.3f}"
 
 
 def draw_loss_vs_allreduces(data, *, title, context):
     plt = pyplot()
     tp_txt, tok_txt, n_seeds, note, _ = context
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    for k, s in enumerate(data):
-        pts = s["points"]
-        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], fmt="o-", capsize=4,
-                    color=plt.get_cmap("tab10")(k), label=s["series"] or "final val loss")
-        for x, y, _, gap, is_base in pts:
-            if is_base:
-                ax.plot([x], [y], "*", color="tab:red", ms=16, zorder=5)
-            else:
-                ax.annotate(f"{gap:+.3f}", (x, y), textcoords="offset points", xytext=(0, 9), ha="center",
-                            fontsize=8, color="0.3")
-    ax.set_xticks(sorted({p[0] for s in data for p in s["points"]}))
+    fig, ax = plt.subplots(figsize=(10, 6))
+    labels, marks = _draw_sweep(ax, data, text_of=_gap_text)
     ax.margins(y=0.12)
     ax.set_xlabel("forward all-reduces per forward pass (measured)")
     ax.set_ylabel("final validation loss (nats/token)")
-    seeds_txt = f"{n_seeds} seeds, error bars: std" if n_seeds > 1 else "1 seed"
+    seeds_txt = f"{n_seeds} seeds, error bars: std" if n_seeds > 1 else "1 seed, no error bars"
     ax.set_title(f"{title}: final val loss vs communication\n{tp_txt}, {tok_txt}, {seeds_txt}\n"
-                 f"red star: baseline; labels: gap to it{note}", fontsize=10)
+                 f"grey line: the budget sweep; markers off it: the same syncs delayed or shrunk; labels: gap to the "
+                 f"baseline{note}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
+    _place(fig, ax, labels, marks)
     return fig
 
 
@@ -133,61 +179,53 @@ def curves_data(rows):
         per_iter = {i: [v for c in r["curves"] for j, v in c if j == i] for i in iters}
         tp = f" tp{r['tp_size']}" if varies(rows, "tp_size") else ""
         size = f" {size_label(r)}" if sizes_vary(rows) else ""
-        out.append(dict(label=f"{r['fwd_allreduces']:>2} all-reduces  {r['block_pattern']}{tp}{size}",
-                        base=r["config"] == r["baseline"], iters=iters,
-                        mean=[statistics.fmean(per_iter[i]) for i in iters]))
+        out.append(dict(label=way_styles.label(pattern_name(r), fwd_allreduces=r["fwd_allreduces"]) + tp + size,
+                        key=pattern_name(r), fwd=r["fwd_allreduces"], base=r["config"] == r["baseline"], iters=iters,
+                        seeds=r["n_seeds"], mean=[statistics.fmean(per_iter[i]) for i in iters]))
     return out
 
 
 def draw_curves(data, *, title, context):
     plt = pyplot()
-    tp_txt, tok_txt, n_seeds, note, _ = context
+    tp_txt, tok_txt, _, note, _ = context
     fig, ax = plt.subplots(figsize=(12, 5.5))
-    cmap = plt.get_cmap("plasma")  # spaced by rank, so neighbouring counts stay distinguishable
-    for rank, c in enumerate(data):
-        ax.plot(c["iters"], c["mean"], "o-" if len(c["iters"]) < 30 else "-", ms=3, lw=2.2 if c["base"] else 1.3,
-                color="black" if c["base"] else cmap(0.9 * rank / max(1, len(data) - 1)), label=c["label"])
+    for c in data:
+        st = way_styles.style(c["key"], fwd_allreduces=c["fwd"])
+        ax.plot(c["iters"], c["mean"], "-", marker=st.marker if len(c["iters"]) < 30 else None, ms=4,
+                lw=2.2 if c["base"] else 1.3, color=st.color, label=c["label"])
     lows = [min(c["mean"]) for c in data]
     highs = [v for c in data for v in (c["mean"][1:2] or c["mean"])]  # zoom past iter 0: ~ln(vocab) for every run
     ax.set_ylim(min(lows) - 0.05, max(highs) + 0.1)
     first = min(c["iters"][:2] for c in data)
     if len(first) == 2:
         ax.set_xlim(left=first[1] - 0.25 * (first[1] - first[0]))
+    seeds = sorted({c["seeds"] for c in data})
     ax.set_xlabel("iteration")
-    ax.set_ylabel("validation loss (nats/token)" + (" (mean over seeds)" if n_seeds > 1 else ""))
-    curve_seeds = f"mean over {n_seeds} seeds" if n_seeds > 1 else "1 seed"
+    ax.set_ylabel("validation loss (nats/token)" + (" (mean over seeds)" if seeds[-1] > 1 else ""))
+    curve_seeds = "1 seed" if seeds == [1] else f"mean over each run's {'/'.join(map(str, seeds))} seeds"
     ax.set_title(f"{title}: validation loss during training\n{tp_txt}, {tok_txt}, {curve_seeds}\n"
                  f"(zoomed past iter 0, where every run is at ~ln(vocab)){note}", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(title="forward all-reduces, block pattern", title_fontsize=9, loc="upper left",
-              bbox_to_anchor=(1.01, 1.0), prop={"family": "monospace", "size": 8})
+    ax.legend(title="way, or block pattern (forward all-reduces)", title_fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              prop={"size": 8})
     fig.tight_layout()
     return fig
 
 
 def throughput_data(rows):
-    return [dict(series=label, points=[[r["fwd_allreduces"], r["tokens_per_s"], r["tokens_per_s_std"],
-                                        r["scattered"], r["config"] == r["baseline"]]
-                                       for r in members if r["tokens_per_s"] is not None])
-            for label, members in _series(rows)]
+    return _sweep_points(rows, "tokens_per_s", "tokens_per_s_std", "scattered")
 
 
 def draw_throughput(data, *, title, context):
     plt = pyplot()
     tp_txt, _, _, note, sim = context
     fig, ax = plt.subplots(figsize=(10, 5.5))
-    for k, s in enumerate(data):
-        pts = s["points"]
-        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], fmt="o-", capsize=4,
-                    color=plt.get_cmap("Dark2")(k), label=s["series"] or "tokens/s (median step)")
-        for x, y, _, scattered, is_base in pts:
-            if is_base:
-                ax.plot([x], [y], "*", color="tab:red", ms=16, zorder=5)
-            if scattered:
-                ax.plot([x], [y], "x", color="black", ms=12, mew=2, zorder=6)
-    ax.plot([], [], "*", color="tab:red", ms=12, label="baseline")
-    ax.plot([], [], "x", color="black", ms=10, mew=2, label=f"scattered: p90/median step > {SCATTER_LIMIT}")
-    ax.set_xticks(sorted({p[0] for s in data for p in s["points"]}))
+    labels, marks = _draw_sweep(ax, data, text_of=lambda p, name: f"{name}: baseline" if p[4] else name)
+    scattered = [p for s in data for p in s["points"] if p[3]]
+    for p in scattered:
+        ax.plot([p[0]], [p[1]], "x", color="black", ms=12, mew=2, zorder=6)
+    if scattered:
+        ax.plot([], [], "x", color="black", ms=10, mew=2, label=f"scattered: p90/median step > {SCATTER_LIMIT}")
     ax.set_ylim(bottom=0)
     ax.set_xlabel("forward all-reduces per forward pass (measured)")
     ax.set_ylabel("training throughput (tokens/s per model replica)")
@@ -198,6 +236,7 @@ def draw_throughput(data, *, title, context):
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # outside the axes: never over a point
     fig.tight_layout()
+    _place(fig, ax, labels, marks)
     return fig
 
 
@@ -226,9 +265,10 @@ def paired_plot_data(rows):
     pairs = paired(rows)
     others = sorted((r for r in rows if r["config"] != r["baseline"] and r["config"] in pairs),
                     key=lambda r: (str(group_key(r)), -r["fwd_allreduces"]))
-    return [dict(label=f"{r['fwd_allreduces']} all-reduces {r['block_pattern']}"
+    return [dict(label=way_styles.label(pattern_name(r), fwd_allreduces=r["fwd_allreduces"])
                  + (f" tp{r['tp_size']}" if varies(rows, "tp_size") else "")
-                 + (f" {size_label(r)}" if sizes_vary(rows) else ""),
+                 + (f" {size_label(r)}" if sizes_vary(rows) else "") + f" ({len(pairs[r['config']]['seeds'])} seeds)",
+                 key=pattern_name(r), fwd=r["fwd_allreduces"],
                  points=[[i * r["tokens_per_iter"] / 1e6, m, c or 0.0] for i, m, c in pairs[r["config"]]["curve"]
                          if i > 0]) for r in others]
 
@@ -236,20 +276,19 @@ def paired_plot_data(rows):
 def draw_paired(data, *, title, n_seeds):
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(12, 5.5))
-    ax.axhline(0, color="black", lw=1.5, label="baseline (all-tp, same seed)")
-    cmap = plt.get_cmap("plasma")
-    for k, s in enumerate(data):
+    ax.axhline(0, color="black", lw=1.5, label="baseline: all tp, same seed")
+    for s in data:
         x, mean = [p[0] for p in s["points"]], [p[1] for p in s["points"]]
-        color = cmap(0.85 * k / max(1, len(data) - 1))
-        ax.plot(x, mean, "o-", ms=3, color=color, label=s["label"])
-        ax.fill_between(x, [m - c for _, m, c in s["points"]], [m + c for _, m, c in s["points"]], color=color,
-                        alpha=0.2)
+        st = way_styles.style(s["key"], fwd_allreduces=s["fwd"])
+        ax.plot(x, mean, "-", marker=st.marker, ms=4, color=st.color, label=s["label"])
+        ax.fill_between(x, [m - c for _, m, c in s["points"]], [m + c for _, m, c in s["points"]], color=st.color,
+                        alpha=0.12)
     ax.set_xlabel("training tokens (millions)")
     ax.set_ylabel("val loss minus the baseline's, same seed (nats/token)")
-    ax.set_title(f"{title}: paired difference to the baseline during training\nmean over up to {n_seeds} seeds, "
-                 f"band: 95% confidence interval; below 0 = better than the baseline", fontsize=10)
+    ax.set_title(f"{title}: paired difference to the baseline during training\nmean over each way's paired seeds "
+                 f"(up to {n_seeds}), band: 95% confidence interval; below 0 = better than the baseline", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), prop={"family": "monospace", "size": 8})
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), prop={"size": 8})
     fig.tight_layout()
     return fig
 
@@ -261,24 +300,32 @@ def paired_plot(rows, *, title):
     return data, lambda: draw_paired(data, title=title, n_seeds=n_seeds)
 
 
-def draw_penalty(data, *, xlabel, title, xticks):
+def draw_penalty(data, *, xlabel, title, xticks, xticklabels=None):
+    """Each pattern's final paired difference at each x, no line between them (no trend is claimed), side by side
+    so the error bars do not hide each other; each point says its seeds."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 5.5))
-    ax.axhline(0, color="black", lw=1.2, label="all-tp baseline (same seed)")
+    ax.axhline(0, color="black", lw=1.2, label="all tp, the baseline (same seed)")
+    labels = []
     for k, s in enumerate(data):
-        shift = 1.04 ** (k - (len(data) - 1) / 2)  # side by side, so the error bars do not hide each other
+        st = way_styles.style(s["label"])
+        shift = 1.06 ** (k - (len(data) - 1) / 2)
         ax.errorbar([p[0] * shift for p in s["points"]], [p[1] for p in s["points"]], yerr=[p[2] for p in
-                    s["points"]], fmt="o-", capsize=4, color=plt.get_cmap("tab10")(k + 1), label=s["label"])
+                    s["points"]], fmt=st.marker, ms=7, capsize=4, color=st.color, label=st.name)
+        labels += [ax.annotate(f"{p[3]}", (p[0] * shift, p[1] + p[2]), xytext=(0, 3), textcoords="offset points",
+                               ha="center", va="bottom", fontsize=8, color=st.color) for p in s["points"]]
     ax.set_xscale("log")
-    ax.set_xticks(xticks, [f"{x:,}" for x in xticks])
+    ax.set_xticks(xticks, xticklabels or [f"{x:,}" for x in xticks])
     ax.minorticks_off()
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("final val loss minus all-tp's (nats/token)")
-    ax.set_title(title + "\nmean over seeds, error bars: 95% confidence interval (Student's t); above 0 = worse "
-                 "than all-tp", fontsize=10)
+    ax.set_ylabel("final val loss minus all tp's (nats/token)")
+    ax.set_title("\n".join(textwrap.wrap(title, 100) + textwrap.wrap(
+        "mean over paired seeds (the number over each bar), error bars: 95% confidence interval (Student's t); "
+        "above 0 = worse than all tp", 100)), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
     fig.tight_layout()
+    plot_labels.separate(fig, labels, step=3, tries=6)
     return fig
 
 
@@ -294,87 +341,3 @@ def write_paired(rows, out_dir, *, title="Communication sweep"):
     data, draw = paired_plot(rows, title=title)
     save_png(draw(), png, data)
     return [md, png]
-
-
-WAY_COLORS = {"drop": "tab:red", "hide": "tab:green", "delay": "tab:blue", "shrink": "tab:purple",
-              "drop + shrink": "black"}
-
-
-def _dodge(xs, *, near=1.1, step=1.035):
-    """(x factors, label offsets in points) that set points within `near` of each other (as a ratio) side by side
-    on a log axis, their labels stacked, so no two hide each other."""
-    order = sorted(range(len(xs)), key=lambda i: xs[i])
-    groups, shift, offset = [], [1.0] * len(xs), [8] * len(xs)
-    for i in order:
-        if groups and xs[i] / xs[groups[-1][0]] < near:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    for g in groups:
-        for k, i in enumerate(g):
-            shift[i] = step ** (k - (len(g) - 1) / 2)
-            offset[i] = (6, -10, 18, -22, 30, -34)[k % 6]
-    return shift, offset
-
-
-def draw_tradeoff(data, *, title):
-    """The answer's figure: one panel per network; x the predicted step speedup, y the paired quality cost with
-    its 95% interval; the ways that keep the math at 0 (hollow diamonds), patterns without 2 paired seeds yet on the
-    floor (crosses). Points at about the same speedup are set side by side."""
-    from matplotlib.ticker import FixedLocator, NullLocator
-
-    plt = pyplot()
-    points, links = data["points"], data["links"]
-    measured = [p for p in points if p["status"] == "measured"]
-    top = max([p["mean"] + p["ci"] for p in measured] + [0.01]) * 1.15
-    floor = min([p["mean"] - p["ci"] for p in measured] + [0.0]) - 0.012
-    fig, axes = plt.subplots(1, len(links), figsize=(13, 7.5), sharey=True)
-    for k, (ax, link) in enumerate(zip(axes, links)):
-        ax.axhline(0, color="black", lw=1)
-        ax.axvline(1, color="grey", lw=1, ls=":")
-        one = 0.01 * data["base_loss"]
-        ax.axhline(one, color="grey", lw=1, ls="--")
-        ax.text(0.01, one, "1% of all tp's loss", va="bottom", fontsize=7, color="grey",
-                transform=ax.get_yaxis_transform())
-        xs = [p["speedup"][k] for p in points]
-        shift, offset = _dodge(xs)
-        for j, p in enumerate(points):
-            x, color = xs[j] * shift[j], WAY_COLORS[p["way"]]
-            if p["status"] == "measured":
-                ax.errorbar([x], [p["mean"]], yerr=[p["ci"]], fmt="o", capsize=4, color=color)
-                y = p["mean"]
-            elif p["status"] == "same math":
-                ax.plot([x], [0], "D", mfc="white", color=color, ms=8)
-                y = 0.0
-            else:
-                y = floor + 0.004
-                ax.plot([x], [y], "x", color=color, ms=8)
-            ax.annotate(str(j + 1), (x, y), xytext=(4, offset[j]), textcoords="offset points", fontsize=8,
-                        color=color, weight="bold")
-        ax.set_xscale("log")
-        lo, hi = min(xs) / 1.1, max(xs) * 1.35
-        ax.set_xlim(lo, hi)
-        ticks = [t for t in ((0.6, 0.8, 1, 1.25, 1.5, 2) if hi < 2.5 else (0.6, 0.8, 1, 1.5, 2, 3, 4, 6, 8))
-                 if lo <= t <= hi]
-        ax.xaxis.set_major_locator(FixedLocator(ticks))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xticklabels([f"{t:g}x" for t in ticks])
-        ax.set_title(f"{link} (predicted)", fontsize=10)
-        ax.set_xlabel("predicted step speedup over Megatron-LM's all-tp step")
-        ax.grid(alpha=0.3)
-        ax.set_ylim(floor, top)
-    axes[0].set_ylabel("final val loss minus all tp's, same seed (nats/token)\nmean and 95% interval (seeds)")
-    handles = [plt.Line2D([], [], color=c, marker="o", ls="", label=w) for w, c in WAY_COLORS.items()] + [
-        plt.Line2D([], [], color="grey", marker="o", ls="", label="measured (seeds)"),
-        plt.Line2D([], [], color="grey", marker="D", mfc="white", ls="", label="0 by construction (same math)"),
-        plt.Line2D([], [], color="grey", marker="x", ls="", label="quality pending (< 2 seeds)")]
-    axes[-1].legend(handles=handles, loc="lower right", fontsize=7.5)
-    fig.suptitle("\n".join(textwrap.wrap(title, 140)), fontsize=9)
-    key = [f"{j + 1} {p['way']}: {p['label']}" + (f" ({p['seeds']} seeds)" if p["status"] == "measured" else
-                                                  " (same math)" if p["status"] == "same math" else " (pending)")
-           + ": " + ", ".join(f"{x:.2f}x {link}" for x, link in zip(p["speedup"], links)) for j, p in enumerate(points)]
-    half = (len(key) + 1) // 2
-    for col, part in enumerate((key[:half], key[half:])):
-        fig.text(0.08 + 0.46 * col, 0.01, "\n".join(part), fontsize=8, family="monospace", va="bottom")
-    fig.tight_layout(rect=(0, 0.022 * half + 0.01, 1, 1))
-    return fig

@@ -7,7 +7,7 @@ cost or gain with its interval).
 import math
 
 from tpcomm import pairing, results
-from tpcomm import sweep as sweeps
+from tpcomm.sweep_plan import PATTERNS
 
 
 def no_results(*names):
@@ -30,9 +30,9 @@ def data_warning(rows):
 
 
 def pattern_name(row):
-    """The sweeps.PATTERNS name of a row's block pattern (e.g. 'all-spd'), or the pattern itself; '-int8' etc.
+    """The sweep_plan.PATTERNS name of a row's block pattern (e.g. 'all-spd'), or the pattern itself; '-int8' etc.
     after it when its syncs were compressed."""
-    name = next((p for p, f in sweeps.PATTERNS.items() if results.compact_list(f(row["n_layer"])) ==
+    name = next((p for p, f in PATTERNS.items() if results.compact_list(f(row["n_layer"])) ==
                  row["block_pattern"]), row["block_pattern"])
     return name + (f"-{comm_dtype_label(row).replace(' ', '-')}" if row.get("tp_comm_dtype") else "")
 

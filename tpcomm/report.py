@@ -26,7 +26,7 @@ import os
 import re
 import statistics
 
-from tpcomm import ROOT, pairing, plots, results
+from tpcomm import ROOT, command_figures, doc_figures, pairing, plots, results
 from tpcomm import sweep as sweeps
 from tpcomm.answer import answer_summary, answer_table, tradeoff_plot
 from tpcomm.provenance import provenance_markdown
@@ -269,14 +269,18 @@ def penalty_vs_size(ctx):
         return None
     params = {results.group_key(r): r["params_non_embedding"] for r in rows}
     data = penalty_data(pen, x_of=lambda k: params[k[2]])
-    title = "size-axis: cost of dropping syncs vs model size (tp 4, tokens per parameter fixed)"
-    return data, lambda: plots.draw_penalty(data, xlabel="non-embedding parameters", title=title,
-                                      xticks=sorted({p[0] for s in data for p in s["points"]}))
+    tokens = {params[k]: k[3] for k in params}  # group_key's last field: a size's tokens grow with it
+    xticks = sorted({p[0] for s in data for p in s["points"]})
+    title = ("size-axis: cost of dropping syncs at three model sizes (tp 4, tokens per parameter fixed, so each size "
+             "also trains on more tokens: size and tokens are confounded)")
+    return data, lambda: plots.draw_penalty(data, xlabel="non-embedding parameters (and the tokens that size trains "
+                                            "on)", title=title, xticks=xticks,
+                                            xticklabels=[f"{x:,}\n{tokens[x] / 1e6:.2f}M tokens" for x in xticks])
 
 
 def sweep_plot(name, index):
     def spec(ctx):
-        made = plots.sweep_plots(ctx.rows(name), title=f"{name} sweep")
+        made = plots.sweep_plots(ctx.rows(name), title=f"{name} sweep", note=sweeps.SWEEP_REMARKS.get(name, ""))
         return made.get(plots.PLOTS[index])
     return spec
 
@@ -314,13 +318,16 @@ def plot_specs():
         "docs/val_loss_curves.png": (("cpu",), sweep_plot("cpu", 1)),
         "docs/tokens_per_s_vs_allreduces.png": (("cpu",), sweep_plot("cpu", 2)),
         "docs/cpu_real_tokens_per_s_vs_allreduces.png": (("cpu-real",), sweep_plot("cpu-real", 2)),
-        "docs/cpu_long_val_loss_curves.png": (("cpu-long",), sweep_plot("cpu-long", 1)),
         "docs/cpu_long_paired_difference.png": (("cpu-long",), paired_plot("cpu-long")),
         "docs/convergence_paired_difference.png": (("convergence",), paired_plot("convergence")),
         "docs/axes_penalty_vs_tp.png": (("tp-axis", "cpu-long"), penalty_vs_tp),
         "docs/axes_penalty_vs_size.png": (("size-axis", "cpu-long"), penalty_vs_size),
         "docs/answer_tradeoff.png": (("cpu-long",), tradeoff_plot),
         SCALE_PLOT: (("gpu-scale",), scale_plot),
+        "docs/cost_model_checks.png": ((), doc_figures.cost_checks_plot),
+        "docs/parallel_reversal.png": (doc_figures.REVERSAL_SWEEPS, doc_figures.reversal_plot),
+        **{png: ((), lambda ctx, png=png: command_figures.load(os.path.join(ctx.root, png)))
+           for png in command_figures.COMMAND_PNGS},  # drawn by a command, from the data file beside the PNG
     }
 
 
@@ -454,6 +461,6 @@ def write_sweep_outputs(ctx, names, *, root, say):
         sweep_dir = os.path.join(root, sweeps.sweep_dir_for(name, ()))
         title = f"{name} sweep"
         results.write_tables(rows, sweep_dir, title=title, note=sweeps.SWEEP_REMARKS.get(name, ""))
-        plots.write_plots(rows, sweep_dir, title=title)
+        plots.write_plots(rows, sweep_dir, title=title, note=sweeps.SWEEP_REMARKS.get(name, ""))
         plots.write_paired(rows, sweep_dir, title=title)
         say(f"{name}: {len(rows)} configs; tables and plots in {os.path.relpath(sweep_dir, root)}")

@@ -64,7 +64,7 @@ def step_line(ctx):
     rows = ctx.rows(NAME)
     gpt = [r for r in rows if r["config"].startswith("gpt-") and r["step_ms"]]
     if not gpt:
-        return f"Step time of simulated tp 4 over GPT's: pending (GPT's run at the largest size has no result file)."
+        return "Step time of simulated tp 4 over GPT's: pending (GPT's run at the largest size has no result file)."
     ref = gpt[0]
     same = [r for r in rows if r not in gpt and results.group_key(r) == results.group_key(ref) and r["step_ms"]]
     parts = [f"{pattern_name(r)} {r['step_ms'] / ref['step_ms']:.2f}x" for r in same]
@@ -82,8 +82,8 @@ def scale_axis(ctx):
     bases = sorted((r for r in rows if r["config"] == r["baseline"]), key=lambda r: r["params_non_embedding"] or 0)
     head = " | ".join(f"{b['n_layer']} x {b['n_embd']} ({results.fmt(b['params_non_embedding'], ',d')})"
                       for b in bases)
-    lines = [f"Final val loss minus all `tp`'s of the same size and seed, mean [95% CI] (seeds), by non-embedding "
-             f"parameters; the last column: that cost at the largest size minus at the smallest, paired by seed.",
+    lines = ["Final val loss minus all `tp`'s of the same size and seed, mean [95% CI] (seeds), by non-embedding "
+             "parameters; the last column: that cost at the largest size minus at the smallest, paired by seed.",
              "", f"| pattern | {head} | with size |", "|---|" + "---:|" * len(bases) + "---|",
              "| all-tp final val loss | " + " | ".join(f"{b['val_loss_mean']:.4f}" for b in bases) + " | |"]
     for p in SCALE_PATTERNS[1:]:

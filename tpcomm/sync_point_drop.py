@@ -336,35 +336,11 @@ def write_table(path, result):
 
 
 def write_plot(path, result):
-    import matplotlib
+    """The figure (tpcomm/command_figures.draw_spd) and its data file beside it."""
+    from tpcomm import command_figures
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
-    curve = result["curve"]
-    syncs = [r["fwd_allreduces"] for r in curve]
-    a.plot(syncs, [r["zero_shot_loss"] for r in curve], "o-", label="zero-shot")
-    a.plot(syncs, [r["recovered_loss"] for r in curve], "s-", label="recovered (head grouping + B2B)")
-    a.axhline(result["base_loss"], color="gray", ls="--", label="original (all 'tp')")
-    a.set_xlabel("forward all-reduces kept")
-    a.set_ylabel("validation loss")
-    a.invert_xaxis()
-    a.set_title(f"tp_size {result['tp_size']}: syncs dropped greedily")
-    a.legend()
-    blocks = result["blocks"]
-    xs = np.arange(len(blocks))
-    b.bar(xs - 0.2, [bl["single"] for bl in blocks], 0.4, label="single block 'spd'")
-    b.bar(xs + 0.2, [bl["paper"] for bl in blocks], 0.4, label="paper (later blocks already 'spd')")
-    for tau in (result["tau_isb"], result["tau_esb"]):
-        b.axhline(tau, color="gray", ls=":")
-    b.set_xticks(xs, [f"{bl['block']}\n{bl['class']}" for bl in blocks])
-    b.set_ylabel("validation loss increase (nats)")
-    b.set_title("per-block sensitivity")
-    b.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    data = command_figures.spd_data(result)
+    command_figures.write(command_figures.draw_spd(data), path, data)
 
 
 def converted_checkpoint(checkpoint, gpt, state, tp_size, pattern, spd_dir, loss):

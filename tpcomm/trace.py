@@ -239,17 +239,10 @@ def step_timeline(source, step=0):
     return start, end, [(a - start, b - start) for a, b in merged], events
 
 
-COLOURS = {"fwd": "tab:blue", "bwd": "tab:orange", "grad": "tab:green"}
-
-
 def plot_timeline(sources, out_png, labels=None, *, step=0, title=None):
-    """One training step of each trace (paths or loaded traces), one row each on a common time axis in ms: the
-    compute grey, the collectives coloured (forward all-reduces, backward all-reduces, gradient sync)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
+    """One training step of each trace (paths or loaded traces), one row each on a common time axis in ms
+    (tpcomm/command_figures.draw_trace), and the plotted numbers beside the PNG (<name>.data.json)."""
+    from tpcomm import command_figures
 
     sources = list(sources)
     if not sources:
@@ -258,40 +251,15 @@ def plot_timeline(sources, out_png, labels=None, *, step=0, title=None):
                                                       for i, s in enumerate(sources)]
     if len(labels) != len(sources):
         raise TraceError(f"{len(labels)} label(s) for {len(sources)} trace(s)")
-    rows = [step_timeline(s, step) for s in sources]
-    fig, ax = plt.subplots(figsize=(11, 0.9 + 0.75 * len(rows)))
-    longest = max((end - start) / 1e3 for start, end, _, _ in rows)
-    for i, (start, end, compute, events) in enumerate(rows):
-        y = len(rows) - 1 - i
-        ax.broken_barh([(a / 1e3, (b - a) / 1e3) for a, b in compute], (y - 0.3, 0.6), color="0.75", lw=0)
-        in_coll = 0.0
-        for ev in events:
-            colour = COLOURS["grad" if ev["category"] == "grad" else ev["direction"]]
-            ax.broken_barh([(ev["ts"] / 1e3, ev["dur"] / 1e3)], (y - 0.38, 0.76), facecolor=colour,
-                           edgecolor=colour, lw=0.6)  # the edge keeps a short collective visible
-            in_coll += ev["dur"]
-        step_ms = (end - start) / 1e3
-        ax.text(step_ms + 0.01 * longest, y, f"{step_ms:.1f} ms, {len(events)} collectives, "
-                f"{in_coll / 1e3:.1f} ms in them", va="center", fontsize=8)
-    ax.set_yticks(range(len(rows)), labels[::-1], fontsize=9)
-    ax.set_ylim(-0.6, len(rows) - 0.4)
-    ax.set_xlim(0, longest * 1.45)
-    ax.set_xlabel("time within the training step (ms)")
-    ax.set_title(title or "one training step (forward, backward, AdamW) of one rank", fontsize=10, loc="left",
-                 pad=20)  # room for the legend between the title and the axes
-    ax.legend(handles=[Patch(color="0.75", label="compute (ops)"),
-                       Patch(color=COLOURS["fwd"], label="forward all-reduce"),
-                       Patch(color=COLOURS["bwd"], label="backward all-reduce"),
-                       Patch(color=COLOURS["grad"], label="gradient sync")],
-              loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, ncol=4, frameon=False)
-    ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
+    rows = []
+    for start, end, compute, events in (step_timeline(s, step) for s in sources):
+        rows.append([end - start, [list(c) for c in compute],
+                     [[ev["ts"], ev["dur"], "grad" if ev["category"] == "grad" else ev["direction"]] for ev in events]])
+    data = dict(kind="trace", title=title, labels=labels, rows=rows)
     try:
-        replace_atomically(lambda tmp: fig.savefig(tmp, dpi=130, bbox_inches="tight", format="png"), out_png)
+        command_figures.write(command_figures.draw_trace(data), str(out_png), data)
     except OSError as e:
         raise TraceError(f"cannot write {str(out_png)!r} ({e.strerror or type(e).__name__})") from None
-    finally:
-        plt.close(fig)
 
 
 def overlap_by_direction(events):

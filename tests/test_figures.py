@@ -1,0 +1,253 @@
+"""Every figure reads at a glance: each way has one name (the answer table's), one colour and one marker in every
+figure (tpcomm/way_styles.py); no two legend entries read the same; no two texts overprint (their drawn boxes,
+plot_labels.overlapping); the headline figure keeps every point at its true x and its text readable at the README's
+width. The figures are the report's (report.plot_specs), drawn from the committed result files, as committed."""
+
+import pytest
+from matplotlib.colors import to_hex
+
+from tpcomm import answer, answer_figure, plot_labels, plots, report, way_styles
+
+NAMES = sorted((s.name for s in way_styles.STYLES.values()), key=len, reverse=True)
+
+
+def way_of(text):
+    """The way a legend entry or label names (it starts with the way's name), or None."""
+    return next((n for n in NAMES if text == n or text.startswith((n + " ", n + ":"))), None)
+
+
+def colour_of(handle):
+    """A legend handle's colour: a line's, else the first face colour (a patch or a collection)."""
+    import numpy as np
+
+    color = handle.get_color() if hasattr(handle, "get_color") else handle.get_facecolor()
+    color = np.asarray(color) if not isinstance(color, str) else color
+    return to_hex(color if isinstance(color, str) else tuple(color.reshape(-1, color.shape[-1])[0]))
+
+
+def legend_entries(fig):
+    """[(text, colour)] of every legend of the figure."""
+    out = []
+    for leg in [ax.get_legend() for ax in fig.axes] + fig.legends:
+        if leg is None:
+            continue
+        for text, handle in zip(leg.get_texts(), leg.legend_handles):
+            out.append((text.get_text(), colour_of(handle)))
+    return out
+
+
+def way_colours(figs):
+    """{way name: {colour}} over the legends and the direct labels of the figures."""
+    seen = {}
+    for fig in figs.values():
+        labels = [(t.get_text(), to_hex(t.get_color())) for ax in fig.axes for t in ax.texts]  # direct labels
+        for text, color in legend_entries(fig) + labels:
+            if way_of(text) is not None:
+                seen.setdefault(way_of(text), set()).add(color)
+    return seen
+
+
+def duplicates(fig):
+    texts = [t for t, _ in legend_entries(fig)]
+    return sorted({t for t in texts if texts.count(t) > 1})
+
+
+@pytest.fixture(scope="module")
+def figures():
+    """{PNG path: (data, figure)} of every report figure the committed result files give."""
+    plt = plots.pyplot()
+    ctx = report.Results(say=lambda *a: None)
+    out = {}
+    for rel, (_, spec) in report.plot_specs().items():
+        made = spec(ctx)
+        if made is not None:
+            out[rel] = (made[0], made[1]())
+    yield out
+    for _, fig in out.values():
+        plt.close(fig)
+
+
+def test_the_ways_are_named_as_the_answer_table_names_them():
+    for _, what, run, variant in answer.WAYS:
+        assert way_styles.style(run or variant).name == what.replace("`", ""), what
+    for run, text in answer.ANSWER_LABELS.items():
+        assert way_styles.style(run).name == text.replace("`", ""), run
+    styles = list(way_styles.STYLES.values())
+    assert len({s.color for s in styles}) == len({s.name for s in styles}) == len(styles)  # one colour each
+
+
+def test_one_colour_per_way_and_no_repeated_legend_entry(figures):
+    figs = {rel: fig for rel, (_, fig) in figures.items()}
+    assert len(figs) >= 8, sorted(figs)
+    for rel, fig in figs.items():
+        assert duplicates(fig) == [], rel
+    seen = way_colours(figs)
+    assert {"all spd", "all parallel", "int8", "tp_overlap=2", "all ladder"} <= set(seen), sorted(seen)
+    for name, colors in seen.items():
+        assert colors == {to_hex(way_styles.STYLES[k].color) for k in way_styles.STYLES
+                          if way_styles.STYLES[k].name == name}, name
+
+
+def test_the_checks_can_fail():
+    """A way drawn in two colours, a repeated legend entry and two texts on one spot are each caught."""
+    plt = plots.pyplot()
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1], color="tab:red", label="all spd")
+    ax.plot([0, 1], [1, 0], color="tab:blue", label="all spd")
+    ax.annotate("all spd -0.011", (0.5, 0.5), color="tab:green")
+    ax.annotate("+0.001", (0.5, 0.5))
+    ax.legend()
+    assert duplicates(fig) == ["all spd"]
+    assert len(way_colours({"x": fig})["all spd"]) == 3
+    assert ("all spd -0.011", "+0.001") in plot_labels.overlapping(fig)
+    plt.close(fig)
+
+
+def test_no_two_texts_overprint(figures):
+    for rel, (_, fig) in figures.items():
+        assert plot_labels.overlapping(fig) == [], rel
+
+
+def test_separate_moves_labels_off_each_other():
+    plt = plots.pyplot()
+    fig, ax = plt.subplots()
+    labels = [ax.annotate(f"label {k}", (0.5, 0.5), xytext=(5, 0), textcoords="offset points") for k in range(4)]
+    assert len(plot_labels.overlapping(fig)) == 6
+    plot_labels.separate(fig, labels)
+    assert plot_labels.overlapping(fig) == []
+    assert all(a.xy == (0.5, 0.5) for a in labels)  # the points stay where they are
+    plt.close(fig)
+
+
+def test_the_headline_figure_reads_at_the_readme_width(figures):
+    """Labelled directly at each point's true x (no footer key), log scale said, only drawn legend entries, the ways
+    left out named, the 1% line labelled, every text at least 11 px at the README's width."""
+    data, fig = figures["docs/answer_tradeoff.png"]
+    axes = fig.axes
+    assert len(axes) == len(data["links"]) == 2
+    for k, ax in enumerate(axes):
+        named = {t.get_text(): t.xy for t in ax.texts if hasattr(t, "xy") and way_of(t.get_text())}
+        for p in data["points"]:
+            name = way_styles.style(p["key"]).name
+            assert named[name][0] == p["speedup"][k], name  # at its true x
+        assert ax.get_xscale() == "log"
+        assert "1% of all tp's validation loss" in [t.get_text() for t in ax.texts]
+    assert "(log scale)" in axes[-1].get_xlabel()
+    texts = [t.get_text() for t in plot_labels.texts(fig)]
+    assert any("ladder in the upper half" in t and "Not drawn" in t for t in texts)
+    assert not any(t.startswith(("1 drop", "2 drop")) for t in texts)  # no numbered key
+    legend = [t for t, _ in legend_entries(fig)]
+    assert not any("pending" in t for t in legend) and not any("range" in t for t in legend)  # none drawn
+    smallest = min(t.get_fontsize() for t in plot_labels.texts(fig))
+    assert answer_figure.text_px_at_readme_width(smallest, fig_width_in=fig.get_figwidth()) >= 11
+    assert answer_figure.text_px_at_readme_width(7, fig_width_in=13) < 11  # the old figure's size fails
+
+
+def test_the_headline_figure_draws_a_speedup_band_where_the_data_has_one(figures):
+    data, _ = figures["docs/answer_tradeoff.png"]
+    banded = dict(data, points=[dict(p, speedup_band=[[0.9 * s, 1.1 * s] for s in p["speedup"]])
+                                for p in data["points"]])
+    fig = answer_figure.draw_tradeoff(banded, title="t")
+    ax = fig.axes[0]
+    first = banded["points"][0]["speedup_band"][0]
+    assert any(list(line.get_xdata()) == first for line in ax.lines)
+    assert "range of the predicted speedup" in [t for t, _ in legend_entries(fig)]
+    assert plots.data_digest(banded) != plots.data_digest(data)
+    plots.pyplot().close(fig)
+
+
+def test_the_budget_sweep_is_one_line_and_its_variants_markers(figures):
+    """No vertical segment joins unrelated configs at one x; the early-training figure says so, with its seeds."""
+    data, fig = figures["docs/val_loss_vs_allreduces.png"]
+    ax = fig.axes[0]
+    (line,) = [ln for ln in ax.lines if len(ln.get_xdata()) > 1]
+    xs = list(line.get_xdata())
+    assert xs == sorted(set(xs)) and 24 in xs and 1 in xs
+    variants = [p for s in data for p in s["points"] if p[6]]
+    assert len(variants) >= 5 and all(way_styles.is_way(p[5]) for p in variants)
+    title = ax.get_title()
+    assert "early training" in title and "1 seed" in title
+
+
+def test_the_axes_figures_draw_no_trend_and_say_seeds_and_tokens(figures):
+    for rel in ("docs/axes_penalty_vs_tp.png", "docs/axes_penalty_vs_size.png"):
+        data, fig = figures[rel]
+        ax = fig.axes[0]
+        joined = [ln for ln in ax.lines if len(ln.get_xdata()) > 1 and ln.get_linestyle() not in ("None", "")
+                  and list(ln.get_xdata()) != [0, 1]]
+        assert joined == [], rel
+        seeds = {t.get_text() for t in ax.texts}
+        assert {str(p[3]) for s in data for p in s["points"]} <= seeds, rel
+    size_ticks = [t.get_text() for t in figures["docs/axes_penalty_vs_size.png"][1].axes[0].get_xticklabels()]
+    assert all("M tokens" in t for t in size_ticks), size_ticks
+
+
+def test_the_missing_figures_are_drawn_from_their_data_and_linked(figures):
+    """The cost model beside each published figure (every check, its error as cost_model.error gives it) and all
+    parallel's paired difference during training in each sweep that ran it, ending at the sweep's final paired
+    difference; both registered with the report (digest-checked) and linked from their docs page."""
+    from tpcomm import cost_model as cm
+    from tpcomm import pairing
+
+    checks, _ = figures["docs/cost_model_checks.png"]
+    cfg = cm.PREDICT_DEFAULTS
+    published = cm.published_checks(cfg, cm.options(cfg))
+    assert [c[0] for c in checks] == [p[0] for p in published]
+    for (_, pub, model, err), (_, p, m) in zip(checks, published):
+        p, m = (p if isinstance(p, tuple) else (p, p)), (m if isinstance(m, tuple) else (m, m))
+        assert err == pytest.approx([cm.error(m[0], p[0]), cm.error(m[1], p[1])])
+    reversal, _ = figures["docs/parallel_reversal.png"]
+    ctx = report.Results(say=lambda *a: None)
+    assert [s["sweep"] for s in reversal] == ["cpu", "cpu-long", "convergence"]
+    for s in reversal:
+        rows = ctx.rows(s["sweep"])
+        (row,) = [r for r in rows if r["block_pattern"] == "['parallel']*12" and not r.get("tp_comm_dtype")]
+        assert s["points"][-1][1] == pytest.approx(pairing.paired(rows)[row["config"]]["final"][0], abs=1e-12)
+    moved = [dict(s, points=[[x, m + 0.001, c] for x, m, c in s["points"]]) for s in reversal]
+    assert plots.data_digest(moved) != plots.data_digest(reversal)  # a changed result changes the digest
+    for png, page in (("cost_model_checks.png", "cost_model.md"), ("parallel_reversal.png", "axes.md")):
+        assert f"docs/{png}" in report.plot_specs()
+        with open(f"{report.ROOT}/docs/{page}", encoding="utf-8") as f:
+            assert f"]({png})" in f.read(), page
+
+
+SPD = dict(kind="spd", tp_size=4, base_loss=1.87, tau_isb=0.01, tau_esb=0.1, kl=[6, 1.88], kl_steps=200,
+           curve=[[12, 1.87, 1.87], [11, 1.876, 1.876], [10, 1.885, 1.885], [9, 1.89, 1.89], [8, 1.897, 1.897],
+                  [7, 1.91, 1.90], [6, 2.52, 1.907]],
+           blocks=[[0, "ESB", 0.6, 0.6], [1, "ISB", 0.005, 0.004], [2, "ISB", 0.007, 0.006], [3, "SB", 0.02, 0.019],
+                   [4, "ISB", 0.003, 0.0025], [5, "ISB", 0.004, 0.004]])  # made-up, the shape of docs/spd.md's
+DECODE = dict(kind="decode", model="12 layers x 128 wide, 8 heads, vocab 65", tp="tp 2 real", device="cpu",
+              prompt_len=32, new_tokens=32, rows=[[p, f, b, 2.0 + f + b / 8, 1.0 + f / 2] for p, f in
+                                                  (("tp", 24), ("spd", 12), ("parallel", 1)) for b in (1, 4, 16)])
+
+
+def test_the_command_figures_carry_their_data_and_report_check_sees_a_stale_one(tmp_path, capsys):
+    """The decode and SPD figures: the zero-shot point off the axis is named, not squashing the rest; the
+    KL-recovered point drawn; the thresholds and B2B named; the decode title names the model, prompt and tokens.
+    Written with their data file, a committed copy is compared by `report --check`: a changed number fails it."""
+    from tpcomm import command_figures as cf
+
+    for data in (SPD, DECODE):
+        fig = cf.DRAW[data["kind"]](data)
+        assert plot_labels.overlapping(fig) == [], data["kind"]
+        texts = " ".join(t.get_text() for t in plot_labels.texts(fig))
+        plots.pyplot().close(fig)
+        if data is SPD:
+            assert "zero-shot 2.520" in texts and "(off the axis)" in texts and "KL distillation" in texts
+            assert "τ ISB = 0.01 nats" in texts and "block-to-block (B2B)" in texts
+        else:
+            assert "12 layers x 128 wide" in texts and "32-token prompt then 32 new tokens" in texts
+    (tmp_path / "docs").mkdir()
+    png = str(tmp_path / "docs" / "spd_shakespeare_tp4.png")
+    cf.write(cf.DRAW["spd"](SPD), png, SPD)
+    def check():  # the command figures' lines (the report's own figures have no result files here)
+        lines = report.update_plots(report.Results(root=str(tmp_path)), lambda deps: True, check=True,
+                                    root=str(tmp_path), say=print)
+        return [line for line in lines if any(png in line for png in cf.COMMAND_PNGS)]
+
+    assert check() == []
+    import json
+
+    with open(cf.data_path(png), "w") as f:
+        json.dump(dict(SPD, base_loss=1.9), f)
+    assert check() == ["docs/spd_shakespeare_tp4.png: its data digest differs from the result files'"]
