@@ -23,8 +23,11 @@ STYLES = {
     "all-spd": Style("all spd", "#d62728", "o"),
     "parallel-spd": Style("['parallel','spd']*6", "#ff7f0e", "s"),
     "all-parallel": Style("all parallel", "#8c564b", "^"),
+    "parallel3-spd": Style("(['parallel']*3+['spd'])*3", "#fd8d3c", ">"),  # tracks syncing every 4 blocks
+    "all-caat": Style("all caat: half of each sync's channels", "#ad494a", "8"),  # partial-channel sync
     "tp_overlap=2": Style("tp_overlap=2", "#2ca02c", "D"),
     "sequence_parallel": Style("sequence parallelism", "#9a9a00", "d"),
+    "collective_matmul": Style("collective matmul (tp_collective_matmul)", "#006d2c", "H"),
     "all-ladder": Style("all ladder", "#1f77b4", "v"),
     "ladder-upper": Style("ladder in the upper half", "#17becf", "<"),
     "all-tp-bf16": Style("bf16", "#9467bd", "P"),
