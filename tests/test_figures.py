@@ -137,7 +137,9 @@ def test_the_headline_figure_reads_at_the_readme_width(figures):
     assert any("ladder in the upper half" in t and "Not drawn" in t for t in texts)
     assert not any(t.startswith(("1 drop", "2 drop")) for t in texts)  # no numbered key
     legend = [t for t, _ in legend_entries(fig)]
-    assert not any("pending" in t for t in legend) and not any("range" in t for t in legend)  # none drawn
+    pending = any(p["status"] == "pending" for p in data["points"])  # a legend entry only for what is drawn
+    assert any("pending" in t for t in legend) == pending
+    assert any("range" in t for t in legend) == any(p.get("speedup_band") for p in data["points"])
     smallest = min(t.get_fontsize() for t in plot_labels.texts(fig))
     assert answer_figure.text_px_at_readme_width(smallest, fig_width_in=fig.get_figwidth()) >= 11
     assert answer_figure.text_px_at_readme_width(7, fig_width_in=13) < 11  # the old figure's size fails

@@ -8,13 +8,6 @@ from tpcomm import answer_figure, cost_bands, pairing, provenance
 from tpcomm.readings import bound, claim, data_warning, decimals, no_results, penalties, side_of
 
 
-ANSWER_LABELS = {"all-spd": "all `spd`", "parallel-spd": "`['parallel','spd']*6`", "all-parallel": "all `parallel`",
-                 "all-ladder": "all `ladder`", "ladder-upper": "`ladder` in the upper half", "all-tp-bf16": "bf16",
-                 "all-tp-fp8": "fp8", "all-tp-int8": "int8", "all-tp-int8-2shot": "int8 two-shot",
-                 "all-spd-int8": "all `spd` + int8", "all-caat": "all `caat` (p = 0.5)",
-                 "parallel3-spd": "`(['parallel']*3+['spd'])*3`"}
-
-
 # (way, what, cpu-long run name or None (the math is all tp's: 0 by construction), the GPU variant or None (not
 # modelled)); the GPU variants are cost_model.predicted_speedups' names. One row per way of giving up a sync, in the
 # README's table.
@@ -33,6 +26,7 @@ WAYS = (("drop", "all `spd`", "all-spd", "all-spd"),
         ("shrink", "int8", "all-tp-int8", "all-tp-int8"),
         ("shrink", "int8 two-shot", "all-tp-int8-2shot", "all-tp-int8-2shot"),
         ("drop + shrink", "all `spd` + int8", "all-spd-int8", "all-spd-int8"))
+ANSWER_LABELS = {run: what for _, what, run, _ in WAYS if run}  # the measured ways' names, as the table writes them
 
 
 GPU_SHAPE, GPU_TP, GPU_BASELINE = "1.3B", 8, "megatron"  # the answer's GPU case (cost_model.predicted_speedups)
