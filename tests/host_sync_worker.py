@@ -74,6 +74,13 @@ def main(out_dir, argv):
         count_reads(name)
     torch.cuda.synchronize = lambda *a, **k: note("torch.cuda.synchronize")
     train.DeviceClock = lambda device: runtime.DeviceClock(device, synchronize=lambda: note("device sync"))
+    get_lr = train.get_lr
+
+    def loop_iteration(it, cfg):  # the loop's first call of an iteration: what follows belongs to iteration it
+        where[0] = it
+        return get_lr(it, cfg)
+
+    train.get_lr = loop_iteration
     train.train_step = phase(train.train_step, None)
     train.evaluate = phase(train.evaluate, "eval")
     train.save = phase(train.save, "save")

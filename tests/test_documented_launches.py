@@ -37,7 +37,7 @@ LAUNCHES = list(documented_launches())
 def test_the_launches_are_found():
     worlds = {p.id: p.values[0] for p in LAUNCHES}
     assert len(LAUNCHES) >= 15, worlds
-    assert worlds["docs/training.md:135"] == 16  # the 2-node GPT-2 recipe
+    assert 16 in {w for at, w in worlds.items() if at.startswith("docs/training.md:")}  # the 2-node GPT-2 recipe
     assert 32 in worlds.values()  # docs/pipeline.md's 4 nodes
 
 

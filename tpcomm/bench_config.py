@@ -102,8 +102,9 @@ def validate(cfg):
             raise ConfigError(f"trace profiles training steps: it needs mode='train', got mode={cfg['mode']!r}")
     if cfg["plot"] is not None:
         check_output_file(cfg["plot"], key="plot", own=is_png, suffixes=(".png",))
-        if cfg["mode"] != "decode":
-            raise ConfigError(f"plot draws the decode timings: it needs mode='decode', got mode={cfg['mode']!r}")
+        if cfg["mode"] != "decode" and cfg["tp_mode"] != "real":  # train mode: each real-TP step's time split
+            raise ConfigError(f"plot draws the decode timings (mode='decode') or, with tp_mode='real', each training "
+                              f"step's compute and communication; got mode={cfg['mode']!r}, tp_mode={cfg['tp_mode']!r}")
     if cfg["mode"] == "decode":
         sizes = cfg["batch_sizes"] if cfg["batch_sizes"] is not None else [cfg["batch_size"]]
         if not isinstance(sizes, list) or not sizes or any(type(b) is not int or b < 1 for b in sizes):
