@@ -188,6 +188,19 @@ def test_resume_refuses_a_contradicting_sync_option_or_a_passed_max_iters(int8_r
     assert snapshot(out / "ckpt.pt", out / "config.json", out / "metrics.jsonl") == before
 
 
+def test_resume_refuses_a_contradicting_caat_fraction(char_data, tmp_path):
+    """caat_sync_fraction is the model's function (docs/model.md): resumed with another value it is refused, as
+    block_types is (before: the flag silently trained and saved a different model)."""
+    out, caat = tmp_path / "caat", ["--model_type=distributed_gpt", "--tp_size=2", "--block_types=caat"]
+    r = run_script(*train_args(char_data, out, *caat, "--max_iters=1", "--eval_interval=1"), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    before = snapshot(out / "ckpt.pt", out / "config.json", out / "metrics.jsonl")
+    line = one_line_error(run_script(*train_args(char_data, out, *caat, "--init_from=resume", "--max_iters=2",
+                                                 "--caat_sync_fraction=0.25"), timeout=120))
+    assert "caat_sync_fraction=0.25 contradicts the checkpoint's caat_sync_fraction=0.5" in line, line
+    assert snapshot(out / "ckpt.pt", out / "config.json", out / "metrics.jsonl") == before
+
+
 # 4: sample.py samples the model that was trained
 
 @pytest.fixture(scope="module")

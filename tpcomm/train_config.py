@@ -97,7 +97,8 @@ DEFAULTS = dict(
 
 # what a checkpoint (or GPT-2) fixes about the model, and a command line may not contradict on resume
 CHECKPOINT_FORMATS = ("full", "sharded")
-MODEL_KEYS = ("model_type", "n_layer", "n_head", "n_embd", "bias", "gelu_approximate", "block_types")
+MODEL_KEYS = ("model_type", "n_layer", "n_head", "n_embd", "bias", "gelu_approximate", "block_types",
+              "caat_sync_fraction")  # the last only in a checkpoint with 'caat' blocks (the model's function)
 
 
 @dataclass
