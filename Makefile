@@ -45,11 +45,11 @@ experiment: setup
 
 # One CUDA GPU, ~6 min (at most 8): GPT-2 124M step, MFU and compile, simulated tp 8, decode, real TP on the one GPU,
 # the bf16 identity and comm-time checks, into docs/gpu.json and docs/gpu.md's generated section (docs/gpu.md).
-# Its CPU rehearsal: python -m tpcomm.gpu_check --sizes=tiny --device=cpu --out_dir=/tmp. It needs torch only, so a
+# Its CPU rehearsal: python -m tpcomm.gpu.gpu_check --sizes=tiny --device=cpu --out_dir=/tmp. It needs torch only, so a
 # GPU machine without network runs it as it is (`make setup` only when torch is missing).
 gpu-check:
 	$(PY) -c "import torch" 2>/dev/null || $(MAKE) setup
-	$(PY) -m tpcomm.gpu_check --out_dir=docs
+	$(PY) -m tpcomm.gpu.gpu_check --out_dir=docs
 
 # One chunk of the gpu-scale sweep on one GPU (docs/gpu.md, "gpu-scale"): the next runs that fit $(MINUTES) minutes,
 # each leaving experiments/gpu-scale/runs/<run>-seed<S>.json; it unpacks data/linux/linux-char.tar.xz when the

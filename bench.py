@@ -10,7 +10,7 @@ $ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 bench.py --model_ty
       --tp_mode=real --device=cpu --n_layer=12 --n_head=8 --n_embd=128 --block_size=64 --vocab_size=65 \
       --patterns="['tp', 'spd', ['parallel','spd']*6, 'parallel']"
 Every model key train.py takes is a flag here too (--tp_overlap=2, --sequence_parallel=True, --tp_comm_dtype=int8,
-...; tpcomm/bench_config.py), checked as train.py checks it; --variants times several settings of the sync keys in
+...; tpcomm/bench/bench_config.py), checked as train.py checks it; --variants times several settings of the sync keys in
 one run, each over the flags.
 --mode=decode times generation instead (KV cache, greedy): prefill ms and per-token decode ms for each pattern and
 each of --batch_sizes, with the time in collectives, and --plot=FILE draws ms/token against the all-reduces (in
@@ -20,7 +20,7 @@ data-parallel layout (--data_parallel=ddp|fsdp, --init_device=meta, --loss_paral
 $ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=4 bench.py --mode=memory --data_parallel=fsdp \
       --init_device=meta --device=cpu --block_size=128 --batch_size=1 --iters=2
 --trace=FILE (mode=train) then profiles --trace_steps more training steps of each model (after its timed ones) and
-writes a Chrome trace (tpcomm/trace.py: open it in ui.perfetto.dev; `python -m tpcomm.trace plot` draws it), every
+writes a Chrome trace (tpcomm/bench/trace.py: open it in ui.perfetto.dev; `python -m tpcomm.bench.trace plot` draws it), every
 tensor-parallel collective a labelled span, and prints how many collectives each step holds. One model writes
 FILE; several (--patterns) write one file each, FILE with `-<N>comm` before its extension, N the pattern's forward
 all-reduces (trace-24comm.json, trace-6comm.json; -<N>comm-2 for a second pattern of the same count; the comparison
@@ -30,8 +30,8 @@ $ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 bench.py --model_ty
       --tp_mode=real --device=cpu --n_layer=12 --n_head=8 --n_embd=128 --block_size=64 --vocab_size=65 \
       --patterns="['tp', ['parallel','spd']*6]" --iters=3 --warmup=2 --trace=/tmp/trace.json
 --profile=N (mode=train) then profiles N more steps of each model in 3 interleaved rounds and prints the self CPU time
-per kind of op (tpcomm/op_profile.py) of each, and each one's difference from GPT's (docs/benchmarks.md).
---mode=pipeline times training steps through pipeline stages (tpcomm/pipeline_demo.py) under torchrun with pp_size x tp
+per kind of op (tpcomm/bench/op_profile.py) of each, and each one's difference from GPT's (docs/benchmarks.md).
+--mode=pipeline times training steps through pipeline stages (tpcomm/bench/pipeline_demo.py) under torchrun with pp_size x tp
 processes, for each of --pp_schedules at each of --microbatches (micro-batches of batch_size rows): ms/iter,
 tokens/s, the bubble of the recorded timeline next to (p-1)/(v m+p-1), each pp rank's peak activation memory (bytes
 autograd saves for backward, live at once) and the stage-boundary bytes per token:
@@ -44,13 +44,13 @@ import sys
 import torch
 
 from configurator import ConfigError, configure, exit_on_config_error
-from tpcomm.bench_config import (DEFAULTS, combinations, pattern_label, sync_options, validate,  # noqa: F401
+from tpcomm.bench.bench_config import (DEFAULTS, combinations, pattern_label, sync_options, validate,  # noqa: F401
                                  validate_pipeline, variant_name)
-from tpcomm import command_figures
-from tpcomm.build import build_model
-from tpcomm.models import train_step as step
-from tpcomm.runtime import DeviceClock, autocast_context, pick_device_and_dtype, setup_runtime
-from tpcomm.parallel_dims import check_layout, init_parallel, launched_by_torchrun, shutdown
+from tpcomm.figures import command_figures
+from tpcomm.train.build import build_model
+from tpcomm.model.models import train_step as step
+from tpcomm.train.runtime import DeviceClock, autocast_context, pick_device_and_dtype, setup_runtime
+from tpcomm.parallel.parallel_dims import check_layout, init_parallel, launched_by_torchrun, shutdown
 
 def training_setup(model, cfg, device, device_type, dtype):
     """What a training step needs: (the model to call, a fresh AdamW, the autocast context, inputs X, targets Y)."""
@@ -94,7 +94,7 @@ def training_step(model, cfg, device, device_type, dtype):
 def traced_steps(model, cfg, device, device_type, dtype, path):
     """cfg['trace_steps'] training steps under torch.profiler, written to `path` as a Chrome trace
     (comm_trace.trace_steps); returns the counts of collectives of each step, as read back from the file."""
-    from tpcomm.trace import per_step_counts, trace_steps
+    from tpcomm.bench.trace import per_step_counts, trace_steps
 
     one_step = training_step(model, cfg, device, device_type, dtype)
     with trace_steps(path) as tracer:
@@ -108,7 +108,7 @@ def trace_paths(path, fwd_allreduces, rank=0):
     """{model name: its trace file}. fwd_allreduces: {name: forward all-reduces, None for GPT}, the traced models
     in order. One model: `path`; several: `-<N>comm` (or `-gpt`) before the extension, `-<N>comm-2`, ... for
     later patterns of the same count. Rank r > 0 adds `.rank<r>` before the extension."""
-    from tpcomm.trace import rank_path, split_extension
+    from tpcomm.bench.trace import rank_path, split_extension
 
     if len(fwd_allreduces) == 1:
         return {name: rank_path(path, rank) for name in fwd_allreduces}
@@ -136,7 +136,7 @@ def describe_counts(per_step):
 @exit_on_config_error
 def main(argv):
     cfg = configure(DEFAULTS, argv)
-    validate(cfg)  # every option, the models included (tpcomm/bench_config.py)
+    validate(cfg)  # every option, the models included (tpcomm/bench/bench_config.py)
     pp = cfg["pp_size"] if cfg["mode"] == "pipeline" else 1
     if pp < 1:
         raise ConfigError(f"pp_size must be >= 1, got {pp}")
@@ -165,7 +165,7 @@ def main(argv):
 
 def pipeline_bench(cfg, pd, device, device_type, dtype):
     """--mode=pipeline: pipeline_demo.bench on the model of the command line (its block_types)."""
-    from tpcomm import pipeline_demo
+    from tpcomm.bench import pipeline_demo
     args = dict(cfg, dropout=0.0)
 
     def new_model():
@@ -192,8 +192,8 @@ def peak_memory_mb(device):
 def memory_bench(cfg, pd, device, device_type, dtype):
     """Peak memory per rank: before the model, after building it (and sharding, and the optimizer), and after
     cfg['iters'] training steps; plus the parameter bytes each rank holds. One table row per rank."""
-    from tpcomm.data_parallel import parallelize
-    from tpcomm.models import local
+    from tpcomm.parallel.data_parallel import parallelize
+    from tpcomm.model.models import local
 
     torch.manual_seed(cfg["seed"])  # not setup_runtime: keeping freed memory in the process would inflate the peaks
     args = dict(cfg, dropout=0.0, block_types=cfg["block_types"])
@@ -356,7 +356,7 @@ def bench(cfg, pd, device, device_type, dtype):
         if name != "gpt" and "gpt" in results:
             say(f"ratio {name} / gpt: {results[name] / results['gpt']:.3f}")
     if cfg["profile"]:  # where each model's step time goes, by kind of op, interleaved in rounds as the timing
-        from tpcomm.op_profile import breakdown_table, compare
+        from tpcomm.bench.op_profile import breakdown_table, compare
 
         steps = {name: training_step(m, cfg, device, device_type, dtype) for name, m in models.items()}
         say(f"\nprofile: {cfg['profile']} steps per model in each of {rounds} rounds, the least total kept")
@@ -375,15 +375,15 @@ def bench(cfg, pd, device, device_type, dtype):
 
 def direction_seconds(model, n):
     """Seconds per step of the n steps timed last, per direction (real TP; 0 otherwise): exposed fwd / bwd and in
-    collectives fwd_busy / bwd_busy (comm_report's comm_fwd_seconds, ..., on the device's clock: tpcomm/counting.py)."""
+    collectives fwd_busy / bwd_busy (comm_report's comm_fwd_seconds, ..., on the device's clock: tpcomm/tp/counting.py)."""
     report = model.comm_report(micro_steps=n, tokens=1)
     return {k: report.get(f"comm_{k}_seconds", 0.0) / n for k in ("fwd", "bwd", "fwd_busy", "bwd_busy")}
 
 
 def comm_row(name, model, cfg, comm, *, dt, exposed, busy, X):
     """One row of the communication table: the counts, the times, and the activations autograd saves (measured on
-    this rank) beside the prediction for the blocks (tpcomm.activation_memory: fp32 values and masks here)."""
-    from tpcomm.activation_memory import measure_saved_bytes, predicted_activation_bytes
+    this rank) beside the prediction for the blocks (tpcomm.costmodel.activation_memory: fp32 values and masks here)."""
+    from tpcomm.costmodel.activation_memory import measure_saved_bytes, predicted_activation_bytes
 
     row = dict(name=name, ms=dt * 1e3, exposed_ms=exposed * 1e3, busy_ms=busy * 1e3,
                fwd=comm.get("fwd_allreduces", 0), asyn=comm.get("async_allreduces", 0),

@@ -1,6 +1,6 @@
 """
 The communication cost model: predict GPU step and decode times, or calibrate and validate it on this machine (the
-equations: tpcomm/cost_model.py; the tables: tpcomm/cost_tables.py; the measurements: tpcomm/calibration.py; docs/cost_model.md).
+equations: tpcomm/costmodel/cost_model.py; the tables: tpcomm/costmodel/cost_tables.py; the measurements: tpcomm/experiments/calibration.py; docs/cost_model.md).
 
 $ python comm_model.py predict                                   # published-figure checks, then the GPU tables
 $ python comm_model.py --tp_overlap=4 --efficiency=0.8           # other overlap assumptions
@@ -12,9 +12,9 @@ $ python comm_model.py validate --calibration=calibration.json   # leave-one-pat
 import sys
 
 from configurator import ConfigError, configure, exit_in_one_line, exit_on_config_error
-from tpcomm.calibration import MEASURE_DEFAULTS, VALIDATE_DEFAULTS, MeasureError, measure, validate
-from tpcomm.cost_model import PREDICT_DEFAULTS
-from tpcomm.cost_tables import predict
+from tpcomm.experiments.calibration import MEASURE_DEFAULTS, VALIDATE_DEFAULTS, MeasureError, measure, validate
+from tpcomm.costmodel.cost_model import PREDICT_DEFAULTS
+from tpcomm.costmodel.cost_tables import predict
 
 COMMANDS = {"predict": (PREDICT_DEFAULTS, predict), "measure": (MEASURE_DEFAULTS, measure),
             "validate": (VALIDATE_DEFAULTS, validate)}

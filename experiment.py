@@ -1,5 +1,5 @@
 """
-The communication sweep, this repository's main experiment (the machinery: tpcomm/sweep.py, results.py,
+The communication sweep, this repository's main experiment (the machinery: tpcomm/experiments/sweep.py, results.py,
 plots.py, report.py).
 
 $ python experiment.py cpu                          # Shakespeare-char, one run per communication budget
@@ -15,16 +15,16 @@ $ python experiment.py report --check               # exit 1, one line per misma
 
 import sys
 
-from tpcomm.report import main as report_main
-from tpcomm.sweep import cli
+from tpcomm.experiments.report.report import main as report_main
+from tpcomm.experiments.sweep import cli
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["gpu-node"]:  # its own runner: tpcomm/gpu_node.py
-        from tpcomm.gpu_node import cli as gpu_node_cli
+    if sys.argv[1:2] == ["gpu-node"]:  # its own runner: tpcomm/experiments/gpu_node.py
+        from tpcomm.experiments.gpu_node import cli as gpu_node_cli
 
         gpu_node_cli(sys.argv[2:])
-    elif sys.argv[1:2] == ["gpu-scale"]:  # the sweep machinery plus a time budget: tpcomm/gpu_scale.py
-        from tpcomm.gpu_scale import cli as gpu_scale_cli
+    elif sys.argv[1:2] == ["gpu-scale"]:  # the sweep machinery plus a time budget: tpcomm/experiments/gpu_scale.py
+        from tpcomm.experiments.gpu_scale import cli as gpu_scale_cli
 
         gpu_scale_cli(sys.argv[2:])
     else:

@@ -13,13 +13,13 @@ import sys
 
 import torch
 
-from tpcomm.runtime import autocast_context, pick_device_and_dtype, setup_runtime
-from tpcomm.checkpoint import build_model_from_checkpoint, load_checkpoint
+from tpcomm.train.runtime import autocast_context, pick_device_and_dtype, setup_runtime
+from tpcomm.train.checkpoint import build_model_from_checkpoint, load_checkpoint
 from configurator import ConfigError, configure, exit_on_config_error
 from data.vocab import load_vocab
 from model import PRETRAINED_SIZES
-from tpcomm.models import PlainGPT
-from tpcomm.parallel_dims import check_layout, init_parallel, shutdown
+from tpcomm.model.models import PlainGPT
+from tpcomm.parallel.parallel_dims import check_layout, init_parallel, shutdown
 
 DEFAULTS = dict(
     init_from="resume",  # 'resume' (from out_dir) or a GPT-2 variant: 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl'
@@ -139,7 +139,7 @@ def main(argv):
 
 def checkpoint_tp_size(cfg):
     """The tp_size of the distributed_gpt checkpoint that real tensor parallelism samples."""
-    from tpcomm.checkpoint import checkpoint_model
+    from tpcomm.train.checkpoint import checkpoint_model
 
     if cfg["init_from"] != "resume":
         raise ConfigError(f"tp_mode='real' samples a distributed_gpt checkpoint (init_from='resume'), "

@@ -2,9 +2,9 @@
 Converting a trained checkpoint's blocks to cheaper-to-communicate ones, the block type chosen by --block:
 
 --block=spd (the default): Sync-Point Drop (arXiv 2502.20727): per-block sensitivity, distillation, the converted
-model (the machinery: tpcomm/sync_point_drop.py).
+model (the machinery: tpcomm/convert/sync_point_drop.py).
 --block=ladder: Ladder Residual (arXiv 2501.06589): the upper half of the blocks 'ladder', zero-shot, then a short
-retraining (tpcomm/ladder_conversion.py).
+retraining (tpcomm/convert/ladder_conversion.py).
 
 $ python spd.py --out_dir=out-shakespeare-char --tp_size=4
 $ python sample.py --out_dir=out-shakespeare-char/spd       # the converted model
@@ -15,7 +15,7 @@ $ python sample.py --out_dir=out-shakespeare-char/ladder
 import sys
 
 from configurator import ConfigError, exit_on_config_error
-from tpcomm import ladder_conversion, sync_point_drop
+from tpcomm.convert import ladder_conversion, sync_point_drop
 
 # --block=NAME -> (the conversion's keys with their defaults, its main)
 CONVERSIONS = {"spd": (sync_point_drop.DEFAULTS, sync_point_drop.main),

@@ -7,7 +7,7 @@ sharding and the dropout rules; this file is them in code.
 Shard-side tensors lead with a shard dimension L: tp when simulated (one process holds every shard), 1 in real mode.
 In the blocks the stream is flat over tokens: synced (N, C), per shard (L, N, C), N = B*T (no view between a tensor and
 its uses, so autograd accumulates a stream's two gradients in place). Parameters keep GPT's names and, simulated, shapes
-(a GPT state dict loads as it is; real mode: tpcomm/sharding.py). All communication goes through f and g (counted).
+(a GPT state dict loads as it is; real mode: tpcomm/tp/sharding.py). All communication goes through f and g (counted).
 """
 
 import torch
@@ -15,23 +15,23 @@ import torch.nn as nn
 
 from configurator import ConfigError
 from model import GPT, GPTConfig, LayerNorm, lm_head_and_loss, positions
-from tpcomm.dropout import ATTN_OUT, ATTN_PROBS, EMBED, MLP_OUT, DropoutKey, KeyedDropout, mask_or_none
-from tpcomm.models import ModelInterface, clip_to_norm_, grad_sq_sums, local, whole
-from tpcomm.sharding import TPSharding, is_block_replicated
-from tpcomm.compression import make_codec
-from tpcomm.options import (BLOCK_TYPES, TP_COMM_OPTIONS, TPConfig, validate_sync_options,  # noqa: F401
+from tpcomm.tp.dropout import ATTN_OUT, ATTN_PROBS, EMBED, MLP_OUT, DropoutKey, KeyedDropout, mask_or_none
+from tpcomm.model.models import ModelInterface, clip_to_norm_, grad_sq_sums, local, whole
+from tpcomm.tp.sharding import TPSharding, is_block_replicated
+from tpcomm.tp.compress.compression import make_codec
+from tpcomm.model.options import (BLOCK_TYPES, TP_COMM_OPTIONS, TPConfig, validate_sync_options,  # noqa: F401
                             validate_tp_args)
-from tpcomm.async_grad import ColumnInput
-from tpcomm.collectives import (copy_to_tp_region, keep_dtype, reduce_from_tp_region, reduce_from_tp_region_async,
+from tpcomm.tp.async_grad import ColumnInput
+from tpcomm.tp.collectives import (copy_to_tp_region, keep_dtype, reduce_from_tp_region, reduce_from_tp_region_async,
                                 tp_group)
-from tpcomm.counting import FINAL_SYNC, VOCAB_EMBED, VOCAB_HEAD
-from tpcomm.sequence_parallel import (gather_from_sequence_region, gather_to_tp_region, reduce_scatter_from_tp_region,
+from tpcomm.tp.counting import FINAL_SYNC, VOCAB_EMBED, VOCAB_HEAD
+from tpcomm.tp.sequence_parallel import (gather_from_sequence_region, gather_to_tp_region, reduce_scatter_from_tp_region,
                                       scatter_to_sequence_region)
-from tpcomm.collective_matmul import collective_matmul_block
-from tpcomm.vocab_parallel import vocab_parallel_cross_entropy
-from tpcomm.partial_sync import PartialSync
+from tpcomm.tp.collective_matmul import collective_matmul_block
+from tpcomm.tp.vocab_parallel import vocab_parallel_cross_entropy
+from tpcomm.tp.partial_sync import PartialSync
 
-from tpcomm.sharded_layers import (Pending, Reduced, ShardedAttention, ShardedMLP, SPStream, add_pending, full,  # noqa: F401
+from tpcomm.tp.sharded_layers import (Pending, Reduced, ShardedAttention, ShardedMLP, SPStream, add_pending, full,  # noqa: F401
                                    join, layer_norm, project, stream_parts, synced_layer_norm)
 
 SP_EMBED = (None, None, "sp_embed")  # trace site: the embedding output scattered onto the token shards
@@ -63,7 +63,7 @@ class ShardedBlock(nn.Module):
         self.attn = ShardedAttention(config, group.local)
         self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = ShardedMLP(config, group.local)
-        # the tp shards' dropout streams (tpcomm.dropout): at tp_size 1 the one shard's stream is the replica's (0)
+        # the tp shards' dropout streams (tpcomm.tp.dropout): at tp_size 1 the one shard's stream is the replica's (0)
         tp, first = group.tp, group.first_shard
         self.streams = tuple(0 if tp == 1 else 1 + first + i for i in range(group.local))
 
@@ -418,8 +418,8 @@ class LadderBlock(ShardedBlock):
 
 # The block types: the names block_types accepts, and their classes. A new type is one class and one entry here.
 BLOCKS = {"tp": TPBlock, "spd": SPDBlock, "parallel": ParallelBlock, "ladder": LadderBlock,
-          "caat": type("CAATBlock", (PartialSync, ShardedBlock), {})}  # partial-channel sync: tpcomm/partial_sync.py
-assert tuple(BLOCKS) == BLOCK_TYPES  # the names tpcomm/options.py validates
+          "caat": type("CAATBlock", (PartialSync, ShardedBlock), {})}  # partial-channel sync: tpcomm/tp/partial_sync.py
+assert tuple(BLOCKS) == BLOCK_TYPES  # the names tpcomm/model/options.py validates
 
 
 class DistributedGPT(ModelInterface, GPT):

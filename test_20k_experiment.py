@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import train
-from tpcomm.build import build_model
+from tpcomm.train.build import build_model
 from configurator import configure
 from model import GPT, GPTConfig
 from tensor_parallel_model import validate_tp_args

@@ -23,9 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from real_tp_worker import TOL, batch, make_gpt, name, ratio, with_dropout, worst  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
-from tpcomm.data_parallel import apply_data_parallel  # noqa: E402
-from tpcomm.parallel_dims import init_parallel, shutdown  # noqa: E402
-from tpcomm.trace import collective_events, trace_steps  # noqa: E402
+from tpcomm.parallel.data_parallel import apply_data_parallel  # noqa: E402
+from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
+from tpcomm.bench.trace import collective_events, trace_steps  # noqa: E402
 
 PATTERNS = [
     ["tp"] * 4,
@@ -181,7 +181,7 @@ def check_data_parallel(pd, gpt, results):
 
 def check_pipeline(pd, gpt, results):
     """pp 2 x tp 2, GPipe with 2 micro-batches: the first step's loss and every gradient, asynchronous == blocking."""
-    from tpcomm.pipeline import build_pipeline
+    from tpcomm.parallel.pipeline import build_pipeline
 
     dropped = with_dropout(gpt, 0.2)
     x, y = batch(30)

@@ -1,5 +1,5 @@
 """
-Partial-channel sync ('caat' blocks, tpcomm/partial_sync.py) under real tensor parallelism (one shard per process,
+Partial-channel sync ('caat' blocks, tpcomm/tp/partial_sync.py) under real tensor parallelism (one shard per process,
 gloo) against the simulation, run by tests/test_partial_sync.py in a shared launch (conftest.shared_launch):
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/caat_worker.py out.json
 Logits, loss and every gathered gradient, fp32 and fp64, without and with dropout; comparisons reported as
@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from real_tp_worker import TOL, batch, compare_step, forward_backward, make_gpt, name, with_dropout, write_results  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
-from tpcomm.parallel_dims import init_parallel, shutdown  # noqa: E402
+from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
 
 PATTERNS = [
     ["caat"] * 4,  # ends desynced: one final sync

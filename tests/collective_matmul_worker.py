@@ -18,8 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from real_tp_worker import TOL, batch, make_gpt, ratio, with_dropout, worst  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
-from tpcomm.parallel_dims import init_parallel, shutdown  # noqa: E402
-from tpcomm.trace import collective_events, trace_steps  # noqa: E402
+from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
+from tpcomm.bench.trace import collective_events, trace_steps  # noqa: E402
 
 COUNT_KEYS = ("fwd_all_gathers", "bwd_all_gathers", "fwd_reduce_scatters", "bwd_reduce_scatters",
               "fwd_ring_transfers", "bwd_ring_transfers", "ring_bytes_per_token", "sp_bytes_per_token")

@@ -1,5 +1,5 @@
 """
-How real TP times its collectives (tpcomm/counting.py Timing, tpcomm/collectives.py RealTP), run under torchrun on
+How real TP times its collectives (tpcomm/tp/counting.py Timing, tpcomm/tp/collectives.py RealTP), run under torchrun on
 CPU with gloo by tests/test_comm_timing.py, all checks in one launch:
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/comm_timing_worker.py OUT
 Rank 0 writes OUT (json): per variant and rank, the comm report's times after two training steps; and the fake
@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from model import GPT, GPTConfig  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
-from tpcomm.parallel_dims import init_parallel, shutdown  # noqa: E402
+from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
 
 VARIANTS = {  # the ways to move a sync whose timing differs: blocking, asynchronous (chunks, ladder), compressed
     "plain": dict(block_types=["tp", "spd"]),

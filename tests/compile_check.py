@@ -4,7 +4,7 @@ dropout keys, counting recompiles after warm-up (torch._dynamo turns a recompile
 import torch
 import torch._dynamo
 
-from tpcomm.build import build_model
+from tpcomm.train.build import build_model
 
 SIZES = dict(block_size=16, vocab_size=48, n_layer=2, n_head=4, n_embd=32, bias=True)
 WARMUP, STEPS = 2, 4

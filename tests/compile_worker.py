@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from compile_check import run_steps  # noqa: E402
-from tpcomm.parallel_dims import init_parallel, shutdown  # noqa: E402
+from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
 
 
 def main(out, variants=(None,)):

@@ -21,8 +21,8 @@ from torch._dynamo.utils import counters
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tpcomm.build import build_model  # noqa: E402
-from tpcomm.parallel_dims import init_parallel, shutdown  # noqa: E402
+from tpcomm.train.build import build_model  # noqa: E402
+from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
 
 SIZES = dict(block_size=16, vocab_size=48, n_layer=2, n_head=4, n_embd=32, bias=True, dropout=0.1, tp_size=2)
 WARMUP, STEPS = 2, 2

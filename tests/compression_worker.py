@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from real_tp_worker import TOL, VOCAB, batch, gathered_grads, make_gpt, name, ratio, with_dropout, worst  # noqa: E402
 from test_generate import stepwise_logits  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
-from tpcomm.parallel_dims import init_parallel, shutdown  # noqa: E402
+from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
 
 DTYPES = ("bf16", "fp8", "int8")
 BLOCK = 8  # values per scale: 4 blocks of n_embd = 32

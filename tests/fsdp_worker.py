@@ -15,10 +15,10 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from tpcomm.data_parallel import apply_data_parallel, set_gradient_sync  # noqa: E402
+from tpcomm.parallel.data_parallel import apply_data_parallel, set_gradient_sync  # noqa: E402
 from model import GPT  # noqa: E402
-from tpcomm.models import PlainGPT  # noqa: E402
-from tpcomm.parallel_dims import init_parallel, shutdown  # noqa: E402
+from tpcomm.model.models import PlainGPT  # noqa: E402
+from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
 from real_tp_worker import VOCAB, make_gpt, ratio, write_results  # noqa: E402
 from tensor_parallel_model import DistributedGPT, TPConfig  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""gpu-node's worker (tpcomm/gpu_node.py) with rank 1 made to raise inside one way ('all spd'), after that way's
+"""gpu-node's worker (tpcomm/experiments/gpu_node.py) with rank 1 made to raise inside one way ('all spd'), after that way's
 first timed steps (its warm-up is the call before), as an error one rank meets at the end of a way would
 (tests/test_gpu_node.py).
 $ torchrun --standalone --nproc_per_node=2 tests/gpu_node_fail_worker.py --config=JSON --out=PATH"""
@@ -8,7 +8,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tpcomm import gpu_check, gpu_node  # noqa: E402
+from tpcomm.gpu import gpu_check  # noqa: E402
+from tpcomm.experiments import gpu_node
 
 FAILING_WAY = "all spd"
 timed_steps = gpu_check.timed_steps

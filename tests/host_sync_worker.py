@@ -19,7 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import train  # noqa: E402
-from tpcomm import collectives, runtime  # noqa: E402
+from tpcomm.tp import collectives  # noqa: E402
+from tpcomm.train import runtime
 
 # files whose tensor reads are of host tensors on CUDA too
 HOST_READS = {os.path.join("tpcomm", "batches.py"): "a batch's offsets, drawn by a CPU generator"}

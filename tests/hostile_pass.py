@@ -34,7 +34,7 @@ def inputs(d):
          "--batch_size=2", "--iters=1", "--warmup=0"]
     BD = [*B, "--model_type=distributed_gpt", "--tp_size=2"]
     S = ["sample.py", "--device=cpu", f"--out_dir={d}/ckpt", "--num_samples=1", "--max_new_tokens=4"]
-    E, G, C, TR = ["experiment.py"], ["-m", "tpcomm.gpu_check"], ["comm_model.py"], ["-m", "tpcomm.trace"]
+    E, G, C, TR = ["experiment.py"], ["-m", "tpcomm.gpu.gpu_check"], ["comm_model.py"], ["-m", "tpcomm.bench.trace"]
     f = f"{d}/file"
     rows = [(f"train {a}", [*T, a]) for a in (
         "--n_layer=-1", "--n_head=0", "--n_embd=33", "--block_size=0", "--batch_size=1.5", "--batch_size='4'",

@@ -19,8 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from fsdp_worker import build, compare, meta_init_under_fsdp, train  # noqa: E402
 from real_tp_worker import make_gpt, write_results  # noqa: E402
-from tpcomm.data_parallel import apply_data_parallel  # noqa: E402
-from tpcomm.parallel_dims import init_parallel, shutdown  # noqa: E402
+from tpcomm.parallel.data_parallel import apply_data_parallel  # noqa: E402
+from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
 
 MICRO = 8  # global micro-batches per step: 2 per rank at dp 4
 

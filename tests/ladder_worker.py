@@ -23,7 +23,7 @@ import real_tp_worker  # noqa: E402
 from real_tp_worker import TOL, VOCAB, batch, make_gpt, name, ratio, with_dropout, worst  # noqa: E402
 from test_generate import stepwise_logits  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
-from tpcomm.parallel_dims import init_parallel, shutdown  # noqa: E402
+from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
 
 PATTERNS = [
     ["ladder"] * 4,

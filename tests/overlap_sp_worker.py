@@ -21,8 +21,8 @@ import tensor_parallel_model  # noqa: E402
 from ladder_worker import log_async  # noqa: E402
 from real_tp_worker import TOL, batch, make_gpt, name, ratio, with_dropout, worst  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
-from tpcomm.activation_memory import measure_saved_bytes  # noqa: E402
-from tpcomm.parallel_dims import init_parallel, shutdown  # noqa: E402
+from tpcomm.costmodel.activation_memory import measure_saved_bytes  # noqa: E402
+from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
 
 PATTERNS = [
     ["tp"] * 4,

@@ -1,5 +1,5 @@
 """
-Pipeline parallelism (tpcomm/pipeline.py) against one process, run under torchrun on CPU with gloo by
+Pipeline parallelism (tpcomm/parallel/pipeline.py) against one process, run under torchrun on CPU with gloo by
 tests/test_pipeline.py, all checks of a world size in one launch:
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=4 tests/pp_worker.py out.json
 Every layout of LAYOUTS[world] runs on the same processes (each builds its own (pp, dp, tp) mesh). Rank 0 writes,
@@ -17,10 +17,10 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from model import GPT, GPTConfig  # noqa: E402
-from tpcomm.models import PlainGPT  # noqa: E402
-from tpcomm.pipeline import (LADDER, SCHEDULES, bubble_fraction, build_pipeline,  # noqa: E402
+from tpcomm.model.models import PlainGPT  # noqa: E402
+from tpcomm.parallel.pipeline import (LADDER, SCHEDULES, bubble_fraction, build_pipeline,  # noqa: E402
                              theoretical_bubble)
-from tpcomm.parallel_dims import init_parallel  # noqa: E402
+from tpcomm.parallel.parallel_dims import init_parallel  # noqa: E402
 from real_tp_worker import ratio, worst  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
 

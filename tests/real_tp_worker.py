@@ -18,10 +18,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tpcomm.runtime import make_grad_scaler  # noqa: E402
+from tpcomm.train.runtime import make_grad_scaler  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from tpcomm.models import PlainGPT  # noqa: E402
-from tpcomm.parallel_dims import init_parallel, shutdown  # noqa: E402
+from tpcomm.model.models import PlainGPT  # noqa: E402
+from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
 from tensor_parallel_model import DistributedGPT, TPConfig  # noqa: E402
 
 VOCAB, N_LAYER, N_HEAD, N_EMBD = 61, 4, 8, 32

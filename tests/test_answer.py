@@ -1,4 +1,4 @@
-"""The README's answer (tpcomm/report.py): each way of giving up a sync, its quality cost stated as a bound at 95%
+"""The README's answer (tpcomm/experiments/report/report.py): each way of giving up a sync, its quality cost stated as a bound at 95%
 and its predicted GPU speedup, in one table, a few generated sentences and one figure; and the README's shape
 around it (what it is, the answer, the Quickstart's two commands before line 60, the GPU pointer, the tools).
 Nothing is trained: the quality side reads made-up result files (test_experiment.fake_results)."""
@@ -11,8 +11,10 @@ import pytest
 
 from conftest import ROOT
 from test_experiment import fake_results
-from tpcomm import answer as ans
-from tpcomm import pairing, plots, readings, report
+from tpcomm.experiments.report import answer as ans
+from tpcomm.experiments import pairing, readings
+from tpcomm.figures import png
+from tpcomm.experiments.report import report
 
 
 # ---------- a paired difference stated at 95% ----------
@@ -40,7 +42,7 @@ def test_claim_bounds_a_cost_where_the_interval_holds_zero():
 def test_gpu_speedups_are_the_cost_models():
     """The answer's speedups are the cost model's predicted_speedups over Megatron's baseline, for every way that
     has a GPU variant; drops order as their syncs do; every published-figure check comes back with its error."""
-    from tpcomm import cost_model as cm
+    from tpcomm.costmodel import cost_model as cm
 
     gpu, links, assumes, checks = ans.gpu_speedups()
     assert links == [link.name for link in cm.LINKS] and "tp 8" in assumes and "Megatron" in assumes
@@ -83,7 +85,7 @@ def test_a_pattern_without_result_files_is_pending(tmp_path, fake_long):
     (point,) = [p for p in data["points"] if p["label"] == "int8 two-shot"]
     assert point["status"] == "pending" and point["mean"] is None
     assert "its quality: pending (0 paired seeds)" in ans.answer_summary(ctx)
-    plots.save_png(draw(), str(tmp_path / "a.png"), data)  # it draws
+    png.save_png(draw(), str(tmp_path / "a.png"), data)  # it draws
 
     # one seed of it: still pending (no interval), said so
     fake_results(root, "cpu-long", seeds=(1337,))
@@ -118,7 +120,7 @@ def test_the_figure_marks_the_ways_that_keep_the_math(fake_long):
     assert {p["way"] for p in data["points"]} == {"drop", "hide", "delay", "shrink", "drop + shrink"}
     assert all(len(p["speedup"]) == 2 for p in data["points"])
     moved = dict(data, points=[dict(p, speedup=[s * 1.01 for s in p["speedup"]]) for p in data["points"]])
-    assert plots.data_digest(moved) != plots.data_digest(data)
+    assert png.data_digest(moved) != png.data_digest(data)
     assert "docs/answer_tradeoff.png" in report.plot_specs()
 
 
@@ -188,7 +190,7 @@ def test_the_time_side_is_a_band_and_holds_at_both_ends(fake_long):
     each comparison holds, not ratios of (speedup - 1)."""
     import re
 
-    from tpcomm import cost_bands
+    from tpcomm.costmodel import cost_bands
 
     ctx = report.Results(root=str(fake_long), say=lambda *a: None)
     table = ans.answer_table(ctx)

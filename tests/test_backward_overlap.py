@@ -12,7 +12,7 @@ import torch
 from conftest import TINY, TORCHRUN, one_line_error, run_script
 from test_tensor_parallel import assert_same, batch, make_gpt, run_reference, with_dropout
 
-import tpcomm.async_grad
+import tpcomm.tp.async_grad
 from backward_overlap_worker import PATTERNS
 from configurator import ConfigError
 from real_tp_worker import name
@@ -64,7 +64,7 @@ def test_bitwise_comparison_can_fail(monkeypatch):
     fused[5].view(-1)[0] = torch.nextafter(fused[5].view(-1)[0], torch.tensor(float("inf")))
     with pytest.raises(AssertionError):
         assert_bitwise(fused, plain)
-    monkeypatch.setattr(tpcomm.async_grad, "LN_EPS", 1e-3)
+    monkeypatch.setattr(tpcomm.tp.async_grad, "LN_EPS", 1e-3)
     with pytest.raises(AssertionError):
         assert_bitwise(step(DistributedGPT.from_gpt(gpt, 2, blocks, tp_async_grad=True).train(), idx, tgt), plain)
 

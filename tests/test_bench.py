@@ -7,8 +7,8 @@ import torch
 import bench
 from conftest import one_line_error, run_script
 from model import GPTConfig
-from tpcomm import op_profile
-from tpcomm.models import PlainGPT
+from tpcomm.bench import op_profile
+from tpcomm.model.models import PlainGPT
 
 TINY = ["--device=cpu", "--dtype=float32", "--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16",
         "--batch_size=2", "--vocab_size=65", "--iters=3", "--warmup=1"]
@@ -113,10 +113,10 @@ def test_decode_mode_times_prefill_and_tokens(tmp_path):
     assert plot.stat().st_size > 1000
     # the plotted numbers beside it, their digest in the PNG (report --check compares them); the title names the
     # model, the prompt and the tokens generated
-    from tpcomm import command_figures, plots
+    from tpcomm.figures import command_figures, png
 
     data, _ = command_figures.load(str(plot))
-    assert plots.png_digest(str(plot)) == plots.data_digest(data) and len(data["rows"]) == 6
+    assert png.png_digest(str(plot)) == png.data_digest(data) and len(data["rows"]) == 6
     assert data["new_tokens"] == 4 and "layers x" in data["model"] and data["prompt_len"] > 0
 
 
@@ -185,14 +185,14 @@ def test_real_tp_training_plot_splits_each_step(tmp_path):
     communication, from the table's own numbers, written beside the PNG (report --check compares them)."""
     from conftest import TORCHRUN
 
-    from tpcomm import command_figures, plots
+    from tpcomm.figures import command_figures, png
 
     plot = tmp_path / "steps.png"
     r = run_script(*TORCHRUN, "--nproc_per_node=2", "bench.py", *TINY, "--model_type=distributed_gpt",
                    "--tp_size=2", "--tp_mode=real", "--patterns=['tp', 'ladder']", f"--plot={plot}", timeout=300)
     assert r.returncode == 0, r.stderr
     data, _ = command_figures.load(str(plot))
-    assert plots.png_digest(str(plot)) == plots.data_digest(data)
+    assert png.png_digest(str(plot)) == png.data_digest(data)
     table = {line.split("|")[1].strip(" `"): line.split("|") for line in r.stdout.splitlines()
              if line.startswith("| `")}
     assert [row[0] for row in data["rows"]] == ["tp", "ladder"] == list(table)

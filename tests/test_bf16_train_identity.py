@@ -1,4 +1,4 @@
-"""The zeroed-c_proj identity in training passes under bf16 autocast (issue 46 points 1-2; tpcomm/bf16_identity.py).
+"""The zeroed-c_proj identity in training passes under bf16 autocast (issue 46 points 1-2; tpcomm/gpu/bf16_identity.py).
 
 1. Every block's c_proj zeroed: each block must leave the stream as it came, so the loss is GPT's exactly (0, not a
    tolerance: nothing differs but the route) for 'tp', 'spd' and 'parallel' at tp 2, 4 and 8 simulated and at real
@@ -17,7 +17,7 @@ from test_bf16_identity import SIZES, batch, gpt
 from test_cuda_path import spawn_gloo
 
 from tensor_parallel_model import DistributedGPT
-from tpcomm import bf16_identity as bi
+from tpcomm.gpu import bf16_identity as bi
 
 BF16 = dict(device_type="cpu", dtype=torch.bfloat16)
 
@@ -93,7 +93,7 @@ def test_strict_layer_norm_refuses_a_mix(monkeypatch):
 
 def _real_grid(rank, world):
     """Real tp 2 on gloo: the grid of the simulated test, and GPT's loss computed on every rank."""
-    from tpcomm.parallel_dims import init_parallel
+    from tpcomm.parallel.parallel_dims import init_parallel
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     pd = init_parallel(dp=1, tp=world, device_type="cpu")
@@ -121,9 +121,9 @@ def test_zeroed_c_proj_loss_is_gpts_exactly_in_real_tp2(tmp_path):
 def _fsdp_bf16_async(rank, world):
     """FSDP2 with CUDA's bf16 policy (blocks gathered in bf16, the stream fp32) and tp_async_grad, under bf16
     autocast with the strict LayerNorm double: one training step, its loss against one process's."""
-    from tpcomm.build import build_model
-    from tpcomm.data_parallel import apply_data_parallel
-    from tpcomm.parallel_dims import init_parallel
+    from tpcomm.train.build import build_model
+    from tpcomm.parallel.data_parallel import apply_data_parallel
+    from tpcomm.parallel.parallel_dims import init_parallel
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     pd = init_parallel(dp=world, tp=1, device_type="cpu")

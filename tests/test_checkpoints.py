@@ -122,7 +122,7 @@ def test_resume_and_sample_a_nanogpt_checkpoint(runs, char_data, tmp_path):
 
 def test_old_format_still_loads(runs, tmp_path):
     """This repo's checkpoints before model_options: tp_size and block_types inside model_args, no scaler."""
-    from tpcomm.checkpoint import build_model_from_checkpoint, load_checkpoint
+    from tpcomm.train.checkpoint import build_model_from_checkpoint, load_checkpoint
 
     ckpt = load(runs("spd"))
     old = {k: v for k, v in ckpt.items() if k not in ("model_options", "scaler")}
@@ -170,7 +170,7 @@ def test_unreadable_checkpoint_is_one_line(runs, char_data, tmp_path, kind):
 
 def test_temp_file_is_per_process(tmp_path, monkeypatch):
     """Two writers of one out_dir (say a rogue second run) must never write the same temp file."""
-    from tpcomm import checkpoint
+    from tpcomm.train import checkpoint
     written = []
     monkeypatch.setattr(torch, "save", lambda obj, f: (written.append(f), open(f, "wb").write(b"x")))
     checkpoint.save_checkpoint({}, str(tmp_path))
@@ -210,7 +210,7 @@ def test_disk_full_while_saving_keeps_checkpoint(runs, char_data, tmp_path):
 def test_export_hf_matches_our_logits(runs, tmp_path, name):
     from transformers import GPT2LMHeadModel
 
-    from tpcomm.checkpoint import build_model_from_checkpoint, load_checkpoint
+    from tpcomm.train.checkpoint import build_model_from_checkpoint, load_checkpoint
 
     hf_dir = tmp_path / "hf"
     r = run_script("export_hf.py", f"--out_dir={runs(name)}", f"--hf_dir={hf_dir}")
@@ -264,7 +264,7 @@ def test_export_special_tokens_follow_the_tokenizer(runs, tmp_path):
     generates without a word about them; GPT-2 BPE vocabularies keep 50256."""
     import json
 
-    from tpcomm.hf_export import hf_config
+    from tpcomm.convert.hf_export import hf_config
 
     hf_dir = tmp_path / "hf"
     r = run_script("export_hf.py", f"--out_dir={runs('gpt')}", f"--hf_dir={hf_dir}")

@@ -13,9 +13,10 @@ import pytest
 
 from conftest import ROOT
 from test_experiment import fake_results
-from tpcomm import pairing, provenance, report, results, sweep_records
-from tpcomm import sweep as sweeps
-from tpcomm.sweep_plan import SWEEPS
+from tpcomm.experiments import pairing, provenance, results, sweep_records
+from tpcomm.experiments.report import report
+from tpcomm.experiments import sweep as sweeps
+from tpcomm.experiments.sweep_plan import SWEEPS
 
 DIRTY = dict(commit="a" * 40, dirty=True)
 CLEAN = dict(commit="b" * 40, dirty=False)
@@ -225,7 +226,7 @@ def test_shared_baseline_correlation():
 
 def test_the_answer_table_states_its_family_wise_intervals():
     ctx = report.Results(say=lambda *a: None)
-    from tpcomm import answer
+    from tpcomm.experiments.report import answer
     table = answer.answer_table(ctx)
     family, m = answer._familywise(ctx)
     assert f"Bonferroni over the {m} measured rows" in table and f"family-wise [95%, Bonferroni over {m}]" in table

@@ -1,4 +1,4 @@
-"""tp_collective_matmul (tpcomm/collective_matmul.py): sequence parallelism's all-gather + column GEMM and row GEMM +
+"""tp_collective_matmul (tpcomm/tp/collective_matmul.py): sequence parallelism's all-gather + column GEMM and row GEMM +
 reduce-scatter as tp ring steps of peer-to-peer transfers beside partial GEMMs, forward and backward. Simulated (fp64)
 against plain sequence parallelism and GPT, dropout included; the ring functions against plain matmuls (tp 1, 3) and
 by gradcheck; the ring's counted bytes; the validation; and under torchrun (tests/collective_matmul_worker.py, gloo,
@@ -14,9 +14,9 @@ from test_tensor_parallel import N_EMBD, N_LAYER, assert_same, batch, make_gpt, 
 from configurator import ConfigError
 from real_tp_worker import TOL as REAL_TOL
 from tensor_parallel_model import DistributedGPT, TPConfig
-from tpcomm.collective_matmul import all_gather_matmul, matmul_reduce_scatter
-from tpcomm.collectives import SimulatedTP
-from tpcomm.sequence_parallel import gather_to_tp_region, reduce_scatter_from_tp_region
+from tpcomm.tp.collective_matmul import all_gather_matmul, matmul_reduce_scatter
+from tpcomm.tp.collectives import SimulatedTP
+from tpcomm.tp.sequence_parallel import gather_to_tp_region, reduce_scatter_from_tp_region
 
 # float64: the ring forms the same products as plain SP; only the order of the tp partial sums of a reduce-scatter
 # differs (the ring's order, not sum(0)'s): measured <1e-15, so 1e-10 is tight while a wrong chunk, shard or

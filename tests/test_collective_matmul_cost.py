@@ -1,15 +1,15 @@
-"""Collective matmul priced (tpcomm/collective_matmul_cost.py): the ring's exposed transfers and the split GEMMs'
+"""Collective matmul priced (tpcomm/costmodel/collective_matmul_cost.py): the ring's exposed transfers and the split GEMMs'
 loss, exact on chosen numbers; torchtitan's published async-TP speedups checked with the error docs/cost_model.md
 states; the 'collective matmul' row of the training table; and every speedup as a band over the declared ranges
-(tpcomm/cost_bands.py), narrowed by a measured GEMM efficiency in docs/gpu.json."""
+(tpcomm/costmodel/cost_bands.py), narrowed by a measured GEMM efficiency in docs/gpu.json."""
 
 import json
 
 import pytest
 
-from tpcomm import cost_bands as cb
-from tpcomm import cost_model as cm
-from tpcomm.collective_matmul_cost import collective_matmul_time, ring_exposed, torchtitan_checks
+from tpcomm.costmodel import cost_bands as cb
+from tpcomm.costmodel import cost_model as cm
+from tpcomm.costmodel.collective_matmul_cost import collective_matmul_time, ring_exposed, torchtitan_checks
 
 
 def test_ring_exposed_is_tp_minus_one_uncovered_transfers():

@@ -15,9 +15,9 @@ import pytest
 from conftest import one_line_error, run_script
 
 import comm_model
-from tpcomm import calibration as cal
-from tpcomm import cost_model as cm
-from tpcomm import cost_tables
+from tpcomm.experiments import calibration as cal
+from tpcomm.costmodel import cost_model as cm
+from tpcomm.costmodel import cost_tables
 
 # Float tolerances: the model is a few float64 multiplications and sums, so hand-computed values agree to ~1e-15
 # relative; rel=1e-12 leaves room for rounding and nothing else.
@@ -62,7 +62,7 @@ def test_decode_token_by_hand():
 def test_forward_syncs_match_the_cpu_sweep_config_names():
     """The documented rule (2 per tp, 1 per spd, +1 when ending desynced) gives each config's name: 24comm ... 1comm;
     measured counts are checked against the same rule end to end below."""
-    from tpcomm.sweep import SWEEPS
+    from tpcomm.experiments.sweep import SWEEPS
 
     patterns = cal.cpu_sweep_patterns()
     assert [cm.forward_syncs(p) for p in patterns] == [int(run.name[:-4]) for run in SWEEPS["cpu"]

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from conftest import TORCHRUN, run_script
-from tpcomm.counting import CommCounter, Timing, WallClock
+from tpcomm.tp.counting import CommCounter, Timing, WallClock
 
 # exposed <= busy by construction (both read from the same marks); 1e-9 s only absorbs float rounding of the sums
 EPS = 1e-9

@@ -14,8 +14,8 @@ from configurator import ConfigError
 from test_generate import stepwise_logits
 from test_tensor_parallel import N_EMBD, assert_same, batch, make_gpt, run, run_keyed, run_reference, with_dropout
 from tensor_parallel_model import DistributedGPT, TPConfig
-from tpcomm.compression import QMAX, Codec
-from tpcomm.compression_errors import error_table, main, reduction_errors
+from tpcomm.tp.compress.compression import QMAX, Codec
+from tpcomm.bench.compression_errors import error_table, main, reduction_errors
 
 DTYPES = ("bf16", "fp8", "int8")
 

@@ -47,7 +47,7 @@ def _overflow_step(rank, world, kind, explicit_unscale):
     moved and the scale after update()."""
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-    from tpcomm.runtime import make_grad_scaler
+    from tpcomm.train.runtime import make_grad_scaler
 
     torch.manual_seed(0)
     lin = torch.nn.Linear(8, 8)
@@ -117,14 +117,14 @@ class FakeDevice:
         self.t, self.queued = self.t + self.queued, 0.0
 
     def device_clock(self):
-        from tpcomm.runtime import DeviceClock
+        from tpcomm.train.runtime import DeviceClock
 
         return DeviceClock("cpu", clock=self.clock, synchronize=self.synchronize)
 
 
 def tiny_gpt():
     from model import GPTConfig
-    from tpcomm.models import PlainGPT
+    from tpcomm.model.models import PlainGPT
 
     torch.manual_seed(0)
     return PlainGPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=65, bias=False))
@@ -196,7 +196,7 @@ def test_decode_timing_bills_prefill_and_tokens_apart():
 
 
 def test_device_clock_synchronizes_cuda_and_not_cpu(monkeypatch):
-    from tpcomm.runtime import DeviceClock, device_synchronizer
+    from tpcomm.train.runtime import DeviceClock, device_synchronizer
 
     waited = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))

@@ -202,7 +202,7 @@ def check_spd(args):
 
 
 def check_export_hf(args):
-    from tpcomm import hf_export
+    from tpcomm.convert import hf_export
 
     return configure_check(hf_export.DEFAULTS, args)
 
@@ -220,20 +220,20 @@ def check_comm_model(args):
 
 def check_experiment(args):
     import train
-    from tpcomm import sweep
+    from tpcomm.experiments import sweep
 
     parse, keys_only = split_arguments(args)
     parse = [os.path.relpath(a, ROOT) if os.path.isabs(a) else a for a in parse]  # the sweep's name, not a path
-    if parse[:1] == ["gpu-node"]:  # its own runner (tpcomm/gpu_node.py)
-        from tpcomm import gpu_node
+    if parse[:1] == ["gpu-node"]:  # its own runner (tpcomm/experiments/gpu_node.py)
+        from tpcomm.experiments import gpu_node
 
         try:
             gpu_node.parse(parse[1:])
         except gpu_node.NodeError as e:
             return [str(e)]
         return [f"unknown key --{k}" for k in keys_only if k not in gpu_node.OPTIONS]
-    if parse[:1] == ["gpu-scale"]:  # its own options (tpcomm/gpu_scale.py), then train.py overrides
-        from tpcomm import gpu_scale
+    if parse[:1] == ["gpu-scale"]:  # its own options (tpcomm/experiments/gpu_scale.py), then train.py overrides
+        from tpcomm.experiments import gpu_scale
 
         try:
             _, overrides = gpu_scale.parse(parse[1:])
@@ -250,8 +250,8 @@ def check_experiment(args):
 
 
 def pipeline_demo_defaults():
-    """tpcomm/pipeline_demo.py's DEMO (the demo's keys)."""
-    return importlib.import_module("tpcomm.pipeline_demo").DEMO
+    """tpcomm/bench/pipeline_demo.py's DEMO (the demo's keys)."""
+    return importlib.import_module("tpcomm.bench.pipeline_demo").DEMO
 
 
 def check_pipeline_demo(args):
@@ -259,7 +259,7 @@ def check_pipeline_demo(args):
 
 
 def check_trace(args):
-    from tpcomm import trace
+    from tpcomm.bench import trace
 
     argv = [a for a in args if a != "..."]
     with mock.patch.object(trace, "summary", lambda path: []), \
@@ -268,7 +268,7 @@ def check_trace(args):
 
 
 def check_sharded_checkpoint(args):
-    from tpcomm import sharded_checkpoint
+    from tpcomm.train import sharded_checkpoint
 
     with mock.patch.object(sharded_checkpoint, "convert", lambda out_dir: os.path.join(out_dir, "ckpt.pt")):
         return run_main_quietly(sharded_checkpoint.main, [a for a in args if a != "..."])
@@ -304,13 +304,13 @@ SCRIPT_CHECKS = {
     "export_hf.py": check_export_hf, "comm_model.py": check_comm_model, "experiment.py": check_experiment,
 }
 def check_gpu_check(args):
-    from tpcomm import gpu_check
+    from tpcomm.gpu import gpu_check
 
     return configure_check(gpu_check.DEFAULTS, args)
 
 
-MODULE_CHECKS = {"tpcomm.pipeline_demo": check_pipeline_demo, "tpcomm.trace": check_trace,
-                 "tpcomm.sharded_checkpoint": check_sharded_checkpoint, "tpcomm.gpu_check": check_gpu_check}
+MODULE_CHECKS = {"tpcomm.bench.pipeline_demo": check_pipeline_demo, "tpcomm.bench.trace": check_trace,
+                 "tpcomm.train.sharded_checkpoint": check_sharded_checkpoint, "tpcomm.gpu.gpu_check": check_gpu_check}
 
 
 def module_problem(name):
@@ -386,7 +386,7 @@ def test_the_readme_shows_every_tool():
         rest = [w for w in words[1:] if not (w.startswith("--") or ENV_ASSIGNMENT.match(w) or w == "...")]
         targets.add(words[words.index("-m") + 1] if "-m" in words else rest[0] if rest else None)
     for tool in ("train.py", "sample.py", "bench.py", "experiment.py", "spd.py", "export_hf.py", "comm_model.py",
-                 "tpcomm.trace", "tpcomm.pipeline_demo", "data/shakespeare_char/prepare.py"):
+                 "tpcomm.bench.trace", "tpcomm.bench.pipeline_demo", "data/shakespeare_char/prepare.py"):
         assert tool in targets, f"README.md has no command for {tool}; found {sorted(t for t in targets if t)}"
     assert len(commands) >= 20
 
@@ -407,10 +407,10 @@ def test_the_checker_rejects_bad_commands():
         "python comm_model.py measure --no_such_key=1",
         "python experiment.py no_such_sweep",
         "python experiment.py cpu --no_such_key=1",
-        "python -m tpcomm.trace plot out.png a.json --no_such=1",
-        "python -m tpcomm.trace no_such_command a.json",
-        "python -m tpcomm.sharded_checkpoint",
-        "torchrun --standalone --nproc_per_node=8 -m tpcomm.pipeline_demo --no_such_key=1",
+        "python -m tpcomm.bench.trace plot out.png a.json --no_such=1",
+        "python -m tpcomm.bench.trace no_such_command a.json",
+        "python -m tpcomm.train.sharded_checkpoint",
+        "torchrun --standalone --nproc_per_node=8 -m tpcomm.bench.pipeline_demo --no_such_key=1",
         "python data/shakespeare_char/prepare.py --no_such 1",
         "python data/openwebtext/prepare.py --no_such=1",
         "python train.py --pp_size=$pp --no_such_key=$pp",
@@ -423,8 +423,8 @@ def test_the_checker_rejects_bad_commands():
         "torchrun --standalone --nproc_per_node=2 bench.py --pp_size=$pp --iters=3",
         "python experiment.py cpu --seeds=1337,1338 --max_iters=20",
         "python comm_model.py validate --calibration=/tmp/c.json",
-        "python -m tpcomm.trace summary /tmp/trace/trace-24comm.json",
-        "python -m tpcomm.sharded_checkpoint OUT_DIR",
+        "python -m tpcomm.bench.trace summary /tmp/trace/trace-24comm.json",
+        "python -m tpcomm.train.sharded_checkpoint OUT_DIR",
         "python data/openwebtext/prepare.py --input a.txt b.txt --num_proc 1",
         "python -m pytest -q tests/test_docs.py",
     ]
@@ -447,7 +447,7 @@ def test_extraction_finds_commands_where_the_docs_write_them():
         "make experiment",
         "I'll print this output line, python or not",
         "```",
-        "`make test` and `python -m tpcomm.trace summary f.json`",  # 13
+        "`make test` and `python -m tpcomm.bench.trace summary f.json`",  # 13
     ])
     found = [(line, words) for line, _, words in extract_commands(text)]
     assert found == [
@@ -458,7 +458,7 @@ def test_extraction_finds_commands_where_the_docs_write_them():
         (8, ["python", "data/shakespeare_char/prepare.py"]),
         (8, ["python", "train.py", "--out_dir=a"]),
         (9, ["torchrun", "--nproc_per_node=$pp", "bench.py", "--pp_size=$pp"]),
-        (13, ["python", "-m", "tpcomm.trace", "summary", "f.json"]),
+        (13, ["python", "-m", "tpcomm.bench.trace", "summary", "f.json"]),
     ], found
     # a bad command is reported with its file and line
     problems = [f"X.md:{line}: {p}" for line, _, words in extract_commands("a\n\n`python train.py --nope=1`")
@@ -506,7 +506,7 @@ def test_links_between_pages_resolve():
 # the README's commands on a fresh clone
 
 READS_A_RUN = ("sample.py", "spd.py", "export_hf.py")  # they read an out_dir an earlier command trained
-# (and `python -m tpcomm.trace` reads a trace an earlier command wrote)
+# (and `python -m tpcomm.bench.trace` reads a trace an earlier command wrote)
 
 
 def script_of(words):
@@ -528,7 +528,7 @@ def fresh_clone_problems(text):
         said = lines[line - 1].partition("#")[2]
         if script == "train.py" and not {"--overwrite=True", "--init_from=resume"} & set(rest):
             problems.append(f"README.md:{line}: train.py without --overwrite=True (a second run is refused)")
-        if (script in READS_A_RUN or script == "tpcomm.trace") and "needs" not in said:
+        if (script in READS_A_RUN or script == "tpcomm.bench.trace") and "needs" not in said:
             problems.append(f"README.md:{line}: {script} reads an earlier command's output; say `# needs ...`")
         if script == "experiment.py" and len(rest) > 1 and rest[1] != "report" and \
                 not any(w.startswith("--out=") for w in rest) and \
@@ -544,5 +544,5 @@ def test_readme_commands_run_on_a_fresh_clone_or_say_what_they_need():
     # anti-vacuity: each rule catches its case
     bad = "\n".join(["```sh", "python train.py config/train_shakespeare_char_cpu.py",
                      "python sample.py --out_dir=out-shakespeare-char", "python experiment.py cpu --seeds=1338",
-                     "python -m tpcomm.trace summary /tmp/trace/t.json", "```"])
+                     "python -m tpcomm.bench.trace summary /tmp/trace/t.json", "```"])
     assert len(fresh_clone_problems(bad)) == 4, fresh_clone_problems(bad)

@@ -43,7 +43,7 @@ def test_the_launches_are_found():
 
 @pytest.mark.parametrize("world, args", LAUNCHES)
 def test_documented_launch_validates_at_its_world_size(world, args, monkeypatch, tmp_path):
-    from tpcomm import train_config as train  # train.py's prepare, and what it calls
+    from tpcomm.train import train_config as train  # train.py's prepare, and what it calls
 
     if any(a.startswith("--init_from=resume") for a in args):
         pytest.skip("resumes a checkpoint the docs' earlier command writes")
@@ -63,7 +63,7 @@ def test_documented_launch_validates_at_its_world_size(world, args, monkeypatch,
 
 def test_the_check_sees_a_refused_launch(monkeypatch, tmp_path):
     """Anti-vacuity: the 2-node recipe with the accumulation nanoGPT's config had (40 over dp 16) is refused."""
-    from tpcomm import train_config as train
+    from tpcomm.train import train_config as train
     from configurator import ConfigError
 
     monkeypatch.chdir(tmp_path)

@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from tpcomm.dropout import M32, DropoutKey, _digest, _mix32, _salt, _salts, keep_mask
+from tpcomm.tp.dropout import M32, DropoutKey, _digest, _mix32, _salt, _salts, keep_mask
 
 
 class HostTensors(TorchDispatchMode):

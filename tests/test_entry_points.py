@@ -36,7 +36,7 @@ def test_bench_pp_size_outside_pipeline_mode_is_one_line(mode):
 def test_trace_summary_of_malformed_events_is_one_line(tmp_path, trace, words):
     path = tmp_path / "t.json"
     path.write_text(json.dumps(trace))
-    line = one_line_error(run_script("-m", "tpcomm.trace", "summary", str(path)))
+    line = one_line_error(run_script("-m", "tpcomm.bench.trace", "summary", str(path)))
     assert words in line and str(path) in line, line
 
 
@@ -46,7 +46,7 @@ def test_trace_summary_of_a_well_formed_trace_without_collectives_still_says_0(t
         {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "python"}},
         {"ph": "X", "name": "ProfilerStep#0", "ts": 0, "dur": 100},
         {"ph": "X", "name": "aten::mm", "ts": 10, "dur": 5}]}))
-    r = run_script("-m", "tpcomm.trace", "summary", str(path))
+    r = run_script("-m", "tpcomm.bench.trace", "summary", str(path))
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert "0 fwd + 0 bwd all-reduces" in r.stdout, r.stdout
 
@@ -110,10 +110,10 @@ def test_contradicting_checkpoint_is_one_line(tiny_run, char_data, tmp_path, rea
     (dict(n_head=5), ["n_head=5", "describe no GPT"]),
 ], ids=["n_embd", "more_layers", "fewer_layers", "vocab", "bias", "n_head"])
 def test_check_weights(tiny_run, tmp_path, change, words):
-    """The shared check (tpcomm.checkpoint.check_weights, run by load_checkpoint), in process; the unchanged
+    """The shared check (tpcomm.train.checkpoint.check_weights, run by load_checkpoint), in process; the unchanged
     checkpoint passes, so the check is not refusing everything."""
     from configurator import ConfigError
-    from tpcomm.checkpoint import load_checkpoint
+    from tpcomm.train.checkpoint import load_checkpoint
 
     load_checkpoint(str(tiny_run))
     out = copy_run(tiny_run, tmp_path / "run", **change)
@@ -248,7 +248,7 @@ CORRUPTIONS = {
 def test_corrupt_sharded_checkpoint_is_one_line(sharded_run, char_data, tmp_path, reader, how):
     out = copy_run(sharded_run, tmp_path / "run")
     CORRUPTIONS[how](out / "ckpt_sharded.2")
-    cmd = (["-m", "tpcomm.sharded_checkpoint", str(out)] if reader == "convert" else
+    cmd = (["-m", "tpcomm.train.sharded_checkpoint", str(out)] if reader == "convert" else
            ["train.py", *TINY, f"--data_dir={char_data}", f"--out_dir={out}", "--init_from=resume",
             "--checkpoint_format=sharded", "--max_iters=4"])
     line = one_line_error(run_script(*cmd))
@@ -259,7 +259,7 @@ def test_corrupt_sharded_checkpoint_is_one_line(sharded_run, char_data, tmp_path
 def test_intact_sharded_checkpoint_converts(sharded_run, tmp_path):
     """The fixture is whole: the corruptions above, not the copy, make the errors."""
     out = copy_run(sharded_run, tmp_path / "run")
-    r = run_script("-m", "tpcomm.sharded_checkpoint", str(out))
+    r = run_script("-m", "tpcomm.train.sharded_checkpoint", str(out))
     assert r.returncode == 0 and (out / "ckpt.pt").exists(), r.stdout + r.stderr
 
 

@@ -15,11 +15,12 @@ import time
 
 import pytest
 
-from tpcomm import sweep as experiment
-from tpcomm import pairing, plots, results
+from tpcomm.experiments import sweep as experiment
+from tpcomm.experiments import pairing, plots, results
+from tpcomm.figures import png
 from configurator import _literal
 from conftest import ROOT, TINY, fork_server_for_children, run_script
-from tpcomm.sweep_plan import SCALE_CONFIG
+from tpcomm.experiments.sweep_plan import SCALE_CONFIG
 
 TINY_SWEEP = [a for a in TINY if not a.startswith(("--n_layer", "--log_interval", "--gradient_accumulation_steps"))]
 TINY_SWEEP += ["--max_iters=6", "--lr_decay_iters=6", "--eval_interval=3", "--log_interval=1"]
@@ -117,7 +118,7 @@ def test_result_file_holds_what_the_tables_need(tmp_path, char_data):
     git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     if git.returncode == 0:
         assert rec["git"]["commit"] == git.stdout.strip() and isinstance(rec["git"]["dirty"], bool)
-    from tpcomm.build import build_model
+    from tpcomm.train.build import build_model
     model = build_model("distributed_gpt", dict(job.cfg, vocab_size=rec["data"]["vocab_size"]))
     total = sum(p.numel() for p in model.parameters())
     emb = model.transformer.wte.weight.numel() + model.transformer.wpe.weight.numel()
@@ -322,7 +323,7 @@ def test_writers_use_the_measured_numbers(tmp_path):
     for p in pngs:
         with open(p, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-        assert plots.png_digest(p) is not None
+        assert png.png_digest(p) is not None
 
 
 def test_the_interval_uses_students_t_at_every_seed_count():
@@ -574,7 +575,7 @@ def test_two_sweep_processes_share_the_runs(tmp_path, monkeypatch, capsys):
 def test_the_sweep_cli_reports_after_the_other_process(tmp_path, char_data, monkeypatch):
     """The report is written under a waiting lock on the sweep directory (one writer at a time); running and
     reading are not locked: --dry-run works while another sweep reports."""
-    from tpcomm.runtime import RunLock
+    from tpcomm.train.runtime import RunLock
 
     sweep_dir = str(tmp_path / "sweep")
     argv = ["cpu", f"--out={sweep_dir}", f"--data_dir={char_data}"]
@@ -775,7 +776,7 @@ def test_report_check_passes_on_the_committed_files():
 
 
 def test_report_regenerates_tables_and_plots_and_check_catches_an_edit(docs_copy, capsys):
-    from tpcomm import report
+    from tpcomm.experiments.report import report
 
     root = str(docs_copy)
     for name in ("cpu-long", "tp-axis", "size-axis"):
@@ -791,8 +792,8 @@ def test_report_regenerates_tables_and_plots_and_check_catches_an_edit(docs_copy
         "+0.0030 [+0.0005, +0.0055] (3) |" in text, text
     assert "| 2 x 32, 4 heads | 24,736 |" in text and "| 4 x 48, 4 heads | 111,024 |" in text
     assert "| 12 x 64, 8 heads | 591,424 | " in text and "| `['tp']*12` | 24 | -0.0000 (1) | baseline |" in text
-    for png in ("axes_penalty_vs_tp.png", "axes_penalty_vs_size.png", "cpu_long_paired_difference.png"):
-        assert plots.png_digest(str(docs_copy / "docs" / png)) is not None, png
+    for name in ("axes_penalty_vs_tp.png", "axes_penalty_vs_size.png", "cpu_long_paired_difference.png"):
+        assert png.png_digest(str(docs_copy / "docs" / name)) is not None, name
     assert (docs_copy / "experiments" / "tp-axis" / "results.md").exists()  # the sweep's own outputs too
     # the README's answer from the same numbers: each pattern's paired difference and what it says at 95% (all
     # spd is 0.002 + 0.001 * (seed % 3) above all tp on 11 seeds: an interval above 0, so a cost, not a bound)
@@ -803,7 +804,7 @@ def test_report_regenerates_tables_and_plots_and_check_catches_an_edit(docs_copy
         "nats (0.2%) |" in readme
     assert "| delay | `ladder` in the upper half | +0.002 [-0.000, +0.004] (3) | [-0.007, +0.011] | costs at most " \
         "+0.005 nats (0.3%) |" in readme, readme
-    assert plots.png_digest(str(docs_copy / "docs" / "answer_tradeoff.png")) is not None
+    assert png.png_digest(str(docs_copy / "docs" / "answer_tradeoff.png")) is not None
     capsys.readouterr()
     assert report.main(check=True, root=root) == 0 and capsys.readouterr().out == ""
 
@@ -827,7 +828,7 @@ def test_report_regenerates_tables_and_plots_and_check_catches_an_edit(docs_copy
 def test_alltp_table_says_how_long_the_degrees_agree(tmp_path):
     """tp-axis-alltp: all-tp at tp 2 and 8 against tp 4, same seed: agreement up to rounding (1e-4) through which
     eval, the drift after it against the seed spread; a curve apart from the first eval is NOT the same model."""
-    from tpcomm import report
+    from tpcomm.experiments.report import report
 
     root = str(tmp_path)
     for name in ("cpu-long", "tp-axis"):
@@ -851,7 +852,7 @@ def test_alltp_table_says_how_long_the_degrees_agree(tmp_path):
 
 
 def test_report_without_result_files_notes_them_and_refuses_bad_markers(docs_copy, capsys):
-    from tpcomm import report
+    from tpcomm.experiments.report import report
 
     root = str(docs_copy)
     page = docs_copy / "docs" / "x.md"
@@ -862,7 +863,7 @@ def test_report_without_result_files_notes_them_and_refuses_bad_markers(docs_cop
     assert report.main(["cpu"], check=True, root=root) == 1
     assert capsys.readouterr().out.strip().splitlines()[-2:] == [
         "docs/x.md: <!-- report:cpu --> has no <!-- /report:cpu -->",
-        "docs/x.md: unknown report block 'nosuch' (tpcomm/report.py blocks() lists them)"]
+        "docs/x.md: unknown report block 'nosuch' (tpcomm/experiments/report/report.py blocks() lists them)"]
 
 
 def test_report_cli_bad_input_is_one_line():

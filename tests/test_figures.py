@@ -1,12 +1,13 @@
 """Every figure reads at a glance: each way has one name (the answer table's), one colour and one marker in every
-figure (tpcomm/way_styles.py); no two legend entries read the same; no two texts overprint (their drawn boxes,
+figure (tpcomm/figures/way_styles.py); no two legend entries read the same; no two texts overprint (their drawn boxes,
 plot_labels.overlapping); the headline figure keeps every point at its true x and its text readable at the README's
 width. The figures are the report's (report.plot_specs), drawn from the committed result files, as committed."""
 
 import pytest
 from matplotlib.colors import to_hex
 
-from tpcomm import answer, answer_figure, plot_labels, plots, report, way_styles
+from tpcomm.experiments.report import answer, answer_figure, report
+from tpcomm.figures import plot_labels, png, way_styles
 
 NAMES = sorted((s.name for s in way_styles.STYLES.values()), key=len, reverse=True)
 
@@ -55,7 +56,7 @@ def duplicates(fig):
 @pytest.fixture(scope="module")
 def figures():
     """{PNG path: (data, figure)} of every report figure the committed result files give."""
-    plt = plots.pyplot()
+    plt = png.pyplot()
     ctx = report.Results(say=lambda *a: None)
     out = {}
     for rel, (_, spec) in report.plot_specs().items():
@@ -90,7 +91,7 @@ def test_one_colour_per_way_and_no_repeated_legend_entry(figures):
 
 def test_the_checks_can_fail():
     """A way drawn in two colours, a repeated legend entry and two texts on one spot are each caught."""
-    plt = plots.pyplot()
+    plt = png.pyplot()
     fig, ax = plt.subplots()
     ax.plot([0, 1], [0, 1], color="tab:red", label="all spd")
     ax.plot([0, 1], [1, 0], color="tab:blue", label="all spd")
@@ -109,7 +110,7 @@ def test_no_two_texts_overprint(figures):
 
 
 def test_separate_moves_labels_off_each_other():
-    plt = plots.pyplot()
+    plt = png.pyplot()
     fig, ax = plt.subplots()
     labels = [ax.annotate(f"label {k}", (0.5, 0.5), xytext=(5, 0), textcoords="offset points") for k in range(4)]
     assert len(plot_labels.overlapping(fig)) == 6
@@ -154,8 +155,8 @@ def test_the_headline_figure_draws_a_speedup_band_where_the_data_has_one(figures
     first = banded["points"][0]["speedup_band"][0]
     assert any(list(line.get_xdata()) == first for line in ax.lines)
     assert "range of the predicted speedup" in [t for t, _ in legend_entries(fig)]
-    assert plots.data_digest(banded) != plots.data_digest(data)
-    plots.pyplot().close(fig)
+    assert png.data_digest(banded) != png.data_digest(data)
+    png.pyplot().close(fig)
 
 
 def test_the_budget_sweep_is_one_line_and_its_variants_markers(figures):
@@ -188,8 +189,8 @@ def test_the_missing_figures_are_drawn_from_their_data_and_linked(figures):
     """The cost model beside each published figure (every check, its error as cost_model.error gives it) and all
     parallel's paired difference during training in each sweep that ran it, ending at the sweep's final paired
     difference; both registered with the report (digest-checked) and linked from their docs page."""
-    from tpcomm import cost_model as cm
-    from tpcomm import pairing
+    from tpcomm.costmodel import cost_model as cm
+    from tpcomm.experiments import pairing
 
     checks, _ = figures["docs/cost_model_checks.png"]
     cfg = cm.PREDICT_DEFAULTS
@@ -206,11 +207,11 @@ def test_the_missing_figures_are_drawn_from_their_data_and_linked(figures):
         (row,) = [r for r in rows if r["block_pattern"] == "['parallel']*12" and not r.get("tp_comm_dtype")]
         assert s["points"][-1][1] == pytest.approx(pairing.paired(rows)[row["config"]]["final"][0], abs=1e-12)
     moved = [dict(s, points=[[x, m + 0.001, c] for x, m, c in s["points"]]) for s in reversal]
-    assert plots.data_digest(moved) != plots.data_digest(reversal)  # a changed result changes the digest
-    for png, page in (("cost_model_checks.png", "cost_model.md"), ("parallel_reversal.png", "axes.md")):
-        assert f"docs/{png}" in report.plot_specs()
+    assert png.data_digest(moved) != png.data_digest(reversal)  # a changed result changes the digest
+    for name, page in (("cost_model_checks.png", "cost_model.md"), ("parallel_reversal.png", "axes.md")):
+        assert f"docs/{name}" in report.plot_specs()
         with open(f"{report.ROOT}/docs/{page}", encoding="utf-8") as f:
-            assert f"]({png})" in f.read(), page
+            assert f"]({name})" in f.read(), page
 
 
 SPD = dict(kind="spd", tp_size=4, base_loss=1.87, tau_isb=0.01, tau_esb=0.1, kl=[6, 1.88], kl_steps=200,
@@ -227,29 +228,29 @@ def test_the_command_figures_carry_their_data_and_report_check_sees_a_stale_one(
     """The decode and SPD figures: the zero-shot point off the axis is named, not squashing the rest; the
     KL-recovered point drawn; the thresholds and B2B named; the decode title names the model, prompt and tokens.
     Written with their data file, a committed copy is compared by `report --check`: a changed number fails it."""
-    from tpcomm import command_figures as cf
+    from tpcomm.figures import command_figures as cf
 
     for data in (SPD, DECODE):
         fig = cf.DRAW[data["kind"]](data)
         assert plot_labels.overlapping(fig) == [], data["kind"]
         texts = " ".join(t.get_text() for t in plot_labels.texts(fig))
-        plots.pyplot().close(fig)
+        png.pyplot().close(fig)
         if data is SPD:
             assert "zero-shot 2.520" in texts and "(off the axis)" in texts and "KL distillation" in texts
             assert "τ ISB = 0.01 nats" in texts and "block-to-block (B2B)" in texts
         else:
             assert "12 layers x 128 wide" in texts and "32-token prompt then 32 new tokens" in texts
     (tmp_path / "docs").mkdir()
-    png = str(tmp_path / "docs" / "spd_shakespeare_tp4.png")
-    cf.write(cf.DRAW["spd"](SPD), png, SPD)
+    spd_png = str(tmp_path / "docs" / "spd_shakespeare_tp4.png")
+    cf.write(cf.DRAW["spd"](SPD), spd_png, SPD)
     def check():  # the command figures' lines (the report's own figures have no result files here)
         lines = report.update_plots(report.Results(root=str(tmp_path)), lambda deps: True, check=True,
                                     root=str(tmp_path), say=print)
-        return [line for line in lines if any(png in line for png in cf.COMMAND_PNGS)]
+        return [line for line in lines if any(rel in line for rel in cf.COMMAND_PNGS)]
 
     assert check() == []
     import json
 
-    with open(cf.data_path(png), "w") as f:
+    with open(cf.data_path(spd_png), "w") as f:
         json.dump(dict(SPD, base_loss=1.9), f)
     assert check() == ["docs/spd_shakespeare_tp4.png: its data digest differs from the result files'"]

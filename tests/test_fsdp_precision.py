@@ -36,10 +36,10 @@ def _train(model, run, batches, rows, ctx):
 def _fsdp_bf16(rank, world, model_type):
     from torch.nn import functional as F
 
-    from tpcomm.build import build_model
-    from tpcomm.data_parallel import apply_data_parallel
-    from tpcomm.parallel_dims import init_parallel
-    from tpcomm.runtime import autocast_context
+    from tpcomm.train.build import build_model
+    from tpcomm.parallel.data_parallel import apply_data_parallel
+    from tpcomm.parallel.parallel_dims import init_parallel
+    from tpcomm.train.runtime import autocast_context
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     pd = init_parallel(dp=world, tp=1, device_type="cpu")
@@ -102,7 +102,7 @@ def test_fsdp_bf16_trains_as_one_process_under_bf16_autocast(bf16):
 
 
 def test_fp32_training_and_cpu_keep_full_precision():
-    from tpcomm.data_parallel import mixed_precision_policies
+    from tpcomm.parallel.data_parallel import mixed_precision_policies
 
     for dtype, device_type in ((None, "cuda"), ("float32", "cuda"), ("bfloat16", "cpu"), ("float16", "mps")):
         for policy in mixed_precision_policies(dtype, device_type):

@@ -1,4 +1,4 @@
-"""`make gpu-check` rehearsed on CPU (tpcomm/gpu_check.py --sizes=tiny): every section runs and reports the fields
+"""`make gpu-check` rehearsed on CPU (tpcomm/gpu/gpu_check.py --sizes=tiny): every section runs and reports the fields
 docs/gpu.md reads, the markdown's generated section replaces only itself, a failing or overrunning section is
 recorded while the others run, and bad options are one line with exit status 2."""
 
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from conftest import one_line_error, run_script
-from tpcomm import gpu_check
+from tpcomm.gpu import gpu_check
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +16,7 @@ def tiny(tmp_path_factory):
     """One CPU rehearsal (~20 s of CPU time; 2 processes for the real-TP section), into a temp dir, never docs/."""
     out = tmp_path_factory.mktemp("gpu_check")
     (out / "gpu.md").write_text(f"# GPUs\n\nhand-written guide\n\n{gpu_check.BEGIN}\nold\n{gpu_check.END}\n\ntail\n")
-    r = run_script("-m", "tpcomm.gpu_check", "--sizes=tiny", "--device=cpu", f"--out_dir={out}", timeout=600)
+    r = run_script("-m", "tpcomm.gpu.gpu_check", "--sizes=tiny", "--device=cpu", f"--out_dir={out}", timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads((out / "gpu.json").read_text()), (out / "gpu.md").read_text(), r.stdout
 
@@ -121,7 +121,7 @@ def test_bad_options_name_key_and_value(arg, key):
 
 
 def test_bad_option_is_one_line():
-    line = one_line_error(run_script("-m", "tpcomm.gpu_check", "--sizes=huge", timeout=120))
+    line = one_line_error(run_script("-m", "tpcomm.gpu.gpu_check", "--sizes=huge", timeout=120))
     assert line == "error: sizes must be one of ['full', 'tiny'], got 'huge'"
 
 

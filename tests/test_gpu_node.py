@@ -1,4 +1,4 @@
-"""`python experiment.py gpu-node` (tpcomm/gpu_node.py): its CPU rehearsal runs the GPU node's code path (torchrun,
+"""`python experiment.py gpu-node` (tpcomm/experiments/gpu_node.py): its CPU rehearsal runs the GPU node's code path (torchrun,
 real TP, every way of giving up a sync interleaved, the 64 MiB all-reduce check, the result file, the report with
 the cost model's predictions) on gloo with 2 processes and a tiny model; resume, dry-run and bad input."""
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import TORCHRUN, one_line_error, run_script
-from tpcomm import gpu_node
+from tpcomm.experiments import gpu_node
 
 # forward collectives of each way at tp 2 on the tiny shape (4 layers), measured by the model's counters
 FWD = {"all tp": 8, "all tp async": 8, "all spd": 4, "parallel/spd": 2, "all parallel": 1, "tp overlap2": 16,

@@ -11,8 +11,9 @@ import pytest
 
 from conftest import ROOT, one_line_error, run_script
 from data import linux_corpus as lc
-from tpcomm import results, scale_report
-from tpcomm.sweep_plan import (AXES_SIZE, AXES_STEPS, PATTERNS, SCALE_PATTERNS, SCALE_SEEDS, SCALE_SIZES, SWEEPS,
+from tpcomm.experiments import results
+from tpcomm.experiments.report import scale_report
+from tpcomm.experiments.sweep_plan import (AXES_SIZE, AXES_STEPS, PATTERNS, SCALE_PATTERNS, SCALE_SEEDS, SCALE_SIZES, SWEEPS,
                                scale_runs)
 
 PREPARE = os.path.join("data", "linux", "prepare.py")
@@ -101,7 +102,7 @@ def test_pinned_source_and_sizes_are_recorded():
 
 def test_sizes_hold_tokens_per_parameter_in_cpu_longs_family():
     from configurator import configure
-    from tpcomm.train_config import DEFAULTS
+    from tpcomm.train.train_config import DEFAULTS
 
     per_param = AXES_STEPS * 12 * 64 / 591_424  # cpu-long: 6.49
     seen = []
@@ -181,8 +182,8 @@ def test_bad_options_are_one_line(args, words):
 
 def test_the_real_plan_wants_a_gpu(monkeypatch):
     import torch
-    from tpcomm import gpu_scale
-    from tpcomm.sweep import SweepError
+    from tpcomm.experiments import gpu_scale
+    from tpcomm.experiments.sweep import SweepError
 
     job = type("Job", (), dict(cfg=dict(device="auto")))()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -259,7 +260,7 @@ def test_scale_axis_is_pending_without_result_files():
 
 
 def test_report_registers_the_axis():
-    from tpcomm import report
+    from tpcomm.experiments.report import report
 
     assert "gpu-scale-axis" in report.blocks() and scale_report.PLOT in report.plot_specs()
     assert [r.name for r in scale_runs()] == [r.name for r in SWEEPS["gpu-scale"]]

@@ -9,7 +9,7 @@ import json
 
 import train
 from conftest import TINY, TORCHRUN, metrics, run_script
-from tpcomm.runtime import DeviceClock
+from tpcomm.train.runtime import DeviceClock
 
 
 def test_no_host_sync_between_log_steps(char_data, tmp_path):

@@ -52,7 +52,7 @@ def cases(tmp, data, keep):
                                      ["tp_comm_block=16", "bf16"], []),
         "9 train trace in /proc": (train_args(data, out, *D, "--trace=/proc/t.json"), ["trace", "/proc"], []),
         "9 train trace a directory": (train_args(data, out, *D, f"--trace={folder}"), ["trace", str(folder)], []),
-        "9 trace plot a directory": (["-m", "tpcomm.trace", "plot", str(folder), COMMITTED], [str(folder)], []),
+        "9 trace plot a directory": (["-m", "tpcomm.bench.trace", "plot", str(folder), COMMITTED], [str(folder)], []),
         "9 bench plot a directory": ([*BENCH, "--mode=decode", "--new_tokens=2", f"--plot={folder}"],
                                      ["plot", str(folder)], []),
         "11 train batch_size None": (train_args(data, out, *D, "--batch_size=None"), ["batch_size", "None"], []),
@@ -68,8 +68,8 @@ def cases(tmp, data, keep):
         "13 bench trace in /proc": ([*BENCH, "--trace=/proc/t.json"], ["trace", "/proc"], []),
         "13 bench plot not a png": ([*BENCH, "--mode=decode", "--new_tokens=2", f"--plot={keep}"],
                                     ["plot", str(keep)], [keep]),
-        "13 trace plot over a file": (["-m", "tpcomm.trace", "plot", str(keep), COMMITTED], [str(keep)], [keep]),
-        "13 gpu_check out_dir /proc": (["-m", "tpcomm.gpu_check", "--sizes=tiny", "--device=cpu", "--out_dir=/proc"],
+        "13 trace plot over a file": (["-m", "tpcomm.bench.trace", "plot", str(keep), COMMITTED], [str(keep)], [keep]),
+        "13 gpu_check out_dir /proc": (["-m", "tpcomm.gpu.gpu_check", "--sizes=tiny", "--device=cpu", "--out_dir=/proc"],
                                        ["out_dir", "/proc"], []),
         "13 calibration out a directory": (["comm_model.py", "measure", f"--out={folder}"], ["out", str(folder)], []),
         "14 gpu-node out a file": (["experiment.py", "gpu-node", "--rehearsal", f"--out={keep}"],
@@ -81,7 +81,7 @@ def cases(tmp, data, keep):
         "10 gpu-node mfu 1e-300": (["experiment.py", "gpu-node", "--dry-run", "--mfu=1e-300"], ["mfu", "1e-300"], []),
         "10 gpt2 one process real tp": (["experiment.py", "gpt2", "--nproc=1", "--tp_mode=real", "--dry-run"],
                                         ["nproc=1", "tp_mode='real'"], []),
-        "14 gpu_check worker by hand": (["-m", "tpcomm.gpu_check", "--worker=real_tp"], ["worker", "real_tp"], []),
+        "14 gpu_check worker by hand": (["-m", "tpcomm.gpu.gpu_check", "--worker=real_tp"], ["worker", "real_tp"], []),
         "6 runner flag not a bool": (["experiment.py", "cpu", "--dry-run=maybe"], ["dry-run", "maybe"], []),
         "also learning_rate 1e400": (train_args(data, out, "--learning_rate=1e400"), ["learning_rate", "inf"], []),
     }
@@ -118,7 +118,7 @@ def test_a_gpu_check_rehearsal_never_writes_docs(extra):
     docs = [os.path.join(ROOT, "docs", n) for n in ("gpu.json", "gpu.md")]
     before = snapshot(*docs)
     try:
-        r = run_script("-m", "tpcomm.gpu_check", "--sizes=tiny", "--device=cpu", "--sections=cost_model", *extra,
+        r = run_script("-m", "tpcomm.gpu.gpu_check", "--sizes=tiny", "--device=cpu", "--sections=cost_model", *extra,
                        timeout=120)
         line = one_line_error(r)
         assert "out_dir" in line and "sizes='tiny'" in line, line
@@ -131,13 +131,13 @@ def test_a_gpu_check_rehearsal_never_writes_docs(extra):
 
 def test_a_gpu_check_rehearsal_elsewhere_still_runs(tmp_path):
     """Anti-vacuity: the refusal above is of the place, not of the rehearsal."""
-    r = run_script("-m", "tpcomm.gpu_check", "--sizes=tiny", "--device=cpu", "--sections=cost_model",
+    r = run_script("-m", "tpcomm.gpu.gpu_check", "--sizes=tiny", "--device=cpu", "--sections=cost_model",
                    f"--out_dir={tmp_path}", timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads((tmp_path / "gpu.json").read_text())["sizes"] == "tiny"
     keep = tmp_path / "gpu.json"
     keep.write_text("[1, 2]")  # not gpu_check's own output: refused, kept
-    line = one_line_error(run_script("-m", "tpcomm.gpu_check", "--sizes=tiny", "--device=cpu",
+    line = one_line_error(run_script("-m", "tpcomm.gpu.gpu_check", "--sizes=tiny", "--device=cpu",
                                      "--sections=cost_model", f"--out_dir={tmp_path}", timeout=120))
     assert "gpu.json" in line and keep.read_text() == "[1, 2]", line
 
@@ -256,7 +256,7 @@ def committed_record():
     (dict(timing=dict(step_ms=-5.0)), ["step_ms", "-5.0"]),
 ])
 def test_a_result_file_that_disagrees_with_its_name_or_is_out_of_range_is_refused(tmp_path, change, words):
-    from tpcomm import results
+    from tpcomm.experiments import results
 
     path = tmp_path / os.path.basename(COMMITTED)
     path.write_text(json.dumps(dict(committed_record(), **change)))
@@ -268,7 +268,7 @@ def test_a_result_file_that_disagrees_with_its_name_or_is_out_of_range_is_refuse
 
 def test_report_names_files_in_runs_that_are_no_runs_result(tmp_path):
     """Garbage under an unknown name, a folder, a seed no run has: each named in one line, not passed over."""
-    from tpcomm import report
+    from tpcomm.experiments.report import report
 
     runs = tmp_path / "experiments" / "cpu" / "runs"
     runs.mkdir(parents=True)
@@ -282,7 +282,7 @@ def test_report_names_files_in_runs_that_are_no_runs_result(tmp_path):
 
 
 def test_report_check_names_a_stray_file(tmp_path, monkeypatch):
-    from tpcomm import report
+    from tpcomm.experiments.report import report
 
     monkeypatch.setattr(report, "stray_lines", lambda ctx: ["experiments/cpu/runs/junk.json: not a result file"])
     monkeypatch.setattr(report, "markdown_files", lambda root: [])
@@ -298,7 +298,7 @@ def test_report_check_names_a_stray_file(tmp_path, monkeypatch):
     (["cpu", "--counts=False"], "counts", False),
 ])
 def test_sweep_flags_parse_true_and_false(argv, key, value):
-    from tpcomm import sweep
+    from tpcomm.experiments import sweep
 
     _, opts, overrides = sweep.parse_args(argv)
     assert opts[key] is value and overrides == []
@@ -307,14 +307,14 @@ def test_sweep_flags_parse_true_and_false(argv, key, value):
 @pytest.mark.parametrize("arg, on", [("--report-only=False", False), ("--report-only=True", True),
                                      ("--report-only", True), ("--dry-run=False", False)])
 def test_gpu_node_flags_parse_true_and_false(arg, on):
-    from tpcomm import gpu_node
+    from tpcomm.experiments import gpu_node
 
     _, flags = gpu_node.parse(["--rehearsal", arg])
     assert (arg[2:].split("=")[0] in flags) is on
 
 
 def test_report_check_flag_parses_false():
-    from tpcomm import sweep
+    from tpcomm.experiments import sweep
 
     assert sweep.parse_args(["report", "--check=False"])[1]["check"] is False
 

@@ -95,8 +95,10 @@ def test_no_module_over_600_lines_and_train_py_a_short_loop():
 def test_one_validator_for_the_model_options():
     """train.py's checks, bench.py's, the sweeps', build_model and TPConfig are one function: the same refusal,
     word for word, wherever the options enter."""
-    from tpcomm import bench_config, options, train_config
-    from tpcomm.build import build_model
+    from tpcomm.bench import bench_config
+    from tpcomm.model import options
+    from tpcomm.train import train_config
+    from tpcomm.train.build import build_model
 
     bad = dict(n_layer=2, n_head=4, n_embd=32, tp_size=1, tp_overlap=2)
     messages = []
@@ -111,8 +113,8 @@ def test_one_validator_for_the_model_options():
 
 
 def test_expand_block_types_is_the_one_expansion():
-    from tpcomm.checkpoint import checkpoint_model
-    from tpcomm.options import TPConfig, expand_block_types
+    from tpcomm.train.checkpoint import checkpoint_model
+    from tpcomm.model.options import TPConfig, expand_block_types
 
     assert expand_block_types(None, 3) == ["tp"] * 3 and expand_block_types("spd", 2) == ["spd", "spd"]
     assert TPConfig(n_layer=2, n_head=4, n_embd=32, tp_size=2, block_types="ladder").block_types == ["ladder"] * 2
@@ -123,8 +125,9 @@ def test_expand_block_types_is_the_one_expansion():
 
 def test_bench_takes_every_model_key_as_a_flag():
     """bench.py's options hold train.py's model keys; a flag is the base every --variants entry changes."""
-    from tpcomm import bench_config, train_config
-    from tpcomm.options import TP_KEYS
+    from tpcomm.bench import bench_config
+    from tpcomm.train import train_config
+    from tpcomm.model.options import TP_KEYS
 
     model_keys = {"n_layer", "n_head", "n_embd", "block_size", "bias", "gelu_approximate", "model_type", *TP_KEYS}
     assert model_keys <= set(bench_config.DEFAULTS) and model_keys <= set(train_config.DEFAULTS)
@@ -146,8 +149,8 @@ def test_the_loss_is_not_read_every_micro_step(tmp_path, char_data, monkeypatch)
     import traceback
 
     import train
-    from tpcomm.parallel_dims import init_parallel
-    from tpcomm.training import start_run
+    from tpcomm.parallel.parallel_dims import init_parallel
+    from tpcomm.train.training import start_run
 
     cfg, setup = train.prepare([*TINY, f"--data_dir={char_data}", f"--out_dir={tmp_path / 'out'}",
                                 "--gradient_accumulation_steps=3", "--max_iters=1"])
@@ -206,7 +209,7 @@ def test_bench_takes_tp_overlap_as_a_flag_and_refuses_it_at_tp_1():
 
 
 def test_a_result_file_holding_nan_or_infinity_is_refused_naming_the_file(tmp_path):
-    from tpcomm import results
+    from tpcomm.experiments import results
 
     committed = sorted(glob.glob(os.path.join(ROOT, "experiments", "*", "runs", "*.json")))[0]
     with open(committed) as f:
@@ -244,8 +247,8 @@ def trained(char_data, tmp_path_factory):
     converters read."""
     import pickle
 
-    from tpcomm.build import build_model
-    from tpcomm.checkpoint import make_checkpoint, save_checkpoint
+    from tpcomm.train.build import build_model
+    from tpcomm.train.checkpoint import make_checkpoint, save_checkpoint
 
     with open(os.path.join(char_data, "meta.pkl"), "rb") as f:
         vocab_size = pickle.load(f)["vocab_size"]
@@ -289,6 +292,6 @@ def test_ladder_layers_zero_is_refused_before_anything_is_written(tmp_path):
 
 
 def test_the_ladder_module_runs_as_a_script():
-    """python -m tpcomm.ladder_conversion is spd.py --block=ladder (it used to exit 0 saying nothing)."""
-    line = one_line_error(run_script("-m", "tpcomm.ladder_conversion", "--ladder_layers=0", timeout=300))
+    """python -m tpcomm.convert.ladder_conversion is spd.py --block=ladder (it used to exit 0 saying nothing)."""
+    line = one_line_error(run_script("-m", "tpcomm.convert.ladder_conversion", "--ladder_layers=0", timeout=300))
     assert "ladder_layers" in line, line

@@ -20,8 +20,8 @@ import tensor_parallel_model
 from configurator import ConfigError
 from model import KVCache
 from tensor_parallel_model import DistributedGPT, TPConfig
-from tpcomm import trace as comm_trace
-from tpcomm.collectives import SimulatedTP, copy_to_tp_region, reduce_from_tp_region, reduce_from_tp_region_async
+from tpcomm.bench import trace as comm_trace
+from tpcomm.tp.collectives import SimulatedTP, copy_to_tp_region, reduce_from_tp_region, reduce_from_tp_region_async
 
 # float64 throughout: the sharded model sums the same products as the references in another order (batched matmuls,
 # a sum over shards, SDPA's kernel against the reference's per-shard call); measured differences <3e-16 on logits,
@@ -221,7 +221,7 @@ def test_async_g_survives_a_collective_that_writes_its_buffer_late():
         grads.append(x.grad.clone())
     assert torch.equal(outs[0], outs[1]) and torch.equal(grads[0], grads[1])
     # the check can fail: the buffer itself as the output is what autograd refuses
-    from tpcomm.collectives import _Reduced
+    from tpcomm.tp.collectives import _Reduced
     buf = torch.zeros(5, 4, dtype=torch.float64)
     y = _Reduced.apply(copy_to_tp_region(x, SimulatedTP(3)) * w, buf)
     buf.copy_(torch.ones_like(buf))

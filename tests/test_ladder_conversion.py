@@ -1,4 +1,4 @@
-"""spd.py --block=ladder: Ladder Residual conversion of a trained GPT (tpcomm/ladder_conversion.py): the pattern,
+"""spd.py --block=ladder: Ladder Residual conversion of a trained GPT (tpcomm/convert/ladder_conversion.py): the pattern,
 the zero-shot model, the retraining, the conversion written, bad input."""
 
 import json
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import TINY, one_line_error, run_script
-from tpcomm.ladder_conversion import convert, ladder_pattern, retrain
-from tpcomm.sync_point_drop import distributed, mean_loss
+from tpcomm.convert.ladder_conversion import convert, ladder_pattern, retrain
+from tpcomm.convert.sync_point_drop import distributed, mean_loss
 from test_spd import batches, tiny_gpt
 
 # fp32, tiny model: a reordered sum differs from GPT's by ~1e-7 relative; 1e-5 leaves room and is far below the

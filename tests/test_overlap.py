@@ -15,7 +15,7 @@ from configurator import ConfigError
 from real_tp_worker import name
 from overlap_sp_worker import PATTERNS
 from tensor_parallel_model import DistributedGPT, TPConfig
-from tpcomm import dropout as keyed_dropout
+from tpcomm.tp import dropout as keyed_dropout
 
 # float64: a chunk's matmuls sum the same products as the whole batch's (rows are independent), the chunks' results
 # are concatenated; measured differences <1e-16, so 1e-10 is tight while a wrong chunk offset or a missing chunk

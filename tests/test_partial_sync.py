@@ -1,4 +1,4 @@
-"""Partial-channel sync ('caat' blocks, CAAT-Net; tpcomm/partial_sync.py, docs/model.md): the simulated model against a
+"""Partial-channel sync ('caat' blocks, CAAT-Net; tpcomm/tp/partial_sync.py, docs/model.md): the simulated model against a
 per-shard reference written here from the equations, GPT at tp 1, all 'tp' at p = 1, real TP against the simulation
 (tests/caat_worker.py), its measured bytes, and its options refused in one line."""
 
@@ -103,7 +103,7 @@ def test_every_channel_synced_is_all_tp(tp):
 
 @pytest.mark.parametrize("p", [0.5, 0.25, 1.0])
 def test_bytes_are_p_of_a_full_sync(p):
-    """Measured (tpcomm/counting.py): each 'caat' sync moves p of a 'tp' sync's bytes, forward and backward; the
+    """Measured (tpcomm/tp/counting.py): each 'caat' sync moves p of a 'tp' sync's bytes, forward and backward; the
     fan-out of the synced embedding (f's backward) and the final sync of the desynced stream move full ones."""
     gpt = make_gpt()
     idx, tgt = batch()
@@ -151,9 +151,9 @@ def test_bad_options_refused_in_one_line(options, words):
 
 
 def test_cost_model_prices_p_of_the_bytes():
-    """tpcomm/cost_model.py: all 'caat' moves 2L forward and 2L backward all-reduces of p n bytes, plus one full
+    """tpcomm/costmodel/cost_model.py: all 'caat' moves 2L forward and 2L backward all-reduces of p n bytes, plus one full
     sync each way (the final sync, the embedding's fan-out); blocking (no wgrad to hide behind) that is exact."""
-    from tpcomm import cost_model as cm
+    from tpcomm.costmodel import cost_model as cm
     shape, link, tokens = cm.SHAPES[1], cm.LINKS[0], 8 * 1024
     n = tokens * shape.n_embd * cm.BF16
     t = lambda nbytes: cm.allreduce_time(nbytes, 8, alpha=link.alpha, busbw=link.busbw)  # noqa: E731
@@ -169,7 +169,7 @@ def test_cost_model_prices_p_of_the_bytes():
 
 def test_checkpoint_keeps_the_fraction():
     """A checkpoint of a 'caat' model rebuilds it with its own p (the function depends on it), not the default."""
-    from tpcomm.checkpoint import build_model_from_checkpoint, model_spec
+    from tpcomm.train.checkpoint import build_model_from_checkpoint, model_spec
     model = caat(make_gpt(), 2, p=0.25)
     args, options = model_spec("distributed_gpt", model)
     back = build_model_from_checkpoint(dict(model=model.gpt_state_dict(), model_args=args,
@@ -205,13 +205,13 @@ def test_cpu_long_plans_both_ways_with_ten_paired_seeds_and_the_answer_reads_the
     alone) the answer's rows and figure read pending."""
     import shutil
     from pathlib import Path
-    from tpcomm import answer, report
+    from tpcomm.experiments.report import answer, report
     runs_dir = tmp_path / "experiments" / "cpu-long" / "runs"
     runs_dir.mkdir(parents=True)
     for f in Path(ROOT, "experiments", "cpu-long", "runs").glob("all-[ts][p]*-seed*.json"):
         shutil.copy(f, runs_dir)
     assert {f.name.split("-seed")[0] for f in runs_dir.iterdir()} >= {"all-tp", "all-spd"}
-    from tpcomm.sweep_plan import SWEEPS, SWEEP_SEEDS
+    from tpcomm.experiments.sweep_plan import SWEEPS, SWEEP_SEEDS
     runs = {r.name: r for r in SWEEPS["cpu-long"]}
     assert runs["all-caat"].overrides == ("--block_types=['caat']*12",)
     assert runs["parallel3-spd"].overrides == ("--block_types=(['parallel']*3+['spd'])*3",)

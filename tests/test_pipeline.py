@@ -1,7 +1,7 @@
-"""Pipeline parallelism (tpcomm/pipeline.py) against one process: tests/pp_worker.py under torchrun (gloo, CPU), one
+"""Pipeline parallelism (tpcomm/parallel/pipeline.py) against one process: tests/pp_worker.py under torchrun (gloo, CPU), one
 launch per world size (2: pp2; 4: pp4, pp2 x tp2 real, pp2 x dp2; 8: pp2 x dp2 x tp2), every check of a world in that
 launch; the bubble replay on hand-checked timelines; the layout validation; the demo and the benchmark
-(tpcomm/pipeline_demo.py)."""
+(tpcomm/bench/pipeline_demo.py)."""
 
 import json
 import re
@@ -12,7 +12,7 @@ import torch
 from conftest import (TORCHRUN, assert_same, differs, losses, one_line_error, run_script, shared_launch, train,
                       val_losses)
 from configurator import ConfigError
-from tpcomm.pipeline import (bubble_fraction, format_timeline, replay, stage_layers, theoretical_bubble,
+from tpcomm.parallel.pipeline import (bubble_fraction, format_timeline, replay, stage_layers, theoretical_bubble,
                              validate_pp_layout)
 from pp_worker import CAN_FAIL, CLIP, M, MB, MODELS, N_EMBD, STEPS, T, TP_SIZE, VIRTUAL, plan
 
@@ -31,7 +31,7 @@ def expected_bwd_allreduces(kinds):
 
 
 def expected_stream(kinds, layer):
-    """What crosses the cut after `layer` (tpcomm.pipeline.cut_stream, from the block types): the pair (xbar, r)
+    """What crosses the cut after `layer` (tpcomm.parallel.pipeline.cut_stream, from the block types): the pair (xbar, r)
     after 'parallel', (u, x) between two ladder blocks, else xbar (GPT: x)."""
     if kinds is not None and kinds[layer] == "parallel":
         return "xbar, r"
@@ -253,7 +253,7 @@ def test_good_layouts_pass():
 def test_torch_without_output_grads_is_refused(monkeypatch):
     """torch < 2.13 (its PipelineStage takes no output_grads: 2.11 on the H100 of docs/gpu.md) is refused at
     validation for pp > 1, in one line naming pp_size and the torch version; pp_size=1 still passes."""
-    import tpcomm.pipeline as pipeline
+    import tpcomm.parallel.pipeline as pipeline
     monkeypatch.setattr(pipeline, "STAGE_TAKES_OUTPUT_GRADS", False)
     with pytest.raises(ConfigError) as e:
         validate_pp_layout(**GOOD)
@@ -263,7 +263,7 @@ def test_torch_without_output_grads_is_refused(monkeypatch):
 
 def test_bad_launch_outside_torchrun():
     """World 1 cannot hold pp 4 x tp 2: one line, exit 2, no traceback."""
-    r = run_script("-m", "tpcomm.pipeline_demo", "--pp_size=4", "--tp_size=2", timeout=60)
+    r = run_script("-m", "tpcomm.bench.pipeline_demo", "--pp_size=4", "--tp_size=2", timeout=60)
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
@@ -273,7 +273,7 @@ def test_bad_launch_outside_torchrun():
 def test_demo_outside_torchrun_is_one_line():
     """A layout one process could hold (pp 1, simulated tp) still needs torchrun's process group: one line, exit 2
     (it was a traceback from dist.get_world_size)."""
-    r = run_script("-m", "tpcomm.pipeline_demo", "--pp_size=1", "--tp_mode=simulated", timeout=60)
+    r = run_script("-m", "tpcomm.bench.pipeline_demo", "--pp_size=1", "--tp_mode=simulated", timeout=60)
     assert "runs under torchrun" in one_line_error(r)
 
 
@@ -282,7 +282,7 @@ def test_bad_launch_one_rank_exits_by_itself():
     at once; had it reached the rendezvous it would wait for ranks that never come and the timeout would fail it."""
     env = dict(RANK="1", LOCAL_RANK="1", WORLD_SIZE="6", LOCAL_WORLD_SIZE="6", MASTER_ADDR="127.0.0.1",
                MASTER_PORT="29583")
-    r = run_script("-m", "tpcomm.pipeline_demo", "--pp_size=4", "--tp_size=2", "--schedule=1f1b", env=env, timeout=60)
+    r = run_script("-m", "tpcomm.bench.pipeline_demo", "--pp_size=4", "--tp_size=2", "--schedule=1f1b", env=env, timeout=60)
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
@@ -294,7 +294,7 @@ def test_bad_launch_one_rank_exits_by_itself():
 def test_demo_prints_timeline_and_bubble():
     """pp 2 x tp 2 (real), interleaved 1F1B with 2 virtual stages: the timeline of each pp rank, its sends and
     receives, and the measured bubble equal to (p-1)/(v m+p-1) = 1/(2*4+1)."""
-    r = run_script(*TORCHRUN, "--nproc_per_node=4", "-m", "tpcomm.pipeline_demo", "--tp_size=2", "--pp_size=2",
+    r = run_script(*TORCHRUN, "--nproc_per_node=4", "-m", "tpcomm.bench.pipeline_demo", "--tp_size=2", "--pp_size=2",
                    "--schedule=interleaved_1f1b", "--virtual_stages=2", "--n_microbatches=4", "--batch_size=8",
                    "--n_layer=4", "--block_types=['spd','parallel']*2", timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr[-5000:]
@@ -314,7 +314,7 @@ def test_demo_runs_ladder_patterns():
     without pp (one stage, GPipe), to 1e-4 (fp32 printed to 4 decimals)."""
     def demo(*args):
         r = run_script(*TORCHRUN, f"--nproc_per_node={2 if '--pp_size=2' in args else 1}", "-m",
-                       "tpcomm.pipeline_demo", "--tp_mode=simulated", "--n_microbatches=4", "--batch_size=8",
+                       "tpcomm.bench.pipeline_demo", "--tp_mode=simulated", "--n_microbatches=4", "--batch_size=8",
                        "--n_layer=4", *args, timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr[-5000:]
         return r.stdout, [float(x) for x in re.findall(r"^step \d+: loss (\S+)", r.stdout, re.M)]

@@ -21,9 +21,9 @@ def _tensors_in(obj):
 
 
 def _pipeline(rank, world, model_type, device="cpu"):
-    from tpcomm.build import build_model
-    from tpcomm.parallel_dims import init_parallel
-    from tpcomm.pipeline import Pipeline
+    from tpcomm.train.build import build_model
+    from tpcomm.parallel.parallel_dims import init_parallel
+    from tpcomm.parallel.pipeline import Pipeline
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     dims = init_parallel(dp=1, tp=1, pp=world, device_type="cpu")

@@ -16,7 +16,7 @@ from configurator import ConfigError
 from overlap_sp_worker import PATTERNS
 from real_tp_worker import name
 from tensor_parallel_model import DistributedGPT, TPConfig
-from tpcomm.activation_memory import predicted_activation_bytes
+from tpcomm.costmodel.activation_memory import predicted_activation_bytes
 
 # float64: the same products as without SP; a desynced stream is synced as sum_i r_i - (tp-1) xbar instead of
 # xbar + sum_i d_i (another rounding of the same sum): measured <1e-15, so 1e-10 is tight while a wrong token shard,

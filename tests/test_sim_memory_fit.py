@@ -1,11 +1,11 @@
-"""The scaling behind docs/gpu.md's simulated-tp-8 memory table (tpcomm/activation_memory.py main): per token and
+"""The scaling behind docs/gpu.md's simulated-tp-8 memory table (tpcomm/costmodel/activation_memory.py main): per token and
 layer a pass saves a * n_embd bytes of activations plus autocast's bf16 weight copies, and the fit separates the two:
 the copies come out at 2 bytes a parameter (bf16) whatever the widths fitted, and the activations' a predicts a
 third width's measurement."""
 
 import pytest
 
-from tpcomm import activation_memory as am
+from tpcomm.costmodel import activation_memory as am
 
 PROBE = dict(am.PROBE, block_size=64)
 

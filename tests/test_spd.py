@@ -10,7 +10,7 @@ from tqdm import tqdm
 from conftest import TINY, run_script
 from model import GPT, GPTConfig
 from configurator import ConfigError
-from tpcomm.sync_point_drop import (Evaluator, distill_block, distill_kl, distributed, group_heads, head_grouping, mean_loss,
+from tpcomm.convert.sync_point_drop import (Evaluator, distill_block, distill_kl, distributed, group_heads, head_grouping, mean_loss,
                  permute_heads_and_units, read_latencies, sensitivities, spd_pattern)
 
 # fp32, tiny model: a reordered sum differs from GPT's by ~1e-7 relative; 1e-5 leaves room and is far below the
@@ -138,10 +138,10 @@ def test_spd_end_to_end(tiny_run):
     spd_dir = os.path.join(tiny_run, "spd")
     for name in ("spd.md", "spd.json", "spd.png", "spd.data.json", "ckpt.pt"):
         assert os.path.getsize(os.path.join(spd_dir, name)) > 0, name
-    from tpcomm import command_figures, plots
+    from tpcomm.figures import command_figures, png
 
     data, _ = command_figures.load(os.path.join(spd_dir, "spd.png"))  # the figure's numbers, its digest inside
-    assert plots.png_digest(os.path.join(spd_dir, "spd.png")) == plots.data_digest(data)
+    assert png.png_digest(os.path.join(spd_dir, "spd.png")) == png.data_digest(data)
     assert data["kl"] is not None and data["kl"][0] == 2  # the KL-recovered point is drawn
     result = json.load(open(os.path.join(spd_dir, "spd.json")))
     assert [row["fwd_allreduces"] for row in result["curve"]] == [4, 3, 2]  # measured: 2 a 'tp' block, 1 an 'spd'

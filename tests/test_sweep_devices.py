@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from tpcomm import gpu_claim, sweep
+from tpcomm.experiments import gpu_claim, sweep
 
 
 class FakeProc:

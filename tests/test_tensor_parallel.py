@@ -7,7 +7,7 @@ from torch.nn import functional as F
 
 import tensor_parallel_model
 from model import GPT, GPTConfig
-from tpcomm.models import PlainGPT
+from tpcomm.model.models import PlainGPT
 from tensor_parallel_model import DistributedGPT
 
 # fp32 tiny models: the sharded path sums partial products in another order than one matmul, and SDPA's fused
@@ -282,7 +282,7 @@ def test_dropout_keyed_masks_are_reproducible_and_eval_ignores_them():
 
 def test_dropout_rate_is_p_per_stream():
     """Each mask keeps ~(1-p) of its elements and scales them by 1/(1-p); shards draw different masks."""
-    from tpcomm.dropout import DropoutKey, keep_mask
+    from tpcomm.tp.dropout import DropoutKey, keep_mask
     key = DropoutKey()
     key.set((1, 2, 3), "cpu")
     m = keep_mask((2, 4000, 8), 0.25, key.tensor, layer=0, site=1, streams=(1, 2), device="cpu")

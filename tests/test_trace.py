@@ -12,8 +12,8 @@ from conftest import TINY as TRAIN_TINY
 from conftest import TORCHRUN, metrics, one_line_error, run_script, train
 
 import bench
-from tpcomm import trace as comm_trace
-from tpcomm import collectives as tp_comm
+from tpcomm.bench import trace as comm_trace
+from tpcomm.tp import collectives as tp_comm
 from tensor_parallel_model import DistributedGPT, TPConfig
 
 SIZES = {"n_layer": 4, "n_head": 4, "n_embd": 32, "block_size": 16, "vocab_size": 64}
@@ -182,16 +182,16 @@ def test_real_tp_trace_per_rank(tmp_path):
 def test_plot_command(simulated, tmp_path):
     files, _ = simulated
     out = tmp_path / "timeline.png"
-    r = run_script("-m", "tpcomm.trace", "plot", str(out), files["tp"], files["parallel"],
+    r = run_script("-m", "tpcomm.bench.trace", "plot", str(out), files["tp"], files["parallel"],
                    "--labels=[\"['tp']*4, 8 syncs\", \"['parallel']*4, 1 sync\"]", "--title=simulated tp=2")
     assert r.returncode == 0, r.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
     assert "Traceback" not in r.stderr
-    from tpcomm import command_figures, plots  # the plotted numbers beside it, their digest inside (report --check)
+    from tpcomm.figures import command_figures, png  # the plotted numbers beside it, their digest inside (report --check)
 
     data, _ = command_figures.load(str(out))
-    assert plots.png_digest(str(out)) == plots.data_digest(data) and len(data["rows"]) == 2
-    line = one_line_error(run_script("-m", "tpcomm.trace", "plot", str(out), str(tmp_path / "missing.json")))
+    assert png.png_digest(str(out)) == png.data_digest(data) and len(data["rows"]) == 2
+    line = one_line_error(run_script("-m", "tpcomm.bench.trace", "plot", str(out), str(tmp_path / "missing.json")))
     assert "no trace file" in line and "missing.json" in line
 
 

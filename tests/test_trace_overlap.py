@@ -1,11 +1,11 @@
-"""`python -m tpcomm.trace summary` per direction (issue 35.3): the time in collectives, the exposed part and the
+"""`python -m tpcomm.bench.trace summary` per direction (issue 35.3): the time in collectives, the exposed part and the
 part that ran beside compute, from the host spans (an asynchronous collective runs from its issue span to the end
 of its 'wait ' span); on a GPU trace, the NCCL kernels' time beside other kernels. Synthetic traces with known
 answers (exact: sums of the given microseconds)."""
 
 import pytest
 
-from tpcomm.trace import main, overlap_by_direction, summary
+from tpcomm.bench.trace import main, overlap_by_direction, summary
 
 ASYNC = "allreduce g_async fwd L1 ladder attn 2048B real"
 
@@ -27,7 +27,7 @@ def trace(extra=()):
 
 
 def test_overlap_by_direction():
-    from tpcomm.trace import collective_events
+    from tpcomm.bench.trace import collective_events
 
     per = overlap_by_direction(collective_events(trace(), waits=True))
     assert per["fwd"] == pytest.approx(dict(n=2, in_ms=4.5, exposed_ms=1.7, beside_ms=2.8, share=2.8 / 4.5))
@@ -60,7 +60,7 @@ def test_collective_matmul_ring_transfers_pair_with_their_waits():
     ring = "ring_p2p ag fwd L0 tp attn 1024B real"
     t = {"traceEvents": [span("ProfilerStep#0", 0, 10000), span(ring, 1000, 100),
                          span("aten::mm", 1100, 800, cat="cpu_op"), span("wait " + ring, 1900, 100)]}
-    from tpcomm.trace import collective_events
+    from tpcomm.bench.trace import collective_events
 
     per = overlap_by_direction(collective_events(t, waits=True))
     assert per["fwd"] == pytest.approx(dict(n=1, in_ms=1.0, exposed_ms=0.2, beside_ms=0.8, share=0.8))

@@ -101,7 +101,7 @@ def test_bad_combinations_one_line_exit_2(tmp_path, char_data, args, words):
     assert not out.exists()
 
 
-# HSDP's dp_shard, checked in process (tpcomm.parallel_dims.check_dp_shard through train.py's prepare): WORLD_SIZE as
+# HSDP's dp_shard, checked in process (tpcomm.parallel.parallel_dims.check_dp_shard through train.py's prepare): WORLD_SIZE as
 # torchrun would set it, no process group needed
 @pytest.mark.parametrize("world, args, words", [
     (4, ["--dp_shard=2"], ["dp_shard=2", "needs data_parallel='fsdp'", "data_parallel='ddp'"]),
@@ -116,7 +116,7 @@ def test_bad_combinations_one_line_exit_2(tmp_path, char_data, args, words):
 ])
 def test_dp_shard_is_checked_naming_key_and_values(tmp_path, char_data, monkeypatch, world, args, words):
     from configurator import ConfigError
-    from tpcomm.train_config import prepare
+    from tpcomm.train.train_config import prepare
 
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", str(world))
@@ -130,8 +130,8 @@ def test_dp_shard_is_checked_naming_key_and_values(tmp_path, char_data, monkeypa
 def test_dp_shard_sets_the_mesh(tmp_path, char_data, monkeypatch):
     """dp_shard reaches the layout: None is plain FSDP (one dp dim), a divisor of dp splits it into
     (dp_replicate, dp_shard), inner to pp and outer to tp."""
-    from tpcomm.parallel_dims import ParallelDims
-    from tpcomm.train_config import prepare
+    from tpcomm.parallel.parallel_dims import ParallelDims
+    from tpcomm.train.train_config import prepare
 
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "4")
@@ -160,7 +160,7 @@ def test_sharded_checkpoint_converts_exactly_and_resumes(tmp_path, char_data):
     train(full, char_data, *common, *real, "--max_iters=3", nproc=4)
     train(sharded, char_data, *common, *real, "--max_iters=3", "--checkpoint_format=sharded", nproc=4)
     assert not (sharded / "ckpt.pt").exists() and (sharded / "ckpt_sharded").is_symlink()
-    r = run_script("-m", "tpcomm.sharded_checkpoint", str(sharded), timeout=120)
+    r = run_script("-m", "tpcomm.train.sharded_checkpoint", str(sharded), timeout=120)
     assert r.returncode == 0 and r.stderr == "", r.stdout + r.stderr
     a, b = (torch.load(d / "ckpt.pt", weights_only=True) for d in (full, sharded))
     assert sorted(a) == sorted(b) and a["model_options"] == b["model_options"] and b["iter_num"] == 3
@@ -182,4 +182,4 @@ def test_sharded_checkpoint_converts_exactly_and_resumes(tmp_path, char_data):
     r = run_script("train.py", SPD, *TINY, f"--data_dir={char_data}", f"--out_dir={sharded}", "--init_from=resume",
                    "--checkpoint_format=sharded", "--max_iters=8", timeout=60)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "tp_real=True (this run: False)" in r.stderr and "tpcomm.sharded_checkpoint" in r.stderr
+    assert "tp_real=True (this run: False)" in r.stderr and "tpcomm.train.sharded_checkpoint" in r.stderr

@@ -1,0 +1,1 @@
+"""The sweeps: their plans as data, running them (resumable), result files, their provenance, paired comparisons, the sweeps' own plots, and the GPU sweeps."""

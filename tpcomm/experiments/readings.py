@@ -1,0 +1,90 @@
+"""
+How the reports read paired differences (tpcomm/experiments/report/report.py, tpcomm/experiments/report/answer.py): the pattern a result row ran, its paired
+difference to the all-tp baseline, and what that says at 95% (claim: a bound where the interval holds 0, else the
+cost or gain with its interval).
+"""
+
+import math
+
+from tpcomm.model.options import compact_list
+from tpcomm.experiments import pairing, results
+from tpcomm.experiments.sweep_plan import PATTERNS
+
+
+def no_results(*names):
+    return "_No result files yet for " + ", ".join(f"`{n}` (experiments/{n}/runs/)" for n in names) + \
+        f": `python experiment.py {names[0]}` writes them, then `python experiment.py report`._"
+
+
+def side_of(mean, ci):
+    """'worse' / 'better' than the baseline when the 95% interval mean ± ci excludes 0, else None."""
+    if ci is None or abs(mean) <= ci:
+        return None
+    return "worse" if mean > 0 else "better"
+
+
+def data_warning(rows):
+    """A line when the runs of a table trained on different data (prepare.py's source sha256 differs)."""
+    shas = {s for r in rows for s in r["data_sha256"]}
+    return f"**Warning: these runs trained on {len(shas)} different datasets (source.json sha256).**\n\n" \
+        if len(shas) > 1 else ""
+
+
+def pattern_name(row):
+    """The sweep_plan.PATTERNS name of a row's block pattern (e.g. 'all-spd'), or the pattern itself; '-int8' etc.
+    after it when its syncs were compressed."""
+    name = next((p for p, f in PATTERNS.items() if compact_list(f(row["n_layer"])) ==
+                 row["block_pattern"]), row["block_pattern"])
+    return name + (f"-{comm_dtype_label(row).replace(' ', '-')}" if row.get("tp_comm_dtype") else "")
+
+
+def comm_dtype_label(row):
+    """'int8', or 'int8 2shot' for a row whose compressed reductions used the two_shot exchange."""
+    return row["tp_comm_dtype"] + (" 2shot" if row.get("tp_comm_exchange") == "two_shot" else "")
+
+
+def penalties(rows):
+    """{(pattern name, tp, size key): (mean, ci, n seeds)} of the final paired difference to the all-tp baseline."""
+    pairs = pairing.paired(rows)
+    return {(pattern_name(r), r["tp_size"], results.group_key(r)): (*pairs[r["config"]]["final"][:2],
+                                                                    len(pairs[r["config"]]["seeds"]))
+            for r in rows if r["config"] in pairs and r["config"] != r["baseline"]}
+
+
+def interval_cell(p, *, empty="—"):
+    return empty if p is None else f"{pairing.fmt_ci(p[0], p[1])} ({p[2]})"
+
+
+def decimals(half_width):
+    """Decimals that print a number no finer than a tenth of its interval's half-width (0.0064: 3 decimals), so a
+    digit that one more seed would move is not shown."""
+    return max(0, math.floor(-math.log10(half_width / 10))) if half_width > 0 else 4
+
+
+def _up(x, d):
+    """x rounded up at d decimals: a printed upper bound never understates (the 1e-9 absorbs float noise)."""
+    return math.ceil(x * 10 ** d - 1e-9) / 10 ** d
+
+
+def bound(b, base_loss, *, half_width):
+    """An upper bound in nats and as a share of the baseline's loss, rounded up, each no finer than a tenth of the
+    interval's half-width (decimals()): +0.0006 with a half-width of 0.0064 prints +0.001 (0.1%)."""
+    d, dp = decimals(half_width), decimals(100 * half_width / base_loss)
+    return f"{_up(b, d):+.{d}f}", f"{_up(100 * b / base_loss, dp):.{dp}f}%"
+
+
+def claim(p, base_loss):
+    """What a paired difference (mean, ci, seeds) says at 95%: where the interval holds 0, the largest cost it
+    rules out ("costs at most +0.008 nats (0.5%)", bound(): no finer than a tenth of the half-width); where it does
+    not, the cost (or gain) with its interval; with fewer than 2 paired seeds, that it is pending."""
+    if p is None or p[1] is None:
+        return f"pending ({0 if p is None else p[2]} paired seed{'' if p and p[2] == 1 else 's'})"
+    mean, ci, _ = p
+    side = side_of(mean, ci)
+    pct = lambda x: f"{100 * x / base_loss:.1f}%"  # noqa: E731
+    if side is None:
+        nats, share = bound(mean + ci, base_loss, half_width=ci)
+        return f"costs at most {nats} nats ({share})"
+    if side == "worse":
+        return f"costs {mean:+.3f} [{mean - ci:+.3f}, {mean + ci:+.3f}] nats ({pct(mean)})"
+    return f"gains {-mean:.3f} [{mean - ci:+.3f}, {mean + ci:+.3f}] nats ({pct(-mean)})"

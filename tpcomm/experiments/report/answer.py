@@ -1,0 +1,244 @@
+"""
+The README's answer (tpcomm/experiments/report/report.py writes it): each way of giving up a sync, its quality cost at 95% from the
+cpu-long result files, and its predicted GPU step speedup from the cost model (gpu_speedups: the only place the
+answer calls tpcomm/costmodel/cost_model.py); the trade-off figure docs/answer_tradeoff.png draws the same.
+"""
+
+from tpcomm.experiments.report import answer_figure
+from tpcomm.costmodel import cost_bands
+from tpcomm.experiments import pairing, provenance
+from tpcomm.experiments.readings import bound, claim, data_warning, decimals, no_results, penalties, side_of
+
+
+# (way, what, cpu-long run name or None (the math is all tp's: 0 by construction), the GPU variant or None (not
+# modelled)); the GPU variants are cost_model.predicted_speedups' names. One row per way of giving up a sync, in the
+# README's table.
+WAYS = (("drop", "all `spd`", "all-spd", "all-spd"),
+        ("drop", "`['parallel','spd']*6`", "parallel-spd", "parallel-spd"),
+        ("drop", "all `parallel`", "all-parallel", "all-parallel"),
+        ("drop", "`(['parallel']*3+['spd'])*3`", "parallel3-spd", "parallel3-spd"),
+        ("drop", "all `caat`: half of each sync's channels", "all-caat", "all-caat"),
+        ("hide", "`tp_overlap=2`", None, "tp_overlap=2"),
+        ("hide", "sequence parallelism", None, "sequence_parallel"),
+        ("hide", "collective matmul (`tp_collective_matmul`)", None, "collective_matmul"),
+        ("delay", "all `ladder`", "all-ladder", "all-ladder"),
+        ("delay", "`ladder` in the upper half", "ladder-upper", None),
+        ("shrink", "bf16", "all-tp-bf16", "all-tp-bf16"),
+        ("shrink", "fp8", "all-tp-fp8", "all-tp-fp8"),
+        ("shrink", "int8", "all-tp-int8", "all-tp-int8"),
+        ("shrink", "int8 two-shot", "all-tp-int8-2shot", "all-tp-int8-2shot"),
+        ("drop + shrink", "all `spd` + int8", "all-spd-int8", "all-spd-int8"))
+ANSWER_LABELS = {run: what for _, what, run, _ in WAYS if run}  # the measured ways' names, as the table writes them
+
+
+GPU_SHAPE, GPU_TP, GPU_BASELINE = "1.3B", 8, "megatron"  # the answer's GPU case (cost_model.predicted_speedups)
+
+
+def gpu_speedups():
+    """{variant: {network: predicted training-step speedup over Megatron-LM's all-'tp' step}} for the answer's GPU
+    case (the 1.3B shape at tp 8), the networks' names, a line saying what it assumes, and every published-figure
+    check with its error. The only place the answer calls tpcomm/costmodel/cost_model.py."""
+    from tpcomm.costmodel import cost_model as cm
+
+    cfg = cm.PREDICT_DEFAULTS
+    shape = cm.FIGURE_SHAPE
+    by_link = {link.name: cm.predicted_speedups(link.name, GPU_BASELINE) for link in cm.LINKS}
+    out = {}
+    for name, speedups in by_link.items():
+        for variant, x in speedups.items():
+            out.setdefault(variant, {})[name] = x
+    assumes = (f"{shape.name} at tp {GPU_TP} on H100 SXM, bf16 at MFU {cfg['mfu']:.0%}, {cfg['batch_size']} x "
+               f"{cfg['seq_len']} tokens per tp group; links by assumed constants (" +
+               ", ".join(f"{link.name.split(' (')[0]} {link.busbw / 1e9:.0f} GB/s, {link.alpha * 1e6:.0f} us" for link
+                         in cm.LINKS) +
+               f"); overlap at efficiency {cfg['efficiency']:g} (the compute beside a collective hides it one for "
+               "one); the baseline is Megatron-LM's all-`tp` step, whose backward hides each input-gradient "
+               "all-reduce behind its weight-gradient GEMM (docs/cost_model.md); `ladder` is priced as the repo runs it "
+               "with `tp_async_grad=True` (the setting Megatron's baseline assumes): each module's forward all-reduce "
+               "behind the next module's compute, and its backward one behind the previous module's backward "
+               "(docs/overlap.md)")
+    checks = [(what, end, cm.error(m, p)) for what, published, model in cm.published_checks(cfg, cm.options(cfg))
+              for end, m, p in (zip(("low ", "high "), model, published) if isinstance(published, tuple)
+                                else [("", model, published)])]
+    return out, [link.name for link in cm.LINKS], assumes, checks
+
+
+def _short(p):
+    """'+0.020 [-0.005, +0.044] (2)': a paired difference, its 95% interval and its seeds, in 3 decimals."""
+    return f"{pairing.fmt_ci(p[0], p[1], 3)} ({p[2]})"
+
+
+def _familywise(ctx):
+    """cpu-long's Bonferroni intervals over its measured rows ({run: (mean, half-width)}, m): pairing.familywise."""
+    pairs = {k: p for k, p in pairing.paired(ctx.rows("cpu-long")).items() if k in ANSWER_LABELS}
+    return pairing.familywise({k: p["final"][2] for k, p in pairs.items()})
+
+
+def _correlation_line(ctx):
+    """The rows share all `tp`'s seeds as their baseline: how correlated their differences are, from the data."""
+    pairs = {k: p for k, p in pairing.paired(ctx.rows("cpu-long")).items() if k in ANSWER_LABELS}
+    r = pairing.shared_baseline_correlation(pairs)
+    if not r:
+        return "the rows share one baseline"
+    return (f"the rows share one baseline (all `tp`'s seeds), so they are correlated, not independent confirmations: "
+            f"Pearson r between two rows' per-seed differences from {r[0]:.2f} to {r[-1]:.2f} (median "
+            f"{r[len(r) // 2]:.2f}, over the {len(r)} pairs of rows sharing {pairing.CORRELATION_MIN_SEEDS} or more "
+            "seeds)")
+
+
+def _familywise_clause(ctx, loss):
+    """'; read together (Bonferroni over the 10 measured rows), also for fp8': the rows whose family-wise upper end
+    passes 1% of all `tp`'s validation loss, beyond those whose own interval does."""
+    family, m = _familywise(ctx)
+    over = [ANSWER_LABELS[k] for k, (mean, hw) in family.items() if mean + hw > 0.01 * loss and mean - hw <= 0]
+    return f"; read together (Bonferroni over the {m} measured rows), not for {', '.join(over)}" if over else ""
+
+
+def _long_penalties(ctx):
+    """(cpu-long's {run name: (mean, ci, seeds)}, its baseline row or None)."""
+    rows = ctx.rows("cpu-long")
+    base = next((r for r in rows if r["config"] == r["baseline"]), None)
+    return {k[0]: v for k, v in penalties(rows).items()}, base
+
+
+def answer_table(ctx):
+    """The README's one table: every way of giving up a sync, its quality cost at 95% in cpu-long and its predicted
+    GPU speedup."""
+    pen, base = _long_penalties(ctx)
+    if base is None:
+        return no_results("cpu-long")
+    gpu, links, assumes, checks = gpu_speedups()
+    family, m = _familywise(ctx)
+    bands = {n: cost_bands.speedup_bands(n) for n in links}
+    lines = [f"Quality: final val loss minus all `tp`'s ({base['val_loss_mean']:.3f}, exactly GPT), paired seed by "
+             f"seed, mean [95% interval] (seeds), after {base['tokens'] / 1e6:.2f}M tokens (`cpu-long`, "
+             f"{sum(r['n_seeds'] for r in ctx.rows('cpu-long'))} result files); each row's own 95% interval, and "
+             f"beside it the family-wise one: Bonferroni over the {m} measured rows (each at {100 - 5 / m:.2f}%), "
+             f"so all {m} hold at once with 95%; \"at 95% it\" reads the row's own; "
+             f"{_correlation_line(ctx)}; {provenance.summary(ctx, 'cpu-long')}; time: predicted step speedup over "
+             f"Megatron-LM's all-`tp` step (its backward all-reduces hidden behind the weight-gradient GEMMs), "
+             f"{GPU_SHAPE} at tp {GPU_TP}, and in brackets [low, high] over the declared ranges of its assumptions "
+             f"(docs/cost_model.md, Bands). Generated by `python "
+             "experiment.py report`.", "",
+             f"| way | what | quality cost [95%] (seeds) | family-wise [95%, Bonferroni over {m}] | at 95% it | NVLink "
+             "| InfiniBand |",
+             "|---|---|---:|---:|---|---:|---:|"]
+    for way, what, run, variant in WAYS:
+        p = pen.get(run)
+        cost = "0 (same math)" if run is None else "pending" if p is None else _short(p)
+        said = "costs nothing: the math is all `tp`'s" if run is None else claim(p, base["val_loss_mean"])
+        times = [f"{gpu[variant][n]:.2f}x [{bands[n][variant][0]:.2f}, {bands[n][variant][1]:.2f}]" if variant
+                 else "not modelled" for n in links]
+        fw = "—" if run not in family else pairing.fmt_ci(*family[run], decimals(family[run][1])).split(" ", 1)[1]
+        lines.append(f"| {way} | {what} | {cost} | {fw} | {said} | " + " | ".join(times) + " |")
+    errors = {}
+    for what, end, err in checks:
+        errors.setdefault(what.replace(" (range)", ""), []).append(f"{end}{err:+.1f}%")
+    lines += ["", f"The prediction assumes {assumes}. Before it, the cost model is checked against every published "
+              "figure it can be (docs/cost_model.md), each with its error: " +
+              "; ".join(f"{what} {', '.join(e)}" for what, e in errors.items()) + "."]
+    return data_warning(ctx.rows("cpu-long")) + "\n".join(lines)
+
+
+def _pace(band):
+    """A predicted speedup band (low, high) in words, true at both ends: within 2% of 1 is about even."""
+    lo, hi = band
+    span = f"{lo:.2f}-{hi:.2f}x"
+    if lo >= 1.02:
+        return f"gains {span}"
+    if hi <= 0.98:
+        return f"is slower ({span})"
+    if lo > 0.98 and hi < 1.02:
+        return f"is about even ({span})"
+    return f"gains or loses by the assumptions ({span})"
+
+
+def _time_sentence(links):
+    """Hiding, collective matmul and delaying against dropping, as milliseconds saved per micro-step over the
+    declared ranges, and where each comparison holds (tpcomm/costmodel/cost_bands.py)."""
+    ways = (("all-spd", "dropping half of them (all `spd`)"), ("tp_overlap=2", "hiding them (`tp_overlap=2`)"),
+            ("collective_matmul", "collective matmul"), ("all-ladder", "delaying them (all `ladder`)"))
+    parts = []
+    for n in links:
+        saved = "; ".join(f"{what} {_ms(cost_bands.step_saved_ms(n, v))}" for v, what in ways)
+        points = cost_bands.grid(n)
+        beats = "; ".join(f"dropping beats {what.split(' (')[0]} {cost_bands.condition(points, lambda s, v=v: s['all-spd'] > s[v])}"
+                          for v, what in ways[1:])
+        parts.append(f"on {n.split(' (')[0]}, {saved} ({beats})")
+    return (f"On GPUs (predicted, {GPU_SHAPE} at tp {GPU_TP}, ms a micro-step saved against Megatron's all `tp` "
+            "over the declared ranges; negative: it costs time), " + "; ".join(parts) + ".")
+
+
+def _ms(band):
+    lo, hi = band
+    return f"{lo:+.1f} to {hi:+.1f} ms"
+
+
+def answer_summary(ctx):
+    """The README's answer in four sentences (quality at 95%; hiding and delaying against dropping on each link;
+    shrinking; 4x the training), every number from the result files (claim()) and the cost model
+    (gpu_speedups())."""
+    pen, base = _long_penalties(ctx)
+    if base is None:
+        return no_results("cpu-long")
+    loss = base["val_loss_mean"]
+    gpu, links, _, _ = gpu_speedups()
+    nv, ib = links
+    measured = {n: p for n, p in pen.items() if p[1] is not None and n in ANSWER_LABELS}
+    worse = [n for n, p in measured.items() if side_of(*p[:2]) is not None]  # a cost (or a gain) at 95%
+    bounded = sorted((p[0] + p[1], n, p[1]) for n, p in measured.items() if side_of(*p[:2]) is None)
+    wide = [ANSWER_LABELS[n] for b, n, _ in bounded if b > 0.01 * loss]
+    costs = "; ".join(f"{ANSWER_LABELS[n]} {claim(measured[n], loss)}" for n in worse)
+    if bounded:
+        (lo, lo_pct), (hi, hi_pct) = (bound(b, loss, half_width=ci) for b, _, ci in (bounded[0], bounded[-1]))
+        first = (f"After {base['tokens'] / 1e6:.2f}M tokens the per-row 95% intervals rule out costs above "
+                 f"{lo} nats ({ANSWER_LABELS[bounded[0][1]]}) to {hi} ({ANSWER_LABELS[bounded[-1][1]]}), "
+                 f"{lo_pct} to {hi_pct} of all `tp`'s validation loss ({loss:.3f})"
+                 + (f", so a cost under 1% is not yet shown for {', '.join(wide)}" if wide else "")
+                 + _familywise_clause(ctx, loss)
+                 + (f"; {costs}" if costs else "") + ".")
+    else:
+        first = (f"After {base['tokens'] / 1e6:.2f}M tokens, at 95%: {costs}." if costs else
+                 "No pattern has 2 paired seeds yet.")
+    out = [first]
+    out.append(_time_sentence(links))
+    band = {n: cost_bands.speedup_bands(n) for n in links}
+    one, two, bf16 = ({n: band[n][v] for n in links} for v in ("all-tp-int8", "all-tp-int8-2shot", "all-tp-bf16"))
+    out.append(f"Shrinking them to int8 with the one-shot all-gather {_pace(one[nv])} on {nv.split(' (')[0]} and "
+               f"{_pace(one[ib])} over {ib.split(' (')[0]} at tp {GPU_TP}; the two-shot exchange {_pace(two[nv])} "
+               f"and {_pace(two[ib])} (its quality: {claim(pen.get('all-tp-int8-2shot'), loss)}); bf16 sums, already "
+               f"the autocast dtype, gain nothing from compression and the one-shot all-gather of them "
+               f"{_pace(bf16[nv])} on {nv.split(' (')[0]} (each over the declared ranges).")
+    longer = ctx.rows("convergence")
+    cpen = {k[0]: v for k, v in penalties(longer).items()}
+    cbase = next((r for r in longer if r["config"] == r["baseline"]), None)
+    if cbase is not None and cpen:
+        out.append(f"After {cbase['tokens'] / base['tokens']:g}x the training ({cbase['tokens'] / 1e6:.2f}M tokens, "
+                   "`convergence`): " + ", ".join(f"{ANSWER_LABELS[n]} {claim(p, cbase['val_loss_mean'])}"
+                                                  for n, p in cpen.items()) + ".")
+    return " ".join(out)
+
+
+def tradeoff_plot(ctx):
+    """(data, draw) of the answer's figure: each way's quality cost (paired, 95%) against its predicted speedup."""
+    pen, base = _long_penalties(ctx)
+    if base is None:
+        return None
+    gpu, links, _, _ = gpu_speedups()
+    points = []
+    for way, what, run, variant in WAYS:
+        if variant is None:
+            continue
+        p = (0.0, 0.0, 0) if run is None else pen.get(run)
+        status = "same math" if run is None else "pending" if p is None or p[1] is None else "measured"
+        mean, ci, n = (None, None, 0 if p is None else p[2]) if status == "pending" else p
+        points.append(dict(way=way, label=what.replace("`", ""), key=run or variant, status=status, mean=mean,
+                           ci=ci, seeds=n, speedup=[gpu[variant][name] for name in links],
+                           speedup_band=[cost_bands.speedup_bands(name)[variant] for name in links]))  # [low, high]
+    data = dict(points=points, links=[n.split(" (")[0] for n in links], base_loss=base["val_loss_mean"],
+                left_out=[what.replace("`", "") for _, what, _, variant in WAYS if variant is None])
+    title = (f"Each way of giving up a sync: its quality cost, measured on CPU (y; cpu-long: a "
+             f"{base['params_total'] / 1e6:.1f}M-parameter character model, {base['tokens'] / 1e6:.2f}M tokens, tp "
+             f"{base['tp_size']}), against its training-step speedup, predicted for GPUs by the cost model "
+             f"(x; {GPU_SHAPE} at tp {GPU_TP}, H100; the assumptions: the README, under the answer's table)")
+    return data, lambda: answer_figure.draw_tradeoff(data, title=title)

@@ -1,0 +1,128 @@
+"""
+`make gpu-check`'s outputs (tpcomm/gpu/gpu_check.py runs the check): docs/gpu.json and the generated section of
+docs/gpu.md.
+"""
+
+import json
+import os
+
+BLOCK_TYPES = ("tp", "spd", "parallel", "ladder")
+BEGIN, END = "<!-- gpu-check:begin (written by python -m tpcomm.gpu.gpu_check) -->", "<!-- gpu-check:end -->"
+
+
+
+def write_json(obj, path):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def fmt(x, spec=".2f", none="n/a"):
+    return none if x is None else format(x, spec)
+
+
+def markdown(report):
+    """The generated section of gpu.md: what ran where, then one short table or line per section."""
+    s = report["sections"]
+    lines = [f"Measured by `python -m tpcomm.gpu.gpu_check --sizes={report['sizes']}` on {report['date']}: "
+             f"**{report['device_name']}**, torch {report['torch']}, CUDA {report['cuda'] or 'n/a'}, "
+             f"peak {fmt(report['peak_flops'] and report['peak_flops'] / 1e12, '.0f')} TFLOP/s (dense bf16), "
+             f"{report['total_s']:.0f} s in all. Raw numbers: `gpu.json` beside this file.", ""]
+
+    def failed(name):
+        r = s.get(name)
+        if r is None:
+            lines.append(f"- `{name}`: not run")
+        elif r.get("error"):
+            lines.append(f"- `{name}`: **failed** ({r['error'][:300]})")
+        else:
+            return False
+        return True
+
+    lines.append("**GPT training step** (`gpt_train`, bf16 autocast, synthetic batch):")
+    lines.append("")
+    if not failed("gpt_train"):
+        r = s["gpt_train"]
+        lines += [f"| GPT {r['params'] / 1e6:.1f}M, batch {r['batch_size']} x {r['tokens_per_iter'] // r['batch_size']}"
+                  f" | ms/iter | tokens/s | MFU |", "|---|---:|---:|---:|"]
+        for mode in ("eager", "compiled"):
+            m = r[mode]
+            lines.append(f"| {mode} | {m['ms_per_iter']:.1f} | {m['tokens_per_s']:,.0f} | "
+                         f"{fmt(m['mfu'] and 100 * m['mfu'], '.1f')}{'%' if m['mfu'] is not None else ''} |")
+        lines += ["", f"torch.compile ({r['compile_backend']}): {r['compiled_graphs']} compiled graph(s), "
+                      f"{r['graph_breaks']} graph break(s) (one graph expected)."]
+    lines += ["", "**Simulated tensor parallelism, tp 8** (`sim_tp8`, eager, step time over GPT's in the same rounds):",
+              ""]
+    if not failed("sim_tp8"):
+        r = s["sim_tp8"]
+        lines += ["| model | ms/iter | / GPT |", "|---|---:|---:|", f"| GPT | {r['ms_per_iter']['gpt']:.1f} | 1 |"]
+        lines += [f"| all `{k}` | {r['ms_per_iter'][k]:.1f} | {r['ratio_to_gpt'][k]:.2f} |" for k in BLOCK_TYPES]
+    lines += ["", "**KV-cache decode** (`decode`, greedy, simulated tp 8):", ""]
+    if not failed("decode"):
+        r = s["decode"]
+        lines += [f"| model | batch | prefill ms ({r['prompt_len']} tokens) | ms/token |", "|---|---:|---:|---:|"]
+        lines += [f"| {'GPT' if row['model'] == 'gpt' else 'all `' + row['model'] + '`'} | {row['batch']} | "
+                  f"{row['prefill_ms']:.2f} | {row['ms_per_token']:.3f} |" for row in r["rows"]]
+    lines += ["", "**Checks**:", ""]
+    if not failed("real_tp"):
+        r = s["real_tp"]
+        lines.append(f"- `real_tp`: real tp 2 (2 processes, {r['backend']}, one device) vs simulated, {r['steps']} AdamW "
+                     f"steps, {r['dtype']}: largest loss difference {r['max_abs_diff']:.2e} "
+                     f"(bound {r['tolerance']:g}): **{'ok' if r['ok'] else 'FAILED'}**")
+        if r.get("options"):
+            lines.append(f"  - options, {r['option_steps']} steps each: " + "; ".join(
+                f"{name} ({o['dtype']}) {o['max_abs_diff']:.1e} (bound {o['tolerance']:g}, "
+                f"{'ok' if o['ok'] else 'FAILED'})" for name, o in r["options"].items()))
+    if not failed("comm_sanity"):
+        r = s["comm_sanity"]
+        lines.append(f"- `comm_sanity`: {r['mib']} MiB all-reduce ({r['backend']}, {r['ranks']} ranks): "
+                     f"{r['in_collective_ms']:.2f} ms in the collective, step {r['step_ms']:.2f} ms, floor "
+                     f"{r['floor_ms']:.3f} ms: **{'ok' if r['ok'] else 'FAILED'}**")
+    if not failed("bf16_identity"):
+        r = s["bf16_identity"]
+        both = {**r["max_deviation"], **r.get("train_loss_deviation", {})}  # a gpu.json from before issue 46: none
+        worst = sorted(both.items(), key=lambda kv: -kv[1])[:3]
+        lines.append(f"- `bf16_identity`: zeroed c_proj under bf16 autocast, largest stream or training-loss deviation "
+                     f"{r['worst']:.2e} ({', '.join(f'{k}: {v:.1e}' for k, v in worst)}): "
+                     f"**{'ok' if r['ok'] else 'FAILED'}**")
+    if not failed("cost_model"):
+        r = s["cost_model"]
+        line = (f"- `cost_model`: assumed MFU {100 * r['assumed_mfu']:.0f}%, measured "
+                f"{fmt(r['measured_mfu'] and 100 * r['measured_mfu'], '.1f')}"
+                f"{'%' if r['measured_mfu'] is not None else ''} ({r['measured_from'] or 'n/a'})")
+        if "predicted_ms_per_iter" in r:
+            line += (f"; its compute term predicts {r['predicted_ms_per_iter']:.1f} ms/iter for the measured "
+                     f"{r['measured_ms_per_iter']:.1f} ({r['error_pct']:+.0f}%)")
+        lines.append(line)
+    if not failed("cost_calibration"):
+        r = s["cost_calibration"]
+        c = r["shape"]
+        lines.append(f"- `cost_calibration`: one tp-{c['tp']} shard block of d {c['n_embd']}, {c['batch']} x {c['seq']} "
+                     "tokens (fwd / bwd ms, the cost model's at its MFU in brackets): " + "; ".join(
+                         f"{b['mode']} {b['fwd_ms']:.3f} / {b['bwd_ms']:.3f} ({b['model_fwd_ms']:.3f} / "
+                         f"{b['model_bwd_ms']:.3f}), GEMM efficiency {100 * b['gemm_efficiency']:.1f}%"
+                         for b in r["blocks"]) + "; quantize + dequantize " + "; ".join(
+                         f"{k['codec']} {k['ms']:.3f} ms ({k['model_ms']:.3f})" for k in r["codecs"]))
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(report, path):
+    """Replace the generated section of `path` (between BEGIN and END), keeping the hand-written rest; a missing
+    file gets a title and the section."""
+    body = f"{BEGIN}\n{markdown(report)}{END}"
+    if os.path.exists(path):
+        with open(path) as f:
+            text = f.read()
+        if BEGIN in text and END in text:
+            head, rest = text.split(BEGIN, 1)
+            text = head + body + rest.split(END, 1)[1]
+        else:
+            text = text.rstrip("\n") + "\n\n## Measured by `make gpu-check`\n\n" + body + "\n"
+    else:
+        text = f"# GPU check\n\n{body}\n"
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

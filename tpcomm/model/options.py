@@ -1,0 +1,234 @@
+"""
+The model's options and their one validator. Every place options enter (train.py, bench.py, sample.py, the sweeps,
+the converters spd.py and tpcomm/convert/ladder_conversion.py) checks them here, through `model_config` (a run's config
+dict) or TPConfig (DistributedGPT's config, which runs the same checks): a rule such as "n_embd divisible by n_head"
+or "tp_overlap needs tp_size > 1" is written once. A refusal is a configurator.ConfigError naming keys and values.
+"""
+
+import itertools
+from dataclasses import dataclass, fields
+from typing import Optional
+
+from configurator import ConfigError
+from model import GELU_FORMS, GPTConfig
+from tpcomm.tp.compress.compression import validate_compression
+from tpcomm.tp.partial_sync import DEFAULT_FRACTION
+
+MODEL_TYPES = ("gpt", "distributed_gpt")
+BLOCK_TYPES = ("tp", "spd", "parallel", "ladder", "caat")  # tensor_parallel_model.BLOCKS: one class per name
+# The TPConfig keys that set how syncs move (build_model and train.py pass them through as they are)
+TP_COMM_OPTIONS = ("tp_overlap", "tp_async_grad", "sequence_parallel", "tp_comm_dtype", "tp_comm_block",
+                   "tp_comm_exchange", "tp_collective_matmul")
+# the sync options that change the model's function (lossy compression of g's partial sums), not only its schedule
+FUNCTION_SYNC_OPTIONS = ("tp_comm_dtype", "tp_comm_block", "tp_comm_exchange")
+# the block types whose function depends on tp_size (docs/model.md, "What equals GPT"); 'tp' and 'ladder' do not
+TP_DEPENDENT_BLOCKS = ("spd", "parallel", "caat")
+# what makes a DistributedGPT out of a GPT: given to model_type='gpt', each one is refused
+TP_KEYS = ("tp_size", "block_types", "caat_sync_fraction", "loss_parallel", *TP_COMM_OPTIONS)
+
+
+def expand_block_types(block_types, n_layer):
+    """block_types as one entry per layer: None means all 'tp', one name means that type for every layer."""
+    kinds = "tp" if block_types is None else block_types
+    return [kinds] * n_layer if isinstance(kinds, str) else list(kinds)
+
+
+def validate_tp_args(*, n_layer, n_head, n_embd, tp_size, block_types):
+    """Raise ConfigError naming the key and values for any impossible combination."""
+    if not isinstance(tp_size, int) or tp_size < 1:
+        raise ConfigError(f"tp_size must be a positive int, got {tp_size!r}")
+    if n_head % tp_size:
+        raise ConfigError(f"n_head ({n_head}) must be divisible by tp_size ({tp_size})")
+    check_heads(n_embd=n_embd, n_head=n_head)
+    if block_types is None:
+        return
+    if isinstance(block_types, str):  # one type for every layer: 'spd' means ['spd'] * n_layer
+        if block_types not in BLOCK_TYPES:
+            raise ConfigError(f"block_types: unknown block type {block_types!r}; use {list(BLOCK_TYPES)}")
+        return
+    if not isinstance(block_types, (list, tuple)):
+        raise ConfigError(f"block_types must be a list of {BLOCK_TYPES}, got {block_types!r}")
+    if len(block_types) != n_layer:
+        raise ConfigError(f"block_types has {len(block_types)} entries but n_layer is {n_layer}")
+    bad = sorted({str(b) for b in block_types if b not in BLOCK_TYPES})
+    if bad:
+        raise ConfigError(f"block_types: unknown block type(s) {bad}; use {list(BLOCK_TYPES)}")
+
+
+def check_heads(*, n_embd, n_head):
+    if n_embd % n_head:
+        raise ConfigError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+
+
+def validate_sync_options(*, tp_overlap, sequence_parallel, block_types, tp_size=None, tp_async_grad=False,
+                          tp_collective_matmul=False):
+    """tp_overlap, tp_async_grad and sequence_parallel (docs/overlap.md): ConfigError naming the keys and values. block_types is
+    the expanded list. The batch-size conditions are checked where the batch is known (check_batch, the forward)."""
+    if isinstance(tp_overlap, bool) or not isinstance(tp_overlap, int) or tp_overlap < 1:
+        raise ConfigError(f"tp_overlap must be a positive int (chunks of the batch), got {tp_overlap!r}")
+    if not isinstance(sequence_parallel, bool):
+        raise ConfigError(f"sequence_parallel must be True or False, got {sequence_parallel!r}")
+    if not isinstance(tp_async_grad, bool):
+        raise ConfigError(f"tp_async_grad must be True or False, got {tp_async_grad!r}")
+    if tp_size == 1 and (tp_overlap > 1 or sequence_parallel or tp_async_grad):  # one shard: no sync to move
+        key = (f"tp_overlap={tp_overlap}" if tp_overlap > 1 else
+               "sequence_parallel=True" if sequence_parallel else "tp_async_grad=True")
+        raise ConfigError(f"{key} needs tp_size > 1, got tp_size=1: one shard runs no all-reduce")
+    if tp_async_grad and sequence_parallel:
+        raise ConfigError("tp_async_grad=True does not run with sequence_parallel=True (its backward collectives are "
+                          "reduce-scatters and all-gathers, not f's all-reduce; docs/overlap.md): use one of them")
+    if tp_overlap > 1 and not {"tp", "spd"} & set(block_types):
+        raise ConfigError(f"tp_overlap={tp_overlap} has nothing to overlap: it chunks 'tp' and 'spd' blocks, and "
+                          f"block_types={block_types} has none (a 'ladder' block overlaps by itself)")
+    if sequence_parallel and tp_overlap > 1:
+        raise ConfigError(f"sequence_parallel=True does not run with tp_overlap={tp_overlap} (the chunks' "
+                          f"reduce-scatters and all-gathers are not asynchronous; docs/overlap.md): use one of them")
+    if sequence_parallel and "ladder" in block_types:
+        raise ConfigError(f"sequence_parallel=True does not run with 'ladder' blocks (block_types={block_types}): "
+                          f"their pending all-reduces are not token-sharded (docs/overlap.md)")
+    validate_collective_matmul(tp_collective_matmul=tp_collective_matmul, sequence_parallel=sequence_parallel,
+                               block_types=block_types)
+
+
+def validate_collective_matmul(*, tp_collective_matmul, sequence_parallel, block_types):
+    """tp_collective_matmul (tpcomm/tp/collective_matmul.py): sequence parallelism's all-gather + column GEMM and row
+    GEMM + reduce-scatter as rings of peer-to-peer steps, so it needs sequence_parallel=True and 'tp' blocks only
+    (the blocks whose two syncs are those pairs)."""
+    if not isinstance(tp_collective_matmul, bool):
+        raise ConfigError(f"tp_collective_matmul must be True or False, got {tp_collective_matmul!r}")
+    if tp_collective_matmul and not sequence_parallel:
+        raise ConfigError("tp_collective_matmul=True needs sequence_parallel=True (it decomposes sequence "
+                          "parallelism's all-gathers and reduce-scatters), got sequence_parallel=False")
+    if tp_collective_matmul and set(block_types) != {"tp"}:
+        raise ConfigError(f"tp_collective_matmul=True runs 'tp' blocks only, got block_types={block_types}")
+
+
+def validate_partial_sync(*, caat_sync_fraction, n_embd, block_types, sequence_parallel=False, tp_comm_dtype=None):
+    """caat_sync_fraction p, the channels a 'caat' block's syncs all-reduce (tpcomm/tp/partial_sync.py): ConfigError
+    naming the key and value. block_types is the expanded list."""
+    p = caat_sync_fraction
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+        raise ConfigError(f"caat_sync_fraction must be a number in (0, 1], got {p!r}")
+    if abs(p * n_embd - round(p * n_embd)) > 1e-9:
+        raise ConfigError(f"caat_sync_fraction={p!r} times n_embd ({n_embd}) must be a whole number of channels")
+    if "caat" not in block_types:
+        if p != TPConfig.caat_sync_fraction:
+            raise ConfigError(f"caat_sync_fraction={p!r} has no effect without 'caat' blocks (block_types="
+                              f"{block_types}): leave it at {TPConfig.caat_sync_fraction}")
+        return
+    for key, value, why in (("sequence_parallel", sequence_parallel, "its streams are not token-sharded"),
+                            ("tp_comm_dtype", tp_comm_dtype, "its syncs move a channel slice, not blocks")):
+        if value:
+            raise ConfigError(f"{key}={value!r} does not run with 'caat' blocks (block_types={block_types}): {why}")
+
+
+def check_compression_block(*, tp_comm_dtype, tp_comm_block, n_embd, default=32):
+    """tp_comm_block where nothing reads it: refused rather than ignored (tpcomm/tp/compress/compression.py checks the rest)."""
+    if tp_comm_dtype == "bf16" and isinstance(tp_comm_block, int) and tp_comm_block >= 1 and n_embd % tp_comm_block:
+        raise ConfigError(f"tp_comm_block={tp_comm_block} has no effect with tp_comm_dtype='bf16' (bf16 moves no "
+                          f"scales, so no blocks): leave tp_comm_block at {default}")
+
+
+@dataclass
+class TPConfig(GPTConfig):
+    tp_size: int = 1
+    block_types: Optional[list] = None  # one of BLOCK_TYPES ('tp' | 'spd' | 'parallel' | 'ladder') per layer, or
+    # one for all layers; None = all 'tp'
+    caat_sync_fraction: float = DEFAULT_FRACTION  # 'caat' blocks: the fraction p of channels each sync all-reduces
+    # shard the tied wte/lm_head by vocabulary and compute the loss from the sharded logits (vocab-parallel
+    # cross-entropy), never gathering a token's full vocabulary of logits on one rank
+    loss_parallel: bool = False
+    # how the blocks' syncs move (docs/overlap.md, docs/compression.md): none of them changes the weights
+    tp_overlap: int = 1  # K > 1: a tp/spd block's batch in K chunks, each chunk's all-reduce overlapping the next
+    tp_async_grad: bool = False  # f's backward all-reduce issued asynchronously, waited for after the weight gradient
+    sequence_parallel: bool = False  # Megatron SP: the synced stream sharded along the tokens between tp blocks
+    tp_comm_dtype: Optional[str] = None  # compress every g reduction's partial sums (block-quantized); None: off
+    tp_comm_block: int = 32  # values per absmax scale along the hidden dimension (tp_comm_dtype)
+    tp_comm_exchange: str = "one_shot"  # how they move: 'one_shot' all-gather, 'two_shot' reduce-scatter + all-gather
+    tp_collective_matmul: bool = False  # sequence parallelism's collectives as rings beside partial GEMMs
+
+    def __post_init__(self):
+        validate_tp_args(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd, tp_size=self.tp_size,
+                         block_types=self.block_types)
+        self.block_types = expand_block_types(self.block_types, self.n_layer)
+        validate_sync_options(tp_overlap=self.tp_overlap, sequence_parallel=self.sequence_parallel,
+                              block_types=self.block_types, tp_size=self.tp_size, tp_async_grad=self.tp_async_grad,
+                              tp_collective_matmul=self.tp_collective_matmul)
+        validate_partial_sync(caat_sync_fraction=self.caat_sync_fraction, n_embd=self.n_embd,
+                              block_types=self.block_types, sequence_parallel=self.sequence_parallel,
+                              tp_comm_dtype=self.tp_comm_dtype)
+        check_compression_block(tp_comm_dtype=self.tp_comm_dtype, tp_comm_block=self.tp_comm_block,
+                                n_embd=self.n_embd)
+        validate_compression(tp_comm_dtype=self.tp_comm_dtype, tp_comm_block=self.tp_comm_block, n_embd=self.n_embd,
+                             tp_size=self.tp_size, sequence_parallel=self.sequence_parallel,
+                             tp_comm_exchange=self.tp_comm_exchange)
+
+
+TP_DEFAULTS = {f.name: f.default for f in fields(TPConfig) if f.name in TP_KEYS}
+
+
+def model_config(model_type, args, *, tp_mode="simulated"):
+    """The checked config of a model: GPTConfig (model_type 'gpt') or TPConfig ('distributed_gpt') from a dict
+    holding its keys (a run's whole config works: other keys are ignored; missing ones take their defaults). A 'gpt'
+    given a TP key (or tp_mode='real') is refused, naming it."""
+    if model_type not in MODEL_TYPES:
+        raise ConfigError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
+    if args.get("gelu_approximate", "none") not in GELU_FORMS:
+        raise ConfigError(f"gelu_approximate must be one of {GELU_FORMS}, got {args['gelu_approximate']!r}")
+    gpt = {f.name: args[f.name] for f in fields(GPTConfig) if args.get(f.name) is not None}
+    if model_type == "distributed_gpt":
+        tp = {k: args[k] for k in TP_KEYS if k in args}
+        block = tp.get("tp_comm_block", TP_DEFAULTS["tp_comm_block"])
+        if tp.get("tp_comm_dtype") is None and block != TP_DEFAULTS["tp_comm_block"]:  # a run's option, ignored
+            raise ConfigError(f"tp_comm_block={block!r} has no effect with tp_comm_dtype=None (no compression): set "
+                              f"tp_comm_dtype too, or leave tp_comm_block at {TP_DEFAULTS['tp_comm_block']}")
+        if tp.get("tp_comm_dtype") == "bf16" and block != TP_DEFAULTS["tp_comm_block"]:  # likewise
+            raise ConfigError(f"tp_comm_block={block!r} has no effect with tp_comm_dtype='bf16' (bf16 moves no "
+                              f"scales, so no blocks): leave tp_comm_block at {TP_DEFAULTS['tp_comm_block']}")
+        return TPConfig(**gpt, **dict(tp, loss_parallel=bool(tp.get("loss_parallel", False))))
+    check_heads(n_embd=gpt.get("n_embd", GPTConfig.n_embd), n_head=gpt.get("n_head", GPTConfig.n_head))
+    if tp_mode != "simulated" or args.get("tp_size", 1) != 1 or args.get("block_types") is not None:
+        raise ConfigError(f"tp_size/block_types/tp_mode need model_type='distributed_gpt', "
+                          f"got model_type={model_type!r}, tp_size={args.get('tp_size', 1)}, "
+                          f"block_types={args.get('block_types')}, tp_mode={tp_mode!r}")
+    if args.get("loss_parallel"):
+        raise ConfigError(f"loss_parallel=True needs model_type='distributed_gpt' (it shards wte/lm_head over the "
+                          f"tensor-parallel shards), got model_type={model_type!r}")
+    changed = {k: args[k] for k in (*TP_COMM_OPTIONS, "caat_sync_fraction") if k in args and args[k] != TP_DEFAULTS[k]}
+    if changed:
+        raise ConfigError(f"{', '.join(f'{k}={v!r}' for k, v in changed.items())} needs "
+                          f"model_type='distributed_gpt', got model_type={model_type!r}")
+    return GPTConfig(**gpt)
+
+
+def gpt_args(args):
+    """args without the TP keys: the same sizes as a plain GPT (bench.py's comparison)."""
+    return {k: v for k, v in args.items() if k not in TP_KEYS}
+
+
+def check_batch(config, *, batch_size, block_size):
+    """The sync options against the batch a run uses: tp_overlap chunks whole sequences, sequence parallelism
+    splits the tokens over the shards."""
+    if not isinstance(config, TPConfig):
+        return
+    if batch_size % config.tp_overlap:
+        raise ConfigError(f"tp_overlap ({config.tp_overlap}) must divide batch_size ({batch_size}): each "
+                          f"chunk is whole sequences")
+    if config.sequence_parallel and batch_size * block_size % config.tp_size:
+        raise ConfigError(f"sequence_parallel=True needs batch_size x block_size ({batch_size} x "
+                          f"{block_size}) divisible by tp_size ({config.tp_size})")
+
+
+def compact_list(items):
+    """The shortest obvious Python expression for a list: ['tp']*12, ['parallel','spd','spd']*4,
+    (['parallel']*5+['spd'])*2. It evaluates back to the list (and train.py accepts it as --block_types)."""
+    items, n = list(items), len(items)
+    period = next(p for p in range(1, n + 1) if n % p == 0 and items[:p] * (n // p) == items)
+    unit, reps = items[:period], n // period
+    runs = [(k, len(list(g))) for k, g in itertools.groupby(unit)]
+    if len(runs) > 1 and any(c >= 3 for _, c in runs):
+        expr = "+".join(f"['{k}']*{c}" if c > 1 else f"['{k}']" for k, c in runs)
+        expr = f"({expr})" if reps > 1 else expr
+    else:
+        expr = "[" + ",".join(f"'{k}'" for k in unit) + "]"
+    return expr if reps == 1 else f"{expr}*{reps}"

@@ -1,0 +1,74 @@
+"""
+Partial-channel sync (CAAT-Net, arXiv 2506.19645, "Tensor-Parallelism with Partially Synchronized Activations"): the
+'caat' block type. At each of a block's two syncs only the first k = p * n_embd channels of the module's output are
+all-reduced; the other C - k channels stay on their shard, each shard adding only its own partial result to its own
+stream (desynced per channel). p is `caat_sync_fraction` (default 0.5, the paper's main setting: half the bytes of
+every sync). docs/model.md has the equations, what the paper fixes and what this repository chose where the text
+available here is silent.
+
+In the stream contract of tensor_parallel_model.ShardedBlock, a 'caat' block leaves the stream desynced: xbar (N, C)
+holds the synced channels' value and, on the others, the value at the last full sync; r (L, N, C) each shard's
+stream, r_i = xbar on the synced channels. A later 'tp' or 'spd' block (or the final sync) sums the shards'
+d_i = r_i - xbar as after a 'parallel' block, so a pattern may mix the types. At tp 1 a 'caat' block is GPT's block.
+"""
+
+import torch
+
+from tpcomm.tp.collectives import fan_out_stream, reduce_from_tp_region
+from tpcomm.tp.dropout import ATTN_OUT, MLP_OUT
+from tpcomm.tp.sharded_layers import layer_norm
+
+DEFAULT_FRACTION = 0.5  # the paper's main setting: half of each sync's channels all-reduced (50% less TP traffic)
+
+
+def synced_channels(fraction, n_embd):
+    """k = p * n_embd, the channels each sync all-reduces (options.validate_partial_sync checks it is a whole
+    number)."""
+    return round(fraction * n_embd)
+
+
+class PartialSync:
+    """The 'caat' block's forward, mixed into tensor_parallel_model.ShardedBlock (its layer norms, sharded attention
+    and MLP, dropout masks and sites), output desynced:
+        z_i = M_i * (A_i(LN1(r_i)) + b_A / tp),  M_i = R on the synced channels S, D_i on the rest P
+        xbar[S] += sum_i (d_i[S] + z_i[S]),  r_i[S] = xbar[S];   r_i[P] += z_i[P]   (xbar[P] unchanged)
+    then the same for the MLP, M_i(LN2(r_i)) + b_M / tp. d_i = r_i - xbar: non-zero only on a stream desynced
+    before this block (after 'parallel'); after a 'caat' sync d_i[S] = 0."""
+
+    def __init__(self, config, group, key, layer):
+        super().__init__(config, group, key, layer)
+        self.k = synced_channels(config.caat_sync_fraction, config.n_embd)  # the first k channels: S
+
+    def forward(self, xbar, r, T, kv=None, *, sp=False):
+        assert not sp, "options.validate_partial_sync refuses sequence_parallel with 'caat'"
+        tp, synced = self.group.tp, r is None
+        if synced:  # fan out (f): every r_i = xbar, d_i = 0
+            r, h = self.group.fan_out(xbar, lambda x: layer_norm(self.ln_1, x), self.sites["attn"])
+        else:
+            h = layer_norm(self.ln_1, r)
+        y = self.attn.heads(h, T, self.probs_dropout(), kv)
+        z = self.attn.out(y, bias=self.bias_share(self.attn.c_proj, 1 / tp), mask=self.channel_mask(r, xbar, ATTN_OUT))
+        xbar, r = self.partial_sync(xbar, r, z, "attn", in_sync=synced)
+        u = self.mlp.hidden(layer_norm(self.ln_2, r))
+        z = self.mlp.out(u, bias=self.bias_share(self.mlp.c_proj, 1 / tp), mask=self.channel_mask(r, xbar, MLP_OUT))
+        return self.partial_sync(xbar, r, z, "mlp", in_sync=True)  # after a caat sync the S channels agree
+
+    def channel_mask(self, r, xbar, site):
+        """(L, N, C) keep-mask, or None without dropout: the replica's mask R on the synced channels (their sum is
+        dropped once, on every shard alike, as a 'tp' block drops it), each shard's own mask D_i on the others (as a
+        'parallel' block). At tp 1 both are GPT's mask."""
+        D = self.shard_mask(r, site)
+        if D is None:
+            return None
+        R = self.replica_mask(xbar, site)[:, :self.k]  # (N, k)
+        return torch.cat([R.unsqueeze(0).expand(D.shape[0], *R.shape), D[..., self.k:]], dim=-1)
+
+    def partial_sync(self, xbar, r, z, site, *, in_sync):
+        """(xbar, r) after adding the module outputs z (L, N, C): g of the first k channels' summands d_i + z_i (the
+        all-reduce, p of a full sync's bytes), fanned back out by f (its backward all-reduce, p too); the other
+        channels' z_i added to each shard's own stream. in_sync: the input's S channels agree (d_i[S] = 0)."""
+        k, group, where = self.k, self.group, self.sites[site]
+        s = z[..., :k] if in_sync else group.delta(r[..., :k], xbar[:, :k]) + z[..., :k]
+        xs = xbar[:, :k] + reduce_from_tp_region(s.contiguous(), group, site=where)  # (N, k), synced
+        rs = fan_out_stream(xs, group, where)  # (L, N, k): each shard's copy, backward all-reduced
+        return torch.cat([xs, xbar[:, k:]], dim=-1), torch.cat([rs, r[..., k:] + z[..., k:]], dim=-1)
