@@ -5,42 +5,45 @@ any work: ConfigError naming key and value. The model options are checked by tpc
 
 
 from configurator import ConfigError
+from model import GPTConfig
 from tpcomm.parallel.data_parallel import DATA_PARALLEL, INIT_DEVICES
-from tpcomm.model.options import TP_COMM_OPTIONS, TP_DEFAULTS, check_batch, model_config, validate_tp_args
+from tpcomm.model.options import (TP_COMM_OPTIONS, TP_DEFAULTS, check_batch, compact_list, model_config,
+                                  validate_tp_args)
 from tpcomm.train.output_path import check_output_file, is_png, json_with
 from tpcomm.parallel.parallel_dims import world_size
 from tpcomm.parallel.pipeline import validate_pp_layout
-from tpcomm.model.options import compact_list
 from tpcomm.train.runtime import check_dtype
+from tpcomm.train.train_config import DEFAULTS as TRAIN_DEFAULTS
 
 DEFAULTS = dict(
-    model_type="gpt",
-    tp_size=1,
-    block_types=None,
-    caat_sync_fraction=0.5,  # 'caat' blocks: the fraction of channels each sync all-reduces (as train.py takes it)
+    model_type=TRAIN_DEFAULTS["model_type"],
+    tp_size=TP_DEFAULTS["tp_size"],
+    block_types=TP_DEFAULTS["block_types"],
+    # 'caat' blocks: the fraction of channels each sync all-reduces (as train.py takes it)
+    caat_sync_fraction=TP_DEFAULTS["caat_sync_fraction"],
     patterns=None,  # distributed_gpt: a list of block_types values to time in one run, instead of block_types
     # distributed_gpt: several ways to move the syncs in one run, a list of dicts of tp_overlap / sequence_parallel /
     # tp_comm_dtype / tp_comm_block / tp_comm_exchange over the flags below, each timed with every pattern ({}: the
     # flags as given), e.g.
     # "[{}, {'tp_overlap': 2}, {'sequence_parallel': True}, {'tp_comm_dtype': 'int8'}]"
     variants=None,
-    tp_mode="simulated",
+    tp_mode=TRAIN_DEFAULTS["tp_mode"],
     # distributed_gpt: how the syncs move, as train.py takes them (each variant above changes them for its rows)
-    tp_overlap=1,
-    tp_async_grad=False,
-    sequence_parallel=False,
-    tp_comm_dtype=None,
-    tp_comm_block=32,
-    tp_comm_exchange="one_shot",
-    tp_collective_matmul=False,
-    n_layer=12,
-    n_head=12,
-    n_embd=768,
-    block_size=1024,
-    vocab_size=50304,
-    bias=False,
-    gelu_approximate="none",
-    batch_size=12,
+    tp_overlap=TP_DEFAULTS["tp_overlap"],
+    tp_async_grad=TP_DEFAULTS["tp_async_grad"],
+    sequence_parallel=TP_DEFAULTS["sequence_parallel"],
+    tp_comm_dtype=TP_DEFAULTS["tp_comm_dtype"],
+    tp_comm_block=TP_DEFAULTS["tp_comm_block"],
+    tp_comm_exchange=TP_DEFAULTS["tp_comm_exchange"],
+    tp_collective_matmul=TP_DEFAULTS["tp_collective_matmul"],
+    n_layer=TRAIN_DEFAULTS["n_layer"],
+    n_head=TRAIN_DEFAULTS["n_head"],
+    n_embd=TRAIN_DEFAULTS["n_embd"],
+    block_size=TRAIN_DEFAULTS["block_size"],
+    vocab_size=GPTConfig.vocab_size,
+    bias=TRAIN_DEFAULTS["bias"],
+    gelu_approximate=TRAIN_DEFAULTS["gelu_approximate"],
+    batch_size=TRAIN_DEFAULTS["batch_size"],
     iters=20,  # timed steps per model
     warmup=5,  # untimed steps per model
     compare=True,  # distributed_gpt: also time GPT of the same sizes and print the ratio
@@ -49,9 +52,11 @@ DEFAULTS = dict(
     prompt_len=None,  # decode: prompt tokens (None: block_size // 2)
     new_tokens=32,  # decode: generated tokens per timing (prompt_len + new_tokens <= block_size)
     plot=None,  # a PNG path: decode, ms/token vs forward all-reduces; train (real TP), each step's time split
-    data_parallel="ddp",  # memory: 'ddp' | 'fsdp' over the data-parallel ranks (world / tp processes)
-    init_device="default",  # 'default': build on the device | 'meta': build without memory, materialise each rank's part
-    loss_parallel=False,  # distributed_gpt: the vocabulary-parallel lm_head and loss
+    # memory: 'ddp' | 'fsdp' over the data-parallel ranks (world / tp processes)
+    data_parallel=TRAIN_DEFAULTS["data_parallel"],
+    # 'default': build on the device | 'meta': build without memory, materialise each rank's part
+    init_device=TRAIN_DEFAULTS["init_device"],
+    loss_parallel=TP_DEFAULTS["loss_parallel"],  # distributed_gpt: the vocabulary-parallel lm_head and loss
     trace=None,  # train: a path; profile trace_steps more steps of each model and write a Chrome trace there
     trace_steps=1,  # train: the steps each trace holds
     profile=0,  # train: profile this many more steps of each model per round; print the self CPU time per op group
@@ -59,11 +64,11 @@ DEFAULTS = dict(
     pp_schedules=["gpipe", "1f1b"],  # pipeline: the schedules to time ('gpipe' | '1f1b' | 'interleaved_1f1b')
     microbatches=[4, 8],  # pipeline: the micro-batch counts m to time (micro-batches of batch_size rows)
     pp_virtual_stages=2,  # pipeline: stages per pp rank of 'interleaved_1f1b'
-    device="auto",
-    dtype="auto",
+    device=TRAIN_DEFAULTS["device"],
+    dtype=TRAIN_DEFAULTS["dtype"],
     compile=False,
-    backend=None,
-    seed=1337,
+    backend=TRAIN_DEFAULTS["backend"],
+    seed=TRAIN_DEFAULTS["seed"],
 )
 
 

@@ -122,11 +122,11 @@ def validate_partial_sync(*, caat_sync_fraction, n_embd, block_types, sequence_p
             raise ConfigError(f"{key}={value!r} does not run with 'caat' blocks (block_types={block_types}): {why}")
 
 
-def check_compression_block(*, tp_comm_dtype, tp_comm_block, n_embd, default=32):
+def check_compression_block(*, tp_comm_dtype, tp_comm_block, n_embd):
     """tp_comm_block where nothing reads it: refused rather than ignored (tpcomm/tp/compress/compression.py checks the rest)."""
     if tp_comm_dtype == "bf16" and isinstance(tp_comm_block, int) and tp_comm_block >= 1 and n_embd % tp_comm_block:
         raise ConfigError(f"tp_comm_block={tp_comm_block} has no effect with tp_comm_dtype='bf16' (bf16 moves no "
-                          f"scales, so no blocks): leave tp_comm_block at {default}")
+                          f"scales, so no blocks): leave tp_comm_block at {TPConfig.tp_comm_block}")
 
 
 @dataclass

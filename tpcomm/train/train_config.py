@@ -16,7 +16,8 @@ from tpcomm.train.batches import check_data
 from tpcomm.train.checkpoint import CHECKPOINT_NAME, checkpoint_model, checkpoint_sync_options, load_checkpoint
 from tpcomm.parallel.data_parallel import DATA_PARALLEL, INIT_DEVICES
 from tpcomm.train.output_path import check_output_file, json_with
-from tpcomm.model.options import FUNCTION_SYNC_OPTIONS, MODEL_TYPES, check_batch, expand_block_types, model_config
+from tpcomm.model.options import (FUNCTION_SYNC_OPTIONS, MODEL_TYPES, TP_DEFAULTS, check_batch, expand_block_types,
+                                  model_config)
 from tpcomm.parallel.parallel_dims import check_backend, check_dp_shard, check_layout
 from tpcomm.train.runtime import check_dtype, pick_device_and_dtype
 
@@ -52,19 +53,28 @@ DEFAULTS = dict(
     dropout=0.0,
     bias=False,
     gelu_approximate="none",  # 'none' (exact, nanoGPT's) | 'tanh' (GPT-2's; forced by init_from=gpt2*)
-    tp_size=1,  # shards per layer (DistributedGPT)
-    block_types=None,  # 'tp' | 'spd' | 'parallel' | 'ladder' per layer (a list), or one for every layer; None = all 'tp'
-    caat_sync_fraction=0.5,  # 'caat' blocks: the fraction of channels each sync all-reduces (CAAT-Net; docs/model.md)
+    tp_size=TP_DEFAULTS["tp_size"],  # shards per layer (DistributedGPT)
+    # 'tp' | 'spd' | 'parallel' | 'ladder' per layer (a list), or one for every layer; None = all 'tp'
+    block_types=TP_DEFAULTS["block_types"],
+    # 'caat' blocks: the fraction of channels each sync all-reduces (CAAT-Net; docs/model.md)
+    caat_sync_fraction=TP_DEFAULTS["caat_sync_fraction"],
     tp_mode="simulated",  # 'simulated' (one process holds every shard) | 'real' (torchrun, one shard per rank)
-    loss_parallel=False,  # distributed_gpt: wte/lm_head sharded by vocabulary, vocab-parallel cross-entropy
+    # distributed_gpt: wte/lm_head sharded by vocabulary, vocab-parallel cross-entropy
+    loss_parallel=TP_DEFAULTS["loss_parallel"],
     # distributed_gpt: how the syncs move (none changes the weights; docs/overlap.md, docs/compression.md)
-    tp_async_grad=False,  # f's backward all-reduce asynchronous, hidden behind the weight gradient (docs/overlap.md)
-    tp_overlap=1,  # K > 1: each tp/spd block's batch in K chunks, chunk k's all-reduce overlapping chunk k+1
-    sequence_parallel=False,  # Megatron sequence parallelism: reduce-scatter + all-gather instead of all-reduce
-    tp_comm_dtype=None,  # None (off) | 'bf16' | 'fp8' | 'int8': block-quantized partial sums in every g reduction
-    tp_comm_block=32,  # values per absmax scale (tp_comm_dtype)
-    tp_comm_exchange="one_shot",  # 'one_shot': all-gather the compressed partials | 'two_shot': reduce-scatter + all-gather
-    tp_collective_matmul=False,  # sequence_parallel's all-gathers/reduce-scatters as rings beside partial GEMMs
+    # f's backward all-reduce asynchronous, hidden behind the weight gradient (docs/overlap.md)
+    tp_async_grad=TP_DEFAULTS["tp_async_grad"],
+    # K > 1: each tp/spd block's batch in K chunks, chunk k's all-reduce overlapping chunk k+1
+    tp_overlap=TP_DEFAULTS["tp_overlap"],
+    # Megatron sequence parallelism: reduce-scatter + all-gather instead of all-reduce
+    sequence_parallel=TP_DEFAULTS["sequence_parallel"],
+    # None (off) | 'bf16' | 'fp8' | 'int8': block-quantized partial sums in every g reduction
+    tp_comm_dtype=TP_DEFAULTS["tp_comm_dtype"],
+    tp_comm_block=TP_DEFAULTS["tp_comm_block"],  # values per absmax scale (tp_comm_dtype)
+    # 'one_shot': all-gather the compressed partials | 'two_shot': reduce-scatter + all-gather
+    tp_comm_exchange=TP_DEFAULTS["tp_comm_exchange"],
+    # sequence_parallel's all-gathers/reduce-scatters as rings beside partial GEMMs
+    tp_collective_matmul=TP_DEFAULTS["tp_collective_matmul"],
     # AdamW
     learning_rate=6e-4,
     max_iters=600000,  # steps 0..max_iters: max_iters + 1 steps, as in nanoGPT
@@ -309,7 +319,7 @@ def prepare(argv):
         adopt_model(cfg, explicit, source=cfg["init_from"], model_type=None, spec=spec)
         vocab_size = spec["vocab_size"]
     else:
-        vocab_size = meta_vocab if meta_vocab is not None else 50304  # GPT-2's 50257 padded to a multiple of 64
+        vocab_size = meta_vocab if meta_vocab is not None else GPTConfig.vocab_size  # GPT-2's 50257 padded
     config = check_model(cfg, vocab_size=vocab_size, block_size=spec["block_size"] if cfg["init_from"] != "scratch"
                          else cfg["block_size"])
     dp, tp = check_layout(tp_size=cfg["tp_size"], tp_mode=cfg["tp_mode"], pp_size=cfg["pp_size"])
