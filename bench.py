@@ -44,8 +44,8 @@ import sys
 import torch
 
 from configurator import ConfigError, configure, exit_on_config_error
-from tpcomm.bench.bench_config import (DEFAULTS, combinations, pattern_label, sync_options, validate,  # noqa: F401
-                                 validate_pipeline, variant_name)
+from tpcomm.bench.bench_config import (DEFAULTS, combinations, pattern_label, sync_options, validate,
+                                       validate_pipeline, variant_name)
 from tpcomm.figures import command_figures
 from tpcomm.train.build import build_model
 from tpcomm.model.models import train_step as step

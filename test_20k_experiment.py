@@ -17,11 +17,11 @@ import re
 import pytest
 import torch
 
-import train
 from tpcomm.train.build import build_model
+from tpcomm.train.train_config import DEFAULTS
 from configurator import configure
 from model import GPT, GPTConfig
-from tensor_parallel_model import validate_tp_args
+from tpcomm.model.options import validate_tp_args
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 GPT2_COMM = sorted(glob.glob(os.path.join(ROOT, "config", "train_gpt2_*comm.py")))
@@ -32,7 +32,7 @@ BUDGET_KEYS = ("batch_size", "block_size", "gradient_accumulation_steps", "max_i
 
 
 def load(path):
-    return configure(train.DEFAULTS, [path])
+    return configure(DEFAULTS, [path])
 
 
 def model_args(cfg, vocab_size):

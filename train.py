@@ -39,7 +39,7 @@ from tpcomm.parallel.data_parallel import set_gradient_sync
 from tpcomm.train.metrics import eta
 from tpcomm.parallel.parallel_dims import init_parallel, shutdown
 from tpcomm.train.runtime import DeviceClock, RunError, RunLock, exit_on_run_error
-from tpcomm.train.train_config import DEFAULTS, prepare  # noqa: F401 (DEFAULTS: train.py's options, as nanoGPT's)
+from tpcomm.train.train_config import prepare
 from tpcomm.train.training import all_reduce_mean, closing_line, evaluate, save, start_run
 
 

@@ -38,8 +38,8 @@ import threading
 import numpy as np
 import torch
 import torch._dynamo  # noqa: F401  (imported by the package's torch.compiler.disable; most of the rest of the start)
-import torch.distributed  # noqa: F401
-import tqdm  # noqa: F401
+import torch.distributed  # noqa: F401  (preloaded for the children: every script and torchrun's agent import it)
+import tqdm  # noqa: F401  (preloaded for the children: the training scripts' progress bars)
 
 
 def serve(path):

@@ -20,7 +20,8 @@ from model import GPT  # noqa: E402
 from tpcomm.model.models import PlainGPT  # noqa: E402
 from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
 from real_tp_worker import VOCAB, make_gpt, ratio, write_results  # noqa: E402
-from tensor_parallel_model import DistributedGPT, TPConfig  # noqa: E402
+from tensor_parallel_model import DistributedGPT  # noqa: E402
+from tpcomm.model.options import TPConfig  # noqa: E402
 
 # float64 throughout: FSDP's reduce-scatter, DDP's all-reduce and one process's sums add the same terms in other
 # orders, ~1e-16 relative per operation (measured <1e-14 after 3 steps); a wrong shard or a missing reduction moves

@@ -18,8 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from model import GPT, GPTConfig  # noqa: E402
 from tpcomm.model.models import PlainGPT  # noqa: E402
-from tpcomm.parallel.pipeline import (LADDER, SCHEDULES, bubble_fraction, build_pipeline,  # noqa: E402
-                             theoretical_bubble)
+from tpcomm.parallel.pipeline import LADDER, SCHEDULES, build_pipeline  # noqa: E402
+from tpcomm.parallel.pipeline_timeline import bubble_fraction, theoretical_bubble  # noqa: E402
 from tpcomm.parallel.parallel_dims import init_parallel  # noqa: E402
 from real_tp_worker import ratio, worst  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402

@@ -22,7 +22,8 @@ from tpcomm.train.runtime import make_grad_scaler  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from tpcomm.model.models import PlainGPT  # noqa: E402
 from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
-from tensor_parallel_model import DistributedGPT, TPConfig  # noqa: E402
+from tensor_parallel_model import DistributedGPT  # noqa: E402
+from tpcomm.model.options import TPConfig  # noqa: E402
 
 VOCAB, N_LAYER, N_HEAD, N_EMBD = 61, 4, 8, 32
 PATTERNS = [

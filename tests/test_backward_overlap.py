@@ -16,7 +16,8 @@ import tpcomm.tp.async_grad
 from backward_overlap_worker import PATTERNS
 from configurator import ConfigError
 from real_tp_worker import name
-from tensor_parallel_model import DistributedGPT, TPConfig
+from tensor_parallel_model import DistributedGPT
+from tpcomm.model.options import TPConfig
 
 KEY = (1337, 7, 2)  # keyed dropout: both paths draw the same masks
 

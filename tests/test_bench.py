@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import bench
+from tpcomm.bench import bench_config
 from conftest import one_line_error, run_script
 from model import GPTConfig
 from tpcomm.bench import op_profile
@@ -79,7 +80,7 @@ class CountingGPT(PlainGPT):
 
 
 def test_timing_reads_collectives_through_the_model_interface():
-    cfg = dict(bench.DEFAULTS, vocab_size=65, block_size=16, batch_size=2, warmup=1, compile=False)
+    cfg = dict(bench_config.DEFAULTS, vocab_size=65, block_size=16, batch_size=2, warmup=1, compile=False)
     model = CountingGPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=65))
     dt, exposed, busy = bench.timed_steps(model, cfg, "cpu", "cpu", "float32", 3)
     assert dt > 0 and exposed == pytest.approx(0.1) and busy == pytest.approx(0.2)  # 0.3 s and 0.6 s over 3 steps

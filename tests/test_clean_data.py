@@ -13,7 +13,8 @@ import pytest
 
 from conftest import ROOT
 from test_experiment import fake_results
-from tpcomm.experiments import pairing, provenance, results, sweep_records
+from tpcomm.experiments import pairing, provenance, results, sweep_plan, sweep_records
+from tpcomm.experiments.result_check import ResultsError
 from tpcomm.experiments.report import report
 from tpcomm.experiments import sweep as sweeps
 from tpcomm.experiments.sweep_plan import SWEEPS
@@ -24,7 +25,7 @@ CLEAN = dict(commit="b" * 40, dirty=False)
 
 def committed_job(seed=99999):
     """A cpu-long job whose result file, experiments/cpu-long/runs/all-tp-seed<seed>.json, git would track."""
-    job, = sweeps.plan(sweeps.runs_named("cpu-long", "all-tp"), sweep_dir="experiments/cpu-long", seeds=[seed],
+    job, = sweeps.plan(sweep_plan.runs_named("cpu-long", "all-tp"), sweep_dir="experiments/cpu-long", seeds=[seed],
                        sweep="cpu-long", check_data=False)
     return job
 
@@ -44,17 +45,17 @@ def test_the_sweep_refuses_a_committed_file_from_a_dirty_tree(monkeypatch, capsy
         sweeps.finish_job(job, progress=None, say=print)
     assert not os.path.exists(job.result_path)
     # the refusal can fail to fire: a clean tree, or a result file git ignores (a quick try's directory)
-    sweeps.refuse_dirty(job, CLEAN)
-    quick, = sweeps.plan(sweeps.runs_named("cpu-long", "all-tp"), sweep_dir="experiments/cpu-long+max_iters=9",
+    sweep_records.refuse_dirty(job, CLEAN)
+    quick, = sweeps.plan(sweep_plan.runs_named("cpu-long", "all-tp"), sweep_dir="experiments/cpu-long+max_iters=9",
                          seeds=[99999], sweep="cpu-long", check_data=False)
     assert not sweep_records.committed(quick.result_path)
-    sweeps.refuse_dirty(quick, DIRTY)
+    sweep_records.refuse_dirty(quick, DIRTY)
 
 
 def test_result_files_are_not_code():
     """A sweep replacing its own committed result files leaves the tree clean: git_state looks outside experiments/."""
     path = sorted(glob.glob(os.path.join(ROOT, "experiments", "cpu-long", "runs", "*.json")))[0]
-    before = sweeps.git_state()
+    before = sweep_records.git_state()
     if before is None:
         pytest.fail("the tests run in a git checkout")
     with open(path) as f:
@@ -62,7 +63,7 @@ def test_result_files_are_not_code():
     try:
         with open(path, "a") as f:
             f.write(" ")
-        assert sweeps.git_state()["dirty"] == before["dirty"]
+        assert sweep_records.git_state()["dirty"] == before["dirty"]
     finally:
         with open(path, "w") as f:
             f.write(text)
@@ -86,7 +87,7 @@ def test_allow_dirty_writes_scratch_files_the_report_refuses(monkeypatch, capsys
     record["git"] = dict(DIRTY, when="run start", scratch=True)
     path = tmp_path / "experiments" / "cpu-long" / "runs" / f"all-tp-seed{record['seed']}.json"
     results.write_record(record, str(path))
-    with pytest.raises(results.ResultsError, match=re.escape(str(path)) + ".*scratch"):
+    with pytest.raises(ResultsError, match=re.escape(str(path)) + ".*scratch"):
         report.Results(root=str(tmp_path), say=lambda *a: None).rows("cpu-long")
     # its own sweep's tables read it in experiments/scratch/; without the mark the report reads it
     sweep_records.check_code_state(record, os.path.join(ROOT, sweep_records.SCRATCH_DIR, "cpu-long", "runs", "a.json"))
@@ -156,10 +157,10 @@ def test_the_report_prints_commits_and_rerun_checks(tmp_path):
     assert "| **NO** |" in table and "**mixes 2 code states**" in table
     # a rerun from a dirty tree checks nothing: refused, named
     results.write_record(dict(rerun, git=DIRTY), path)
-    with pytest.raises(results.ResultsError, match="reruns/all-spd-seed1339.json: a rerun check must come from"):
+    with pytest.raises(ResultsError, match="reruns/all-spd-seed1339.json: a rerun check must come from"):
         provenance.rerun_checks("cpu-long", root=root)
     results.write_record(dict(rerun, git=dict(CLEAN, scratch=True)), path)  # nor does a scratch file
-    with pytest.raises(results.ResultsError, match="reruns/all-spd-seed1339.json: a scratch result file"):
+    with pytest.raises(ResultsError, match="reruns/all-spd-seed1339.json: a scratch result file"):
         provenance.rerun_checks("cpu-long", root=root)
 
 

@@ -13,7 +13,8 @@ from test_tensor_parallel import N_EMBD, N_LAYER, assert_same, batch, make_gpt, 
 
 from configurator import ConfigError
 from real_tp_worker import TOL as REAL_TOL
-from tensor_parallel_model import DistributedGPT, TPConfig
+from tensor_parallel_model import DistributedGPT
+from tpcomm.model.options import TPConfig
 from tpcomm.tp.collective_matmul import all_gather_matmul, matmul_reduce_scatter
 from tpcomm.tp.collectives import SimulatedTP
 from tpcomm.tp.sequence_parallel import gather_to_tp_region, reduce_scatter_from_tp_region

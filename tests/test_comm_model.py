@@ -62,7 +62,7 @@ def test_decode_token_by_hand():
 def test_forward_syncs_match_the_cpu_sweep_config_names():
     """The documented rule (2 per tp, 1 per spd, +1 when ending desynced) gives each config's name: 24comm ... 1comm;
     measured counts are checked against the same rule end to end below."""
-    from tpcomm.experiments.sweep import SWEEPS
+    from tpcomm.experiments.sweep_plan import SWEEPS
 
     patterns = cal.cpu_sweep_patterns()
     assert [cm.forward_syncs(p) for p in patterns] == [int(run.name[:-4]) for run in SWEEPS["cpu"]

@@ -13,7 +13,8 @@ from conftest import TINY, metrics, one_line_error, run_script, shared_launch, t
 from configurator import ConfigError
 from test_generate import stepwise_logits
 from test_tensor_parallel import N_EMBD, assert_same, batch, make_gpt, run, run_keyed, run_reference, with_dropout
-from tensor_parallel_model import DistributedGPT, TPConfig
+from tensor_parallel_model import DistributedGPT
+from tpcomm.model.options import TPConfig
 from tpcomm.tp.compress.compression import QMAX, Codec
 from tpcomm.bench.compression_errors import error_table, main, reduction_errors
 

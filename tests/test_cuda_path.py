@@ -132,8 +132,9 @@ def tiny_gpt():
 
 def test_timed_steps_bill_only_the_timed_steps_device_work(monkeypatch):
     import bench
+    from tpcomm.bench import bench_config
 
-    cfg = dict(bench.DEFAULTS, vocab_size=65, block_size=16, batch_size=2, warmup=2, compile=False)
+    cfg = dict(bench_config.DEFAULTS, vocab_size=65, block_size=16, batch_size=2, warmup=2, compile=False)
     dev, calls = FakeDevice(), []
 
     def queued_step(*args):  # warm-up steps are slow (a compile, autotuning); the timed ones take 1 s each
@@ -150,6 +151,7 @@ def test_timed_steps_bill_only_the_timed_steps_device_work(monkeypatch):
 
 def test_timed_steps_use_the_device_clock_by_default(monkeypatch):
     import bench
+    from tpcomm.bench import bench_config
 
     made = []
 
@@ -163,7 +165,7 @@ def test_timed_steps_use_the_device_clock_by_default(monkeypatch):
             return self.clock()
 
     monkeypatch.setattr(bench, "DeviceClock", Recording)
-    cfg = dict(bench.DEFAULTS, vocab_size=65, block_size=16, batch_size=2, warmup=0, compile=False)
+    cfg = dict(bench_config.DEFAULTS, vocab_size=65, block_size=16, batch_size=2, warmup=0, compile=False)
     bench.timed_steps(tiny_gpt(), cfg, "cpu", "cpu", "float32", 1)
     assert made == ["cpu"]
 

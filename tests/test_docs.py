@@ -173,9 +173,9 @@ def run_main_quietly(main, argv):
 
 
 def check_train(args):
-    import train
+    from tpcomm.train.train_config import DEFAULTS
 
-    return configure_check(train.DEFAULTS, args)
+    return configure_check(DEFAULTS, args)
 
 
 def check_sample(args):
@@ -185,9 +185,9 @@ def check_sample(args):
 
 
 def check_bench(args):
-    import bench
+    from tpcomm.bench import bench_config
 
-    return configure_check(bench.DEFAULTS, args)
+    return configure_check(bench_config.DEFAULTS, args)
 
 
 def check_spd(args):
@@ -219,8 +219,8 @@ def check_comm_model(args):
 
 
 def check_experiment(args):
-    import train
     from tpcomm.experiments import sweep
+    from tpcomm.train.train_config import DEFAULTS
 
     parse, keys_only = split_arguments(args)
     parse = [os.path.relpath(a, ROOT) if os.path.isabs(a) else a for a in parse]  # the sweep's name, not a path
@@ -239,14 +239,14 @@ def check_experiment(args):
             _, overrides = gpu_scale.parse(parse[1:])
         except sweep.SweepError as e:
             return [str(e)]
-        return [f"unknown key --{k}" for k in keys_only if k not in gpu_scale.OPTIONS and k not in train.DEFAULTS] \
-            + configure_check(train.DEFAULTS, overrides)
-    problems = [f"unknown key --{k}" for k in keys_only if k not in train.DEFAULTS and k not in sweep.RUNNER_OPTIONS]
+        return [f"unknown key --{k}" for k in keys_only if k not in gpu_scale.OPTIONS and k not in DEFAULTS] \
+            + configure_check(DEFAULTS, overrides)
+    problems = [f"unknown key --{k}" for k in keys_only if k not in DEFAULTS and k not in sweep.RUNNER_OPTIONS]
     try:
         _, _, overrides = sweep.parse_args(parse)
     except sweep.SweepError as e:
         return problems + [str(e)]
-    return problems + configure_check(train.DEFAULTS, overrides)
+    return problems + configure_check(DEFAULTS, overrides)
 
 
 def pipeline_demo_defaults():

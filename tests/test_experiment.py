@@ -16,7 +16,9 @@ import time
 import pytest
 
 from tpcomm.experiments import sweep as experiment
-from tpcomm.experiments import pairing, plots, results
+from tpcomm.experiments import pairing, plots, results, sweep_plan, sweep_records
+from tpcomm.experiments.result_check import ResultsError
+from tpcomm.model import options
 from tpcomm.figures import png
 from configurator import _literal
 from conftest import ROOT, TINY, fork_server_for_children, run_script
@@ -39,7 +41,7 @@ def tiny_runs(tmp_path):
         path = tmp_path / f"tiny_{name}.py"
         path.write_text(f"model_type = 'distributed_gpt'\ntp_size = 2\nn_layer = 2\nblock_types = {types}\n"
                         f"always_save_checkpoint = False\ngradient_accumulation_steps = 2\n")
-        runs.append(experiment.Run(name, str(path)))
+        runs.append(sweep_plan.Run(name, str(path)))
     return runs
 
 
@@ -164,7 +166,7 @@ def test_sweep_output_in_a_log_has_no_escape_codes(tmp_path, monkeypatch, capfd)
 
 def test_unequal_token_budgets_are_refused(tmp_path, char_data):
     runs = tiny_runs(tmp_path)
-    runs[1] = experiment.Run("par", runs[1].config, ("--gradient_accumulation_steps=4",))  # the configs': 2
+    runs[1] = sweep_plan.Run("par", runs[1].config, ("--gradient_accumulation_steps=4",))  # the configs': 2
     with pytest.raises(experiment.SweepError, match=r"same tokens.*tp=.*par="):
         experiment.plan(runs, sweep_dir=str(tmp_path / "s"), seeds=[1],
                         overrides=[*TINY_SWEEP, f"--data_dir={char_data}"])
@@ -172,7 +174,7 @@ def test_unequal_token_budgets_are_refused(tmp_path, char_data):
 
 
 def test_defined_sweeps_share_one_budget_and_name_their_configs():
-    for name, runs in experiment.SWEEPS.items():
+    for name, runs in sweep_plan.SWEEPS.items():
         jobs = experiment.plan(runs, sweep_dir=f"experiments/{name}", seeds=[1337], check_data=False)
         by_size = {}
         for j in jobs:
@@ -181,17 +183,17 @@ def test_defined_sweeps_share_one_budget_and_name_their_configs():
         for j in jobs:
             # <n>comm runs its <n>comm config, <n>comm-<change> that config with one change
             assert j.run.config.endswith(f"_{j.run.name.split('-')[0]}.py") or \
-                j.run.config in (experiment.AXES_CONFIG, SCALE_CONFIG)  # the axes and gpu-scale: one config each
-    assert [r.name for r in experiment.SWEEPS["cpu"]] == [f"{n}comm" for n in (24, 18, 16, 12, 8, 6, 4, 3, 2, 1)] + [
+                j.run.config in (sweep_plan.AXES_CONFIG, SCALE_CONFIG)  # the axes and gpu-scale: one config each
+    assert [r.name for r in sweep_plan.SWEEPS["cpu"]] == [f"{n}comm" for n in (24, 18, 16, 12, 8, 6, 4, 3, 2, 1)] + [
         "24comm-ladder", "24comm-ladder-upper", "24comm-bf16", "24comm-fp8", "24comm-int8", "12comm-int8"]
-    assert [r.name for r in experiment.SWEEPS["gpt2"]] == [f"{n}comm" for n in (24, 18, 16, 12, 8, 6)] + [
+    assert [r.name for r in sweep_plan.SWEEPS["gpt2"]] == [f"{n}comm" for n in (24, 18, 16, 12, 8, 6)] + [
         "24comm-ladder", "24comm-ladder-upper", "24comm-bf16", "24comm-fp8", "24comm-int8", "12comm-int8",
         "24comm-int8-2shot"]  # cpu-long's delay and shrink variants
 
 
 def axes_jobs(name, seeds=None):
-    runs = experiment.SWEEPS[name]
-    return experiment.plan(runs, sweep_dir=f"experiments/{name}", seeds=seeds or experiment.SWEEP_SEEDS[name],
+    runs = sweep_plan.SWEEPS[name]
+    return experiment.plan(runs, sweep_dir=f"experiments/{name}", seeds=seeds or sweep_plan.SWEEP_SEEDS[name],
                            sweep=name, homes=experiment.homes_of(runs, ()), check_data=False)
 
 
@@ -228,7 +230,7 @@ def test_axes_sweeps_as_docs_axes_md_states():
     assert sorted((j.cfg["tp_size"], j.seed) for j in tp_axis if j.run.name.startswith("all-tp")) == [
         (2, 1337), (4, 1337), (4, 1338), (4, 1339), (8, 1337)]
     conv = axes_jobs("convergence")
-    assert {j.cfg["max_iters"] for j in conv} == {experiment.CONVERGENCE_STEPS}
+    assert {j.cfg["max_iters"] for j in conv} == {sweep_plan.CONVERGENCE_STEPS}
 
 
 def test_size_axis_follows_its_tokens_per_parameter_rule():
@@ -236,14 +238,14 @@ def test_size_axis_follows_its_tokens_per_parameter_rule():
     parameters, counted from the models); the sizes span >= 16x; the schedule scales with the steps."""
     jobs = axes_jobs("size-axis", seeds=[1337])
     n = {experiment.model_size(j.cfg): results.count_params(j.cfg, 65)[1] for j in jobs}
-    per_param = 3_840_000 / n[experiment.AXES_SIZE]
+    per_param = 3_840_000 / n[sweep_plan.AXES_SIZE]
     assert max(n.values()) / min(n.values()) >= 16
     for j in jobs:
         steps = j.cfg["max_iters"]
         assert steps == 20 * round(per_param * n[experiment.model_size(j.cfg)] / 768 / 20), j.run.name
         assert (j.cfg["lr_decay_iters"], j.cfg["eval_interval"], j.cfg["warmup_iters"]) == (
             steps, steps // 20, steps // 100)
-    assert n[experiment.AXES_SIZE] == 591_424  # the axes model: 12 x (12 x 64^2) + 2 x 12 x 64 + 64 layer norms
+    assert n[sweep_plan.AXES_SIZE] == 591_424  # the axes model: 12 x (12 x 64^2) + 2 x 12 x 64 + 64 layer norms
 
 
 def test_cli_dry_run_and_bad_input():
@@ -262,7 +264,7 @@ def test_cli_dry_run_and_bad_input():
 @pytest.mark.parametrize("types", [["tp"] * 12, ["parallel", "spd", "spd"] * 4, (["parallel"] * 5 + ["spd"]) * 2,
                                    ["tp", "spd"] * 6, ["spd", "tp", "tp", "parallel"], ["parallel"] * 3 + ["tp"]])
 def test_block_pattern_is_compact_and_evaluates_back(types):
-    expr = results.compact_list(types)
+    expr = options.compact_list(types)
     assert _literal(expr) == types and len(expr) <= 40, expr
 
 
@@ -375,7 +377,7 @@ def test_counts_refuse_a_model_without_communication(tmp_path):
     """GPT's comm_per_forward is {}: --counts says so in one line instead of failing on a missing key."""
     path = tmp_path / "tiny_gpt.py"
     path.write_text("model_type = 'gpt'\nn_layer = 2\n")
-    jobs = experiment.plan([experiment.Run("gpt", str(path))], sweep_dir=str(tmp_path / "s"), seeds=[1],
+    jobs = experiment.plan([sweep_plan.Run("gpt", str(path))], sweep_dir=str(tmp_path / "s"), seeds=[1],
                            overrides=TINY_SWEEP, check_data=False)
     with pytest.raises(experiment.SweepError, match=r"gpt: model_type='gpt' has no tensor-parallel communication"):
         experiment.comm_counts(jobs)
@@ -448,11 +450,11 @@ def test_a_corrupt_done_json_means_not_finished(tmp_path, content, capsys, monke
     """The runner writes done.json last and atomically; one it cannot read marks no finished run: the run is
     planned again (and said so), never a traceback."""
     job = finished_job(tmp_path)
-    assert experiment.run_dir_finished(job)  # anti-vacuity: the valid file counts
+    assert sweep_records.run_dir_finished(job)  # anti-vacuity: the valid file counts
     with open(os.path.join(job.out_dir, "done.json"), "w", encoding="latin-1") as f:
         f.write(content)
-    assert not experiment.run_dir_finished(job) and not experiment.is_finished(job)
-    assert experiment.read_done(job.out_dir) is None
+    assert not sweep_records.run_dir_finished(job) and not experiment.is_finished(job)
+    assert sweep_records.read_done(job.out_dir) is None
     capsys.readouterr()
     monkeypatch.setattr(experiment, "run_job", fake_run_job)
     experiment.run_sweep([job])
@@ -476,7 +478,7 @@ def test_a_corrupt_metrics_file_of_a_finished_run_is_one_line_naming_it(tmp_path
     path = os.path.join(job.out_dir, "metrics.jsonl")
     with open(path, "a") as f:
         f.write(line + "\n")
-    with pytest.raises(results.ResultsError, match=re.escape(f"{path} {words}")) as e:
+    with pytest.raises(ResultsError, match=re.escape(f"{path} {words}")) as e:
         experiment.record_finished([job])
     assert "\n" not in str(e.value) and not os.path.exists(job.result_path)
 
@@ -516,13 +518,13 @@ def test_corrupt_json_files_are_named(tmp_path, name, content, words):
     job = finished_job(tmp_path)
     with open(os.path.join(job.out_dir, name), "w") as f:
         f.write(content)
-    with pytest.raises(results.ResultsError, match=re.escape(words)):
+    with pytest.raises(ResultsError, match=re.escape(words)):
         results.run_record(job.out_dir, sweep="tiny", run="tp")
 
 
 def test_report_only_cli_names_a_corrupt_metrics_file(tmp_path):
     sweep_dir = str(tmp_path / "cpu")
-    job = finished_job(tmp_path, sweep_dir=sweep_dir, runs=experiment.SWEEPS["cpu"][:1], seed=1337, overrides=())
+    job = finished_job(tmp_path, sweep_dir=sweep_dir, runs=sweep_plan.SWEEPS["cpu"][:1], seed=1337, overrides=())
     path = os.path.join(job.out_dir, "metrics.jsonl")
     with open(path, "a") as f:
         f.write('{"iter": 7, "lo')  # truncated
@@ -607,7 +609,7 @@ def test_train_log_is_written_line_by_line(tmp_path, monkeypatch):
                      "    time.sleep(0.05)\n"
                      "print('done', flush=True)\n")
     monkeypatch.setattr(experiment, "command", lambda job: [sys.executable, str(child)])
-    job = experiment.Job(experiment.Run("fake", "fake.py"), 1, str(tmp_path / "run"), [], {"max_iters": 1}, 1)
+    job = experiment.Job(sweep_plan.Run("fake", "fake.py"), 1, str(tmp_path / "run"), [], {"max_iters": 1}, 1)
     thread = threading.Thread(target=experiment.run_job, args=(job,))
     thread.start()
     try:
@@ -621,7 +623,7 @@ def test_train_log_is_written_line_by_line(tmp_path, monkeypatch):
     finally:
         go.touch()
         thread.join(60)
-    assert open(log).read().splitlines()[-1] == "done" and experiment.read_done(job.out_dir) is not None
+    assert open(log).read().splitlines()[-1] == "done" and sweep_records.read_done(job.out_dir) is not None
 
 
 def test_a_resumed_runs_repeated_records_do_not_distort_rates_or_curves(tmp_path):
@@ -692,7 +694,7 @@ def test_paired_differences_confidence_intervals_and_ordering(tmp_path):
 def test_an_interrupted_checkpointing_run_resumes_from_its_checkpoint(tmp_path, char_data):
     """A sweep with always_save_checkpoint (like cpu-long): a run killed after a checkpoint goes on from it (its
     metrics up to the checkpoint kept) and ends as the uninterrupted run does."""
-    runs = [experiment.Run("tp", "config/train_shakespeare_char_24comm.py",
+    runs = [sweep_plan.Run("tp", "config/train_shakespeare_char_24comm.py",
                            ("--n_layer=2", "--block_types=['tp']*2", "--always_save_checkpoint=True"))]
     overrides = [*TINY_SWEEP, f"--data_dir={char_data}", "--max_iters=6", "--eval_interval=3"]
     whole, = experiment.plan(runs, sweep_dir=str(tmp_path / "whole"), seeds=[7], overrides=overrides)
@@ -747,8 +749,8 @@ def fake_record(job, *, final):
 
 def fake_results(root, name, seeds=None):
     """Result files of every run of a sweep under root/experiments (the shared ones in their home's)."""
-    runs = experiment.SWEEPS[name]
-    jobs = experiment.plan(runs, sweep_dir=f"experiments/{name}", seeds=seeds or experiment.SWEEP_SEEDS[name],
+    runs = sweep_plan.SWEEPS[name]
+    jobs = experiment.plan(runs, sweep_dir=f"experiments/{name}", seeds=seeds or sweep_plan.SWEEP_SEEDS[name],
                            sweep=name, homes=experiment.homes_of(runs, ()), check_data=False)
     for j in jobs:
         pattern = next(p for p in PATTERN_LOSS if j.run.name.startswith(p))

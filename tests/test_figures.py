@@ -6,6 +6,7 @@ width. The figures are the report's (report.plot_specs), drawn from the committe
 import pytest
 from matplotlib.colors import to_hex
 
+from tpcomm import ROOT
 from tpcomm.experiments.report import answer, answer_figure, report
 from tpcomm.figures import plot_labels, png, way_styles
 
@@ -210,7 +211,7 @@ def test_the_missing_figures_are_drawn_from_their_data_and_linked(figures):
     assert png.data_digest(moved) != png.data_digest(reversal)  # a changed result changes the digest
     for name, page in (("cost_model_checks.png", "cost_model.md"), ("parallel_reversal.png", "axes.md")):
         assert f"docs/{name}" in report.plot_specs()
-        with open(f"{report.ROOT}/docs/{page}", encoding="utf-8") as f:
+        with open(f"{ROOT}/docs/{page}", encoding="utf-8") as f:
             assert f"]({name})" in f.read(), page
 
 

@@ -8,14 +8,15 @@ import time
 import pytest
 
 from conftest import one_line_error, run_script
-from tpcomm.gpu import gpu_check
+from configurator import ConfigError
+from tpcomm.gpu import gpu_check, gpu_report
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """One CPU rehearsal (~20 s of CPU time; 2 processes for the real-TP section), into a temp dir, never docs/."""
     out = tmp_path_factory.mktemp("gpu_check")
-    (out / "gpu.md").write_text(f"# GPUs\n\nhand-written guide\n\n{gpu_check.BEGIN}\nold\n{gpu_check.END}\n\ntail\n")
+    (out / "gpu.md").write_text(f"# GPUs\n\nhand-written guide\n\n{gpu_report.BEGIN}\nold\n{gpu_report.END}\n\ntail\n")
     r = run_script("-m", "tpcomm.gpu.gpu_check", "--sizes=tiny", "--device=cpu", f"--out_dir={out}", timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads((out / "gpu.json").read_text()), (out / "gpu.md").read_text(), r.stdout
@@ -40,7 +41,7 @@ def test_training_and_decode_fields(tiny):
         assert m["ms_per_iter"] > 0 and m["tokens_per_s"] > 0
         assert m["mfu"] is None  # no peak for a CPU: n/a, not a made-up number
     assert s["gpt_train"]["compiled_graphs"] == 1 and s["gpt_train"]["graph_breaks"] == 0
-    assert set(s["sim_tp8"]["ratio_to_gpt"]) == set(gpu_check.BLOCK_TYPES)
+    assert set(s["sim_tp8"]["ratio_to_gpt"]) == set(gpu_report.BLOCK_TYPES)
     assert all(r > 0 for r in s["sim_tp8"]["ratio_to_gpt"].values())
     rows = {(r["model"], r["batch"]): r["ms_per_token"] for r in s["decode"]["rows"]}
     assert set(rows) == {(m, b) for m in ("gpt", "tp", "spd") for b in (1, 16)}
@@ -69,7 +70,7 @@ def test_identity_and_cost_model_fields(tiny):
     # (issue 37.1's fix; tests/test_bf16_identity.py), reported on a GPU whatever they are
     sp = [f"{p} tp{t} sequence parallel" for p in (["spd", "parallel", "tp", "parallel"],
                                                    ["parallel", "spd", "parallel", "tp"]) for t in (2, 4, 8)]
-    assert set(dev) == {"gpt"} | {f"{k} tp{t}" for k in gpu_check.BLOCK_TYPES for t in (2, 4, 8)} | set(sp)
+    assert set(dev) == {"gpt"} | {f"{k} tp{t}" for k in gpu_report.BLOCK_TYPES for t in (2, 4, 8)} | set(sp)
     assert set(dev.values()) == {0.0} and s["bf16_identity"]["ok"] is True, dev
     # and in training passes, gradients on, with each option the validator allows (tests/test_bf16_train_identity.py)
     train = s["bf16_identity"]["train_loss_deviation"]
@@ -81,7 +82,7 @@ def test_identity_and_cost_model_fields(tiny):
 def test_markdown_replaces_only_its_section(tiny):
     _, md, _ = tiny
     assert md.startswith("# GPUs\n\nhand-written guide\n\n") and md.endswith("\n\ntail\n")
-    assert "\nold\n" not in md and md.count(gpu_check.BEGIN) == 1 and md.count(gpu_check.END) == 1
+    assert "\nold\n" not in md and md.count(gpu_report.BEGIN) == 1 and md.count(gpu_report.END) == 1
     for text in ("CPU (rehearsal)", "torch ", "| eager |", "| compiled |", "all `ladder`", "ms/token", "`real_tp`",
                  "`comm_sanity`", "`bf16_identity`", "assumed MFU 40%"):
         assert text in md, text
@@ -116,7 +117,7 @@ def test_a_failing_or_slow_section_is_recorded_and_the_rest_run(tmp_path, monkey
                                       ("--out_dir=/nonexistent/dir", "out_dir"), ("--device=tpu", "device")])
 def test_bad_options_name_key_and_value(arg, key):
     k, v = arg[2:].split("=", 1)
-    with pytest.raises(gpu_check.ConfigError, match=f"^{key}.*{v}"):
+    with pytest.raises(ConfigError, match=f"^{key}.*{v}"):
         gpu_check.validate(dict(gpu_check.DEFAULTS, **{k: v}))
 
 
@@ -126,7 +127,7 @@ def test_bad_option_is_one_line():
 
 
 def test_full_sizes_need_a_gpu(tmp_path):
-    with pytest.raises(gpu_check.ConfigError, match="sizes='full' needs a CUDA GPU"):
+    with pytest.raises(ConfigError, match="sizes='full' needs a CUDA GPU"):
         gpu_check.run_check(dict(gpu_check.DEFAULTS, device="cpu", out_dir=str(tmp_path)), say=lambda *a: None)
     assert not (tmp_path / "gpu.json").exists()
 

@@ -257,10 +257,11 @@ def committed_record():
 ])
 def test_a_result_file_that_disagrees_with_its_name_or_is_out_of_range_is_refused(tmp_path, change, words):
     from tpcomm.experiments import results
+    from tpcomm.experiments.result_check import ResultsError
 
     path = tmp_path / os.path.basename(COMMITTED)
     path.write_text(json.dumps(dict(committed_record(), **change)))
-    with pytest.raises(results.ResultsError) as e:
+    with pytest.raises(ResultsError) as e:
         results.read_record(str(path), sweep="cpu")
     assert str(path) in str(e.value) and all(w in str(e.value) for w in words), str(e.value)
     results.read_record(COMMITTED, sweep="cpu")  # anti-vacuity: the committed file itself is accepted

@@ -9,7 +9,8 @@ import json
 import pytest
 import torch
 from conftest import assert_same as assert_same_losses, differs, losses, shared_launch, train
-from ladder_worker import MIXED, PATTERNS, expected_log, log_async, name
+from ladder_worker import MIXED, PATTERNS, expected_log, log_async
+from real_tp_worker import name
 from test_generate import stepwise_logits
 from test_tensor_parallel import (N_EMBD, N_LAYER, VOCAB, assert_same, batch, make_gpt, run, run_keyed,
                                   with_dropout)
@@ -19,7 +20,8 @@ from torch.nn import functional as F
 import tensor_parallel_model
 from configurator import ConfigError
 from model import KVCache
-from tensor_parallel_model import DistributedGPT, TPConfig
+from tensor_parallel_model import DistributedGPT
+from tpcomm.model.options import BLOCK_TYPES, TPConfig
 from tpcomm.bench import trace as comm_trace
 from tpcomm.tp.collectives import SimulatedTP, copy_to_tp_region, reduce_from_tp_region, reduce_from_tp_region_async
 
@@ -158,7 +160,7 @@ def test_communication_is_measured():
 
 def test_config_accepts_ladder_and_loss_parallel_runs_with_it():
     assert TPConfig(n_layer=3, n_head=4, n_embd=32, tp_size=2, block_types="ladder").block_types == ["ladder"] * 3
-    assert "ladder" in tensor_parallel_model.BLOCK_TYPES
+    assert "ladder" in BLOCK_TYPES
     with pytest.raises(ConfigError, match="ladr"):
         TPConfig(n_layer=2, n_head=4, n_embd=32, tp_size=2, block_types=["ladder", "ladr"])
     # the vocabulary-sharded head sees the stream after the pending outputs are added: the same model

@@ -14,7 +14,8 @@ from test_tensor_parallel import N_LAYER, assert_same, batch, make_gpt, run, run
 from configurator import ConfigError
 from real_tp_worker import name
 from overlap_sp_worker import PATTERNS
-from tensor_parallel_model import DistributedGPT, TPConfig
+from tensor_parallel_model import DistributedGPT
+from tpcomm.model.options import TPConfig
 from tpcomm.tp import dropout as keyed_dropout
 
 # float64: a chunk's matmuls sum the same products as the whole batch's (rows are independent), the chunks' results

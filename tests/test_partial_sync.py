@@ -9,7 +9,8 @@ import torch
 
 from conftest import ROOT, run_script, shared_launch
 from configurator import ConfigError
-from tensor_parallel_model import DistributedGPT, TPConfig
+from tensor_parallel_model import DistributedGPT
+from tpcomm.model.options import TPConfig
 from test_tensor_parallel import (N_LAYER, TOL, VOCAB, assert_same, attn_shard, batch, layer_norm, make_gpt, mlp_shard,
                                   run, run_keyed, with_dropout)
 

@@ -12,8 +12,8 @@ import torch
 from conftest import (TORCHRUN, assert_same, differs, losses, one_line_error, run_script, shared_launch, train,
                       val_losses)
 from configurator import ConfigError
-from tpcomm.parallel.pipeline import (bubble_fraction, format_timeline, replay, stage_layers, theoretical_bubble,
-                             validate_pp_layout)
+from tpcomm.parallel.pipeline import stage_layers, validate_pp_layout
+from tpcomm.parallel.pipeline_timeline import bubble_fraction, format_timeline, replay, theoretical_bubble
 from pp_worker import CAN_FAIL, CLIP, M, MB, MODELS, N_EMBD, STEPS, T, TP_SIZE, VIRTUAL, plan
 
 FWD_ALLREDUCES = {"tp": 2, "spd": 1, "parallel": 0, "ladder": 2}  # docs/model.md, plus 1 when the model ends desynced

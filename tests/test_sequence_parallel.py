@@ -15,7 +15,8 @@ from test_tensor_parallel import N_EMBD, assert_same, batch, make_gpt, run, run_
 from configurator import ConfigError
 from overlap_sp_worker import PATTERNS
 from real_tp_worker import name
-from tensor_parallel_model import DistributedGPT, TPConfig
+from tensor_parallel_model import DistributedGPT
+from tpcomm.model.options import TPConfig
 from tpcomm.costmodel.activation_memory import predicted_activation_bytes
 
 # float64: the same products as without SP; a desynced stream is synced as sum_i r_i - (tp-1) xbar instead of

@@ -10,8 +10,9 @@ from tqdm import tqdm
 from conftest import TINY, run_script
 from model import GPT, GPTConfig
 from configurator import ConfigError
-from tpcomm.convert.sync_point_drop import (Evaluator, distill_block, distill_kl, distributed, group_heads, head_grouping, mean_loss,
-                 permute_heads_and_units, read_latencies, sensitivities, spd_pattern)
+from tpcomm.convert.head_grouping import group_heads, head_grouping, permute_heads_and_units
+from tpcomm.convert.sync_point_drop import (Evaluator, distill_block, distill_kl, distributed, mean_loss, read_latencies,
+                                            sensitivities, spd_pattern)
 
 # fp32, tiny model: a reordered sum differs from GPT's by ~1e-7 relative; 1e-5 leaves room and is far below the
 # effect of dropping a sync (checked > 1e-3 below)

@@ -3,12 +3,13 @@ of the train.py they start), the gpt2 sweep runs one process per GPU of the node
 wandb for a login it cannot get. No GPU needed: the GPUs torch sees are faked and train.py is not started."""
 
 import os
+import subprocess
 import threading
 
 import pytest
 import torch
 
-from tpcomm.experiments import gpu_claim, sweep
+from tpcomm.experiments import gpu_claim, sweep, sweep_plan
 
 
 class FakeProc:
@@ -20,7 +21,7 @@ class FakeProc:
 
 
 def job(tmp_path, name, nproc):
-    return sweep.Job(sweep.Run(name, "fake.py"), 1, str(tmp_path / name), [], {"max_iters": 1}, nproc)
+    return sweep.Job(sweep_plan.Run(name, "fake.py"), 1, str(tmp_path / name), [], {"max_iters": 1}, nproc)
 
 
 @pytest.fixture
@@ -44,7 +45,7 @@ def test_runs_side_by_side_get_disjoint_gpus(eight_gpus, tmp_path, monkeypatch):
             sweep.run_job(jobs[1])
         return FakeProc()
 
-    monkeypatch.setattr(sweep.subprocess, "Popen", popen)
+    monkeypatch.setattr(subprocess, "Popen", popen)
     sweep.run_job(jobs[0])  # a, and inside it b
     sweep.run_job(jobs[2])  # c, after both ended
     a, b, c = (set(envs[i].split(",")) for i in range(3))
@@ -75,7 +76,7 @@ def test_a_claim_waits_for_free_gpus_and_respects_the_users_choice(eight_gpus, m
 
 def test_cpu_runs_hold_no_gpu(eight_gpus, monkeypatch, tmp_path):
     envs = []
-    monkeypatch.setattr(sweep.subprocess, "Popen", lambda cmd, *, env, **kw: envs.append(env) or FakeProc())
+    monkeypatch.setattr(subprocess, "Popen", lambda cmd, *, env, **kw: envs.append(env) or FakeProc())
     cpu_job = job(tmp_path, "on-cpu", 1)
     cpu_job.cfg["device"] = "cpu"
     with gpu_claim.GPUClaim(8):  # every GPU taken: a CPU run does not wait for one
@@ -86,17 +87,17 @@ def test_cpu_runs_hold_no_gpu(eight_gpus, monkeypatch, tmp_path):
 def test_no_gpus_no_pinning(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     envs = []
-    monkeypatch.setattr(sweep.subprocess, "Popen", lambda cmd, *, env, **kw: envs.append(env) or FakeProc())
+    monkeypatch.setattr(subprocess, "Popen", lambda cmd, *, env, **kw: envs.append(env) or FakeProc())
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     sweep.run_job(job(tmp_path, "cpu-run", 2))
-    assert "CUDA_VISIBLE_DEVICES" not in envs[0] and sweep.node_gpus() == 1
+    assert "CUDA_VISIBLE_DEVICES" not in envs[0] and gpu_claim.node_gpus() == 1
 
 
 def test_gpt2_sweep_uses_the_nodes_gpus_and_no_wandb(eight_gpus, tmp_path):
-    jobs = sweep.plan(sweep.SWEEPS["gpt2"], sweep_dir=str(tmp_path / "gpt2"), seeds=[1337], check_data=False)
+    jobs = sweep.plan(sweep_plan.SWEEPS["gpt2"], sweep_dir=str(tmp_path / "gpt2"), seeds=[1337], check_data=False)
     assert {j.nproc for j in jobs} == {8}
     assert all(sweep.command(j)[1:4] == ["-m", "torch.distributed.run", "--standalone"] for j in jobs)
     assert not any(j.cfg["wandb_log"] for j in jobs)  # a login it cannot ask for in a subprocess
-    jobs = sweep.plan(sweep.SWEEPS["gpt2"], sweep_dir=str(tmp_path / "gpt2"), seeds=[1337], nproc=4,
+    jobs = sweep.plan(sweep_plan.SWEEPS["gpt2"], sweep_dir=str(tmp_path / "gpt2"), seeds=[1337], nproc=4,
                       check_data=False)
     assert {j.nproc for j in jobs} == {4}  # --nproc still overrides

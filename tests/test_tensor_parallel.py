@@ -187,7 +187,7 @@ def test_round_trip_exact_and_init_independent_of_tp(tp):
     torch.manual_seed(5)
     ref = GPT(gpt.config).state_dict()
     torch.manual_seed(5)
-    from tensor_parallel_model import TPConfig
+    from tpcomm.model.options import TPConfig
     fields = {k: getattr(gpt.config, k) for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "bias")}
     model = DistributedGPT(TPConfig(**fields, tp_size=tp))
     for n, v in model.gpt_state_dict().items():
@@ -297,7 +297,7 @@ def test_dropout_rate_is_p_per_stream():
 
 def test_one_block_type_for_every_layer():
     from configurator import ConfigError
-    from tensor_parallel_model import TPConfig
+    from tpcomm.model.options import TPConfig
     assert TPConfig(n_layer=3, n_head=4, n_embd=32, tp_size=2, block_types="spd").block_types == ["spd"] * 3
     assert TPConfig(n_layer=2, n_head=4, n_embd=32, tp_size=2).block_types == ["tp"] * 2
     for bad in ("sdp", ["tp"], ["tp", "foo"]):
@@ -352,7 +352,7 @@ def test_loss_parallel_comparison_can_fail():
 @pytest.mark.parametrize("tp", [1, 2, 4])
 @pytest.mark.parametrize("loss_parallel", [False, True])
 def test_meta_init_equals_gpt_init_bitwise(tp, loss_parallel):
-    from tensor_parallel_model import TPConfig
+    from tpcomm.model.options import TPConfig
     cfg = dict(block_size=32, vocab_size=VOCAB, n_layer=3, n_head=N_HEAD, n_embd=N_EMBD, bias=True)
     torch.manual_seed(5)
     ref = GPT(GPTConfig(**cfg)).state_dict()

@@ -13,8 +13,8 @@ from conftest import TORCHRUN, metrics, one_line_error, run_script, train
 
 import bench
 from tpcomm.bench import trace as comm_trace
-from tpcomm.tp import collectives as tp_comm
-from tensor_parallel_model import DistributedGPT, TPConfig
+from tensor_parallel_model import DistributedGPT
+from tpcomm.model.options import TPConfig
 
 SIZES = {"n_layer": 4, "n_head": 4, "n_embd": 32, "block_size": 16, "vocab_size": 64}
 BATCH, STEPS = 2, 2
@@ -119,7 +119,7 @@ def test_the_comparison_can_fail(simulated, tmp_path):
 def test_nothing_is_labelled_without_a_profiler(monkeypatch):
     """No profiler: no span and no label is made (the hot path reads one flag); with one, every collective is."""
     calls = []
-    monkeypatch.setattr(tp_comm.torch.profiler, "record_function", lambda name: calls.append(name) or
+    monkeypatch.setattr(torch.profiler, "record_function", lambda name: calls.append(name) or
                         contextlib.nullcontext())
     model = DistributedGPT(TPConfig(**SIZES, tp_size=2, block_types=PATTERNS["mix"]))
     idx = torch.randint(SIZES["vocab_size"], (BATCH, SIZES["block_size"]))

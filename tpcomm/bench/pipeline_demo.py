@@ -16,11 +16,12 @@ import torch
 import torch.distributed as dist
 
 from configurator import ConfigError, configure, exit_on_config_error
-from tensor_parallel_model import DistributedGPT, TPConfig, validate_tp_args
+from tensor_parallel_model import DistributedGPT
+from tpcomm.model.options import TPConfig, validate_tp_args
 from tpcomm.parallel.parallel_dims import init_parallel, launched_by_torchrun, shutdown, world_size
 from tpcomm.costmodel.activation_memory import ActivationMemory
-from tpcomm.parallel.pipeline import (Pipeline, bubble_fraction, build_pipeline, format_events, format_timeline,
-                             theoretical_bubble, validate_pp_layout)
+from tpcomm.parallel.pipeline import Pipeline, build_pipeline, validate_pp_layout
+from tpcomm.parallel.pipeline_timeline import bubble_fraction, format_events, format_timeline, theoretical_bubble
 
 
 # ---------------------------------------------------------------- bench.py --mode=pipeline

@@ -22,8 +22,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from tpcomm import ROOT
-from tpcomm.convert.head_grouping import (assign_units, block_input, group_heads, head_grouping,  # noqa: F401
-                                  head_statistics, permute_heads_and_units)
+from tpcomm.convert.head_grouping import block_input, head_grouping, permute_heads_and_units
 from tpcomm.train.runtime import RunLock, pick_device
 from tpcomm.train.checkpoint import CHECKPOINT_NAME, build_model_from_checkpoint, load_checkpoint, model_spec, save_checkpoint
 from configurator import ConfigError, configure, exit_on_config_error

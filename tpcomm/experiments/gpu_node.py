@@ -132,7 +132,7 @@ def parse(argv):
 
 def check_shape(shape, cfg):
     """Every way of the shape must run at this tp and batch, as train.py would check it (TPConfig)."""
-    from tensor_parallel_model import TPConfig
+    from tpcomm.model.options import TPConfig
 
     n_layer, n_embd, n_head = SHAPES[shape]
     for name, _, pattern, opts, _ in WAYS:
@@ -253,9 +253,10 @@ def worker(argv):
 
     from model import device_peak_flops
     from tpcomm.train.build import build_model
-    from tpcomm.gpu.gpu_check import allreduce_sanity, sync, write_json
+    from tpcomm.gpu.gpu_check import allreduce_sanity
+    from tpcomm.gpu.gpu_report import write_json
     from tpcomm.parallel.parallel_dims import init_parallel, shutdown
-    from tpcomm.train.runtime import autocast_context, setup_runtime
+    from tpcomm.train.runtime import autocast_context, setup_runtime, sync
 
     args = dict(a[2:].split("=", 1) for a in argv)
     config, out = json.loads(args["config"]), args["out"]

@@ -20,9 +20,12 @@ import subprocess
 import sys
 import time
 
+from configurator import ConfigError
 from tpcomm import ROOT
 from tpcomm.experiments import results
 from tpcomm.experiments import sweep as sweeps
+from tpcomm.experiments import sweep_records
+from tpcomm.experiments.result_check import ResultsError
 from tpcomm.experiments.sweep_plan import REHEARSAL_SIZES, SCALE_SEEDS, SCALE_SIZES, scale_runs
 
 NAME = "gpu-scale"
@@ -126,7 +129,7 @@ def measured_seconds(jobs):
     """{run name: median wall s} and {model size: [(block type, wall s), ...]} of the finished runs."""
     by_run, by_size = {}, {}
     for j in jobs:
-        rec = sweeps.load_result(j, say=lambda *_: None) if os.path.exists(j.result_path) else None
+        rec = sweep_records.load_result(j, say=lambda *_: None) if os.path.exists(j.result_path) else None
         wall = rec and rec["timing"].get("wall_s")
         if wall:
             by_run.setdefault(j.run.name, []).append(wall)
@@ -268,7 +271,7 @@ def cli(argv):
     """main with user errors as one line, exit status 2."""
     try:
         status = main(argv)
-    except (sweeps.SweepError, sweeps.ConfigError, results.ResultsError) as e:
+    except (sweeps.SweepError, ConfigError, ResultsError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

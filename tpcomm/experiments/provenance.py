@@ -20,6 +20,7 @@ from collections import Counter
 
 from tpcomm import ROOT
 from tpcomm.experiments import results
+from tpcomm.experiments.result_check import ResultsError
 from tpcomm.experiments.sweep_records import check_code_state, load_result
 
 RERUN_DECIMALS = 4  # a rerun equals its old file when their final val losses agree to 4 decimals
@@ -47,13 +48,13 @@ def rerun_checks(sweep, *, root=ROOT):
         check_code_state(new, path)
         old_path = os.path.join(root, "experiments", sweep, "runs", os.path.basename(path))
         if not os.path.exists(old_path):
-            raise results.ResultsError(f"{path}: a rerun check needs the file it reruns, {old_path}")
+            raise ResultsError(f"{path}: a rerun check needs the file it reruns, {old_path}")
         old = results.read_record(old_path)
         if (new["run"], new["seed"]) != (old["run"], old["seed"]):
-            raise results.ResultsError(f"{path}: reruns {new['run']} seed {new['seed']}, but {old_path} holds "
+            raise ResultsError(f"{path}: reruns {new['run']} seed {new['seed']}, but {old_path} holds "
                                        f"{old['run']} seed {old['seed']}")
         if not is_named(code_state(new)):
-            raise results.ResultsError(f"{path}: a rerun check must come from a clean commit, got "
+            raise ResultsError(f"{path}: a rerun check must come from a clean commit, got "
                                        f"{code_state(new)}")
         out.append(dict(run=new["run"], seed=new["seed"], old=code_state(old), new=code_state(new),
                         old_loss=old["val_loss"], new_loss=new["val_loss"],

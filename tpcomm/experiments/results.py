@@ -24,7 +24,7 @@ import time
 
 from tpcomm import ROOT
 from tpcomm.model.options import compact_list
-from tpcomm.experiments.result_check import ResultsError, check_result  # noqa: F401 (ResultsError: results.ResultsError)
+from tpcomm.experiments.result_check import ResultsError, check_result
 
 SKIP_TRAIN_RECORDS = 2  # the first logged steps of each process include start-up and warm-up: not steady state
 SCATTER_LIMIT = 1.5  # a run whose 90th-percentile step time exceeds its median by this factor was disturbed

@@ -49,12 +49,11 @@ from configurator import ConfigError, configure, parse_flag
 from tpcomm import ROOT
 from tpcomm.experiments import pairing, plots, results
 from tpcomm.experiments.gpu_claim import GPUClaim, node_gpus
-from tpcomm.experiments.sweep_records import (SCRATCH_DIR, DirtyTreeError, finished_seeds, git_state, load_result,  # noqa: F401
-                                   machine_info, read_done, record_job, refuse_dirty, rows_of, run_dir_finished,
-                                   same_config, scratch_mark)
-from tpcomm.experiments.sweep_plan import (AXES_CONFIG, AXES_SEEDS, AXES_SIZE, AXES_STEPS, CONVERGENCE_STEPS, PATTERNS,  # noqa: F401
-                               RESOLVED_SEEDS, SIZES, SWEEP_REMARKS, SWEEP_SEEDS, SWEEPS, TP_AXIS_PATTERNS, Run)
-from tpcomm.experiments.sweep_plan import runs_named
+from tpcomm.experiments.result_check import ResultsError
+from tpcomm.experiments.sweep_plan import SWEEP_REMARKS, SWEEP_SEEDS, SWEEPS, Run, runs_named
+from tpcomm.experiments.sweep_records import (SCRATCH_DIR, DirtyTreeError, finished_seeds, git_state, read_done,
+                                              record_job, refuse_dirty, rows_of, run_dir_finished, same_config,
+                                              scratch_mark)
 
 RUNNER_OPTIONS = ("seeds", "nproc", "out", "report-only", "dry-run", "counts", "check", "allow-dirty", "runs")
 RUNNER_FLAGS = ("report-only", "dry-run", "counts", "allow-dirty")  # --flag, --flag=True or --flag=False
@@ -185,7 +184,7 @@ def result_problem(job):
         return "no result file"
     try:
         record = results.read_record(job.result_path, sweep=job.sweep)
-    except results.ResultsError as e:
+    except ResultsError as e:
         return f"not a valid result file ({e})"
     key = same_config(record["config"], job.cfg)
     if key is not None:
@@ -381,7 +380,7 @@ def report(jobs, sweep_dir, *, title, note="", remark=""):
     """Tables and plots in sweep_dir from the jobs' result files; returns (markdown table, plot paths)."""
     try:
         rows, missing = rows_of(jobs)
-    except results.ResultsError as e:  # a result file is corrupt: name the file, no traceback
+    except ResultsError as e:  # a result file is corrupt: name the file, no traceback
         raise SweepError(f"cannot report {sweep_dir}: {e}") from None
     if missing:
         print(f"no finished runs yet for: {', '.join(missing)}")
@@ -592,7 +591,7 @@ def cli(argv, *, report_main=None):
         sys.exit(0)
     try:
         main(argv, report_main=report_main)
-    except (SweepError, ConfigError, results.ResultsError, DirtyTreeError) as e:
+    except (SweepError, ConfigError, ResultsError, DirtyTreeError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

@@ -12,6 +12,7 @@ import subprocess
 
 from tpcomm import ROOT
 from tpcomm.experiments import results
+from tpcomm.experiments.result_check import ResultsError
 
 SCRATCH_DIR = os.path.join("experiments", "scratch")  # --allow-dirty's result files (ignored by git)
 
@@ -64,7 +65,7 @@ def check_code_state(record, path):
     git = record.get("git")
     scratch = os.path.join(ROOT, SCRATCH_DIR) + os.sep
     if isinstance(git, dict) and git.get("scratch") and not os.path.abspath(path).startswith(scratch):
-        raise results.ResultsError(f"{path}: a scratch result file (written with --allow-dirty from commit "
+        raise ResultsError(f"{path}: a scratch result file (written with --allow-dirty from commit "
                                    f"{str(git.get('commit'))[:7]} with uncommitted changes): the report reads "
                                    f"only result files from clean commits; rerun it from a clean checkout")
 

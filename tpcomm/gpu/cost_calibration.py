@@ -42,7 +42,7 @@ def timed(fn, device, iters):
 def shard_block(c, device):
     """(forward function of x (1, N, d), parameters) of one tp shard of a block: its real modules at local = 1."""
     from model import LayerNorm
-    from tensor_parallel_model import TPConfig
+    from tpcomm.model.options import TPConfig
     from tpcomm.tp.sharded_layers import ShardedAttention, ShardedMLP, layer_norm
 
     cfg = TPConfig(n_layer=1, n_head=c["n_head"], n_embd=c["n_embd"], tp_size=c["tp"], block_size=c["seq"],

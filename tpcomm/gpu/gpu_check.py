@@ -48,7 +48,7 @@ import torch
 from configurator import ConfigError, configure, exit_on_config_error
 from tpcomm import ROOT
 from tpcomm.model.models import train_step
-from tpcomm.gpu.gpu_report import BEGIN, BLOCK_TYPES, END, write_json, write_markdown  # noqa: F401
+from tpcomm.gpu.gpu_report import BLOCK_TYPES, write_json, write_markdown
 from tpcomm.gpu.cost_calibration import cost_calibration
 from tpcomm.train.runtime import sync
 from tpcomm.train.output_path import check_folder, check_output_file, json_with

@@ -47,11 +47,10 @@ from torch.nn import functional as F
 
 from configurator import ConfigError
 from model import GPT, configure_adamw, positions
-from tensor_parallel_model import add_pending
 from tpcomm.model.models import clip_to_norm_
 from tpcomm.parallel.pipeline_layout import GPTLayout, stage_named_parameters
-from tpcomm.parallel.pipeline_timeline import (Recorder, RecordedStage, bubble_fraction, format_events,  # noqa: F401
-                                      format_timeline, replay, theoretical_bubble)
+from tpcomm.parallel.pipeline_timeline import Recorder, RecordedStage
+from tpcomm.tp.sharded_layers import add_pending
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
 # The stages hand torch their gradient examples (output_grads), which PipelineStage takes from torch 2.13 on: an

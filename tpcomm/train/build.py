@@ -11,7 +11,7 @@ from configurator import ConfigError
 from tensor_parallel_model import DistributedGPT
 from tpcomm.parallel.data_parallel import INIT_DEVICES
 from tpcomm.model.models import PlainGPT
-from tpcomm.model.options import MODEL_TYPES, TPConfig, gpt_args, model_config  # noqa: F401 (MODEL_TYPES: scripts read it)
+from tpcomm.model.options import TPConfig, gpt_args, model_config
 
 
 def build_model(model_type, model_args, *, pd=None, init_device="default"):

@@ -199,7 +199,7 @@ def check_train_settings(cfg):
 def check_wandb():
     """wandb_log=True: wandb installed, found before the run starts (a failing wandb.init is train.py's RunError)."""
     try:
-        import wandb  # noqa: F401
+        import wandb  # noqa: F401  (only to see that it is installed; train.py imports it where it logs)
     except ImportError:
         raise ConfigError("wandb_log=True but wandb is not installed (pip install wandb), or give "
                           "--wandb_log=False") from None

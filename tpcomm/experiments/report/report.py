@@ -31,6 +31,7 @@ from tpcomm.figures import command_figures, png
 from tpcomm.experiments.report import doc_figures
 from tpcomm.experiments import pairing, plots, results
 from tpcomm.experiments import sweep as sweeps
+from tpcomm.experiments import sweep_plan, sweep_records
 from tpcomm.experiments.report.answer import answer_summary, answer_table, tradeoff_plot
 from tpcomm.experiments.provenance import provenance_markdown
 from tpcomm.experiments.readings import claim, comm_dtype_label, data_warning, interval_cell, no_results, pattern_name, penalties
@@ -51,7 +52,7 @@ class Results:
 
     def jobs(self, name, *, seeds=None):
         """The sweep's jobs for the seeds of its result files (or the given ones), paths anchored at the repo root."""
-        runs = sweeps.SWEEPS[name]
+        runs = sweep_plan.SWEEPS[name]
         sweep_dir = sweeps.sweep_dir_for(name, ())
         homes = sweeps.homes_of(runs, ())
         if seeds is None:
@@ -67,7 +68,7 @@ class Results:
     def rows(self, name):
         if name not in self._rows:
             self._jobs[name] = self.jobs(name)
-            self._rows[name], _ = sweeps.rows_of(self._jobs[name], say=self.say) if self._jobs[name] else ([], [])
+            self._rows[name], _ = sweep_records.rows_of(self._jobs[name], say=self.say) if self._jobs[name] else ([], [])
         return self._rows[name]
 
 
@@ -130,7 +131,7 @@ def sweep_answer(ctx, name):
         lines.append(f"| `{r['block_pattern']}` | {r['fwd_allreduces']}{note} | {r['val_loss_mean']:.4f} | "
                      f"{cell} | {seeds_cell(r, diff)} | {reading} |")
     have = {r["config"] for r in rows}
-    lines += [f"| {run.name} | — | — | — | 0 | pending (no result file yet) |" for run in sweeps.SWEEPS[name]
+    lines += [f"| {run.name} | — | — | — | 0 | pending (no result file yet) |" for run in sweep_plan.SWEEPS[name]
               if run.name not in have]
     return data_warning(rows) + "\n".join(lines)
 
@@ -151,7 +152,7 @@ def tp_axis_penalty(ctx):
              f"`tp-axis-alltp`).", "",
              "| block pattern | fwd all-reduces | " + " | ".join(f"tp {tp}" for tp in tps) + " |",
              "|---|---:|" + "---:|" * len(tps)]
-    for name in [p for p in sweeps.PATTERNS if any(k[0] == p for k in pen)]:
+    for name in [p for p in sweep_plan.PATTERNS if any(k[0] == p for k in pen)]:
         r = next(r for r in rows if pattern_name(r) == name)
         lines.append(f"| `{r['block_pattern']}` | {r['fwd_allreduces']} | " +
                      " | ".join(interval_cell(next((v for k, v in pen.items() if k[:2] == (name, tp)), None),
@@ -213,7 +214,7 @@ def size_axis_penalty(ctx):
     pen = penalties(rows)
     if not pen:
         return no_results("size-axis", "cpu-long")
-    patterns = [p for p in sweeps.PATTERNS if any(k[0] == p for k in pen)]
+    patterns = [p for p in sweep_plan.PATTERNS if any(k[0] == p for k in pen)]
     lines = ["Final val loss minus the all-`tp` baseline's of the same size, same seed; mean [95% CI] (seeds). "
              "Tokens per non-embedding parameter fixed (docs/axes.md, the size axis); epochs over the training "
              "data's train.bin.", "",
@@ -236,9 +237,9 @@ def axes_compute(ctx):
     lines = ["| sweep | runs (own + shared) | with a result file | wall hours of its own finished runs | ms/step, "
              "median (range over runs) | runs flagged scattered |", "|---|---:|---:|---:|---:|---:|"]
     for name in AXES:
-        planned = ctx.jobs(name, seeds=list(sweeps.SWEEP_SEEDS[name]))
+        planned = ctx.jobs(name, seeds=list(sweep_plan.SWEEP_SEEDS[name]))
         own = [j for j in planned if j.sweep == name]
-        recs = [r for j in planned for r in [sweeps.load_result(j, say=lambda *_: None)] if r]
+        recs = [r for j in planned for r in [sweep_records.load_result(j, say=lambda *_: None)] if r]
         mine = [r for r in recs if r["sweep"] == name]
         ms = sorted(r["timing"]["step_ms"] for r in recs if r["timing"].get("step_ms"))
         hours = sum(r["timing"].get("wall_s") or 0 for r in mine) / 3600
@@ -250,7 +251,7 @@ def axes_compute(ctx):
 
 def penalty_data(pen, *, x_of):
     """One series per pattern (all-tp, the baseline, left out), points [x, mean, ci, seeds] by x."""
-    names = [p for p in sweeps.PATTERNS if p != "all-tp"] + sorted({k[0] for k in pen} - set(sweeps.PATTERNS))
+    names = [p for p in sweep_plan.PATTERNS if p != "all-tp"] + sorted({k[0] for k in pen} - set(sweep_plan.PATTERNS))
     return [dict(label=name, points=sorted([x_of(k), mean, ci or 0.0, n] for k, (mean, ci, n) in pen.items()
                                            if k[0] == name)) for name in names if any(k[0] == name for k in pen)]
 
@@ -283,7 +284,7 @@ def penalty_vs_size(ctx):
 
 def sweep_plot(name, index):
     def spec(ctx):
-        made = plots.sweep_plots(ctx.rows(name), title=f"{name} sweep", note=sweeps.SWEEP_REMARKS.get(name, ""))
+        made = plots.sweep_plots(ctx.rows(name), title=f"{name} sweep", note=sweep_plan.SWEEP_REMARKS.get(name, ""))
         return made.get(plots.PLOTS[index])
     return spec
 
@@ -298,7 +299,7 @@ def paired_plot(name):
 def blocks():
     """{marker name: (sweeps it reads, function(Results) -> markdown)}."""
     out = {}
-    for name in sweeps.SWEEPS:
+    for name in sweep_plan.SWEEPS:
         out[name] = ((name,), lambda ctx, name=name: sweep_table(ctx, name))
         out[f"{name}-paired"] = ((name,), lambda ctx, name=name: sweep_paired(ctx, name))
         out[f"{name}-answer"] = ((name,), lambda ctx, name=name: sweep_answer(ctx, name))
@@ -408,7 +409,7 @@ def main(selected=(), *, check=False, root=ROOT, say=print):
             say(f"updated {rel}: {', '.join(changed)}")
     mismatches += update_plots(ctx, chosen, check=check, root=root, say=say)
     if not check:
-        write_sweep_outputs(ctx, selected or list(sweeps.SWEEPS), root=root, say=say)
+        write_sweep_outputs(ctx, selected or list(sweep_plan.SWEEPS), root=root, say=say)
     for line in problems + mismatches:
         print(line)
     return 1 if problems or mismatches else 0
@@ -417,8 +418,8 @@ def main(selected=(), *, check=False, root=ROOT, say=print):
 def stray_lines(ctx):
     """One line per entry of the sweeps' runs/ folders that is no sweep's result file (another name, a seed no run
     has, a folder): the report leaves it out, and says so."""
-    jobs = [j for name in sweeps.SWEEPS for j in ctx.jobs(name)]
-    folders = {os.path.join(ctx.root, sweeps.sweep_dir_for(name, ()), "runs") for name in sweeps.SWEEPS}
+    jobs = [j for name in sweep_plan.SWEEPS for j in ctx.jobs(name)]
+    folders = {os.path.join(ctx.root, sweeps.sweep_dir_for(name, ()), "runs") for name in sweep_plan.SWEEPS}
     return [f"{os.path.relpath(p, ctx.root)}: not a result file of any sweep's run (its name); left out"
             for p in stray_files(folders, [j.result_path for j in jobs])]
 
@@ -463,7 +464,7 @@ def write_sweep_outputs(ctx, names, *, root, say):
             continue
         sweep_dir = os.path.join(root, sweeps.sweep_dir_for(name, ()))
         title = f"{name} sweep"
-        results.write_tables(rows, sweep_dir, title=title, note=sweeps.SWEEP_REMARKS.get(name, ""))
-        plots.write_plots(rows, sweep_dir, title=title, note=sweeps.SWEEP_REMARKS.get(name, ""))
+        results.write_tables(rows, sweep_dir, title=title, note=sweep_plan.SWEEP_REMARKS.get(name, ""))
+        plots.write_plots(rows, sweep_dir, title=title, note=sweep_plan.SWEEP_REMARKS.get(name, ""))
         plots.write_paired(rows, sweep_dir, title=title)
         say(f"{name}: {len(rows)} configs; tables and plots in {os.path.relpath(sweep_dir, root)}")
