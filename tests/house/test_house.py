@@ -1,0 +1,302 @@
+"""The layout's rules (issue 34): the package never imports an entry script, no import cycles, no module over 600
+lines, train.py a short flat loop, one validator for the model options; and every hostile input the issue lists
+refused in one line with exit status 2, nothing written."""
+
+import ast
+import glob
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from configurator import ConfigError, configure
+from conftest import ROOT, TINY, one_line_error, run_script
+
+ENTRY_SCRIPTS = {"train", "bench", "sample", "experiment", "spd", "export_hf", "comm_model", "test_20k_experiment"}
+
+
+def imported_modules(source):
+    """Every module a Python source imports, at any depth (inside functions too): 'a.b' for `import a.b` and for
+    `from a.b import c`, and 'a.b.c' too for the latter (c may be a module)."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names |= {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def package_paths():
+    """Every module of tpcomm/, its subpackages' too."""
+    return glob.glob(os.path.join(ROOT, "tpcomm", "**", "*.py"), recursive=True)
+
+
+def entry_imports(source):
+    """The entry scripts a source imports (by their top-level name)."""
+    return sorted({name.split(".")[0] for name in imported_modules(source)} & ENTRY_SCRIPTS)
+
+
+def test_the_detector_sees_an_entry_script_imported_anywhere():
+    """Anti-vacuity: the check below would flag a package module that imports train, at the top or inside a
+    function, in either import form."""
+    assert entry_imports("import train\n") == ["train"]
+    assert entry_imports("def f():\n    from bench import pattern_label\n    return pattern_label\n") == ["bench"]
+    assert entry_imports("import os\nfrom tpcomm import results\nfrom model import GPT\n") == []
+
+
+def test_the_package_never_imports_an_entry_script():
+    found = {os.path.relpath(p, ROOT): entry_imports(open(p).read())
+             for p in sorted(package_paths())}
+    assert len(found) > 30  # the package's modules were read
+    assert {path: names for path, names in found.items() if names} == {}
+
+
+def import_cycle(graph):
+    """One cycle of the module graph {module: modules it imports}, as a list that starts and ends with the same
+    module, or None."""
+    state, path = {}, []
+
+    def visit(m):
+        state[m] = "open"
+        path.append(m)
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == "open":
+                return path[path.index(n):] + [n]
+            if n not in state and (found := visit(n)):
+                return found
+        state[m] = "done"
+        path.pop()
+        return None
+
+    return next((c for m in sorted(graph) if m not in state and (c := visit(m))), None)
+
+
+def test_the_cycle_detector_can_fail():
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_import_cycles():
+    """The repository's modules (top-level scripts and tpcomm/) import each other without a cycle, counting imports
+    inside functions too: each module sits on a floor below everything that imports it."""
+    paths = glob.glob(os.path.join(ROOT, "*.py")) + package_paths()
+    names = {os.path.relpath(p, ROOT)[:-3].replace(os.sep, ".").removesuffix(".__init__"): p for p in paths}
+    graph = {m: imported_modules(open(p).read()) & set(names) - {m} for m, p in names.items()}
+    assert len(graph) > 40 and sum(map(len, graph.values())) > 100  # the modules and their imports were read
+    assert import_cycle(graph) is None
+
+
+def test_no_module_over_600_lines_and_train_py_a_short_loop():
+    paths = glob.glob(os.path.join(ROOT, "*.py")) + package_paths()
+    lines = {os.path.relpath(p, ROOT): sum(1 for _ in open(p)) for p in paths}
+    assert {p: n for p, n in lines.items() if n > 600} == {}
+    assert lines["train.py"] <= 400, lines["train.py"]
+
+
+def test_one_validator_for_the_model_options():
+    """train.py's checks, bench.py's, the sweeps', build_model and TPConfig are one function: the same refusal,
+    word for word, wherever the options enter."""
+    from tpcomm.bench import bench_config
+    from tpcomm.model import options
+    from tpcomm.train import train_config
+    from tpcomm.train.build import build_model
+
+    bad = dict(n_layer=2, n_head=4, n_embd=32, tp_size=1, tp_overlap=2)
+    messages = []
+    for check in (lambda: options.TPConfig(**bad),
+                  lambda: build_model("distributed_gpt", bad),
+                  lambda: train_config.check_offline(dict(train_config.DEFAULTS, model_type="distributed_gpt", **bad)),
+                  lambda: bench_config.validate(dict(bench_config.DEFAULTS, model_type="distributed_gpt", **bad))):
+        with pytest.raises(ConfigError) as e:
+            check()
+        messages.append(str(e.value))
+    assert len(set(messages)) == 1 and "tp_overlap=2" in messages[0] and "tp_size=1" in messages[0], messages
+
+
+def test_expand_block_types_is_the_one_expansion():
+    from tpcomm.train.checkpoint import checkpoint_model
+    from tpcomm.model.options import TPConfig, expand_block_types
+
+    assert expand_block_types(None, 3) == ["tp"] * 3 and expand_block_types("spd", 2) == ["spd", "spd"]
+    assert TPConfig(n_layer=2, n_head=4, n_embd=32, tp_size=2, block_types="ladder").block_types == ["ladder"] * 2
+    ckpt = dict(model_type="distributed_gpt", model_args=dict(n_layer=3, n_head=4, n_embd=32, block_size=8, bias=False,
+                                                             vocab_size=65, dropout=0.0), model_options={})
+    assert checkpoint_model(ckpt)[1]["block_types"] == ["tp"] * 3
+
+
+def test_bench_takes_every_model_key_as_a_flag():
+    """bench.py's options hold train.py's model keys; a flag is the base every --variants entry changes."""
+    from tpcomm.bench import bench_config
+    from tpcomm.train import train_config
+    from tpcomm.model.options import TP_KEYS
+
+    model_keys = {"n_layer", "n_head", "n_embd", "block_size", "bias", "gelu_approximate", "model_type", *TP_KEYS}
+    assert model_keys <= set(bench_config.DEFAULTS) and model_keys <= set(train_config.DEFAULTS)
+    cfg = configure(bench_config.DEFAULTS, ["--model_type=distributed_gpt", "--tp_size=2", "--n_layer=2", "--n_head=4",
+                                            "--n_embd=32", "--batch_size=4", "--tp_overlap=2",
+                                            "--variants=[{}, {'tp_overlap': 1}]"])
+    bench_config.validate(cfg)
+    runs, _ = bench_config.combinations(cfg)
+    names = [bench_config.variant_name(bench_config.sync_options(cfg, v)) for _, v in runs]
+    assert names == [" +overlap2", ""]
+
+
+# ---------- train.py reads the loss at log steps only ----------
+
+def test_the_loss_is_not_read_every_micro_step(tmp_path, char_data, monkeypatch):
+    """No .item() (a device sync on a GPU) from this repo's code inside a training step (torch's CPU AdamW reads its
+    step counts with .item(), once per parameter and step); read_loss gives the number a per-micro-step .item()
+    summed in order would (float64 sum of the fp32 parts), so the logged losses are unchanged."""
+    import traceback
+
+    import train
+    from tpcomm.parallel.parallel_dims import init_parallel
+    from tpcomm.train.training import start_run
+
+    cfg, setup = train.prepare([*TINY, f"--data_dir={char_data}", f"--out_dir={tmp_path / 'out'}",
+                                "--gradient_accumulation_steps=3", "--max_iters=1"])
+    pd = init_parallel(dp=setup.dp, tp=setup.tp, pp=setup.pp, device_type=setup.device_type)
+    training = start_run(cfg, setup, pd)
+    reads = []
+    item = torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: reads.append(traceback.extract_stack()[-2].filename)
+                        or item(self))
+    loss, _ = train.train_step(training)
+    assert len(reads) > 0  # anti-vacuity: the counter sees .item() calls (AdamW's)
+    assert [f for f in reads if f.startswith(ROOT + os.sep)] == [] and len(loss) == 3
+    monkeypatch.undo()
+    expected = 0.0
+    for part in loss:
+        expected += part.item()
+    assert train.read_loss(training, loss) == expected
+    parts = [torch.tensor(x, dtype=torch.float32) for x in (1.1, 2.2, 3.3)]
+    assert train.read_loss(training, parts) == (parts[0].item() + parts[1].item()) + parts[2].item()
+
+
+# ---------- hostile input: one line, exit status 2, nothing written ----------
+
+@pytest.mark.parametrize("args, words", [
+    (["--tp_size=1", "--tp_overlap=2"], ["tp_overlap=2", "tp_size=1"]),
+    (["--tp_size=1", "--sequence_parallel=True"], ["sequence_parallel=True", "tp_size=1"]),
+    (["--tp_size=2", "--tp_comm_block=7"], ["tp_comm_block=7", "tp_comm_dtype=None"]),
+    (["--tp_size=2", "--tp_comm_dtype=bf16", "--tp_comm_block=7"], ["tp_comm_block=7", "'bf16'", "no scales"]),
+])
+def test_train_refuses_sync_options_that_would_do_nothing(tmp_path, char_data, args, words):
+    r = run_script("train.py", *TINY, "--model_type=distributed_gpt", f"--data_dir={char_data}",
+                   f"--out_dir={tmp_path / 'out'}", *args, timeout=300)
+    line = one_line_error(r)
+    assert all(w in line for w in words) and "scales' blocks" not in line, line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("variants, words", [
+    ("[{}, {'tp_comm_block': 7}]", ["variants", "tp_comm_block=7"]),
+    ("[{}, {'tp_comm_dtype': 'int4'}]", ["variants", "tp_comm_dtype", "'int4'"]),
+])
+def test_bench_refuses_a_variant_that_runs_with_no_pattern(variants, words):
+    r = run_script("bench.py", "--device=cpu", "--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16",
+                   "--vocab_size=65", "--iters=1", "--warmup=0", "--model_type=distributed_gpt", "--tp_size=2",
+                   f"--variants={variants}", timeout=300)
+    line = one_line_error(r)
+    assert all(w in line for w in words), line
+
+
+def test_bench_takes_tp_overlap_as_a_flag_and_refuses_it_at_tp_1():
+    r = run_script("bench.py", "--device=cpu", "--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16",
+                   "--vocab_size=65", "--iters=1", "--model_type=distributed_gpt", "--tp_size=1", "--tp_overlap=2",
+                   timeout=300)
+    line = one_line_error(r)
+    assert "tp_overlap=2" in line and "tp_size=1" in line and "unknown" not in line, line
+
+
+def test_a_result_file_holding_nan_or_infinity_is_refused_naming_the_file(tmp_path):
+    from tpcomm.experiments import results
+
+    committed = sorted(glob.glob(os.path.join(ROOT, "experiments", "*", "runs", "*.json")))[0]
+    with open(committed) as f:
+        record = json.load(f)
+    for bad in (float("nan"), float("inf")):
+        path = tmp_path / "run-seed1.json"
+        path.write_text(json.dumps(dict(record, val_loss=bad)))  # written as NaN / Infinity
+        with pytest.raises(results.ResultsError) as e:
+            results.read_record(str(path))
+        assert str(path) in str(e.value) and "val_loss" in str(e.value), str(e.value)
+    path.write_text(json.dumps(dict(record, val_curve=[[0, 0, float("nan")]])))
+    with pytest.raises(results.ResultsError, match="val_curve"):
+        results.read_record(str(path))
+    results.read_record(committed)  # anti-vacuity: the committed file itself is accepted
+
+
+@pytest.mark.parametrize("extra", [[], ["--dry-run"]])
+def test_experiment_out_must_be_a_directory(tmp_path, extra):
+    out = tmp_path / "a-file"
+    out.write_text("mine")
+    line = one_line_error(run_script("experiment.py", "cpu", f"--out={out}", *extra, timeout=300))
+    assert f"--out={out}" in line and "not a directory" in line, line
+    assert out.read_text() == "mine" and os.listdir(tmp_path) == ["a-file"]
+
+
+def test_report_only_into_an_empty_directory_leaves_nothing_behind(tmp_path):
+    line = one_line_error(run_script("experiment.py", "cpu", "--report-only", f"--out={tmp_path}", timeout=300))
+    assert str(tmp_path) in line and "no finished runs" in line, line
+    assert os.listdir(tmp_path) == []  # no .lock
+
+
+@pytest.fixture(scope="module")
+def trained(char_data, tmp_path_factory):
+    """A trained run's out_dir/ckpt.pt (an untrained tiny GPT written as train.py writes checkpoints): what the
+    converters read."""
+    import pickle
+
+    from tpcomm.train.build import build_model
+    from tpcomm.train.checkpoint import make_checkpoint, save_checkpoint
+
+    with open(os.path.join(char_data, "meta.pkl"), "rb") as f:
+        vocab_size = pickle.load(f)["vocab_size"]
+    model = build_model("gpt", dict(n_layer=2, n_head=4, n_embd=32, block_size=32, vocab_size=vocab_size, bias=False,
+                                    dropout=0.0))
+    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    checkpoint = make_checkpoint(model, optimizer, torch.amp.GradScaler("cpu", enabled=False), model_type="gpt",
+                                 iter_num=1, best_val_loss=9.0, config=dict(dataset="chars", data_dir=char_data))
+    out = str(tmp_path_factory.mktemp("converters") / "run")
+    os.makedirs(out)
+    save_checkpoint(checkpoint, out)
+    return out
+
+
+@pytest.mark.parametrize("args, kind", [(["--distill_steps=0"], "spd"),
+                                        (["--block=ladder", "--retrain_steps=0"], "ladder")])
+def test_converters_refuse_to_replace_a_checkpoint_without_overwrite(trained, args, kind):
+    """A converted checkpoint (perhaps fine-tuned since: iter 5) is never replaced without --overwrite=True."""
+    folder = os.path.join(trained, kind)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    kept = os.path.join(folder, "ckpt.pt")
+    with open(kept, "wb") as f:
+        f.write(b"an earlier conversion, fine-tuned to iter 5")
+    command = ["spd.py", *args, f"--out_dir={trained}", "--tp_size=2", "--eval_iters=1", "--batch_size=2"]
+    line = one_line_error(run_script(*command, timeout=300))
+    assert "overwrite=False" in line and kept in line and "--overwrite=True" in line, line
+    assert open(kept, "rb").read() == b"an earlier conversion, fine-tuned to iter 5"
+    assert os.listdir(folder) == ["ckpt.pt"]
+    # anti-vacuity: asked to, the same conversion replaces it
+    r = run_script(*command, "--overwrite=True", timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert torch.load(kept, weights_only=True)["model_type"] == "distributed_gpt"
+
+
+def test_ladder_layers_zero_is_refused_before_anything_is_written(tmp_path):
+    line = one_line_error(run_script("spd.py", "--block=ladder", "--ladder_layers=0", f"--out_dir={tmp_path}",
+                                     timeout=300))
+    assert "ladder_layers" in line and "got 0" in line, line
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_ladder_module_runs_as_a_script():
+    """python -m tpcomm.convert.ladder_conversion is spd.py --block=ladder (it used to exit 0 saying nothing)."""
+    line = one_line_error(run_script("-m", "tpcomm.convert.ladder_conversion", "--ladder_layers=0", timeout=300))
+    assert "ladder_layers" in line, line
