@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model"))  # test_generate
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[1:1] = [os.path.join(TESTS, "model"), os.path.join(TESTS, "tp")]  # test_generate, test_tensor_parallel
 
 import tensor_parallel_model  # noqa: E402
 import real_tp_worker  # noqa: E402
