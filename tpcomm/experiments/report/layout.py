@@ -131,9 +131,15 @@ def diagram():
     return "\n".join(lines)
 
 
+def sentence_of(path):
+    """The first sentence of a module's docstring, as prose: its `code` marks dropped (a command quoted in part,
+    `python experiment.py report [SWEEP ...]`, is no command tests/house/test_docs.py could run)."""
+    return first_sentence(docstring_of(path)).replace("`", "")
+
+
 def module_lines(paths, root):
     """'- `path`: first sentence' per module, __init__.py left out (its docstring heads the group)."""
-    return [f"- [`{os.path.relpath(p, root)}`](../{os.path.relpath(p, root)}): {first_sentence(docstring_of(p))}"
+    return [f"- [`{os.path.relpath(p, root)}`](../{os.path.relpath(p, root)}): {sentence_of(p)}"
             for p in paths if os.path.basename(p) != "__init__.py"]
 
 
@@ -148,7 +154,7 @@ def layout_page(ctx=None, root=None):
     for package in sorted(glob.glob(os.path.join(root, "tpcomm", "**", "__init__.py"), recursive=True),
                           key=lambda p: (LEVEL[unit_of(module_name(p, root), root)], p)):
         folder = os.path.dirname(package)
-        out += ["", f"### {os.path.relpath(folder, root)}/", "", first_sentence(docstring_of(package))]
+        out += ["", f"### {os.path.relpath(folder, root)}/", "", sentence_of(package)]
         modules = module_lines(sorted(glob.glob(os.path.join(folder, "*.py"))), root)
         out += [""] + modules if modules else []
     return "\n".join(out)
