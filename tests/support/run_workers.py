@@ -1,5 +1,5 @@
 """
-Several multi-process check scripts (tests/*_worker.py) in one torchrun launch: the processes pay for starting
+Several multi-process check scripts (tests/workers/*_worker.py) in one torchrun launch: the processes pay for starting
 Python, importing torch and joining the process group once, not once per script. conftest.shared_launch starts it:
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/support/run_workers.py JOBS.json
 JOBS.json is a list of {"dir": DIR, "argv": [SCRIPT, ARG, ...]}. Each job runs as `python SCRIPT ARG ...` would under
