@@ -23,7 +23,7 @@ from tpcomm.tp import collectives  # noqa: E402
 from tpcomm.train import runtime
 
 # files whose tensor reads are of host tensors on CUDA too
-HOST_READS = {os.path.join("tpcomm", "batches.py"): "a batch's offsets, drawn by a CPU generator"}
+HOST_READS = {os.path.join("tpcomm", "train", "batches.py"): "a batch's offsets, drawn by a CPU generator"}
 calls = []
 where = ["start"]  # the iteration whose train_step last began, or 'eval' / 'save'
 
