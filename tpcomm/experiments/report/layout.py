@@ -149,10 +149,11 @@ def layout_page(ctx=None, root=None):
     out = ["### The layers", "",
            "Each row imports only from the rows below it, never from its own row's other units "
            "(`tpcomm/experiments/report/layout.py` LAYERS; tests/house/test_layering.py checks every import):", "",
-           "```text", diagram(), "```", "", "### Top-level files", "", "The entry scripts, and the two model files LAYERS places.", ""]
+           "```text", diagram(), "```", "", "### Top-level files", "",
+           "The entry scripts, and the two model files LAYERS places.", ""]
     out += module_lines(sorted(glob.glob(os.path.join(root, "*.py"))), root)
     for package in sorted(glob.glob(os.path.join(root, "tpcomm", "**", "__init__.py"), recursive=True),
-                          key=lambda p: (LEVEL[unit_of(module_name(p, root), root)], p)):
+                          key=lambda p: (LEVEL.get(unit_of(module_name(p, root), root), len(LEVEL)), p)):
         folder = os.path.dirname(package)
         out += ["", f"### {os.path.relpath(folder, root)}/", "", sentence_of(package)]
         modules = module_lines(sorted(glob.glob(os.path.join(folder, "*.py"))), root)
