@@ -24,7 +24,7 @@ setup:
 
 # Both tiers run as 2 pytest-xdist workers (-n 2) of one thread each, a test file per worker at a time (--dist
 # loadfile: a module's fixtures run once); the torchrun launches of one world size are shared by every test file
-# that needs them (tests/run_workers.py, docs/tests.md). Plain `pytest FILE` runs serially.
+# that needs them (tests/support/run_workers.py, docs/tests.md). Plain `pytest FILE` runs serially.
 # the full suite (CI runs it): 13 min 51 s serially on a quiet 2-core host before this layout; the goal and the
 # times measured since: docs/tests.md
 test: setup

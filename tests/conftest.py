@@ -16,8 +16,14 @@ import types
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+# The repository, and every folder of tests/ (it mirrors tpcomm/'s subpackages, docs/tests.md): a test imports
+# another's helpers by its module name (`from test_tensor_parallel import make_gpt`), wherever that file lives;
+# basenames are unique across the folders (pytest imports each test file as a top-level module of its name).
+TEST_FOLDERS = sorted(d for d, _, files in os.walk(TESTS) if "__pycache__" not in d and any(
+    f.endswith(".py") for f in files))
+sys.path[:0] = [ROOT] + [d for d in TEST_FOLDERS if d not in sys.path]
 
 # Bytecode for every process the tests start (the fork server's children import the repository's modules anew:
 # compiling their source took 0.8 s of a 1.5 s `experiment.py --dry-run` where PYTHONDONTWRITEBYTECODE is set),
@@ -29,8 +35,8 @@ sys.dont_write_bytecode, sys.pycache_prefix = False, os.environ["PYTHONPYCACHEPR
 
 def run_script(*args, env=None, timeout=600):
     """Run a repo script as a user would; returns the CompletedProcess. A script or `-m module` run with the default
-    environment goes through the fork server (tests/forkserver.py: the same process, without a new torch import);
-    so do a torchrun launch's agent and, through tests/forkclient.py, its ranks."""
+    environment goes through the fork server (tests/support/forkserver.py: the same process, without a new torch import);
+    so do a torchrun launch's agent and, through tests/support/forkclient.py, its ranks."""
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
     if env is None and args[:2] == ("-m", "torch.distributed.run"):
         full_env["TPCOMM_FORKSERVER"] = _server_path()
@@ -41,11 +47,11 @@ def run_script(*args, env=None, timeout=600):
                           timeout=timeout)
 
 
-FORKCLIENT = os.path.join(ROOT, "tests", "forkclient.py")
+FORKCLIENT = os.path.join(TESTS, "support", "forkclient.py")
 
 
 def _ranks_through_client(torchrun_args):
-    """torchrun's arguments with tests/forkclient.py as the script, the script (or torchrun's `-m MODULE`) its
+    """torchrun's arguments with tests/support/forkclient.py as the script, the script (or torchrun's `-m MODULE`) its
     arguments: each rank is then forked by the server. torchrun's own options come first, all as --key=value."""
     args = list(torchrun_args)
     for i, arg in enumerate(args):
@@ -56,7 +62,7 @@ def _ranks_through_client(torchrun_args):
 
 def fork_server_for_children(monkeypatch, module):
     """`module`'s own subprocess.Popen of `python SCRIPT ...` or `python -m ...` (a sweep's train.py runs, and
-    their torchrun ranks) goes through the fork server, as run_script's do: tests/forkclient.py stands in for the
+    their torchrun ranks) goes through the fork server, as run_script's do: tests/support/forkclient.py stands in for the
     interpreter, the rest of the command line, its environment and its standard streams unchanged."""
     def popen(cmd, *args, env=None, **kwargs):
         if isinstance(cmd, list) and cmd[:1] == [sys.executable] and len(cmd) > 1 and (
@@ -83,7 +89,7 @@ def _server_path():
         path = f"/tmp/tpcomm-forkserver-{os.getpid()}.sock"
         if os.path.exists(path):
             os.unlink(path)
-        proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "forkserver.py"), path], cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, os.path.join(TESTS, "support", "forkserver.py"), path], cwd=ROOT,
                                 env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
         deadline = time.time() + 300
         while not os.path.exists(path) and proc.poll() is None and time.time() < deadline:
@@ -91,7 +97,8 @@ def _server_path():
         _server.update(proc=proc, path=path)
         atexit.register(lambda: (proc.kill(), os.path.exists(path) and os.unlink(path)))
     if _server["proc"].poll() is not None:
-        raise RuntimeError(f"the tests' fork server (tests/forkserver.py) exited with {_server['proc'].returncode}")
+        raise RuntimeError(f"the tests' fork server (tests/support/forkserver.py) exited with "
+                           f"{_server['proc'].returncode}")
     return _server["path"]
 
 
@@ -188,7 +195,7 @@ def differs(a, b, rel):
     return any(b[it] != pytest.approx(a[it], rel=rel) for it in a)
 
 
-# ---------- shared torchrun launches (tests/run_workers.py) ----------
+# ---------- shared torchrun launches (tests/support/run_workers.py) ----------
 # A test module declares the multi-process jobs its fixtures need, as data:
 #     SHARED_LAUNCHES = {"fixture_name": {param: (nproc, [script, arg, ...])}}   (param None: not parametrized)
 # where "{dir}" in an argument becomes the job's own output folder, and the fixture's body is one line:
@@ -263,7 +270,7 @@ def _run_launch(root, nproc, jobs):
     jobs_file.write_text(json.dumps(specs, indent=1))
     start = time.time()
     try:  # each job was given 300-400 s as a launch of its own
-        r = run_script(*TORCHRUN, f"--nproc_per_node={nproc}", "tests/run_workers.py", str(jobs_file),
+        r = run_script(*TORCHRUN, f"--nproc_per_node={nproc}", "tests/support/run_workers.py", str(jobs_file),
                        timeout=300 * len(jobs))
         text = f"exit status {r.returncode}\n{r.stdout}\n{r.stderr}"
     except subprocess.TimeoutExpired as e:

@@ -1,5 +1,5 @@
 """The machinery behind the top-level scripts: process groups, collectives, sharding, data and pipeline parallelism,
-checkpoints, traces, the cost model, sweeps and their results. README.md draws the layout."""
+checkpoints, traces, the cost model, sweeps and their results. docs/layout.md draws the layout."""
 
 import os
 

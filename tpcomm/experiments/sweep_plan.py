@@ -56,7 +56,7 @@ TP_AXIS_PATTERNS = ("all-spd", "parallel-spd", "all-parallel", "all-ladder", "la
 # (n_layer, n_embd, n_head): max_iters. Tokens per parameter fixed (docs/axes.md, "The size axis"): steps =
 # 3,840,000 / 591,424 non-embedding parameters (the 12 x 64 model at 5000 steps: 6.49 tokens/param) x the size's
 # non-embedding parameters / 768 tokens per step, rounded to a multiple of 20 (an eval every 5% of training);
-# tests/test_experiment.py recomputes it from the models.
+# tests/experiments/test_experiment.py recomputes it from the models.
 SIZES = {(12, 64, 8): 5000, (4, 48, 4): 940, (2, 32, 4): 200}
 CONVERGENCE_STEPS = 20000  # docs/axes.md: planned from the old cpu-long curve; the baseline is still not flat here
 
@@ -154,12 +154,12 @@ SCALE_CONFIG = "config/gpu_scale.py"  # the axes model on the Linux C corpus, bf
 # (n_layer, n_embd, n_head): batch_size. n_embd = 16/3 n_layer (the 12 x 64 model's aspect), 8 heads (tp 4 and 8
 # divide them). Every size trains AXES_STEPS steps of block 64 at 6.49 tokens per non-embedding parameter (cpu-long's:
 # 3,840,000 / 591,424), so the batch grows with N: batch = 6.49 N / (5000 x 64), rounded (6.47 and 6.50 at the two
-# new sizes; tests/test_gpu_scale.py recomputes it from the models). Learning rate 2e-3 x 64 / n_embd (Adam's
+# new sizes; tests/experiments/test_gpu_scale.py recomputes it from the models). Learning rate 2e-3 x 64 / n_embd (Adam's
 # hidden-layer rule of muP, from cpu-long's 2e-3 at width 64; not tuned), min_lr a tenth of it.
 SCALE_SIZES = {(12, 64, 8): 12, (21, 112, 8): 64, (36, 192, 8): 324}
 SCALE_PATTERNS = ("all-tp", "all-spd", "all-parallel", "all-ladder", "all-caat")  # caat: partial-channel sync, p = 0.5
 SCALE_SEEDS = AXES_SEEDS
-REHEARSAL_SIZES = {(2, 16, 4): 2, (3, 24, 4): 3}  # the CPU rehearsal's (tests/test_gpu_scale.py): same code path
+REHEARSAL_SIZES = {(2, 16, 4): 2, (3, 24, 4): 3}  # the CPU rehearsal's (tests/experiments/test_gpu_scale.py): same code path
 
 
 def scale_run(pattern, size, batch, *, config=SCALE_CONFIG):

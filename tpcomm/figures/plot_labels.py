@@ -1,7 +1,7 @@
 """
 Labels that never overprint: separate() moves each point's annotation (its offset, in points) up or down until its
 drawn box meets no other text of the figure; overlapping() lists the pairs of texts whose drawn boxes still
-intersect (tests/test_figures.py asserts none, in every figure). Both measure matplotlib's text extents after a draw.
+intersect (tests/figures/test_figures.py asserts none, in every figure). Both measure matplotlib's text extents after a draw.
 """
 
 from itertools import combinations

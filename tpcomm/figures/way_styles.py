@@ -2,7 +2,7 @@
 One name, one colour and one marker per way of giving up a sync, for every figure (tpcomm/experiments/plots.py and the
 answer's figure). Keyed by the sweeps' pattern names (readings.pattern_name: 'all-spd', 'all-tp-int8') and the cost
 model's GPU variants ('tp_overlap=2'); a name is the answer table's `what` (tpcomm/experiments/report/answer.WAYS) without its backticks
-(tests/test_figures.py holds the two together). A pattern that is no way (a sweep's other budgets, e.g.
+(tests/figures/test_figures.py holds the two together). A pattern that is no way (a sweep's other budgets, e.g.
 "['tp','spd']*6") is named by its block pattern and coloured by its forward all-reduces on a grey ramp, the same in
 every figure.
 """

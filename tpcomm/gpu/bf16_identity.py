@@ -4,7 +4,7 @@ The zeroed-c_proj identity in training passes under bf16 autocast (issue 46.1): 
 exactly, for every block type, tp and option that leaves the math unchanged (tp_async_grad, tp_overlap,
 sequence_parallel, alone and in the combinations the validator allows). Train mode with gradients on: the fused path
 of tp_async_grad runs only there (a pass without gradients has no backward to overlap). Read by
-tests/test_bf16_train_identity.py and by `make gpu-check`'s bf16_identity section (tpcomm/gpu/gpu_check.py).
+tests/gpu/test_bf16_train_identity.py and by `make gpu-check`'s bf16_identity section (tpcomm/gpu/gpu_check.py).
 """
 
 import itertools

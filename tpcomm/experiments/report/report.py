@@ -33,6 +33,7 @@ from tpcomm.experiments import pairing, plots, results
 from tpcomm.experiments import sweep as sweeps
 from tpcomm.experiments import sweep_plan, sweep_records
 from tpcomm.experiments.report.answer import answer_summary, answer_table, tradeoff_plot
+from tpcomm.experiments.report.layout import layout_page
 from tpcomm.experiments.provenance import provenance_markdown
 from tpcomm.experiments.readings import claim, comm_dtype_label, data_warning, interval_cell, no_results, pattern_name, penalties
 from tpcomm.experiments.report.scale_report import PLOT as SCALE_PLOT, scale_axis, scale_plot
@@ -312,6 +313,7 @@ def blocks():
     out["answer"] = (("cpu-long", "convergence"), answer_summary)
     out["answer-table"] = (("cpu-long",), answer_table)
     out["gpu-scale-axis"] = (("gpu-scale",), scale_axis)  # tpcomm/experiments/report/scale_report.py
+    out["layout"] = ((), layout_page)  # docs/layout.md, from the modules' docstrings (layout.py)
     return out
 
 

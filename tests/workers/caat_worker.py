@@ -1,0 +1,72 @@
+"""
+Partial-channel sync ('caat' blocks, tpcomm/tp/partial_sync.py) under real tensor parallelism (one shard per process,
+gloo) against the simulation, run by tests/tp/test_partial_sync.py in a shared launch (conftest.shared_launch):
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/workers/caat_worker.py out.json
+Logits, loss and every gathered gradient, fp32 and fp64, without and with dropout; comparisons reported as
+real_tp_worker's `ratio` (<= 1: torch.testing.assert_close passes at its TOL). The assertions live in the test file.
+"""
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from real_tp_worker import TOL, batch, compare_step, forward_backward, make_gpt, name, with_dropout, write_results  # noqa: E402
+from tensor_parallel_model import DistributedGPT  # noqa: E402
+from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
+
+PATTERNS = [
+    ["caat"] * 4,  # ends desynced: one final sync
+    ["parallel", "caat", "tp", "caat"],  # a fully desynced stream entering 'caat'; 'caat' entering 'tp'
+    ["caat", "spd", "caat", "parallel"],  # 'caat' entering 'spd'; 'caat' entering 'parallel'
+]
+FRACTIONS = (0.5, 0.25)  # the paper's main setting, and another whole number of channels (N_EMBD = 32)
+KEY = (1337, 3, 1)  # a dropout key: (seed, iteration, micro-step)
+
+
+def models(pd, gpt, block_types, p, dtype):
+    """(real, simulated) DistributedGPT of gpt, caat_sync_fraction p, in dtype."""
+    return [DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=real, caat_sync_fraction=p).to(dtype)
+            for real in (pd, None)]
+
+
+def check(pd, gpt, results):
+    idx, tgt = batch(0)
+    dropped = with_dropout(gpt, 0.2)
+    for dtype in ("float32", "float64"):
+        for block_types in PATTERNS:
+            for p in FRACTIONS:
+                tag = f"{dtype}/{name(block_types)}/p={p}"
+                real, sim = models(pd, gpt, block_types, p, getattr(torch, dtype))
+                results[f"fwd_bwd/{tag}"] = compare_step(forward_backward(real, idx, tgt),
+                                                         forward_backward(sim, idx, tgt), TOL[dtype])
+                real, sim = (m.train() for m in models(pd, dropped, block_types, p, getattr(torch, dtype)))
+                results[f"dropout/{tag}"] = compare_step(forward_backward(real, idx, tgt, dropout_key=KEY),
+                                                         forward_backward(sim, idx, tgt, dropout_key=KEY), TOL[dtype])
+    # the comparisons can fail: one weight of the last rank's shard perturbed; the other fraction
+    block_types = PATTERNS[0]
+    real, sim = models(pd, gpt, block_types, 0.5, torch.float64)
+    if pd.tp_rank == pd.tp - 1:
+        with torch.no_grad():
+            real.transformer.h[1].mlp.c_fc.weight[0, 3] += 0.1
+    sim_out = forward_backward(sim, idx, tgt)
+    results["can_fail/perturbed_shard"] = compare_step(forward_backward(real, idx, tgt), sim_out, TOL["float64"])
+    real, _ = models(pd, gpt, block_types, 0.25, torch.float64)
+    results["can_fail/other_fraction"] = compare_step(forward_backward(real, idx, tgt), sim_out, TOL["float64"])
+
+
+def main(argv):
+    pd = init_parallel(dp=1, tp=int(os.environ["WORLD_SIZE"]), device_type="cpu", backend="gloo")
+    try:
+        results = {}
+        check(pd, make_gpt(), results)
+        write_results(pd, results, argv[0])
+    finally:
+        shutdown(pd)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

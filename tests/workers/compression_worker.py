@@ -1,0 +1,159 @@
+"""
+Compressed tensor-parallel reductions (tp_comm_dtype) under real TP (one shard per process: the compressed
+partial sums are all-gathered as bytes, then dequantized and summed) against the simulation (every shard in one
+process: each shard's partial sum quantized and dequantized, then summed), run under torchrun on CPU with gloo by
+tests/tp/compress/test_compression.py, all checks in one launch:
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/workers/compression_worker.py OUT
+Rank 0 writes OUT (json), per check the worst result over the ranks (tests/workers/real_tp_worker.py's `ratio`: <= 1 is
+torch.testing.assert_close passing at TOL). The assertions live in the test file.
+
+Tolerance: float64 models, real_tp_worker's TOL['float64'] (1e-9). Real and simulated runs add the same terms in
+another order (~1e-16 relative), and the quantizer works in fp32 on the fp64 partial sums: the two see the same
+fp32 values unless a partial sum sits within ~1e-16 of an fp32 rounding boundary (odds ~1e-9 per value), so both
+quantize alike and the results agree to ~1e-15; a value quantized differently would move them by >1e-4.
+"""
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[1:1] = [os.path.join(TESTS, "model"), os.path.join(TESTS, "tp")]  # test_generate, test_tensor_parallel
+
+from real_tp_worker import TOL, VOCAB, batch, gathered_grads, make_gpt, name, ratio, with_dropout, worst  # noqa: E402
+from test_generate import stepwise_logits  # noqa: E402
+from tensor_parallel_model import DistributedGPT  # noqa: E402
+from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
+
+DTYPES = ("bf16", "fp8", "int8")
+BLOCK = 8  # values per scale: 4 blocks of n_embd = 32
+PATTERNS = [
+    ["tp", "spd", "ladder", "parallel"],  # both g kinds, the ladder's asynchronous ones, a final sync (desynced end)
+    ["ladder", "ladder", "tp", "spd"],
+]
+COUNT_KEYS = ("fwd_allreduces", "compressed_allreduces", "compressed_bytes_per_token", "comm_bytes_per_token")
+
+
+def build(gpt, pd, block_types, dtype, *, real, **options):
+    model = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd if real else None, tp_comm_dtype=dtype,
+                                    tp_comm_block=BLOCK, **options)
+    return model.double()
+
+
+def forward_backward(model, idx, tgt, dropout_key=None):
+    """Logits, loss, the gathered gradients and the pass's comm report."""
+    model.zero_grad(set_to_none=True)
+    model.reset_comm_counts()
+    if dropout_key is not None:
+        model.seed_dropout(*dropout_key)
+    logits, loss = model(idx, tgt)
+    loss.backward()
+    model.sync_replicated_grads()
+    report = model.comm_report(micro_steps=1, tokens=idx.numel())
+    return dict(logits=logits, loss=loss, grads=gathered_grads(model)), {k: report.get(k) for k in COUNT_KEYS}
+
+
+def compare(real, sim):
+    (a, counts_real), (b, counts_sim) = real, sim
+    out = {k: ratio(a[k], b[k], TOL["float64"]) for k in a}
+    out["ratio"] = max(v["ratio"] for v in out.values())
+    out["counts"] = [counts_real, counts_sim]
+    return out
+
+
+def check_forward_backward(pd, gpt, results):
+    """Logits, loss and every gradient, real vs simulated, per dtype and pattern; dropout 0 and 0.2 (keyed masks);
+    tp_overlap=2 (each chunk's g asynchronous)."""
+    idx, tgt = batch(0)
+    dropped = with_dropout(gpt, 0.2)
+    for dtype in DTYPES:
+        for block_types in PATTERNS:
+            key = f"{dtype}/{name(block_types)}"
+            results[f"fwd_bwd/{key}"] = compare(*[forward_backward(build(gpt, pd, block_types, dtype, real=real),
+                                                                   idx, tgt) for real in (True, False)])
+            results[f"dropout/{key}"] = compare(*[forward_backward(build(dropped, pd, block_types, dtype,
+                                                                         real=real).train(), idx, tgt, (1337, 3, 1))
+                                                  for real in (True, False)])
+        results[f"overlap/{dtype}"] = compare(*[forward_backward(build(gpt, pd, ["tp", "spd"] * 2, dtype, real=real,
+                                                                       tp_overlap=2), idx, tgt)
+                                                for real in (True, False)])
+    # compression on (real) against off (simulated): told apart, so the matches above are not vacuous
+    off = forward_backward(build(gpt, pd, PATTERNS[0], None, real=False), idx, tgt)
+    for dtype in DTYPES:
+        results[f"can_fail/{dtype}_vs_off"] = compare(forward_backward(build(gpt, pd, PATTERNS[0], dtype, real=True),
+                                                                       idx, tgt), off)
+
+
+def check_decode(pd, gpt, results):
+    """KV-cache decoding: the cached steps' logits and the generated tokens (greedy; seeded sampling) of real vs
+    simulated, every rank holding the same tokens."""
+    prompt = torch.randint(VOCAB, (2, 5), generator=torch.Generator().manual_seed(9))
+    for dtype in DTYPES:
+        for block_types in PATTERNS:
+            models = [build(gpt, pd, block_types, dtype, real=real).eval() for real in (True, False)]
+            tokens = models[1].generate(prompt, 20, temperature=0, use_cache=True)
+            logits = [stepwise_logits(m, tokens, 5, cached=True) for m in models]
+            out = []
+            for model in models:
+                torch.manual_seed(11)
+                out.append(model.generate(prompt, 20, temperature=1.0, top_k=20, use_cache=True))
+            every = [torch.empty_like(out[0]) for _ in range(pd.tp)]
+            dist.all_gather(every, out[0], group=pd.tp_group)
+            same = torch.equal(out[0], out[1]) and all(torch.equal(e, out[0]) for e in every)
+            results[f"decode_logits/{dtype}/{name(block_types)}"] = ratio(logits[0], logits[1], TOL["float64"])
+            results[f"decode_tokens/{dtype}/{name(block_types)}"] = dict(ok=same)
+    off = build(gpt, pd, PATTERNS[0], None, real=False).eval()  # told apart from compressed real decoding
+    real = build(gpt, pd, PATTERNS[0], "int8", real=True).eval()
+    tokens = off.generate(prompt, 20, temperature=0, use_cache=True)
+    results["can_fail/decode_int8_vs_off"] = ratio(stepwise_logits(real, tokens, 5, cached=True),
+                                                   stepwise_logits(off, tokens, 5, cached=True), TOL["float64"])
+
+
+def check_two_shot(pd, gpt, results):
+    """tp_comm_exchange='two_shot' (an all-to-all of packed row chunks, then an all-gather of each rank's summed
+    chunk packed again) against its simulation: training (the ladder's asynchronous g's included, dropout 0.2) and
+    KV-cache decoding of one sequence, whose odd token counts pad the last chunk; told apart from one_shot."""
+    idx, tgt = batch(0)
+    prompt = torch.randint(VOCAB, (1, 5), generator=torch.Generator().manual_seed(9))
+    two = dict(tp_comm_exchange="two_shot")
+    for dtype in ("bf16", "int8"):
+        for block_types in PATTERNS:
+            key = f"{dtype}/{name(block_types)}"
+            results[f"two_shot/fwd_bwd/{key}"] = compare(*[forward_backward(
+                build(with_dropout(gpt, 0.2), pd, block_types, dtype, real=real, **two).train(), idx, tgt,
+                (1337, 3, 1)) for real in (True, False)])
+            models = [build(gpt, pd, block_types, dtype, real=real, **two).eval() for real in (True, False)]
+            tokens = models[1].generate(prompt, 12, temperature=0, use_cache=True)
+            same = torch.equal(models[0].generate(prompt, 12, temperature=0, use_cache=True), tokens)
+            results[f"two_shot/decode_logits/{key}"] = ratio(stepwise_logits(models[0], tokens, 5, cached=True),
+                                                             stepwise_logits(models[1], tokens, 5, cached=True),
+                                                             TOL["float64"])
+            results[f"two_shot/decode_tokens/{key}"] = dict(ok=same)
+    one_shot = forward_backward(build(gpt, pd, PATTERNS[0], "int8", real=False), idx, tgt)
+    results["can_fail/two_shot_vs_one_shot"] = compare(
+        forward_backward(build(gpt, pd, PATTERNS[0], "int8", real=True, **two), idx, tgt), one_shot)
+
+
+def main(argv):
+    out_path = argv[0]
+    pd = init_parallel(dp=1, tp=int(os.environ["WORLD_SIZE"]), device_type="cpu", backend="gloo")
+    try:
+        gpt, results = make_gpt(), {}
+        check_forward_backward(pd, gpt, results)
+        check_decode(pd, gpt, results)
+        check_two_shot(pd, gpt, results)
+        per_rank = [None] * dist.get_world_size()
+        dist.all_gather_object(per_rank, results)
+        if pd.is_master:
+            with open(out_path, "w") as f:
+                json.dump(dict(tp=pd.tp, results=worst(per_rank)), f, indent=1)
+    finally:
+        shutdown(pd)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
