@@ -109,7 +109,8 @@ SHAPES = (Shape("GPT-2 124M", 12, 768, 12),  # Radford et al. 2019
           Shape("7B (32 x 4096)", 32, 4096, 32))  # LLaMA-7B's layers, width and heads (Touvron et al. 2023)
 
 # the block patterns of the GPU tables, per layer count L (docs/model.md: 2 fwd all-reduces per 'tp', 1 per 'spd')
-GPU_PATTERNS = {w.price.label: w.blocks for w in map(ways.way, ("all-tp", "all-spd", "parallel-spd", "all-parallel"))}
+GPU_PATTERNS = {w.price.label: w.blocks
+                for w in map(ways.way, ("all-tp", "all-spd", "parallel-spd", "all-parallel"))}
 
 
 # ---------- the model ----------
@@ -365,17 +366,19 @@ BASELINES = ("megatron", "blocking")  # what "all tp" means: with Megatron's asy
 
 
 def train_variants(shape, *, tp, link, tokens, seq_len, mfu, opts=Options(), peak=None, async_grad=False):
-    """{variant: (compute s, exposed communication s)} of one training micro-step. The baseline 'all tp': 2L forward
+    """{variant: (compute s, exposed communication s)} of one training micro-step, one per priced way of
+    tpcomm/model/ways.py, keyed by its Price.label and computed by its Price.term. The baseline 'all tp': 2L forward
     all-reduces, blocking, and 2L backward ones (one per f), blocking, or with async_grad (Megatron-LM's default)
     each hidden behind its column-parallel layer's weight-gradient GEMM. The others, each with the same backward
     rule for the all-reduces it keeps (async_grad: every backward f all-reduce can hide behind its own wgrad GEMM):
     '+sp' sequence parallelism; 'overlap K=k' tp_overlap=k on every module forward and backward (Domino-style);
     'ladder' all 'ladder' with its forward all-reduces delayed and its backward ones as the baseline's (the repo's
     ladder with tp_async_grad=False, against the blocking baseline); 'ladder fwd+bwd' the backward delayed too
-    (module i's input-gradient all-reduce behind module i-1's backward: the repo's with tp_async_grad=True); 'int8', 'fp8', 'bf16' and their '2shot': the
-    forward reductions compressed, one_shot or two_shot exchange (backward ones stay bf16 all-reduces); 'spd int8';
-    dropped: 'all spd', 'parallel/spd' (['parallel','spd']*(L/2)), 'all parallel'. async_grad=False gives the
-    numbers of the blocking model this repository printed before."""
+    (module i's input-gradient all-reduce behind module i-1's backward: the repo's with tp_async_grad=True); 'int8',
+    'fp8', 'bf16' and their '2shot': the forward reductions compressed, one_shot or two_shot exchange (backward ones
+    stay bf16 all-reduces); every drop ('all spd', 'parallel/spd', 'all parallel', 'tracks/4', 'spd int8': its
+    forward syncs, compressed where the way sets tp_comm_dtype); 'collective matmul'; 'partial sync' (all 'caat').
+    async_grad=False gives the numbers of the blocking model this repository printed before."""
     peak = const("h100_bf16_flops") if peak is None else peak
     L, n, eta = shape.n_layer, tokens * shape.n_embd * BF16, opts.efficiency
     per_flop = tokens / (tp * peak * mfu)
@@ -412,7 +415,7 @@ def train_variants(shape, *, tp, link, tokens, seq_len, mfu, opts=Options(), pea
                  [half] * 2 * L, wgrad, efficiency=eta),
              "overlap": lambda w: overlap, "delay": lambda w: ladder_fwd + backward,
              "delay both": lambda w: ladder_fwd + ladder_bwd, "compress": lambda w: 2 * L * squeezed(w.sync) + backward,
-             # SP's collectives as rings beside partial GEMMs, forward and backward (costmodel/collective_matmul_cost.py)
+             # SP's collectives as rings beside partial GEMMs, forward and backward (collective_matmul_cost.py)
              "collective matmul": lambda w: gpt_collective_matmul(L, shape.n_embd, tp=tp, link=link, tokens=tokens,
                                                                   peak=peak, mfu=mfu, efficiency=eta),
              "partial sync": lambda w: partial_sync_comm(t, allreduce_time(opts.caat_fraction * n, tp, alpha=link.alpha,

@@ -25,16 +25,25 @@ def comm_runs(pattern, budgets, *, overrides=(), nproc=1):
     return [Run(f"{n}comm", pattern.format(n), tuple(overrides), nproc) for n in budgets]
 
 
-# the syncs kept but delayed (ladder) or shrunk (tp_comm_dtype): a budget's config with one change, named
+def one_change(key, n_layer=12):
+    """A way's one change to an all-'tp' config of n_layer layers (tpcomm/model/ways.py): its sync options where it
+    sets any, else its block pattern."""
+    way = ways.way(key)
+    if way.sync:
+        return tuple(f"--{k}={v}" for k, v in way.sync.items())
+    return (f"--block_types={compact_list(way.blocks(n_layer))}",)
+
+
+# the syncs kept but delayed (ladder) or shrunk (tp_comm_dtype): a budget's config with one change (a way's), named
 # <n>comm-<change> (n still the forward all-reduces it runs)
-DELAY_SHRINK = {"ladder": "--block_types=['ladder']*12", "ladder-upper": "--block_types=['tp']*6+['ladder']*6",
-                **{dtype: f"--tp_comm_dtype={dtype}" for dtype in ("bf16", "fp8", "int8")}}
+DELAY_SHRINK = {"ladder": "all-ladder", "ladder-upper": "ladder-upper",
+                **{dtype: f"all-tp-{dtype}" for dtype in ("bf16", "fp8", "int8")}}
 
 
 def delay_shrink_runs(pattern):
     """all 'tp' (24 syncs) delayed or compressed each way, and all 'spd' (12) compressed to int8."""
-    return [*(Run(f"24comm-{change}", pattern.format(24), (flag,)) for change, flag in DELAY_SHRINK.items()),
-            Run("12comm-int8", pattern.format(12), (DELAY_SHRINK["int8"],))]
+    return [*(Run(f"24comm-{change}", pattern.format(24), one_change(key)) for change, key in DELAY_SHRINK.items()),
+            Run("12comm-int8", pattern.format(12), one_change("all-tp-int8"))]
 
 
 # ---- the axes sweeps (docs/axes.md): one model, varied along one axis at a time, 3 seeds, resumable ----
@@ -104,8 +113,7 @@ SWEEPS = {
     "gpt2": [replace(run, nproc=None) for run in (
         *comm_runs("config/train_gpt2_{}comm.py", (24, 18, 16, 12, 8, 6)),
         *delay_shrink_runs("config/train_gpt2_{}comm.py"),
-        Run("24comm-int8-2shot", "config/train_gpt2_24comm.py",
-            ("--tp_comm_dtype=int8", "--tp_comm_exchange=two_shot")))],
+        Run("24comm-int8-2shot", "config/train_gpt2_24comm.py", one_change("all-tp-int8-2shot")))],
     # the CPU configs with real tensor parallelism: 2 processes, one shard each, all-reduces through gloo
     "cpu-real": comm_runs("config/train_shakespeare_char_{}comm.py", (24, 18, 16, 12, 8, 6, 4, 3, 2, 1),
                           overrides=("--tp_size=2", "--tp_mode=real"), nproc=2),
