@@ -27,7 +27,7 @@ def test_rehearsal_times_every_way_under_real_tp(rehearsal):
     out, _ = rehearsal
     res = json.loads((out / "runs" / "tiny.json").read_text())
     assert res["config"] == gpu_node.run_config("tiny", gpu_node.REHEARSAL | {"out": str(out)})
-    assert res["errors"] == {} and list(res["ways"]) == [w[0] for w in gpu_node.WAYS]
+    assert res["errors"] == {} and list(res["ways"]) == [w[0] for w in gpu_node.timed_ways()]
     for name, row in res["ways"].items():
         assert row["fwd_allreduces"] == FWD[name], name
         assert row["ms_per_iter"] > 0 and row["tokens_per_s"] > 0 and row["in_collectives_ms"] > 0, name
@@ -123,5 +123,5 @@ def test_one_rank_failing_in_one_way_loses_only_that_way(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr[-5000:]
     res = json.loads(out.read_text())
     assert res["errors"] == {"all spd": "rank 1: RuntimeError: injected on rank 1"}, res["errors"]
-    assert list(res["ways"]) == [w[0] for w in gpu_node.WAYS if w[0] != "all spd"]
+    assert list(res["ways"]) == [w[0] for w in gpu_node.timed_ways() if w[0] != "all spd"]
     assert all(row["ms_per_iter"] > 0 for row in res["ways"].values())

@@ -10,7 +10,7 @@ from tpcomm import ROOT
 from tpcomm.experiments.report import answer, answer_figure, report
 from tpcomm.figures import plot_labels, png, way_styles
 
-NAMES = sorted((s.name for s in way_styles.STYLES.values()), key=len, reverse=True)
+NAMES = sorted((s.name for s in way_styles.styles().values()), key=len, reverse=True)
 
 
 def way_of(text):
@@ -70,11 +70,11 @@ def figures():
 
 
 def test_the_ways_are_named_as_the_answer_table_names_them():
-    for _, what, run, variant in answer.WAYS:
+    for _, what, run, variant in answer.way_rows():
         assert way_styles.style(run or variant).name == what.replace("`", ""), what
-    for run, text in answer.ANSWER_LABELS.items():
+    for run, text in answer.answer_labels().items():
         assert way_styles.style(run).name == text.replace("`", ""), run
-    styles = list(way_styles.STYLES.values())
+    styles = list(way_styles.styles().values())
     assert len({s.color for s in styles}) == len({s.name for s in styles}) == len(styles)  # one colour each
 
 
@@ -86,8 +86,8 @@ def test_one_colour_per_way_and_no_repeated_legend_entry(figures):
     seen = way_colours(figs)
     assert {"all spd", "all parallel", "int8", "tp_overlap=2", "all ladder"} <= set(seen), sorted(seen)
     for name, colors in seen.items():
-        assert colors == {to_hex(way_styles.STYLES[k].color) for k in way_styles.STYLES
-                          if way_styles.STYLES[k].name == name}, name
+        assert colors == {to_hex(way_styles.styles()[k].color) for k in way_styles.styles()
+                          if way_styles.styles()[k].name == name}, name
 
 
 def test_the_checks_can_fail():

@@ -86,8 +86,8 @@ def _speedups(link, *, mfu, efficiency, busbw, latency, launch, hbm_share, basel
                           tokens=cfg["batch_size"] * cfg["seq_len"], seq_len=cfg["seq_len"], mfu=mfu, opts=opts,
                           async_grad=baseline == "megatron")
     base = sum(v["all tp"])
-    return ({name: cm.speedup(v, key) for name, key in cm.FIGURE_VARIANTS.items()},
-            {name: 1e3 * (base - sum(v[key])) for name, key in cm.FIGURE_VARIANTS.items()})
+    return ({name: cm.speedup(v, key) for name, key in cm.figure_variants(cfg["tp_overlap"]).items()},
+            {name: 1e3 * (base - sum(v[key])) for name, key in cm.figure_variants(cfg["tp_overlap"]).items()})
 
 
 @functools.lru_cache(maxsize=8)
@@ -109,10 +109,10 @@ def grid(link_name, *, baseline="megatron", path=GPU_JSON):
 
 def speedup_bands(link_name, *, baseline="megatron", path=GPU_JSON):
     """{variant: (low, high)} predicted speedup over the baseline across the declared ranges (the figure's variant
-    names, cost_model.FIGURE_VARIANTS). The data the figure's horizontal bands and the answer's [low, high] use."""
+    names, cost_model.figure_variants). The data the figure's horizontal bands and the answer's [low, high] use."""
     points = grid(link_name, baseline=baseline, path=path)
     return {name: (min(s[name] for _, s, _ in points), max(s[name] for _, s, _ in points))
-            for name in cm.FIGURE_VARIANTS}
+            for name in cm.figure_variants(cm.PREDICT_DEFAULTS["tp_overlap"])}
 
 
 def always(points, test):

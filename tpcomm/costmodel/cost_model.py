@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 from configurator import ConfigError
 from tpcomm.costmodel.collective_matmul_cost import gpt_collective_matmul, torchtitan_checks
+from tpcomm.model import ways
 BF16 = 2  # bytes per value: the GPU predictions move the residual stream in bf16 (tp_comm's autocast dtype)
 
 
@@ -108,8 +109,8 @@ SHAPES = (Shape("GPT-2 124M", 12, 768, 12),  # Radford et al. 2019
           Shape("7B (32 x 4096)", 32, 4096, 32))  # LLaMA-7B's layers, width and heads (Touvron et al. 2023)
 
 # the block patterns of the GPU tables, per layer count L (docs/model.md: 2 fwd all-reduces per 'tp', 1 per 'spd')
-GPU_PATTERNS = {"all tp": lambda L: ["tp"] * L, "all spd": lambda L: ["spd"] * L,
-                "parallel/spd": lambda L: ["parallel", "spd"] * (L // 2), "all parallel": lambda L: ["parallel"] * L}
+GPU_PATTERNS = {w.price.label: w.blocks
+                for w in map(ways.way, ("all-tp", "all-spd", "parallel-spd", "all-parallel"))}
 
 
 # ---------- the model ----------
@@ -365,17 +366,19 @@ BASELINES = ("megatron", "blocking")  # what "all tp" means: with Megatron's asy
 
 
 def train_variants(shape, *, tp, link, tokens, seq_len, mfu, opts=Options(), peak=None, async_grad=False):
-    """{variant: (compute s, exposed communication s)} of one training micro-step. The baseline 'all tp': 2L forward
+    """{variant: (compute s, exposed communication s)} of one training micro-step, one per priced way of
+    tpcomm/model/ways.py, keyed by its Price.label and computed by its Price.term. The baseline 'all tp': 2L forward
     all-reduces, blocking, and 2L backward ones (one per f), blocking, or with async_grad (Megatron-LM's default)
     each hidden behind its column-parallel layer's weight-gradient GEMM. The others, each with the same backward
     rule for the all-reduces it keeps (async_grad: every backward f all-reduce can hide behind its own wgrad GEMM):
     '+sp' sequence parallelism; 'overlap K=k' tp_overlap=k on every module forward and backward (Domino-style);
     'ladder' all 'ladder' with its forward all-reduces delayed and its backward ones as the baseline's (the repo's
     ladder with tp_async_grad=False, against the blocking baseline); 'ladder fwd+bwd' the backward delayed too
-    (module i's input-gradient all-reduce behind module i-1's backward: the repo's with tp_async_grad=True); 'int8', 'fp8', 'bf16' and their '2shot': the
-    forward reductions compressed, one_shot or two_shot exchange (backward ones stay bf16 all-reduces); 'spd int8';
-    dropped: 'all spd', 'parallel/spd' (['parallel','spd']*(L/2)), 'all parallel'. async_grad=False gives the
-    numbers of the blocking model this repository printed before."""
+    (module i's input-gradient all-reduce behind module i-1's backward: the repo's with tp_async_grad=True); 'int8',
+    'fp8', 'bf16' and their '2shot': the forward reductions compressed, one_shot or two_shot exchange (backward ones
+    stay bf16 all-reduces); every drop ('all spd', 'parallel/spd', 'all parallel', 'tracks/4', 'spd int8': its
+    forward syncs, compressed where the way sets tp_comm_dtype); 'collective matmul'; 'partial sync' (all 'caat').
+    async_grad=False gives the numbers of the blocking model this repository printed before."""
     peak = const("h100_bf16_flops") if peak is None else peak
     L, n, eta = shape.n_layer, tokens * shape.n_embd * BF16, opts.efficiency
     per_flop = tokens / (tp * peak * mfu)
@@ -394,34 +397,33 @@ def train_variants(shape, *, tp, link, tokens, seq_len, mfu, opts=Options(), pea
     ladder_fwd = ladder_exposed([t] * 2 * L, fwd, efficiency=eta)
     ladder_bwd = ladder_exposed([t] * 2 * L, [2 * c for c in fwd[::-1]], own=wgrad[::-1], efficiency=eta)
 
-    def dropped(block_types, forward_comm=t):
-        # N forward syncs (forward_comm each) and N backward all-reduces, each at a block's input f: hides behind
-        # that block's attention QKV wgrad GEMM under async_grad
-        N = forward_syncs(block_types)
+    def squeezed(sync):  # one reduction compressed at the way's tp_comm_dtype and tp_comm_exchange
+        comp = WIRE[sync["tp_comm_dtype"]]._replace(exchange=sync.get("tp_comm_exchange", "one_shot"))
+        return compressed_reduce_time(tokens * shape.n_embd, tp, alpha=link.alpha, busbw=link.busbw,
+                                      hbm_bw=opts.hbm_bw, launch=opts.launch, comp=comp)
+
+    def dropped(way):
+        # N forward syncs (compressed when the way sets tp_comm_dtype) and N backward all-reduces, each at a block's
+        # input f: hides behind that block's attention QKV wgrad GEMM under async_grad
+        N = forward_syncs(way.blocks(L))
+        forward_comm = squeezed(way.sync) if "tp_comm_dtype" in way.sync else t
         return N * forward_comm + async_grad_exposed([t] * N, [wgrad[0]] * N, efficiency=eta)
 
-    comm = {"all tp": 2 * L * t + backward,
-            # forward: AG + RS per module; backward: the g's AG blocking, the f's RS behind the wgrad GEMM
-            "+sp": 2 * L * 2 * half + 2 * L * half + async_grad_exposed([half] * 2 * L, wgrad, efficiency=eta),
-            f"overlap K={opts.chunks}": overlap,
-            "ladder": ladder_fwd + backward, "ladder fwd+bwd": ladder_fwd + ladder_bwd}
-    for dtype, comp in WIRE.items():
-        for exchange, suffix in (("one_shot", ""), ("two_shot", " 2shot")):
-            squeezed = compressed_reduce_time(tokens * shape.n_embd, tp, alpha=link.alpha, busbw=link.busbw,
-                                              hbm_bw=opts.hbm_bw, launch=opts.launch,
-                                              comp=comp._replace(exchange=exchange))
-            comm[dtype + suffix] = 2 * L * squeezed + backward
-            if dtype == "int8" and exchange == "one_shot":
-                comm["spd int8"] = dropped(["spd"] * L, forward_comm=squeezed)
-    comm.update({"all spd": dropped(["spd"] * L), "parallel/spd": dropped(["parallel", "spd"] * (L // 2)),
-                 "all parallel": dropped(["parallel"] * L)})
-    # SP's collectives as rings beside partial GEMMs, forward and backward (tpcomm/costmodel/collective_matmul_cost.py)
-    comm["collective matmul"] = gpt_collective_matmul(L, shape.n_embd, tp=tp, link=link, tokens=tokens, peak=peak,
-                                                      mfu=mfu, efficiency=eta)
-    # tracks syncing every 4 blocks, (['parallel']*3 + ['spd'])*(L/4); all 'caat' at p = opts.caat_fraction
-    comm["tracks/4"] = dropped(["spd" if i % 4 == 3 else "parallel" for i in range(L)])
-    t_p = allreduce_time(opts.caat_fraction * n, tp, alpha=link.alpha, busbw=link.busbw)
-    comm["partial sync"] = partial_sync_comm(t, t_p, wgrad, efficiency=eta)
+    terms = {"baseline": lambda w: 2 * L * t + backward, "drop": dropped,
+             # forward: AG + RS per module; backward: the g's AG blocking, the f's RS behind the wgrad GEMM
+             "sequence parallel": lambda w: 2 * L * 2 * half + 2 * L * half + async_grad_exposed(
+                 [half] * 2 * L, wgrad, efficiency=eta),
+             "overlap": lambda w: overlap, "delay": lambda w: ladder_fwd + backward,
+             "delay both": lambda w: ladder_fwd + ladder_bwd, "compress": lambda w: 2 * L * squeezed(w.sync) + backward,
+             # SP's collectives as rings beside partial GEMMs, forward and backward (collective_matmul_cost.py)
+             "collective matmul": lambda w: gpt_collective_matmul(L, shape.n_embd, tp=tp, link=link, tokens=tokens,
+                                                                  peak=peak, mfu=mfu, efficiency=eta),
+             "partial sync": lambda w: partial_sync_comm(t, allreduce_time(opts.caat_fraction * n, tp, alpha=link.alpha,
+                                                                           busbw=link.busbw), wgrad, efficiency=eta)}
+    comm = {}
+    for way in ways.WAYS:  # one term per priced way, under its label (two ways may share one: all tp)
+        if way.price and way.price.label.format(chunks=opts.chunks) not in comm:
+            comm[way.price.label.format(chunks=opts.chunks)] = terms[way.price.term](way)
     return {k: (compute, v) for k, v in comm.items()}
 
 
@@ -553,15 +555,13 @@ def published_checks(cfg, opts):
                                efficiency=opts.efficiency)]
 
 
-# The ways of giving up a sync in the trade-off figure (issue 33), named as tpcomm.experiments.readings.pattern_name names the
-# quality runs, each mapped to its train_variants key; tp_overlap and sequence parallelism leave the math unchanged.
-FIGURE_VARIANTS = {"all-spd": "all spd", "parallel-spd": "parallel/spd", "all-parallel": "all parallel",
-                   "tp_overlap=2": "overlap K=2", "sequence_parallel": "+sp", "all-ladder": "ladder fwd+bwd",
-                   "all-ladder-fwd-only": "ladder", "all-tp-bf16": "bf16", "all-tp-bf16-2shot": "bf16 2shot",
-                   "all-tp-fp8": "fp8", "all-tp-fp8-2shot": "fp8 2shot", "all-tp-int8": "int8",
-                   "all-tp-int8-2shot": "int8 2shot", "all-spd-int8": "spd int8",
-                   "collective_matmul": "collective matmul", "all-caat": "partial sync",
-                   "parallel3-spd": "tracks/4"}
+def figure_variants(chunks=2):
+    """{way key: its train_variants key} of every way the cost model prices but the baselines (tpcomm/model/ways.py):
+    the trade-off figure's and the answer's; the tp_overlap way named by the chunks assumed ('tp_overlap=4' at 4)."""
+    return {w.key.replace("tp_overlap=2", f"tp_overlap={chunks}"): w.price.label.format(chunks=chunks)
+            for w in ways.WAYS if w.price and w.category != "baseline"}
+
+
 FIGURE_SHAPE = SHAPES[1]  # the 1.3B shape (24 x 2048) at tp 8
 LINK_ALIASES = {"nvlink": LINKS[0], "ib": LINKS[1], "infiniband": LINKS[1], **{lk.name.lower(): lk for lk in LINKS}}
 
@@ -570,7 +570,7 @@ def predicted_speedups(link_name, baseline="megatron", *, cfg=None):
     """{variant name: predicted step speedup over the baseline} for the trade-off figure: the 1.3B shape (24 x
     2048) at tp 8, on link_name ('nvlink' or 'ib', or a LINKS name), baseline 'megatron' (all 'tp' with Megatron's
     async input-gradient all-reduce) or 'blocking', at `python comm_model.py predict`'s assumptions (cfg: its
-    defaults unless given; tp_overlap=2 is the default's chunk count). Names: FIGURE_VARIANTS' keys."""
+    defaults unless given; tp_overlap=2 is the default's chunk count). Names: figure_variants' keys."""
     cfg = {**PREDICT_DEFAULTS, **(cfg or {}), "baseline": baseline}
     check_config(cfg)
     link = LINK_ALIASES.get(link_name.lower()) if isinstance(link_name, str) else None
@@ -579,9 +579,7 @@ def predicted_speedups(link_name, baseline="megatron", *, cfg=None):
     opts = options(cfg)
     v = train_variants(FIGURE_SHAPE, tp=8, link=link, tokens=cfg["batch_size"] * cfg["seq_len"],
                        seq_len=cfg["seq_len"], mfu=cfg["mfu"], opts=opts, async_grad=baseline == "megatron")
-    names = {k.replace("tp_overlap=2", f"tp_overlap={opts.chunks}"): val.replace("K=2", f"K={opts.chunks}")
-             for k, val in FIGURE_VARIANTS.items()}
-    return {name: speedup(v, key) for name, key in names.items()}
+    return {name: speedup(v, key) for name, key in figure_variants(opts.chunks).items()}
 
 
 def error(predicted, measured):

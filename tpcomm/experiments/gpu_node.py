@@ -1,9 +1,10 @@
 """
 `python experiment.py gpu-node`: what giving up a sync saves under real tensor parallelism on one GPU node (tp 8,
-NCCL). Every way of giving one up (WAYS: drop, hide, delay, shrink) is timed on GPT-2 124M and on a 1.3B shape, all
-the ways of a shape interleaved in rounds in one torchrun launch (as bench.py interleaves; best round kept): ms/iter,
-tokens/s, the time in collectives and its exposed part, measured counts; then the cost model's prediction for the
-same runs (tpcomm.costmodel.cost_model.train_variants, NVLink) beside each, with its error.
+NCCL). Every way of giving one up with a gpu-node row in tpcomm/model/ways.py (drop, hide, delay, shrink; timed_ways)
+is timed on GPT-2 124M and on a 1.3B shape, all the ways of a shape interleaved in rounds in one torchrun launch (as
+bench.py interleaves; best round kept): ms/iter, tokens/s, the time in collectives and its exposed part, measured
+counts; then the cost model's prediction for the same runs (tpcomm.costmodel.cost_model.train_variants, NVLink)
+beside each, with its error.
 
 $ python experiment.py gpu-node                  # 8 GPUs, NCCL: 2 shapes x 9 ways, ~10 min (--dry-run says)
 $ python experiment.py gpu-node --dry-run        # the plan, each launch's command and the expected GPU-hours
@@ -32,36 +33,19 @@ import time
 
 from configurator import ConfigError, parse_flag
 from tpcomm import ROOT
+from tpcomm.model import ways
 from tpcomm.train.output_path import check_output_dir
 
-# (name, what it does, block_types for n layers, TP_COMM_OPTIONS, the cost model's train_variants key, priced with
-# the asynchronous backward where the options say tp_async_grad): every way the answer prices, both baselines
-WAYS = (
-    ("all tp", "baseline: every sync, blocking", lambda n: ["tp"] * n, {}, "all tp"),
-    ("all tp async", "baseline as Megatron runs it: each backward all-reduce beside its weight-gradient GEMM",
-     lambda n: ["tp"] * n, {"tp_async_grad": True}, "all tp"),
-    ("all spd", "drop: one sync per block", lambda n: ["spd"] * n, {}, "all spd"),
-    ("parallel/spd", "drop: one sync per two blocks", lambda n: ["parallel", "spd"] * (n // 2), {}, "parallel/spd"),
-    ("all parallel", "drop: one sync in all", lambda n: ["parallel"] * n, {}, None),
-    ("tracks/4", "drop: one sync every 4 blocks", lambda n: (["parallel"] * 3 + ["spd"]) * (n // 4), {}, "tracks/4"),
-    ("all caat", "drop: half of each sync's channels (CAAT-Net)", lambda n: ["caat"] * n, {}, "partial sync"),
-    ("tp overlap2", "hide: batch in 2 chunks, each sync beside the next chunk", lambda n: ["tp"] * n,
-     {"tp_overlap": 2}, "overlap K=2"),
-    ("tp +sp", "hide: sequence parallelism (reduce-scatter + all-gather)", lambda n: ["tp"] * n,
-     {"sequence_parallel": True}, "+sp"),
-    ("tp +sp ring", "hide: collective matmul, SP's collectives as rings beside partial GEMMs", lambda n: ["tp"] * n,
-     {"sequence_parallel": True, "tp_collective_matmul": True}, "collective matmul"),
-    ("all ladder", "delay: each sync one module late", lambda n: ["ladder"] * n, {}, "ladder"),
-    ("all ladder async", "delay: forward and backward syncs one module late", lambda n: ["ladder"] * n,
-     {"tp_async_grad": True}, "ladder fwd+bwd"),
-    ("tp bf16", "shrink: bf16 partial sums, one-shot", lambda n: ["tp"] * n, {"tp_comm_dtype": "bf16"}, "bf16"),
-    ("tp fp8", "shrink: fp8 block-quantized, one-shot", lambda n: ["tp"] * n, {"tp_comm_dtype": "fp8"}, "fp8"),
-    ("tp int8", "shrink: int8 block-quantized, one-shot", lambda n: ["tp"] * n, {"tp_comm_dtype": "int8"}, "int8"),
-    ("tp int8 2shot", "shrink: int8, two-shot exchange", lambda n: ["tp"] * n,
-     {"tp_comm_dtype": "int8", "tp_comm_exchange": "two_shot"}, "int8 2shot"),
-    ("spd int8", "drop + shrink: one sync per block, int8", lambda n: ["spd"] * n, {"tp_comm_dtype": "int8"},
-     "spd int8"),
-)
+
+
+def timed_ways():
+    """[(name, what it does, block_types for n layers, TP_COMM_OPTIONS, the cost model's train_variants key or None
+    (priced with every sync blocking: train_step), priced with the asynchronous backward where the options say
+    tp_async_grad)]: every way of tpcomm/model/ways.py with a gpu-node row (Way.node), both baselines among them."""
+    return [(w.node.name, w.node.what, w.blocks, w.sync if w.node.sync is None else w.node.sync,
+             None if w.node.blocking else w.price.label.format(chunks=2)) for w in ways.WAYS if w.node]
+
+
 # n_layer, n_embd, n_head: GPT-2 124M with 8 heads of 96 (its 12 do not split over 8 ranks; parameters and FLOPs are
 # GPT-2's), and GPT-3 XL's 24 x 2048 with 16 heads of 128 (the cost model's "1.3B" shape)
 SHAPES = {"gpt2-124m": (12, 768, 8), "1.3b": (24, 2048, 16), "tiny": (4, 32, 4)}
@@ -135,7 +119,7 @@ def check_shape(shape, cfg):
     from tpcomm.model.options import TPConfig
 
     n_layer, n_embd, n_head = SHAPES[shape]
-    for name, _, pattern, opts, _ in WAYS:
+    for name, _, pattern, opts, _ in timed_ways():
         try:
             TPConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=cfg["block_size"], vocab_size=64,
                      bias=False, tp_size=cfg["nproc"], block_types=pattern(n_layer), **opts)
@@ -155,7 +139,7 @@ def run_config(shape, cfg):
                 tp=cfg["nproc"],
                 batch_size=cfg["batch_size"], block_size=cfg["block_size"], iters=cfg["iters"],
                 warmup=cfg["warmup"], rounds=cfg["rounds"], backend=cfg["backend"], device=cfg["device"],
-                dtype="bfloat16" if cfg["device"] == "cuda" else "float32", ways=[w[0] for w in WAYS])
+                dtype="bfloat16" if cfg["device"] == "cuda" else "float32", ways=[w[0] for w in timed_ways()])
 
 
 def result_path(cfg, shape):
@@ -190,7 +174,7 @@ def predictions(config, *, mfu, peak=None):
               seq_len=config["block_size"], mfu=mfu, peak=peak)
     variants = {a: train_variants(shape, opts=Options(chunks=2), async_grad=a, **kw) for a in (False, True)}
     out = {}
-    for name, _, pattern, opts, key in WAYS:
+    for name, _, pattern, opts, key in timed_ways():
         compute, comm = variants[opts.get("tp_async_grad", False)][key] if key else train_step(
             shape, fwd_syncs=forward_syncs(pattern(config["n_layer"])), **kw)
         out[name] = ((compute + comm) * 1e3, comm * 1e3)
@@ -269,7 +253,7 @@ def worker(argv):
                 vocab_size=config["vocab_size"], block_size=config["block_size"], bias=False, dropout=0.0,
                 tp_size=config["tp"])
     models, ref = {}, None
-    for name, _, pattern, opts, _ in WAYS:  # one initialisation, copied: every way has the same parameters
+    for name, _, pattern, opts, _ in timed_ways():  # one initialisation, copied: every way has the same parameters
         m = build_model("distributed_gpt", dict(base, block_types=pattern(config["n_layer"]), **opts), pd=pd,
                         init_device="meta")
         if ref is None:
@@ -404,7 +388,7 @@ def report(cfg):
                   "| way | what | fwd all-reduces | ms/iter | tokens/s | vs all tp | in collectives ms | exposed ms | "
                   "predicted ms/iter | error | predicted exposed ms |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for name, what, _, _, _ in WAYS:
+        for name, what, _, _, _ in timed_ways():
             p_ms, p_comm = pred[name]
             r = res["ways"].get(name)
             if r is None:
@@ -442,13 +426,13 @@ def main(argv):
         print(text)
         return
     total = 0.0
-    print(f"gpu-node: {len(cfg['shapes'])} shape(s) x {len(WAYS)} ways, tp {cfg['nproc']} ({cfg['backend']}, "
+    print(f"gpu-node: {len(cfg['shapes'])} shape(s) x {len(timed_ways())} ways, tp {cfg['nproc']} ({cfg['backend']}, "
           f"{cfg['device']}), batch {cfg['batch_size']} x {cfg['block_size']}, {cfg['warmup']} warm-up + "
           f"{cfg['rounds']} x {cfg['iters']} timed steps per way, into {cfg['out']}")
     for shape, done in plan:
         secs = 0.0 if done else expected_seconds(cfg, shape)
         total += secs
-        print(f"{'skip' if done else 'run '}  {shape}: {', '.join(w[0] for w in WAYS)}; expected "
+        print(f"{'skip' if done else 'run '}  {shape}: {', '.join(w[0] for w in timed_ways())}; expected "
               f"{secs / 60:.1f} min" + (" (result file up to date)" if done else ""))
         if "dry-run" in flags and not done:
             print("      " + shlex.join(launch_command(cfg, shape, result_path(cfg, shape))))

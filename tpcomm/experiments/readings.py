@@ -8,7 +8,7 @@ import math
 
 from tpcomm.model.options import compact_list
 from tpcomm.experiments import pairing, results
-from tpcomm.experiments.sweep_plan import PATTERNS
+from tpcomm.model import ways
 
 
 def no_results(*names):
@@ -31,9 +31,9 @@ def data_warning(rows):
 
 
 def pattern_name(row):
-    """The sweep_plan.PATTERNS name of a row's block pattern (e.g. 'all-spd'), or the pattern itself; '-int8' etc.
+    """The way's key of a row's block pattern (ways.patterns(), e.g. 'all-spd'), or the pattern itself; '-int8' etc.
     after it when its syncs were compressed."""
-    name = next((p for p, f in PATTERNS.items() if compact_list(f(row["n_layer"])) ==
+    name = next((p for p, f in ways.patterns().items() if compact_list(f(row["n_layer"])) ==
                  row["block_pattern"]), row["block_pattern"])
     return name + (f"-{comm_dtype_label(row).replace(' ', '-')}" if row.get("tp_comm_dtype") else "")
 

@@ -7,6 +7,7 @@ result files they leave. A run's name names its directory and result file (exper
 
 from dataclasses import dataclass, replace
 
+from tpcomm.model import ways
 from tpcomm.model.options import compact_list
 
 @dataclass(frozen=True)
@@ -24,16 +25,25 @@ def comm_runs(pattern, budgets, *, overrides=(), nproc=1):
     return [Run(f"{n}comm", pattern.format(n), tuple(overrides), nproc) for n in budgets]
 
 
-# the syncs kept but delayed (ladder) or shrunk (tp_comm_dtype): a budget's config with one change, named
+def one_change(key, n_layer=12):
+    """A way's one change to an all-'tp' config of n_layer layers (tpcomm/model/ways.py): its sync options where it
+    sets any, else its block pattern."""
+    way = ways.way(key)
+    if way.sync:
+        return tuple(f"--{k}={v}" for k, v in way.sync.items())
+    return (f"--block_types={compact_list(way.blocks(n_layer))}",)
+
+
+# the syncs kept but delayed (ladder) or shrunk (tp_comm_dtype): a budget's config with one change (a way's), named
 # <n>comm-<change> (n still the forward all-reduces it runs)
-DELAY_SHRINK = {"ladder": "--block_types=['ladder']*12", "ladder-upper": "--block_types=['tp']*6+['ladder']*6",
-                **{dtype: f"--tp_comm_dtype={dtype}" for dtype in ("bf16", "fp8", "int8")}}
+DELAY_SHRINK = {"ladder": "all-ladder", "ladder-upper": "ladder-upper",
+                **{dtype: f"all-tp-{dtype}" for dtype in ("bf16", "fp8", "int8")}}
 
 
 def delay_shrink_runs(pattern):
     """all 'tp' (24 syncs) delayed or compressed each way, and all 'spd' (12) compressed to int8."""
-    return [*(Run(f"24comm-{change}", pattern.format(24), (flag,)) for change, flag in DELAY_SHRINK.items()),
-            Run("12comm-int8", pattern.format(12), (DELAY_SHRINK["int8"],))]
+    return [*(Run(f"24comm-{change}", pattern.format(24), one_change(key)) for change, key in DELAY_SHRINK.items()),
+            Run("12comm-int8", pattern.format(12), one_change("all-tp-int8"))]
 
 
 # ---- the axes sweeps (docs/axes.md): one model, varied along one axis at a time, 3 seeds, resumable ----
@@ -42,16 +52,7 @@ AXES_SIZE, AXES_STEPS, AXES_SEEDS = (12, 64, 8), 5000, (1337, 1338, 1339)
 # cpu-long's resolved patterns get ten seeds, all spd and its baseline eleven: the power calculation in docs/axes.md
 # ("Seeds for a 0.010 half-width")
 RESOLVED_SEEDS = tuple(range(1337, 1348))
-PATTERNS = {  # block pattern of n layers
-    "all-tp": lambda n: ["tp"] * n,
-    "all-spd": lambda n: ["spd"] * n,
-    "parallel-spd": lambda n: ["parallel", "spd"] * (n // 2),
-    "all-parallel": lambda n: ["parallel"] * n,
-    "all-ladder": lambda n: ["ladder"] * n,  # every sync kept, each one module late (Ladder Residual)
-    "ladder-upper": lambda n: ["tp"] * (n // 2) + ["ladder"] * (n - n // 2),  # the paper's conversion of the upper half
-    "all-caat": lambda n: ["caat"] * n,  # every sync kept on half its channels (CAAT-Net's main setting, p = 0.5)
-    "parallel3-spd": lambda n: (["parallel"] * 3 + ["spd"]) * (n // 4),  # tracks that sync every 4 blocks (PTT)
-}
+PATTERNS = ways.patterns()  # {name: block pattern of n layers}, the ways' (tpcomm/model/ways.py)
 TP_AXIS_PATTERNS = ("all-spd", "parallel-spd", "all-parallel", "all-ladder", "ladder-upper")
 # (n_layer, n_embd, n_head): max_iters. Tokens per parameter fixed (docs/axes.md, "The size axis"): steps =
 # 3,840,000 / 591,424 non-embedding parameters (the 12 x 64 model at 5000 steps: 6.49 tokens/param) x the size's
@@ -61,19 +62,15 @@ SIZES = {(12, 64, 8): 5000, (4, 48, 4): 940, (2, 32, 4): 200}
 CONVERGENCE_STEPS = 20000  # docs/axes.md: planned from the old cpu-long curve; the baseline is still not flat here
 
 
-def axes_run(pattern, *, tp=4, size=AXES_SIZE, steps=AXES_STEPS, home=None, seeds=None, comm_dtype=None,
-             exchange=None):
-    """A run of the axes model with one thing changed. The schedule scales with the steps: warmup 1%, cosine decay
-    to the last step, an eval every 5% (5000 steps: warmup 50, eval every 250, as config/sweep_axes.py)."""
+def axes_run(pattern, *, tp=4, size=AXES_SIZE, steps=AXES_STEPS, home=None, seeds=None):
+    """A run of the axes model with one thing changed: `pattern` a way's key (tpcomm/model/ways.py: its block
+    pattern and sync options, e.g. 'all-tp-int8-2shot'), named by it. The schedule scales with the steps: warmup 1%,
+    cosine decay to the last step, an eval every 5% (5000 steps: warmup 50, eval every 250, as
+    config/sweep_axes.py)."""
     n_layer, n_embd, n_head = size
-    overrides = [f"--block_types={compact_list(PATTERNS[pattern](n_layer))}"]
+    way = ways.way(pattern)
+    overrides = [f"--block_types={compact_list(way.blocks(n_layer))}", *(f"--{k}={v}" for k, v in way.sync.items())]
     name = pattern
-    if comm_dtype is not None:  # the syncs shrunk: block-quantized (docs/compression.md)
-        overrides.append(f"--tp_comm_dtype={comm_dtype}")
-        name += f"-{comm_dtype}"
-    if exchange is not None:  # 'two_shot': reduce-scatter then all-gather of the compressed sums
-        overrides.append(f"--tp_comm_exchange={exchange}")
-        name += "-2shot" if exchange == "two_shot" else f"-{exchange}"
     if tp != 4:
         overrides.append(f"--tp_size={tp}")
         name += f"-tp{tp}"
@@ -84,6 +81,20 @@ def axes_run(pattern, *, tp=4, size=AXES_SIZE, steps=AXES_STEPS, home=None, seed
         overrides += [f"--max_iters={steps}", f"--lr_decay_iters={steps}", f"--warmup_iters={steps // 100}",
                       f"--eval_interval={steps // 20}"]
     return Run(name, AXES_CONFIG, tuple(overrides), home=home, seeds=seeds)
+
+
+# the order of cpu-long's committed tables (its runs are planned in it; a way not named here comes after them)
+CPU_LONG_ORDER = ("all-tp", "all-spd", "parallel-spd", "all-parallel", "all-ladder", "ladder-upper", "all-tp-bf16",
+                  "all-tp-fp8", "all-tp-int8", "all-spd-int8", "all-tp-int8-2shot", "all-caat", "parallel3-spd")
+
+
+def cpu_long_runs():
+    """Every way cpu-long trains (ways.Way.seeds > 0), each with the first `seeds` of RESOLVED_SEEDS (all of them:
+    None, the sweep's)."""
+    trained = sorted((w for w in ways.WAYS if w.seeds), key=lambda w: CPU_LONG_ORDER.index(w.key)
+                     if w.key in CPU_LONG_ORDER else len(CPU_LONG_ORDER))
+    return [axes_run(w.key, seeds=None if w.seeds >= len(RESOLVED_SEEDS) else RESOLVED_SEEDS[:w.seeds])
+            for w in trained]
 
 
 def shared(pattern, **kw):
@@ -102,23 +113,13 @@ SWEEPS = {
     "gpt2": [replace(run, nproc=None) for run in (
         *comm_runs("config/train_gpt2_{}comm.py", (24, 18, 16, 12, 8, 6)),
         *delay_shrink_runs("config/train_gpt2_{}comm.py"),
-        Run("24comm-int8-2shot", "config/train_gpt2_24comm.py",
-            ("--tp_comm_dtype=int8", "--tp_comm_exchange=two_shot")))],
+        Run("24comm-int8-2shot", "config/train_gpt2_24comm.py", one_change("all-tp-int8-2shot")))],
     # the CPU configs with real tensor parallelism: 2 processes, one shard each, all-reduces through gloo
     "cpu-real": comm_runs("config/train_shakespeare_char_{}comm.py", (24, 18, 16, 12, 8, 6, 4, 3, 2, 1),
                           overrides=("--tp_size=2", "--tp_mode=real"), nproc=2),
-    # past the early phase: the axes model (cpu's 12 x 64 with 8 heads), 10x longer than "cpu", in thirteen
-    # patterns: four that drop syncs (one of them tracks syncing every 4 blocks), one that syncs half of each one's
-    # channels (caat), two that delay them (ladder), five that shrink them (int8 also two-shot); the resolved
-    # patterns (all tp, the drops, caat, all ladder, int8 one- and two-shot) with RESOLVED_SEEDS, the rest 3
-    "cpu-long": [*(axes_run(p) for p in ("all-tp", "all-spd")),
-                 *(axes_run(p, seeds=RESOLVED_SEEDS[:10]) for p in ("parallel-spd", "all-parallel", "all-ladder")),
-                 axes_run("ladder-upper", seeds=AXES_SEEDS),
-                 *(axes_run("all-tp", comm_dtype=d, seeds=AXES_SEEDS) for d in ("bf16", "fp8")),  # shrunk: 24 syncs
-                 axes_run("all-tp", comm_dtype="int8", seeds=RESOLVED_SEEDS[:10]),
-                 axes_run("all-spd", comm_dtype="int8", seeds=RESOLVED_SEEDS[:10]),
-                 axes_run("all-tp", comm_dtype="int8", exchange="two_shot", seeds=RESOLVED_SEEDS[:10]),
-                 *(axes_run(p, seeds=RESOLVED_SEEDS[:10]) for p in ("all-caat", "parallel3-spd"))],  # issue 47
+    # past the early phase: the axes model (cpu's 12 x 64 with 8 heads), 10x longer than "cpu", in every way
+    # tpcomm/model/ways.py trains (Way.seeds: the resolved ones with RESOLVED_SEEDS or ten of them, the rest 3)
+    "cpu-long": cpu_long_runs(),
     # the tp degree: 2, 4 (cpu-long's runs) and 8; all-tp once at tp 4, and for seed 1337 at tp 2 and 8 to show it
     # is the same model at every degree
     "tp-axis": [shared("all-tp"),

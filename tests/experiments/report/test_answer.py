@@ -48,7 +48,7 @@ def test_gpu_speedups_are_the_cost_models():
     assert links == [link.name for link in cm.LINKS] and "tp 8" in assumes and "Megatron" in assumes
     for link in cm.LINKS:
         want = cm.predicted_speedups(link.name, "megatron")
-        for _, _, _, variant in ans.WAYS:
+        for _, _, _, variant in ans.way_rows():
             if variant is not None:
                 assert gpu[variant][link.name] == pytest.approx(want[variant], rel=1e-12), variant
         assert gpu["all-parallel"][link.name] > gpu["parallel-spd"][link.name] > gpu["all-spd"][link.name] > 1

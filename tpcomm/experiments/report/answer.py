@@ -8,27 +8,20 @@ from tpcomm.experiments.report import answer_figure
 from tpcomm.costmodel import cost_bands
 from tpcomm.experiments import pairing, provenance
 from tpcomm.experiments.readings import bound, claim, data_warning, decimals, no_results, penalties, side_of
+from tpcomm.model import ways
 
 
-# (way, what, cpu-long run name or None (the math is all tp's: 0 by construction), the GPU variant or None (not
-# modelled)); the GPU variants are cost_model.predicted_speedups' names. One row per way of giving up a sync, in the
-# README's table.
-WAYS = (("drop", "all `spd`", "all-spd", "all-spd"),
-        ("drop", "`['parallel','spd']*6`", "parallel-spd", "parallel-spd"),
-        ("drop", "all `parallel`", "all-parallel", "all-parallel"),
-        ("drop", "`(['parallel']*3+['spd'])*3`", "parallel3-spd", "parallel3-spd"),
-        ("drop", "all `caat`: half of each sync's channels", "all-caat", "all-caat"),
-        ("hide", "`tp_overlap=2`", None, "tp_overlap=2"),
-        ("hide", "sequence parallelism", None, "sequence_parallel"),
-        ("hide", "collective matmul (`tp_collective_matmul`)", None, "collective_matmul"),
-        ("delay", "all `ladder`", "all-ladder", "all-ladder"),
-        ("delay", "`ladder` in the upper half", "ladder-upper", None),
-        ("shrink", "bf16", "all-tp-bf16", "all-tp-bf16"),
-        ("shrink", "fp8", "all-tp-fp8", "all-tp-fp8"),
-        ("shrink", "int8", "all-tp-int8", "all-tp-int8"),
-        ("shrink", "int8 two-shot", "all-tp-int8-2shot", "all-tp-int8-2shot"),
-        ("drop + shrink", "all `spd` + int8", "all-spd-int8", "all-spd-int8"))
-ANSWER_LABELS = {run: what for _, what, run, _ in WAYS if run}  # the measured ways' names, as the table writes them
+def way_rows():
+    """The README table's rows, one per way of giving up a sync (tpcomm/model/ways.py, Way.answer): (category, what,
+    cpu-long run name or None (not trained: the math is all tp's, 0 by construction), the GPU variant or None (not
+    modelled)); the GPU variants are cost_model.predicted_speedups' names. Read when called."""
+    return [(w.category, w.what, w.key if w.seeds else None, w.key if w.price else None)
+            for w in ways.WAYS if w.answer]
+
+
+def answer_labels():
+    """{run: what} of the measured ways, as the table writes them."""
+    return {run: what for _, what, run, _ in way_rows() if run}
 
 
 GPU_SHAPE, GPU_TP, GPU_BASELINE = "1.3B", 8, "megatron"  # the answer's GPU case (cost_model.predicted_speedups)
@@ -70,13 +63,13 @@ def _short(p):
 
 def _familywise(ctx):
     """cpu-long's Bonferroni intervals over its measured rows ({run: (mean, half-width)}, m): pairing.familywise."""
-    pairs = {k: p for k, p in pairing.paired(ctx.rows("cpu-long")).items() if k in ANSWER_LABELS}
+    pairs = {k: p for k, p in pairing.paired(ctx.rows("cpu-long")).items() if k in answer_labels()}
     return pairing.familywise({k: p["final"][2] for k, p in pairs.items()})
 
 
 def _correlation_line(ctx):
     """The rows share all `tp`'s seeds as their baseline: how correlated their differences are, from the data."""
-    pairs = {k: p for k, p in pairing.paired(ctx.rows("cpu-long")).items() if k in ANSWER_LABELS}
+    pairs = {k: p for k, p in pairing.paired(ctx.rows("cpu-long")).items() if k in answer_labels()}
     r = pairing.shared_baseline_correlation(pairs)
     if not r:
         return "the rows share one baseline"
@@ -90,7 +83,7 @@ def _familywise_clause(ctx, loss):
     """'; read together (Bonferroni over the 10 measured rows), also for fp8': the rows whose family-wise upper end
     passes 1% of all `tp`'s validation loss, beyond those whose own interval does."""
     family, m = _familywise(ctx)
-    over = [ANSWER_LABELS[k] for k, (mean, hw) in family.items() if mean + hw > 0.01 * loss and mean - hw <= 0]
+    over = [answer_labels()[k] for k, (mean, hw) in family.items() if mean + hw > 0.01 * loss and mean - hw <= 0]
     return f"; read together (Bonferroni over the {m} measured rows), not for {', '.join(over)}" if over else ""
 
 
@@ -123,7 +116,7 @@ def answer_table(ctx):
              f"| way | what | quality cost [95%] (seeds) | family-wise [95%, Bonferroni over {m}] | at 95% it | NVLink "
              "| InfiniBand |",
              "|---|---|---:|---:|---|---:|---:|"]
-    for way, what, run, variant in WAYS:
+    for way, what, run, variant in way_rows():
         p = pen.get(run)
         cost = "0 (same math)" if run is None else "pending" if p is None else _short(p)
         said = "costs nothing: the math is all `tp`'s" if run is None else claim(p, base["val_loss_mean"])
@@ -184,15 +177,15 @@ def answer_summary(ctx):
     loss = base["val_loss_mean"]
     gpu, links, _, _ = gpu_speedups()
     nv, ib = links
-    measured = {n: p for n, p in pen.items() if p[1] is not None and n in ANSWER_LABELS}
+    measured = {n: p for n, p in pen.items() if p[1] is not None and n in answer_labels()}
     worse = [n for n, p in measured.items() if side_of(*p[:2]) is not None]  # a cost (or a gain) at 95%
     bounded = sorted((p[0] + p[1], n, p[1]) for n, p in measured.items() if side_of(*p[:2]) is None)
-    wide = [ANSWER_LABELS[n] for b, n, _ in bounded if b > 0.01 * loss]
-    costs = "; ".join(f"{ANSWER_LABELS[n]} {claim(measured[n], loss)}" for n in worse)
+    wide = [answer_labels()[n] for b, n, _ in bounded if b > 0.01 * loss]
+    costs = "; ".join(f"{answer_labels()[n]} {claim(measured[n], loss)}" for n in worse)
     if bounded:
         (lo, lo_pct), (hi, hi_pct) = (bound(b, loss, half_width=ci) for b, _, ci in (bounded[0], bounded[-1]))
         first = (f"After {base['tokens'] / 1e6:.2f}M tokens the per-row 95% intervals rule out costs above "
-                 f"{lo} nats ({ANSWER_LABELS[bounded[0][1]]}) to {hi} ({ANSWER_LABELS[bounded[-1][1]]}), "
+                 f"{lo} nats ({answer_labels()[bounded[0][1]]}) to {hi} ({answer_labels()[bounded[-1][1]]}), "
                  f"{lo_pct} to {hi_pct} of all `tp`'s validation loss ({loss:.3f})"
                  + (f", so a cost under 1% is not yet shown for {', '.join(wide)}" if wide else "")
                  + _familywise_clause(ctx, loss)
@@ -214,7 +207,7 @@ def answer_summary(ctx):
     cbase = next((r for r in longer if r["config"] == r["baseline"]), None)
     if cbase is not None and cpen:
         out.append(f"After {cbase['tokens'] / base['tokens']:g}x the training ({cbase['tokens'] / 1e6:.2f}M tokens, "
-                   "`convergence`): " + ", ".join(f"{ANSWER_LABELS[n]} {claim(p, cbase['val_loss_mean'])}"
+                   "`convergence`): " + ", ".join(f"{answer_labels()[n]} {claim(p, cbase['val_loss_mean'])}"
                                                   for n, p in cpen.items()) + ".")
     return " ".join(out)
 
@@ -226,7 +219,7 @@ def tradeoff_plot(ctx):
         return None
     gpu, links, _, _ = gpu_speedups()
     points = []
-    for way, what, run, variant in WAYS:
+    for way, what, run, variant in way_rows():
         if variant is None:
             continue
         p = (0.0, 0.0, 0) if run is None else pen.get(run)
@@ -236,7 +229,7 @@ def tradeoff_plot(ctx):
                            ci=ci, seeds=n, speedup=[gpu[variant][name] for name in links],
                            speedup_band=[cost_bands.speedup_bands(name)[variant] for name in links]))  # [low, high]
     data = dict(points=points, links=[n.split(" (")[0] for n in links], base_loss=base["val_loss_mean"],
-                left_out=[what.replace("`", "") for _, what, _, variant in WAYS if variant is None])
+                left_out=[what.replace("`", "") for _, what, _, variant in way_rows() if variant is None])
     title = (f"Each way of giving up a sync: its quality cost, measured on CPU (y; cpu-long: a "
              f"{base['params_total'] / 1e6:.1f}M-parameter character model, {base['tokens'] / 1e6:.2f}M tokens, tp "
              f"{base['tp_size']}), against its training-step speedup, predicted for GPUs by the cost model "
