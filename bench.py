@@ -292,7 +292,8 @@ def decode_bench(models, cfg, *, device, dtype, device_type, say):
                              collectives_ms=coll, exposed_ms=exposed))
             say(f"| `{name}` | {fwd} ({asyn}) | {b} | {prefill:.2f} | {per_token:.3f} | {coll:.3f} | {exposed:.3f} |")
     if cfg["plot"] and say is print:
-        data = command_figures.decode_data(rows, cfg=cfg, device=device, prompt_len=prompt)
+        data = command_figures.decode_data(rows, cfg=cfg, device=device, prompt_len=prompt,
+                                            host=command_figures.host_note())
         command_figures.write(command_figures.draw_decode(data), cfg["plot"], data)
         say(f"plot: {cfg['plot']}")
     return rows
@@ -349,7 +350,8 @@ def bench(cfg, pd, device, device_type, dtype):
     if cfg["model_type"] == "distributed_gpt":
         comm_table(rows, cfg, say)
     if cfg["plot"] and cfg["tp_mode"] == "real" and say is print:  # where each step's time goes, measured
-        data = command_figures.step_data([r for r in rows if r["name"] != "gpt"], cfg=cfg, device=device)
+        data = command_figures.step_data([r for r in rows if r["name"] != "gpt"], cfg=cfg, device=device,
+                                          host=command_figures.host_note())
         command_figures.write(command_figures.draw_steps(data), cfg["plot"], data)
         say(f"plot: {cfg['plot']}")
     for name in results:

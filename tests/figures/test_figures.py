@@ -3,6 +3,8 @@ figure (tpcomm/figures/way_styles.py); no two legend entries read the same; no t
 plot_labels.overlapping); the headline figure keeps every point at its true x and its text readable at the README's
 width. The figures are the report's (report.plot_specs), drawn from the committed result files, as committed."""
 
+import os
+
 import pytest
 from matplotlib.colors import to_hex
 
@@ -231,16 +233,24 @@ def test_the_command_figures_carry_their_data_and_report_check_sees_a_stale_one(
     Written with their data file, a committed copy is compared by `report --check`: a changed number fails it."""
     from tpcomm.figures import command_figures as cf
 
+    def texts_of(fig):
+        return [t.get_text() for t in plot_labels.texts(fig)]
+
     for data in (SPD, DECODE):
         fig = cf.DRAW[data["kind"]](data)
         assert plot_labels.overlapping(fig) == [], data["kind"]
-        texts = " ".join(t.get_text() for t in plot_labels.texts(fig))
-        png.pyplot().close(fig)
+        texts = " ".join(texts_of(fig))
+        if data is SPD:  # the far zero-shot point in its own panel: the lower panel's range is the rest's
+            lower = [ax for ax in fig.axes if ax.get_ylabel().startswith("validation loss (nats/token)")][0]
+            assert lower.get_ylim()[1] < 2.0 and max(r[1] for r in SPD["curve"]) > 2.5
         if data is SPD:
-            assert "zero-shot 2.520" in texts and "(off the axis)" in texts and "KL distillation" in texts
-            assert "τ ISB = 0.01 nats" in texts and "block-to-block (B2B)" in texts
+            assert "zero-shot 2.5200 (+0.650)" in texts and "y axis broken" in texts and "KL distillation" in texts
+            assert "+ KL 1.8800 (+0.010)" in texts and "recovered 1.9070 (+0.037)" in texts
+            assert "τ ISB = 0.01 nats" in texts and "block-to-block distillation" in texts and "B2B" not in texts
         else:
             assert "12 layers x 128 wide" in texts and "32-token prompt then 32 new tokens" in texts
+            assert {"all tp", "all spd", "all parallel"} <= set(texts_of(fig))  # each x named as its way
+        png.pyplot().close(fig)
     (tmp_path / "docs").mkdir()
     spd_png = str(tmp_path / "docs" / "spd_shakespeare_tp4.png")
     cf.write(cf.DRAW["spd"](SPD), spd_png, SPD)
@@ -255,3 +265,66 @@ def test_the_command_figures_carry_their_data_and_report_check_sees_a_stale_one(
     with open(cf.data_path(spd_png), "w") as f:
         json.dump(dict(SPD, base_loss=1.9), f)
     assert check() == ["docs/spd_shakespeare_tp4.png: its data digest differs from the result files'"]
+
+
+def test_report_check_fails_on_a_figure_without_its_data(tmp_path):
+    """A committed docs/ PNG that carries no checkable digest fails `report --check`: a command's figure without its
+    data file, a figure nothing registers, a data file that no longer draws; the same files pass once written by
+    command_figures.write (anti-vacuity: the check is not failing on everything)."""
+    from tpcomm.figures import command_figures as cf
+
+    (tmp_path / "docs").mkdir()
+
+    def check():  # less the report's own figures that need no result files (missing here)
+        return [line for line in report.update_plots(report.Results(root=str(tmp_path)), lambda deps: True,
+                                                     check=True, root=str(tmp_path), say=print)
+                if not line.endswith(": missing")]
+
+    decode = str(tmp_path / "docs" / "decode_latency_cpu_real.png")
+    png.save_png(cf.DRAW["decode"](DECODE), decode, DECODE)  # a digest, but no data file beside it
+    assert check() == ["docs/decode_latency_cpu_real.png: has no data file (decode_latency_cpu_real.data.json) "
+                       "beside it: draw it with the command its docs page shows"]
+    cf.write(cf.DRAW["decode"](DECODE), decode, DECODE)
+    assert check() == []
+    stray = tmp_path / "docs" / "hand_drawn.png"
+    stray.write_bytes(open(decode, "rb").read())
+    assert [line.split(":")[0] for line in check()] == ["docs/hand_drawn.png"]
+    stray.unlink()
+    import json
+
+    with open(cf.data_path(decode), "w") as f:
+        json.dump(dict(DECODE, rows=[["tp", 24, 1]]), f)  # hand-edited: a row too short to draw
+    (line,) = check()
+    assert line.startswith("docs/decode_latency_cpu_real.png: its data file does not draw"), line
+
+
+def test_every_committed_figure_carries_its_data_digest():
+    """Each docs/*.png is registered with the report and carries a digest; a command's figure has its data file,
+    whose digest is the one in the PNG (what `report --check` compares, without the result files)."""
+    from tpcomm.figures import command_figures as cf
+
+    assert report.unregistered_pngs(report.ROOT) == []
+    for rel in report.plot_specs():
+        path = f"{report.ROOT}/{rel}"
+        if not os.path.exists(path):
+            continue
+        assert png.png_digest(path) is not None, rel
+        if rel in cf.COMMAND_PNGS:
+            data, _ = cf.load(path)
+            assert png.png_digest(path) == png.data_digest(data), rel
+
+
+def test_the_step_breakdown_names_each_row_as_a_way_with_its_family():
+    """bench.py's rows ('spd +int8/32') read as the answer table's ways, with drop / hide / delay / shrink."""
+    from tpcomm.figures import command_figures as cf
+
+    names = {row: (name, families) for row in ("tp", "tp +overlap2", "tp +sp", "tp +int8/32", "spd", "spd +int8/32",
+                                                "['parallel','spd']*6 +overlap2", "ladder", "ladder +int8/32")
+             for name, _, families in [cf.step_label(row)]}
+    assert names == {"tp": ("all tp", []), "tp +overlap2": ("tp_overlap=2", ["hide"]),
+                     "tp +sp": ("sequence parallelism", ["hide"]), "tp +int8/32": ("int8", ["shrink"]),
+                     "spd": ("all spd", ["drop"]), "spd +int8/32": ("all spd + int8", ["drop", "shrink"]),
+                     "['parallel','spd']*6 +overlap2": ("['parallel','spd']*6 + tp_overlap=2", ["drop", "hide"]),
+                     "ladder": ("all ladder", ["delay"]), "ladder +int8/32": ("all ladder + int8", ["delay", "shrink"])}
+    assert cf.step_label("spd +int8/32")[1] == way_styles.STYLES["all-spd-int8"].color
+    assert cf.step_label("spd +overlap2")[1] not in {s.color for s in way_styles.STYLES.values()}  # no way's

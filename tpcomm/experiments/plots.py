@@ -174,13 +174,14 @@ def draw_throughput(data, *, title, context):
         ax.plot([p[0]], [p[1]], "x", color="black", ms=12, mew=2, zorder=6)
     if scattered:
         ax.plot([], [], "x", color="black", ms=10, mew=2, label=f"scattered: p90/median step > {SCATTER_LIMIT}")
-    ax.set_ylim(bottom=0)
+    top = max(p[1] + (p[2] or 0) for s in data for p in s["points"])
+    ax.set_ylim(0, 1.15 * top)  # room inside the axes for the labels of the fastest points
     ax.set_xlabel("forward all-reduces per forward pass (measured)")
     ax.set_ylabel("training throughput (tokens/s per model replica)")
     sim_note = ("simulated TP: one process computes every shard, the all-reduces are in-memory sums,\n"
                 "so this shows compute differences between block types, not communication savings") if sim else \
         "real TP: all-reduces cross process boundaries"
-    ax.set_title(f"{title}: throughput vs communication ({tp_txt}), median step time\n{sim_note}{note}", fontsize=10)
+    ax.set_title(f"{title}: throughput vs communication ({tp_txt}), median step time\n{sim_note}{note}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # outside the axes: never over a point
     fig.tight_layout()

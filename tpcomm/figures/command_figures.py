@@ -11,7 +11,7 @@ import errno
 import json
 import os
 
-from tpcomm.figures import png
+from tpcomm.figures import plot_labels, png, way_styles
 
 DATA_SUFFIX = ".data.json"
 COMMAND_PNGS = ("docs/decode_latency_cpu_real.png", "docs/spd_shakespeare_tp4.png", "docs/trace_timeline.png",
@@ -47,28 +47,59 @@ def load(path):
     return data, lambda: DRAW[data["kind"]](data)
 
 
-def decode_data(rows, *, cfg, device, prompt_len):
-    """rows: bench.decode_bench's; cfg: bench's options."""
-    return dict(kind="decode", model=f"{cfg['n_layer']} layers x {cfg['n_embd']} wide, {cfg['n_head']} heads, vocab "
-                f"{cfg['vocab_size']}", tp=f"tp {cfg['tp_size']} {cfg['tp_mode']}", device=str(device),
+def host_note():
+    """The host a timing ran on, for its figure: CPU cores and the load average when the figure was drawn (the
+    measuring processes included), so a reader sees how loaded the host was."""
+    one, _, fifteen = os.getloadavg()
+    return f"{os.cpu_count()} CPU cores, load average {one:.1f} (1 min) / {fifteen:.1f} (15 min) at the end of the run"
+
+
+def decode_data(rows, *, cfg, device, prompt_len, host=None):
+    """rows: bench.decode_bench's; cfg: bench's options; host: host_note()'s."""
+    return dict(kind="decode", host=host,
+                model=f"{cfg['n_layer']} layers x {cfg['n_embd']} wide, {cfg['n_head']} heads, "
+                f"vocab {cfg['vocab_size']}",
+                tp=f"tp {cfg['tp_size']} {cfg['tp_mode']}", device=str(device),
                 prompt_len=prompt_len, new_tokens=cfg["new_tokens"],
                 rows=[[r["pattern"], r["fwd_allreduces"], r["batch"], r["decode_ms"], r["collectives_ms"]]
                       for r in rows])
 
 
+DECODE_WAYS = {"tp": "all-tp", "spd": "all-spd", "['parallel','spd']*6": "parallel-spd", "parallel": "all-parallel",
+               "ladder": "all-ladder"}  # bench.py's pattern labels -> way_styles keys
+
+
 def draw_decode(data):
+    """ms per generated token against the forward all-reduces, one line per batch size; each x is one block
+    pattern, named on the axis as the answer table names it."""
     plt = png.pyplot()
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for b in sorted({r[2] for r in data["rows"]}):
+    fig, ax = plt.subplots(figsize=(8, 5.4))
+    batches = sorted({r[2] for r in data["rows"]})
+    for k, b in enumerate(batches):  # greys and markers: the ways' colours are for the ways (tpcomm/figures/way_styles.py)
+        grey, marker = f"{0.15 + 0.5 * k / max(1, len(batches) - 1):.2f}", "osD^v"[k % 5]
         pts = sorted((r[1], r[3], r[4]) for r in data["rows"] if r[2] == b)
-        line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"batch {b}: decode ms/token")
-        ax.plot([p[0] for p in pts], [p[2] for p in pts], "x--", color=line.get_color(),
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, ls="-", color=grey,
+                label=f"batch {b}: decode ms/token")
+        ax.plot([p[0] for p in pts], [p[2] for p in pts], marker=marker, ls="--", mfc="none", color=grey,
                 label=f"batch {b}: of it in collectives")
-    ax.set_xlabel("forward all-reduces per generated token (measured)")
+    names = {r[1]: r[0] for r in data["rows"]}
+    labels = []
+    for x, n in sorted(names.items()):  # each x is one block pattern: named above its highest point
+        key = DECODE_WAYS.get(n, n)
+        top = max(r[3] for r in data["rows"] if r[1] == x)
+        labels.append(ax.annotate(way_styles.label(key), (x, top), xytext=(0, 9), textcoords="offset points",
+                                  ha="center", fontsize=8, color=way_styles.style(key).color))
+    ax.set_xticks(sorted(names))
+    ax.set_xlim(-1, max(names) * 1.08)
+    ax.set_ylim(0, max(r[3] for r in data["rows"]) * 1.15)
+    ax.set_xlabel("forward all-reduces per generated token (measured), one block pattern each")
+    fig.tight_layout()
+    plot_labels.separate(fig, labels)
     ax.set_ylabel("ms per generated token (best of 3 rounds)")
-    ax.set_title(f"Decode latency, {data['tp']} on {data['device']}: a {data['model']} model\n(random weights), "
-                 f"greedy with a KV cache, a {data['prompt_len']}-token prompt then {data['new_tokens']} new tokens",
-                 fontsize=9)
+    host = f"\nmeasured on {data['host']}" if data.get("host") else ""
+    ax.set_title(f"Decode latency, {data['tp']} (gloo) on {data['device']}: a {data['model']} model (random "
+                 f"weights),\ngreedy with a KV cache, a {data['prompt_len']}-token prompt then "
+                 f"{data['new_tokens']} new tokens{host}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -86,79 +117,150 @@ def spd_data(result):
                 blocks=[[b["block"], b["class"], b["single"], b["paper"]] for b in result["blocks"]])
 
 
-def _spd_curve(ax, data):
+ZERO, RECOVERED, KL = "#b2182b", "#2166ac", "#1b7837"  # the SPD figure's three stages (no way's colour)
+
+
+def _spd_curve(ax, hi, data, *, top):
+    """The loss against the syncs kept in ax (up to top) and, when a zero-shot loss is above top, in hi: the same
+    lines over the range of those losses (a broken y axis, so the one far point squashes nothing)."""
     xs, zero, rec = ([r[k] for r in data["curve"]] for k in range(3))
-    ax.plot(xs, rec, "s-", color="#1f77b4", label="recovered: head grouping + block-to-block (B2B) distillation")
-    top = max(rec + [data["base_loss"]]) + 2 * (max(rec) - data["base_loss"] or 0.01)
-    ax.plot(xs, [min(z, top) for z in zero], "o-", color="#d62728", label="zero-shot (no training)")
-    for x, z in zip(xs, zero):
-        if z > top:  # off the axis: its value said instead of squashing the others
-            ax.plot([x], [top], "^", ms=10, color="#d62728")
-            ax.annotate(f"zero-shot {z:.3f}\n(off the axis)", (x, top), xytext=(-10, 0), textcoords="offset points",
-                        ha="right", va="top", fontsize=8, color="#d62728")
+    base = data["base_loss"]
+    for a in [ax] + ([hi] if hi else []):
+        a.axhline(base, color="gray", ls="--", label="original (all tp)")
+        a.plot(xs, zero, "o-", color=ZERO, label="zero-shot: blocks made 'spd', no training")
+        a.plot(xs, rec, "s-", color=RECOVERED,
+               label="recovered: head grouping + block-to-block distillation\n(each block trained to match the "
+                     "original block's output)")
+        if data["kl"]:
+            a.plot([data["kl"][0]], [data["kl"][1]], "*", ms=15, color=KL, ls="none",
+                   label=f"recovered, then {data['kl_steps']} steps of KL distillation from the original's logits")
+    # the end points' values to their right, in room kept free of lines (the x axis runs right to fewer syncs)
+    marks = [ax.annotate(f"recovered {rec[-1]:.4f} ({rec[-1] - base:+.3f})", (xs[-1], rec[-1]), xytext=(9, 0),
+                         textcoords="offset points", ha="left", va="center", fontsize=8, color=RECOVERED)]
     if data["kl"]:
-        ax.plot([data["kl"][0]], [data["kl"][1]], "*", ms=14, color="#2ca02c",
-                label=f"+ {data['kl_steps']} steps of KL distillation from the original's logits")
-    ax.axhline(data["base_loss"], color="gray", ls="--", label="original (all 'tp')")
-    ax.set_ylim(top=top + 0.1 * (top - min(rec + [data["base_loss"]])))
-    ax.set_xlabel("forward all-reduces kept")
+        kx, ky = data["kl"]
+        marks.append(ax.annotate(f"+ KL {ky:.4f} ({ky - base:+.3f})", (kx, ky), xytext=(11, 0),
+                                 textcoords="offset points", ha="left", va="center", fontsize=8, color=KL))
+    far = [(x, z) for x, z in zip(xs, zero) if z > top]
+    lows = [v for v in rec + zero + [base] + ([data["kl"][1]] if data["kl"] else []) if v <= top]
+    ax.set_ylim(min(lows) - 0.08 * (top - min(lows)), top)
+    if hi:
+        lo_far, hi_far = min(z for _, z in far), max(z for _, z in far)
+        pad = max(0.05, 0.3 * (hi_far - lo_far))
+        hi.set_ylim(lo_far - pad, hi_far + pad)
+        for x, z in far:
+            marks.append(hi.annotate(f"zero-shot {z:.4f} ({z - base:+.3f})", (x, z), xytext=(9, 0),
+                                     textcoords="offset points", ha="left", va="center", fontsize=8, color=ZERO))
+        # the break: the two panels' facing spines hidden, a diagonal cut on each
+        hi.spines.bottom.set_visible(False)
+        ax.spines.top.set_visible(False)
+        hi.tick_params(bottom=False, labelbottom=False)
+        cut = dict(marker=[(-1, -0.5), (1, 0.5)], markersize=10, ls="none", color="k", mec="k", mew=1,
+                   clip_on=False)
+        hi.plot([0, 1], [0, 0], transform=hi.transAxes, **cut)
+        ax.plot([0, 1], [1, 1], transform=ax.transAxes, **cut)
+        hi.text(0.02, 0.92, "y axis broken: the upper panel\nshows the far zero-shot loss", transform=hi.transAxes,
+                va="top", fontsize=8, color="0.3")
+    ax.set_xlabel("forward all-reduces kept (blocks made 'spd', most tolerant first)")
     ax.set_ylabel("validation loss (nats/token)")
-    ax.invert_xaxis()
-    ax.set_title(f"tp_size {data['tp_size']}: syncs dropped block by block, most tolerant first", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.set_xticks(xs)
+    ax.set_xlim(max(xs) + 0.4, min(xs) - 0.35 * (max(xs) - min(xs)))  # reversed: fewer syncs to the right
+    (hi or ax).set_title(f"tp_size {data['tp_size']}: syncs dropped block by block", fontsize=9)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+    return marks
 
 
 def draw_spd(data):
     import numpy as np
 
     plt = png.pyplot()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5))
-    _spd_curve(a, data)
+    rec, zero, base = [r[2] for r in data["curve"]], [r[1] for r in data["curve"]], data["base_loss"]
+    top = max(rec + [base]) + 1.5 * (max(rec) - base or 0.01)  # a zero-shot loss above this breaks the axis
+    fig = plt.figure(figsize=(13, 6.6), layout="constrained")
+    if max(zero) > top:
+        grid = fig.add_gridspec(2, 2, height_ratios=[1, 3.5])
+        hi = fig.add_subplot(grid[0, 0])
+        a = fig.add_subplot(grid[1, 0], sharex=hi)
+        b = fig.add_subplot(grid[:, 1])
+    else:
+        hi, (a, b) = None, fig.subplots(1, 2)
+    marks = _spd_curve(a, hi, data, top=top)
     xs = np.arange(len(data["blocks"]))
-    b.bar(xs - 0.2, [bl[2] for bl in data["blocks"]], 0.4, label="only this block 'spd'")
-    b.bar(xs + 0.2, [bl[3] for bl in data["blocks"]], 0.4, label="this block 'spd', later blocks already 'spd'")
-    for tau, name, what in ((data["tau_isb"], "τ ISB", "below: insensitive block"),
-                            (data["tau_esb"], "τ ESB", "above: extremely sensitive block")):
-        b.axhline(tau, color="gray", ls=":" if name == "τ ISB" else "--", label=f"{name} = {tau:g} nats ({what})")
+    b.bar(xs - 0.2, [bl[2] for bl in data["blocks"]], 0.4, color="0.35", label="only this block 'spd'")
+    b.bar(xs + 0.2, [bl[3] for bl in data["blocks"]], 0.4, color="0.7",
+          label="this block 'spd', later blocks already 'spd'")
+    for tau, name, what, ls in ((data["tau_isb"], "τ ISB", "below: insensitive block, dropped zero-shot", ":"),
+                                (data["tau_esb"], "τ ESB", "from here: extremely sensitive block", "--")):
+        b.axhline(tau, color="k", ls=ls, lw=1, label=f"{name} = {tau:g} nats ({what})")
+        b.annotate(f"{name} = {tau:g}", (1.0, tau), xycoords=("axes fraction", "data"), xytext=(-4, 3),
+                   textcoords="offset points", ha="right", va="bottom", fontsize=8)
     b.set_xticks(xs, [f"block {bl[0]}\n{bl[1]}" for bl in data["blocks"]])
     b.set_yscale("symlog", linthresh=max(data["tau_isb"], 1e-3))
     b.set_ylabel("validation loss increase (nats, symlog scale)")
-    b.set_title("per-block sensitivity (class: ISB insensitive, SB sensitive, ESB extremely sensitive)", fontsize=9)
+    b.set_title("per-block sensitivity (ISB insensitive, SB sensitive, ESB extremely sensitive)", fontsize=9)
     b.legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
+    plot_labels.separate(fig, marks)
     return fig
 
 
-def step_data(rows, *, cfg, device):
-    """rows: bench.py's communication table (real TP): [name, ms/iter, in collectives, exposed] each."""
-    return dict(kind="steps", model=f"{cfg['n_layer']} layers x {cfg['n_embd']} wide, {cfg['n_head']} heads, "
+def step_data(rows, *, cfg, device, host=None):
+    """rows: bench.py's communication table (real TP): [name, ms/iter, in collectives, exposed] each; host:
+    host_note()'s."""
+    return dict(kind="steps", host=host,
+                model=f"{cfg['n_layer']} layers x {cfg['n_embd']} wide, {cfg['n_head']} heads, "
                 f"batch {cfg['batch_size']} x {cfg['block_size']} tokens", tp=f"tp {cfg['tp_size']} real",
                 device=str(device), rows=[[r["name"], r["ms"], r["busy_ms"], r["exposed_ms"]] for r in rows])
 
 
+STEP_VARIANTS = {"overlap2": ("tp_overlap=2", "hide"), "sp": ("sequence_parallel", "hide"),
+                 "int8/32": ("all-tp-int8", "shrink")}  # bench.py's variant names -> (way_styles key, family)
+
+
+def step_label(name):
+    """(the answer table's name of a bench.py row such as 'spd +int8/32', its colour, its families): 'all spd +
+    int8', 'drop + shrink'; a combination the table has no row for is named by both ways and drawn dark grey."""
+    pattern, _, variant = name.partition(" +")
+    key = DECODE_WAYS.get(pattern, pattern)
+    families = [] if key == "all-tp" else ["delay" if key == "all-ladder" else "drop"]
+    if not variant:
+        return way_styles.label(key), way_styles.style(key).color, families
+    vkey, family = STEP_VARIANTS.get(variant, (variant, "?"))
+    both = f"{key}-int8" if vkey == "all-tp-int8" else None
+    if key == "all-tp" or (both and way_styles.is_way(both)):
+        key = vkey if key == "all-tp" else both
+        return way_styles.label(key), way_styles.style(key).color, families + [family]
+    return (f"{way_styles.label(key)} + {way_styles.label(vkey)}", "0.3",  # two ways at once: no way's colour
+            families + [family])
+
+
 def draw_steps(data):
     """One bar per pattern and variant: compute (the step less the exposed communication), the exposed
-    communication, and beside it the communication that ran hidden behind compute (in collectives less exposed)."""
+    communication, and beside it the communication that ran hidden behind compute (in collectives less exposed).
+    Each row named as the answer table names the way, with its family (drop, hide, delay, shrink)."""
     plt = png.pyplot()
     rows = data["rows"]
-    fig, ax = plt.subplots(figsize=(10, 2.2 + 0.38 * len(rows)))
+    fig, ax = plt.subplots(figsize=(10, 2.6 + 0.38 * len(rows)), layout="constrained")
     ys = range(len(rows))[::-1]
     compute = [ms - exposed for _, ms, _, exposed in rows]
     ax.barh(ys, compute, color="0.75", label="compute (step time less exposed communication)")
-    ax.barh(ys, [r[3] for r in rows], left=compute, color="#d62728", label="exposed communication (step waits)")
-    ax.barh(ys, [r[2] - r[3] for r in rows], left=[r[1] for r in rows], color="#2ca02c", alpha=0.5,
-            label="communication hidden behind compute (not in the step time)")
+    # greys and a hatch: the colours are the ways' (the row labels), as in every figure
+    ax.barh(ys, [r[3] for r in rows], left=compute, color="0.3", label="exposed communication (step waits)")
+    ax.barh(ys, [r[2] - r[3] for r in rows], left=[r[1] for r in rows], facecolor="none", edgecolor="0.45",
+            hatch="///", lw=0.6, label="communication hidden behind compute (not in the step time)")
     for y, (_, ms, busy, exposed) in zip(ys, rows):
-        ax.text(ms + max(0.0, busy - exposed), y, f" {ms:.1f} ms a step", va="center", fontsize=8)
-    ax.set_yticks(list(ys), [r[0] for r in rows], fontsize=8)
+        ax.text(ms + max(0.0, busy - exposed), y, f" {ms:.1f} ms", va="center", fontsize=8)
+    labels = [step_label(r[0]) for r in rows]
+    ax.set_yticks(list(ys), [f"{name} ({' + '.join(fam) or 'baseline'})" for name, _, fam in labels], fontsize=8)
+    for tick, (_, colour, _) in zip(ax.get_yticklabels(), labels):
+        tick.set_color(colour)
     ax.set_xlabel("ms per training step (best of 3 rounds)")
     lo, hi = ax.get_xlim()
     ax.set_xlim(0, hi * 1.12)
-    ax.set_title(f"Where a training step's time goes, {data['tp']} on {data['device']} (measured): {data['model']}",
-                 fontsize=9)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
+    host = f"\nmeasured on {data['host']}" if data.get("host") else ""
+    ax.set_title(f"Where a training step's time goes (measured), {data['tp']} (gloo) on {data['device']}:\n"
+                 f"{data['model']}{host}", fontsize=9)
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncol=2, frameon=False)
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
     return fig
 
 

@@ -114,13 +114,16 @@ def draw_tradeoff(data, *, title):
                  ", ".join(left_out) + ".", fontsize=MIN_FONT_PT, va="bottom")
     fig.tight_layout(rect=(0, 0.03 if left_out else 0, 1, 1))
     fig.canvas.draw()
-    marks = [b for k, ax in enumerate(axes) for b in plot_labels.mark_boxes(ax, _marks(points, k), pad=7)]
+    marks = [b for k, ax in enumerate(axes)
+             for b in plot_labels.mark_boxes(ax, _marks(points, k, floor=floor), pad=7)]
     plot_labels.separate(fig, labels, obstacles=marks)
     return fig
 
 
 
-def _marks(points, k):
-    """(x, y low, y high) of each drawn point's marker and error bar (the labels keep off them)."""
+def _marks(points, k, *, floor):
+    """(x, y low, y high) of each drawn point's marker and error bar, a pending one's on the floor (the labels keep
+    off them)."""
     return [(p["speedup"][k], p["mean"] - p["ci"], p["mean"] + p["ci"]) if p["status"] == "measured" else
-            (p["speedup"][k], 0.0, 0.0) for p in points if p["status"] != "pending"]
+            (p["speedup"][k], floor, floor) if p["status"] == "pending" else (p["speedup"][k], 0.0, 0.0)
+            for p in points]

@@ -18,7 +18,9 @@ called in tpcomm/experiments/report/answer.py's gpu_speedups() alone; the figure
 each sweep's own outputs (experiments/<sweep>/results.md ...). `report --check` regenerates everything in memory and
 exits 0 only when every marked table equals the generated one and every plot's stored digest equals the generated
 data's; otherwise it prints one line per mismatch and exits 1. A sweep without result files gets a note in place of
-its tables, and no plot.
+its tables, and no plot. A figure a measuring command draws (tpcomm/figures/command_figures.py) is checked against the data
+file it wrote beside it, and redrawn from it; every PNG in docs/ must be one of these two kinds with its digest, so a
+hand-made, unregistered or data-less figure fails the check.
 """
 
 import glob
@@ -332,8 +334,8 @@ def plot_specs():
         SCALE_PLOT: (("gpu-scale",), scale_plot),
         "docs/cost_model_checks.png": ((), doc_figures.cost_checks_plot),
         "docs/parallel_reversal.png": (doc_figures.REVERSAL_SWEEPS, doc_figures.reversal_plot),
-        **{rel: ((), lambda ctx, rel=rel: command_figures.load(os.path.join(ctx.root, rel)))
-           for rel in command_figures.COMMAND_PNGS},  # drawn by a command, from the data file beside the PNG
+        **{png: ((), lambda ctx, png=png: command_figures.load(os.path.join(ctx.root, png)))
+           for png in command_figures.COMMAND_PNGS},  # drawn by a command, from the data file beside the PNG
     }
 
 
@@ -426,25 +428,57 @@ def stray_lines(ctx):
             for p in stray_files(folders, [j.result_path for j in jobs])]
 
 
+def unregistered_pngs(root):
+    """docs/*.png that neither the report nor a command's data file (plot_specs) accounts for: a figure whose
+    staleness nothing can tell."""
+    known = set(plot_specs())
+    return sorted(rel for rel in (os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "docs", "*.png")))
+                  if rel not in known)
+
+
 def update_plots(ctx, chosen, *, check, root, say):
-    """Write (with check: compare) the registered plots; returns the mismatch lines."""
-    mismatches = []
+    """Write (with check: compare) the registered plots; returns the mismatch lines. With check, a committed figure
+    that carries no data digest fails too: one not registered here, one whose result files are not committed, a
+    command's figure without its data file; and a command's data file must draw (its figure is redrawn, not
+    kept)."""
+    mismatches = [f"{rel}: no data digest can be checked: not registered in tpcomm/experiments/report/report.py plot_specs() (a "
+                  "command's figure: tpcomm/figures/command_figures.py COMMAND_PNGS)" for rel in unregistered_pngs(root)]
+    for line in [] if check else mismatches:
+        say("note: " + line)
+    mismatches = mismatches if check else []
+    commands = set(command_figures.COMMAND_PNGS)
     for rel, (deps, spec) in plot_specs().items():
         if not chosen(deps):
             continue
         path = os.path.join(root, rel)
         stored, made = png.png_digest(path), spec(ctx)
         if made is None:  # no data: a plot made from data that is gone is stale; an older hand-made one is noted
-            if stored is not None:
+            if rel in commands and os.path.exists(path):
+                line = (f"{rel}: has no data file ({os.path.basename(command_figures.data_path(rel))}) beside it: "
+                        "draw it with the command its docs page shows")
+                if check:
+                    mismatches.append(line)
+                else:
+                    say("note: " + line)
+            elif stored is not None:
                 if check:
                     mismatches.append(f"{rel}: made from result files that are gone (no data for it now)")
                 else:
                     os.remove(path)
                     say(f"removed {rel}: no result files for it")
-            elif os.path.exists(path) and not check:
-                say(f"note: {rel} was not made from result files (there are none yet); left as it is")
+            elif os.path.exists(path):
+                if check:
+                    mismatches.append(f"{rel}: carries no data digest and its result files are not committed")
+                else:
+                    say(f"note: {rel} was not made from result files (there are none yet); left as it is")
             continue
         data, draw = made
+        if check and rel in commands:  # the data file must still draw (a hand-edited one may not)
+            try:
+                png.pyplot().close(draw())
+            except Exception as e:  # noqa: BLE001 - any failure to draw is the mismatch to report
+                mismatches.append(f"{rel}: its data file does not draw ({type(e).__name__}: {e})")
+                continue
         if stored == png.data_digest(data):
             continue
         if check:
