@@ -78,7 +78,8 @@ def test_the_cycle_detector_can_fail():
 def test_no_import_cycles():
     """The repository's modules (top-level scripts and tpcomm/) import each other without a cycle, counting imports
     inside functions too: each module sits on a floor below everything that imports it."""
-    paths = glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "tpcomm", "**", "*.py"), recursive=True)
+    paths = glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "tpcomm", "**", "*.py"),
+                                                              recursive=True)
     names = {os.path.relpath(p, ROOT)[:-3].replace(os.sep, ".").removesuffix(".__init__"): p for p in paths}
     graph = {m: imported_modules(open(p).read()) & set(names) - {m} for m, p in names.items()}
     assert len(graph) > 40 and sum(map(len, graph.values())) > 100  # the modules and their imports were read
@@ -86,10 +87,36 @@ def test_no_import_cycles():
 
 
 def test_no_module_over_600_lines_and_train_py_a_short_loop():
-    paths = glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "tpcomm", "**", "*.py"), recursive=True)
+    paths = glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "tpcomm", "**", "*.py"),
+                                                              recursive=True)
     lines = {os.path.relpath(p, ROOT): sum(1 for _ in open(p)) for p in paths}
     assert {p: n for p, n in lines.items() if n > 600} == {}
     assert lines["train.py"] <= 400, lines["train.py"]
+
+
+# ---------- defaults once (issue 51) ----------
+
+def literal_defaults(source, keys):
+    """The keys among `keys` whose value a module's `DEFAULTS = dict(...)` writes as a literal."""
+    call = next(node.value for node in ast.parse(source).body if isinstance(node, ast.Assign)
+                and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["DEFAULTS"])
+    return sorted(k.arg for k in call.keywords if k.arg in keys and isinstance(k.value, (ast.Constant, ast.List)))
+
+
+def test_the_model_options_defaults_are_written_once():
+    """The TPConfig keys' defaults (the sync options, tp_size, block_types, caat_sync_fraction, loss_parallel) live
+    in TPConfig (options.TP_DEFAULTS); train.py's and bench.py's DEFAULTS read them, and bench.py's model and launch
+    keys read train.py's, so no default of one option is written in two places."""
+    from tpcomm.bench import bench_config
+    from tpcomm.model.options import TP_DEFAULTS
+    from tpcomm.train import train_config
+
+    assert literal_defaults("DEFAULTS = dict(tp_overlap=1, seed=2)", TP_DEFAULTS) == ["tp_overlap"]  # can fail
+    shared = set(bench_config.DEFAULTS) & set(train_config.DEFAULTS) - {"compile", "trace", "pp_virtual_stages"}
+    assert set(TP_DEFAULTS) <= shared and len(shared) > 20
+    for module, keys in ((train_config, TP_DEFAULTS), (bench_config, shared)):
+        assert literal_defaults(open(module.__file__).read(), keys) == [], module.__name__
+    assert all(bench_config.DEFAULTS[k] == train_config.DEFAULTS[k] for k in shared)
 
 
 # ---------- every name imports from one path: no re-exports (issue 51) ----------

@@ -60,7 +60,8 @@ DEFAULTS = dict(
     trace=None,  # train: a path; profile trace_steps more steps of each model and write a Chrome trace there
     trace_steps=1,  # train: the steps each trace holds
     profile=0,  # train: profile this many more steps of each model per round; print the self CPU time per op group
-    pp_size=1,  # pipeline: stages (torchrun with pp_size x tp processes; pp_size 1 under torchrun too)
+    # pipeline: stages (torchrun with pp_size x tp processes; pp_size 1 under torchrun too)
+    pp_size=TRAIN_DEFAULTS["pp_size"],
     pp_schedules=["gpipe", "1f1b"],  # pipeline: the schedules to time ('gpipe' | '1f1b' | 'interleaved_1f1b')
     microbatches=[4, 8],  # pipeline: the micro-batch counts m to time (micro-batches of batch_size rows)
     pp_virtual_stages=2,  # pipeline: stages per pp rank of 'interleaved_1f1b'
