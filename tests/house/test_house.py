@@ -122,14 +122,14 @@ def test_the_model_options_defaults_are_written_once():
 # ---------- every name imports from one path: no re-exports (issue 51) ----------
 
 def repository_sources(root=ROOT):
-    """{module name: source} of the entry scripts, the package and the tests (tests/x.py is 'x', as they import each
-    other)."""
-    paths = glob.glob(os.path.join(root, "*.py")) + glob.glob(os.path.join(root, "tests", "*.py")) \
-        + glob.glob(os.path.join(root, "tpcomm", "**", "*.py"), recursive=True)
+    """{module name: source} of the entry scripts, the package and the tests (tests/<folder>/x.py is 'x', as they
+    import each other: conftest puts every tests/ folder on sys.path)."""
     names = {}
-    for p in paths:
-        name = os.path.relpath(p, root)[:-3].replace(os.sep, ".").removesuffix(".__init__")
-        names[name.removeprefix("tests.")] = open(p).read()
+    for p in glob.glob(os.path.join(root, "*.py")) + glob.glob(os.path.join(root, "tpcomm", "**", "*.py"),
+                                                                recursive=True):
+        names[os.path.relpath(p, root)[:-3].replace(os.sep, ".").removesuffix(".__init__")] = open(p).read()
+    for p in glob.glob(os.path.join(root, "tests", "**", "*.py"), recursive=True):
+        names[os.path.splitext(os.path.basename(p))[0]] = open(p).read()
     return names
 
 
