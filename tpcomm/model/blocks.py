@@ -163,35 +163,41 @@ class ShardedBlock(BlockType, nn.Module):
             return self.group.fan_out(xbar, lambda x: layer_norm(self.ln_1, x), self.sites["attn"])
         return r, layer_norm(self.ln_1, r)
 
-    def attn_partials(self, xbar, r, T, kv, n0=0, *, src=None):
+    def fan_in(self, ln, x, site, *, sp=False):
+        """A module's input from the synced stream x, on every shard: f of the replica's LayerNorm of x, or, sequence
+        parallel (x a token shard), the all-gather of the LayerNorm of the shard."""
+        if sp:
+            return gather_to_tp_region(layer_norm(ln, x), self.group, site=self.sites[site])
+        return copy_to_tp_region(synced_layer_norm(ln, x, self.group), self.group, site=self.sites[site])
+
+    def attn_partials(self, xbar, r, T, kv, n0=0, *, sp=False, src=None):
         """(R1 * A_i(LN1(.)) (L, N, C) for an all-reduce, R1): each shard's attention output dropped with the replica
         mask, read from the synced stream xbar (through f) or, desynced, from the shard's own r_i, whose
         d_i = r_i - xbar then join the same sum. n0: a batch chunk's first token (its dropout masks' rows).
+        sp: sequence parallelism (fan_in; a desynced xbar is an SPStream, d_i = r_i - its base), the sum a
+        reduce-scatter; from a synced stream R1 is None here, applied after it (sp_close).
         src: xbar's ColumnInput (tp_async_grad): f fused with LN1 and c_attn."""
-        group = self.group
+        drop = self.probs_dropout(n0 // T)
         if r is None and src is not None:
-            qkv = src.project(*self.attn.qkv_weight(), norm="before", site=self.sites["attn"])
-            y = self.attn.attend(qkv, T, self.probs_dropout(n0 // T), kv)
-            R1 = self.replica_mask(xbar, ATTN_OUT, n0)
-            return self.attn.out(y, mask=R1), R1
-        if r is None:
-            y = self.attn.heads(copy_to_tp_region(synced_layer_norm(self.ln_1, xbar, group), group,
-                                                  site=self.sites["attn"]), T, self.probs_dropout(n0 // T), kv)
-            R1 = self.replica_mask(xbar, ATTN_OUT, n0)
-            return self.attn.out(y, mask=R1), R1
-        y = self.attn.heads(layer_norm(self.ln_1, r), T, self.probs_dropout(n0 // T), kv)
-        R1 = self.replica_mask(xbar, ATTN_OUT, n0)
-        return self.attn.out(y, acc=group.delta(r, xbar), own_acc=True, mask=R1), R1
-
-    def mlp_partials(self, x, r=None, n0=0):
-        """(R2 * M_i(LN2(.)) (L, N, C) for an all-reduce, R2), read from the synced stream x (through f) or, given
-        r (L, N, C), from each shard's own stream r_i."""
-        if r is None:
-            h = copy_to_tp_region(synced_layer_norm(self.ln_2, x, self.group), self.group, site=self.sites["mlp"])
+            y = self.attn.attend(src.project(*self.attn.qkv_weight(), norm="before", site=self.sites["attn"]), T,
+                                 drop, kv)
+        elif r is None:
+            y = self.attn.heads(self.fan_in(self.ln_1, xbar, "attn", sp=sp), T, drop, kv)
         else:
-            h = layer_norm(self.ln_2, r)
+            y = self.attn.heads(layer_norm(self.ln_1, r), T, drop, kv)
+        if r is None:
+            R1 = None if sp else self.replica_mask(xbar, ATTN_OUT, n0)
+            return self.attn.out(y, mask=R1), R1
+        R1 = self.replica_mask(r[0] if sp else xbar, ATTN_OUT, n0)
+        d = xbar.delta(r) if sp else self.group.delta(r, xbar)
+        return self.attn.out(y, acc=d, own_acc=not sp, mask=R1), R1
+
+    def mlp_partials(self, x, r=None, n0=0, *, sp=False):
+        """(R2 * M_i(LN2(.)) (L, N, C) for an all-reduce, R2), read from the synced stream x (through f) or, given
+        r (L, N, C), from each shard's own stream r_i. sp: x a token shard (fan_in), R2 None here (sp_close)."""
+        h = self.fan_in(self.ln_2, x, "mlp", sp=sp) if r is None else layer_norm(self.ln_2, r)
         u = self.mlp.hidden(h)
-        R2 = self.replica_mask(x, MLP_OUT, n0)
+        R2 = None if sp else self.replica_mask(x, MLP_OUT, n0)
         return self.mlp.out(u, mask=R2), R2
 
     def fused_mlp_partials(self, src, n0=0):
@@ -256,17 +262,10 @@ class TPBlock(TPType, ShardedBlock):
         group, sites = self.group, self.sites
         if self.rings:  # tp_collective_matmul: the collectives as rings beside partial GEMMs
             return collective_matmul_block(self, x, T, kv), None
-        if r is None:
-            h = gather_to_tp_region(layer_norm(self.ln_1, x), group, site=sites["attn"])
-            a = self.attn.out(self.attn.heads(h, T, self.probs_dropout(), kv))
-            x = self.sp_close(x, reduce_scatter_from_tp_region(a, group, site=sites["attn"]), self.attn.c_proj,
-                              ATTN_OUT, masked=False)
-        else:
-            y = self.attn.heads(layer_norm(self.ln_1, r), T, self.probs_dropout(), kv)
-            a = self.attn.out(y, acc=x.delta(r), mask=self.replica_mask(r[0], ATTN_OUT))
-            x = self.sp_close(x.shard, reduce_scatter_from_tp_region(a, group, site=sites["attn"]),
-                              self.attn.c_proj, ATTN_OUT, masked=True)
-        m = self.mlp.out(self.mlp.hidden(gather_to_tp_region(layer_norm(self.ln_2, x), group, site=sites["mlp"])))
+        a, _ = self.attn_partials(x, r, T, kv, sp=True)
+        x = self.sp_close(x if r is None else x.shard, reduce_scatter_from_tp_region(a, group, site=sites["attn"]),
+                          self.attn.c_proj, ATTN_OUT, masked=r is not None)
+        m, _ = self.mlp_partials(x, sp=True)
         return self.sp_close(x, reduce_scatter_from_tp_region(m, group, site=sites["mlp"]), self.mlp.c_proj, MLP_OUT,
                              masked=False), None
 
@@ -352,7 +351,7 @@ class LadderBlock(LadderType, ShardedBlock):
 
 
     def step(self, xbar, r, pending, T, kv=None, *, sp=False, next_block=None):
-        assert not sp, "validate_sync_options refuses sequence_parallel with 'ladder'"
+        assert not sp, "validate_sync_options refuses sequence_parallel with this block type (its facts)"
         return self(xbar, r, T, kv, pending=pending, next_block=next_block)
 
     def forward(self, xbar, r, T, kv=None, pending=(), next_block=None):
@@ -380,15 +379,11 @@ class LadderBlock(LadderType, ShardedBlock):
         x_parts = full(stream_parts(u, P_M), u)  # x = u + P_M, summed in the MLP's (and next attention's) projection
         # the MLP's wait made before all of attention (its projection included), so it runs after attention's backward
         mlp_src = self.column_input(x_parts, self.ln_2, defer=True)
-        qkv = src.project(*self.attn.qkv_weight(), norm="before", site=self.sites["attn"])
-        hand_over = self.hands_over_to(next_block)
-        y = self.attn.attend(qkv, T, self.probs_dropout(), kv)
-        R1 = self.replica_mask(xbar, ATTN_OUT)
-        a = self.attn.out(y, mask=R1)
+        a, R1 = self.attn_partials(xbar, None, T, kv, src=src)
         P_A = self.issue(a, self.attn.c_proj, R1, "attn")
         # the next attention reads x + P_A: its ColumnInput, its wait's node, made before MLP l computes
         handed = (next_block.column_input(full((*x_parts, P_A.value, P_A.bias), u), next_block.ln_1, defer=True),) \
-            if hand_over else ()
+            if self.hands_over_to(next_block) else ()
         if isinstance(P_M, Pending):
             P_M.reduction.wait()  # MLP l-1's all-reduce (attention l ran meanwhile)
         x, m, R2 = self.fused_mlp_partials(mlp_src)

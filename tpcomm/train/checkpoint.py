@@ -45,7 +45,7 @@ def model_spec(model_type, model):
         model_options.update(tp_size=c.tp_size, block_types=list(c.block_types))
         if getattr(c, "loss_parallel", False):
             model_options["loss_parallel"] = True
-        if "caat" in c.block_types:  # the model's function: 'caat' blocks sync p of the channels
+        if block_types_with("channel_fraction", c.block_types):  # the model's function: 'caat' syncs p of C
             model_options["caat_sync_fraction"] = c.caat_sync_fraction
     return model_args, model_options
 
