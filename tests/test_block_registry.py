@@ -48,8 +48,12 @@ def config(**kw):
 # ---------- the toy through every place ----------
 
 def test_validator_accepts_the_toy_and_reads_its_facts(toy):
+    from tpcomm.train import train_config
+
     for pattern in TOY_PATTERNS:
         assert config(block_types=pattern).block_types == pattern
+        run = dict(train_config.DEFAULTS, model_type="distributed_gpt", **SIZES, tp_size=2, block_types=pattern)
+        train_config.check_offline(run)  # train.py's checks of a run's options
     assert config(block_types="toy").block_types == ["toy"] * 4
     assert config(block_types="toy", tp_overlap=2).tp_overlap == 2  # it overlaps, as 'tp' does
     assert config(block_types="toy", sequence_parallel=True).sequence_parallel
