@@ -17,7 +17,8 @@ from test_tensor_parallel import (N_EMBD, N_LAYER, VOCAB, assert_same, batch, ma
 from test_tensor_parallel import reference_forward as per_shard_forward  # docs/model.md per shard, 'ladder' too
 from torch.nn import functional as F
 
-import tensor_parallel_model
+import tpcomm.model.blocks as blocks
+from tpcomm.model.block_types import BLOCK_TYPES
 from configurator import ConfigError
 from model import KVCache
 from tensor_parallel_model import DistributedGPT
@@ -233,7 +234,7 @@ def test_async_g_survives_a_collective_that_writes_its_buffer_late():
 
 def test_all_reduces_are_waited_for_after_the_next_module(monkeypatch):
     """All-ladder: module i's all-reduce is waited for only after module i+1's was issued (2 in flight at most)."""
-    log = log_async(lambda fn: monkeypatch.setattr(tensor_parallel_model, "reduce_from_tp_region_async", fn))
+    log = log_async(lambda fn: monkeypatch.setattr(blocks, "reduce_from_tp_region_async", fn))
     idx, tgt = batch()
     DistributedGPT.from_gpt(make_gpt(), 2, "ladder")(idx, tgt)
     assert [e[:3] for e in log] == expected_log(N_LAYER)
@@ -288,14 +289,14 @@ def test_trace_shows_issue_then_next_module_then_wait(tmp_path, block_types):
 
 
 def test_trace_order_can_fail(tmp_path, monkeypatch):
-    issue = tensor_parallel_model.reduce_from_tp_region_async
+    issue = blocks.reduce_from_tp_region_async
 
     def waited_at_once(x, group, *, site):
         handle = issue(x, group, site=site)
         handle.wait()
         return handle
 
-    monkeypatch.setattr(tensor_parallel_model, "reduce_from_tp_region_async", waited_at_once)
+    monkeypatch.setattr(blocks, "reduce_from_tp_region_async", waited_at_once)
     model = DistributedGPT.from_gpt(make_gpt(), 2, "ladder")
     assert not any(overlaps(trace_forward(model, tmp_path / "sync.json")).values())
 

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[1:1] = [os.path.join(TESTS, "model"), os.path.join(TESTS, "tp")]  # test_generate, test_tensor_parallel
 
-import tensor_parallel_model  # noqa: E402
+import tpcomm.model.blocks as blocks  # noqa: E402
 import real_tp_worker  # noqa: E402
 from real_tp_worker import TOL, VOCAB, batch, make_gpt, name, ratio, with_dropout, worst  # noqa: E402
 from test_generate import stepwise_logits  # noqa: E402
@@ -38,9 +38,9 @@ MIXED = PATTERNS[1:]
 def log_async(patch):
     """Record the ladder blocks' all-reduces as they are issued and waited for, in a list of ('issue', layer, site,
     whether a torch.distributed work is in flight) and ('wait', layer, site). patch(fn) installs fn as
-    tensor_parallel_model.reduce_from_tp_region_async."""
+    blocks.reduce_from_tp_region_async."""
     log = []
-    issue = tensor_parallel_model.reduce_from_tp_region_async
+    issue = blocks.reduce_from_tp_region_async
 
     def logged(x, group, *, site):
         handle = issue(x, group, site=site)
@@ -141,10 +141,10 @@ def traced_forward(model, path):
 def check_async(pd, gpt, out_dir, results):
     """The order of issues and waits (a log per rank), and traces of one forward pass: all-ladder, mixed, and
     all-ladder with every all-reduce waited for at once (the order check must fail on that one)."""
-    issue = tensor_parallel_model.reduce_from_tp_region_async
+    issue = blocks.reduce_from_tp_region_async
 
     def patch(fn):
-        tensor_parallel_model.reduce_from_tp_region_async = fn
+        blocks.reduce_from_tp_region_async = fn
 
     try:
         log = log_async(patch)

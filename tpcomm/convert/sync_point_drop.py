@@ -28,7 +28,8 @@ from tpcomm.train.checkpoint import CHECKPOINT_NAME, build_model_from_checkpoint
 from configurator import ConfigError, configure, exit_on_config_error
 from model import GPTConfig
 from tensor_parallel_model import DistributedGPT
-from tpcomm.model.options import BLOCK_TYPES, TPConfig, validate_tp_args
+from tpcomm.model.block_types import BLOCK_TYPES
+from tpcomm.model.options import TPConfig, validate_tp_args
 
 DEFAULTS = dict(
     out_dir="out",  # the trained checkpoint (out_dir/ckpt.pt); results go to out_dir/spd/

@@ -27,6 +27,7 @@ import math
 from typing import NamedTuple
 
 from configurator import ConfigError
+from tpcomm.model.block_types import block_type
 from tpcomm.costmodel.collective_matmul_cost import gpt_collective_matmul, torchtitan_checks
 from tpcomm.model import ways
 BF16 = 2  # bytes per value: the GPU predictions move the residual stream in bf16 (tp_comm's autocast dtype)
@@ -128,11 +129,21 @@ def allreduce_time(nbytes, p, *, alpha, busbw):
 
 
 def forward_syncs(block_types):
-    """Forward all-reduces of a pattern, a list with one block type per layer (docs/model.md): 2 per 'tp', 1 per
-    'spd', 2 per 'caat' (each of a fraction of the channels), 1 more before ln_f when the last block leaves the
-    stream desynced. Backward runs as many again."""
-    return (2 * block_types.count("tp") + block_types.count("spd") + 2 * block_types.count("caat")
-            + (block_types[-1] in ("parallel", "caat")))
+    """Forward all-reduces of a pattern, a list with one block type per layer: each block's forward_syncs (its
+    class's fact, tpcomm/model/block_types.py: 2 per 'tp', 'ladder' and 'caat' (each of a fraction of the channels),
+    1 per 'spd', 0 per 'parallel'), 1 more before ln_f when the last block leaves the stream desynced. Backward runs
+    as many again.
+    ValueError for a name that is not a registered block type."""
+    kinds = [block_type(kind) for kind in block_types]
+    return sum(cls.forward_syncs for cls in kinds) + kinds[-1].desyncs
+
+
+def backward_syncs(block_types):
+    """Backward all-reduces of a pattern (f's): each block's backward_syncs for a synced or a desynced input (its
+    class's fact), the embedding's fan-out counted in the first block's. Equals forward_syncs for every pattern of
+    the registered types (each sync's sum fans out through one f). ValueError for an unregistered name."""
+    kinds = [block_type(kind) for kind in block_types]
+    return sum(cls.backward_syncs[prev is not None and prev.desyncs] for prev, cls in zip([None, *kinds], kinds))
 
 
 def fit_line(xs, ys, *, weights=None):
@@ -321,11 +332,12 @@ def compressed_reduce_time(values, p, *, alpha, busbw, hbm_bw, launch, comp=INT8
 
 
 def overlapped_syncs(block_types):
-    """Forward all-reduces of a pattern that run while other compute does: each run of k consecutive 'ladder'
-    blocks overlaps 2k-1 of its 2k (docs/model.md); backward stays synchronous. 'tp' etc.: 0."""
+    """Forward all-reduces of a pattern that run while other compute does: each run of k consecutive blocks that
+    delay their outputs ('ladder') overlaps 2k-1 of its 2k (docs/model.md); backward stays synchronous. 'tp' etc.: 0.
+    ValueError for a name that is not a registered block type."""
     out, run = 0, 0
     for kind in list(block_types) + [None]:
-        if kind == "ladder":
+        if kind is not None and block_type(kind).delays:
             run += 1
         elif run:
             out, run = out + 2 * run - 1, 0
@@ -405,9 +417,9 @@ def train_variants(shape, *, tp, link, tokens, seq_len, mfu, opts=Options(), pea
     def dropped(way):
         # N forward syncs (compressed when the way sets tp_comm_dtype) and N backward all-reduces, each at a block's
         # input f: hides behind that block's attention QKV wgrad GEMM under async_grad
-        N = forward_syncs(way.blocks(L))
+        N, N_bwd = forward_syncs(way.blocks(L)), backward_syncs(way.blocks(L))
         forward_comm = squeezed(way.sync) if "tp_comm_dtype" in way.sync else t
-        return N * forward_comm + async_grad_exposed([t] * N, [wgrad[0]] * N, efficiency=eta)
+        return N * forward_comm + async_grad_exposed([t] * N_bwd, [wgrad[0]] * N_bwd, efficiency=eta)
 
     terms = {"baseline": lambda w: 2 * L * t + backward, "drop": dropped,
              # forward: AG + RS per module; backward: the g's AG blocking, the f's RS behind the wgrad GEMM

@@ -1,1 +1,2 @@
-"""The model's options and their one validator, and the model interface every script uses (GPT and DistributedGPT alike)."""
+"""The model's options and their one validator, the block types (their facts, torch-free, and their code), and the
+model interface every script uses (GPT and DistributedGPT alike)."""

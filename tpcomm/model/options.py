@@ -12,19 +12,30 @@ from typing import Optional
 from configurator import ConfigError
 from model import GELU_FORMS, GPTConfig
 from tpcomm.tp.compress.compression import validate_compression
+from tpcomm.model.block_types import BLOCK_TYPES, block_type
 from tpcomm.tp.partial_sync import DEFAULT_FRACTION
 
 MODEL_TYPES = ("gpt", "distributed_gpt")
-BLOCK_TYPES = ("tp", "spd", "parallel", "ladder", "caat")  # tensor_parallel_model.BLOCKS: one class per name
 # The TPConfig keys that set how syncs move (build_model and train.py pass them through as they are)
 TP_COMM_OPTIONS = ("tp_overlap", "tp_async_grad", "sequence_parallel", "tp_comm_dtype", "tp_comm_block",
                    "tp_comm_exchange", "tp_collective_matmul")
 # the sync options that change the model's function (lossy compression of g's partial sums), not only its schedule
 FUNCTION_SYNC_OPTIONS = ("tp_comm_dtype", "tp_comm_block", "tp_comm_exchange")
-# the block types whose function depends on tp_size (docs/model.md, "What equals GPT"); 'tp' and 'ladder' do not
-TP_DEPENDENT_BLOCKS = ("spd", "parallel", "caat")
 # what makes a DistributedGPT out of a GPT: given to model_type='gpt', each one is refused
 TP_KEYS = ("tp_size", "block_types", "caat_sync_fraction", "loss_parallel", *TP_COMM_OPTIONS)
+
+
+def block_types_with(fact, block_types=None):
+    """The block types (of block_types, else of every registered one) whose class has `fact`
+    (tpcomm/model/block_types.py), in order, each once: block_types_with('overlaps') == ['tp', 'spd']."""
+    kinds = BLOCK_TYPES if block_types is None else dict.fromkeys(block_types)
+    return [k for k in kinds if getattr(block_type(k), fact)]
+
+
+def quoted(kinds):
+    """Block type names for a message: 'tp' and 'spd'."""
+    q = [f"'{k}'" for k in kinds]
+    return " and ".join([", ".join(q[:-1]), q[-1]] if len(q) > 1 else q)
 
 
 def expand_block_types(block_types, n_layer):
@@ -47,10 +58,10 @@ def validate_tp_args(*, n_layer, n_head, n_embd, tp_size, block_types):
             raise ConfigError(f"block_types: unknown block type {block_types!r}; use {list(BLOCK_TYPES)}")
         return
     if not isinstance(block_types, (list, tuple)):
-        raise ConfigError(f"block_types must be a list of {BLOCK_TYPES}, got {block_types!r}")
+        raise ConfigError(f"block_types must be a list of {tuple(BLOCK_TYPES)}, got {block_types!r}")
     if len(block_types) != n_layer:
         raise ConfigError(f"block_types has {len(block_types)} entries but n_layer is {n_layer}")
-    bad = sorted({str(b) for b in block_types if b not in BLOCK_TYPES})
+    bad = sorted({str(b) for b in block_types if not isinstance(b, str) or b not in BLOCK_TYPES})
     if bad:
         raise ConfigError(f"block_types: unknown block type(s) {bad}; use {list(BLOCK_TYPES)}")
 
@@ -77,49 +88,52 @@ def validate_sync_options(*, tp_overlap, sequence_parallel, block_types, tp_size
     if tp_async_grad and sequence_parallel:
         raise ConfigError("tp_async_grad=True does not run with sequence_parallel=True (its backward collectives are "
                           "reduce-scatters and all-gathers, not f's all-reduce; docs/overlap.md): use one of them")
-    if tp_overlap > 1 and not {"tp", "spd"} & set(block_types):
-        raise ConfigError(f"tp_overlap={tp_overlap} has nothing to overlap: it chunks 'tp' and 'spd' blocks, and "
-                          f"block_types={block_types} has none (a 'ladder' block overlaps by itself)")
+    if tp_overlap > 1 and not block_types_with("overlaps", block_types):
+        chunked, delayed = quoted(block_types_with("overlaps")), quoted(block_types_with("delays"))
+        raise ConfigError(f"tp_overlap={tp_overlap} has nothing to overlap: it chunks {chunked} blocks, and "
+                          f"block_types={block_types} has none (a {delayed} block overlaps by itself)")
     if sequence_parallel and tp_overlap > 1:
         raise ConfigError(f"sequence_parallel=True does not run with tp_overlap={tp_overlap} (the chunks' "
                           f"reduce-scatters and all-gathers are not asynchronous; docs/overlap.md): use one of them")
-    if sequence_parallel and "ladder" in block_types:
-        raise ConfigError(f"sequence_parallel=True does not run with 'ladder' blocks (block_types={block_types}): "
-                          f"their pending all-reduces are not token-sharded (docs/overlap.md)")
+    no_sp = [k for k in dict.fromkeys(block_types) if not block_type(k).sequence_parallel]
+    if sequence_parallel and no_sp:
+        raise ConfigError(f"sequence_parallel=True does not run with {quoted(no_sp)} blocks (block_types="
+                          f"{block_types}): their syncs are not token-sharded (docs/overlap.md)")
     validate_collective_matmul(tp_collective_matmul=tp_collective_matmul, sequence_parallel=sequence_parallel,
                                block_types=block_types)
 
 
 def validate_collective_matmul(*, tp_collective_matmul, sequence_parallel, block_types):
     """tp_collective_matmul (tpcomm/tp/collective_matmul.py): sequence parallelism's all-gather + column GEMM and row
-    GEMM + reduce-scatter as rings of peer-to-peer steps, so it needs sequence_parallel=True and 'tp' blocks only
-    (the blocks whose two syncs are those pairs)."""
+    GEMM + reduce-scatter as rings of peer-to-peer steps, so it needs sequence_parallel=True and only block types
+    whose syncs are those pairs (collective_matmul: 'tp')."""
     if not isinstance(tp_collective_matmul, bool):
         raise ConfigError(f"tp_collective_matmul must be True or False, got {tp_collective_matmul!r}")
     if tp_collective_matmul and not sequence_parallel:
         raise ConfigError("tp_collective_matmul=True needs sequence_parallel=True (it decomposes sequence "
                           "parallelism's all-gathers and reduce-scatters), got sequence_parallel=False")
-    if tp_collective_matmul and set(block_types) != {"tp"}:
-        raise ConfigError(f"tp_collective_matmul=True runs 'tp' blocks only, got block_types={block_types}")
+    if tp_collective_matmul and block_types_with("collective_matmul", block_types) != list(dict.fromkeys(block_types)):
+        rings = quoted(block_types_with("collective_matmul"))
+        raise ConfigError(f"tp_collective_matmul=True runs {rings} blocks only, got block_types={block_types}")
 
 
-def validate_partial_sync(*, caat_sync_fraction, n_embd, block_types, sequence_parallel=False, tp_comm_dtype=None):
-    """caat_sync_fraction p, the channels a 'caat' block's syncs all-reduce (tpcomm/tp/partial_sync.py): ConfigError
+def validate_partial_sync(*, caat_sync_fraction, n_embd, block_types, tp_comm_dtype=None):
+    """caat_sync_fraction p, the channels the syncs of a channel_fraction block type ('caat') all-reduce
+    (tpcomm/tp/partial_sync.py), and tp_comm_dtype against block types that are not compressible: ConfigError
     naming the key and value. block_types is the expanded list."""
     p = caat_sync_fraction
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
         raise ConfigError(f"caat_sync_fraction must be a number in (0, 1], got {p!r}")
     if abs(p * n_embd - round(p * n_embd)) > 1e-9:
         raise ConfigError(f"caat_sync_fraction={p!r} times n_embd ({n_embd}) must be a whole number of channels")
-    if "caat" not in block_types:
-        if p != TPConfig.caat_sync_fraction:
-            raise ConfigError(f"caat_sync_fraction={p!r} has no effect without 'caat' blocks (block_types="
-                              f"{block_types}): leave it at {TPConfig.caat_sync_fraction}")
-        return
-    for key, value, why in (("sequence_parallel", sequence_parallel, "its streams are not token-sharded"),
-                            ("tp_comm_dtype", tp_comm_dtype, "its syncs move a channel slice, not blocks")):
-        if value:
-            raise ConfigError(f"{key}={value!r} does not run with 'caat' blocks (block_types={block_types}): {why}")
+    if not block_types_with("channel_fraction", block_types) and p != TPConfig.caat_sync_fraction:
+        owners = quoted(block_types_with("channel_fraction"))
+        raise ConfigError(f"caat_sync_fraction={p!r} has no effect without {owners} blocks (block_types="
+                          f"{block_types}): leave it at {TPConfig.caat_sync_fraction}")
+    whole_rows = [k for k in dict.fromkeys(block_types) if not block_type(k).compressible]
+    if tp_comm_dtype and whole_rows:
+        raise ConfigError(f"tp_comm_dtype={tp_comm_dtype!r} does not run with {quoted(whole_rows)} blocks "
+                          f"(block_types={block_types}): their syncs move a channel slice, not blocks")
 
 
 def check_compression_block(*, tp_comm_dtype, tp_comm_block, n_embd):
@@ -132,7 +146,7 @@ def check_compression_block(*, tp_comm_dtype, tp_comm_block, n_embd):
 @dataclass
 class TPConfig(GPTConfig):
     tp_size: int = 1
-    block_types: Optional[list] = None  # one of BLOCK_TYPES ('tp' | 'spd' | 'parallel' | 'ladder') per layer, or
+    block_types: Optional[list] = None  # one block type (tpcomm/model/block_types.BLOCK_TYPES) per layer, or
     # one for all layers; None = all 'tp'
     caat_sync_fraction: float = DEFAULT_FRACTION  # 'caat' blocks: the fraction p of channels each sync all-reduces
     # shard the tied wte/lm_head by vocabulary and compute the loss from the sharded logits (vocab-parallel
@@ -155,8 +169,7 @@ class TPConfig(GPTConfig):
                               block_types=self.block_types, tp_size=self.tp_size, tp_async_grad=self.tp_async_grad,
                               tp_collective_matmul=self.tp_collective_matmul)
         validate_partial_sync(caat_sync_fraction=self.caat_sync_fraction, n_embd=self.n_embd,
-                              block_types=self.block_types, sequence_parallel=self.sequence_parallel,
-                              tp_comm_dtype=self.tp_comm_dtype)
+                              block_types=self.block_types, tp_comm_dtype=self.tp_comm_dtype)
         check_compression_block(tp_comm_dtype=self.tp_comm_dtype, tp_comm_block=self.tp_comm_block,
                                 n_embd=self.n_embd)
         validate_compression(tp_comm_dtype=self.tp_comm_dtype, tp_comm_block=self.tp_comm_block, n_embd=self.n_embd,

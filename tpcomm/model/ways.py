@@ -2,7 +2,7 @@
 The experiment's ways of giving up a sync, one entry each: what every output calls it, the model it trains (block
 pattern and sync options), its category, how the cost model prices it, and whether cpu-long trains it. The sweep plan
 (tpcomm/experiments/sweep_plan.py), the cost model (tpcomm/costmodel/cost_model.py), gpu-node, the README's answer
-and every figure read this table; adding a way is one entry (docs/experiments.md, "Adding a way"; tests/test_ways.py
+and every figure read this table; adding a way is one entry (docs/experiments.md, "Adding a way"; tests/model/test_ways.py
 adds a throwaway one and finds it in the plan, the prediction and the answer).
 
 Consumers read `ways.WAYS` when called (never a copy taken at import), so a test can add a way with monkeypatch.

@@ -47,6 +47,7 @@ from torch.nn import functional as F
 
 from configurator import ConfigError
 from model import GPT, configure_adamw, positions
+from tpcomm.model.block_types import BLOCK_TYPES
 from tpcomm.model.models import clip_to_norm_
 from tpcomm.parallel.pipeline_layout import GPTLayout, stage_named_parameters
 from tpcomm.parallel.pipeline_timeline import Recorder, RecordedStage
@@ -123,12 +124,13 @@ SYNCED, DESYNCED, LADDER = ("xbar",), ("xbar", "r"), ("u", "x")
 
 
 def cut_stream(model, layer):
-    """The stream crossing a cut after block `layer`: DESYNCED after 'parallel', LADDER between two ladder blocks
-    (their pending outputs travel as u = xbar + P_A and x = u + P_M), else SYNCED (GPT's x too)."""
+    """The stream crossing a cut after block `layer`: DESYNCED after a block that desyncs ('parallel'), LADDER
+    between two blocks that delay ('ladder': their pending outputs travel as u = xbar + P_A and x = u + P_M), else
+    SYNCED (GPT's x too)."""
     kinds = getattr(model.config, "block_types", None)
     if model.desynced_after(layer):
         return DESYNCED
-    if kinds is not None and kinds[layer] == kinds[layer + 1] == "ladder":
+    if kinds is not None and BLOCK_TYPES[kinds[layer]].delays and BLOCK_TYPES[kinds[layer + 1]].delays:
         return LADDER
     return SYNCED
 

@@ -179,7 +179,7 @@ def matmul_reduce_scatter(y, w, group, *, site=None):
 
 
 def collective_matmul_block(block, x, T, kv):
-    """A 'tp' block (tensor_parallel_model.TPBlock) under sequence parallelism with each all-gather fused with the
+    """A 'tp' block (tpcomm/model/blocks.TPBlock) under sequence parallelism with each all-gather fused with the
     GEMM after it and each reduce-scatter with the GEMM before it (TPBlock.forward_sp's synced path, its LN, bias
     and dropout as there): x (N/tp, C) this rank's token shard (simulated: (N, C)) -> the block's output shard."""
     group, sites, attn, mlp = block.group, block.sites, block.attn, block.mlp

@@ -6,7 +6,7 @@ stream (desynced per channel). p is `caat_sync_fraction` (default 0.5, the paper
 every sync). docs/model.md has the equations, what the paper fixes and what this repository chose where the text
 available here is silent.
 
-In the stream contract of tensor_parallel_model.ShardedBlock, a 'caat' block leaves the stream desynced: xbar (N, C)
+In the stream contract of tpcomm/model/blocks.ShardedBlock, a 'caat' block leaves the stream desynced: xbar (N, C)
 holds the synced channels' value and, on the others, the value at the last full sync; r (L, N, C) each shard's
 stream, r_i = xbar on the synced channels. A later 'tp' or 'spd' block (or the final sync) sums the shards'
 d_i = r_i - xbar as after a 'parallel' block, so a pattern may mix the types. At tp 1 a 'caat' block is GPT's block.
@@ -28,7 +28,7 @@ def synced_channels(fraction, n_embd):
 
 
 class PartialSync:
-    """The 'caat' block's forward, mixed into tensor_parallel_model.ShardedBlock (its layer norms, sharded attention
+    """The 'caat' block's forward, mixed into tpcomm/model/blocks.ShardedBlock (its layer norms, sharded attention
     and MLP, dropout masks and sites), output desynced:
         z_i = M_i * (A_i(LN1(r_i)) + b_A / tp),  M_i = R on the synced channels S, D_i on the rest P
         xbar[S] += sum_i (d_i[S] + z_i[S]),  r_i[S] = xbar[S];   r_i[P] += z_i[P]   (xbar[P] unchanged)
@@ -40,7 +40,7 @@ class PartialSync:
         self.k = synced_channels(config.caat_sync_fraction, config.n_embd)  # the first k channels: S
 
     def forward(self, xbar, r, T, kv=None, *, sp=False):
-        assert not sp, "options.validate_partial_sync refuses sequence_parallel with 'caat'"
+        assert not sp, "options.validate_sync_options refuses sequence_parallel with this block type (its facts)"
         tp, synced = self.group.tp, r is None
         if synced:  # fan out (f): every r_i = xbar, d_i = 0
             r, h = self.group.fan_out(xbar, lambda x: layer_norm(self.ln_1, x), self.sites["attn"])

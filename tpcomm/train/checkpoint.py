@@ -16,7 +16,7 @@ import torch
 from configurator import ConfigError
 from model import GPT, NANOGPT_ARGS, GPTConfig
 from tpcomm.train.build import build_model
-from tpcomm.model.options import (FUNCTION_SYNC_OPTIONS, MODEL_TYPES, TP_COMM_OPTIONS, TP_DEPENDENT_BLOCKS,
+from tpcomm.model.options import (FUNCTION_SYNC_OPTIONS, MODEL_TYPES, TP_COMM_OPTIONS, block_types_with,
                              expand_block_types)
 from tpcomm.train.runtime import RunError
 
@@ -45,7 +45,7 @@ def model_spec(model_type, model):
         model_options.update(tp_size=c.tp_size, block_types=list(c.block_types))
         if getattr(c, "loss_parallel", False):
             model_options["loss_parallel"] = True
-        if "caat" in c.block_types:  # the model's function: 'caat' blocks sync p of the channels
+        if block_types_with("channel_fraction", c.block_types):  # the model's function: 'caat' syncs p of C
             model_options["caat_sync_fraction"] = c.caat_sync_fraction
     return model_args, model_options
 
@@ -116,7 +116,7 @@ def check_same_function(model_type, spec, sync, *, tp_size):
     if model_type != "distributed_gpt":
         raise ConfigError(f"tp_size={tp_size!r} has no effect: the checkpoint holds a {model_type!r} model (no "
                           f"tensor-parallel shards); leave tp_size unset")
-    dependent = sorted({b for b in spec["block_types"] if b in TP_DEPENDENT_BLOCKS})
+    dependent = sorted(block_types_with("tp_dependent", spec["block_types"]))
     if dependent or sync.get("tp_comm_dtype") is not None:
         why = f"{dependent} blocks" if dependent else f"tp_comm_dtype={sync['tp_comm_dtype']!r}"
         raise ConfigError(f"tp_size={tp_size!r} would give another model than the one trained at tp_size="
