@@ -48,7 +48,7 @@ from tpcomm.bench.bench_config import (DEFAULTS, combinations, pattern_label, sy
                                        validate_pipeline, variant_name)
 from tpcomm.figures import command_figures
 from tpcomm.train.build import build_model
-from tpcomm.model.models import train_step as step
+from tpcomm.model.interface import timed_step
 from tpcomm.train.runtime import DeviceClock, autocast_context, pick_device_and_dtype, setup_runtime
 from tpcomm.parallel.parallel_dims import check_layout, init_parallel, launched_by_torchrun, shutdown
 
@@ -71,11 +71,11 @@ def timed_steps(model, cfg, device, device_type, dtype, n, *, clock=None):
     clock = clock or DeviceClock(device)
     run, optimizer, ctx, X, Y = training_setup(model, cfg, device, device_type, dtype)
     for _ in range(cfg["warmup"]):
-        step(run, model, optimizer, ctx, X, Y)
+        timed_step(run, model, optimizer, ctx, X, Y)
     start = clock.now()
     model.reset_comm_counts()
     for _ in range(n):
-        step(run, model, optimizer, ctx, X, Y)
+        timed_step(run, model, optimizer, ctx, X, Y)
     elapsed = clock.now() - start
     # real TP: exposed (the compute thread inside collectives or waiting for them) and busy (the collectives'
     # own durations, overlapped compute included) seconds since reset_comm_counts, all n steps together
@@ -87,8 +87,8 @@ def training_step(model, cfg, device, device_type, dtype):
     """One more training step of model, as a function of nothing; one untimed step first (AdamW creates its state
     in its first step)."""
     run, optimizer, ctx, X, Y = training_setup(model, cfg, device, device_type, dtype)
-    step(run, model, optimizer, ctx, X, Y)
-    return lambda: step(run, model, optimizer, ctx, X, Y).item()  # the step's device work ends inside the call
+    timed_step(run, model, optimizer, ctx, X, Y)
+    return lambda: timed_step(run, model, optimizer, ctx, X, Y).item()  # the step's device work ends inside the call
 
 
 def traced_steps(model, cfg, device, device_type, dtype, path):
@@ -193,7 +193,7 @@ def memory_bench(cfg, pd, device, device_type, dtype):
     """Peak memory per rank: before the model, after building it (and sharding, and the optimizer), and after
     cfg['iters'] training steps; plus the parameter bytes each rank holds. One table row per rank."""
     from tpcomm.parallel.data_parallel import parallelize
-    from tpcomm.model.models import local
+    from tpcomm.model.interface import local
 
     torch.manual_seed(cfg["seed"])  # not setup_runtime: keeping freed memory in the process would inflate the peaks
     args = dict(cfg, dropout=0.0, block_types=cfg["block_types"])
@@ -212,7 +212,7 @@ def memory_bench(cfg, pd, device, device_type, dtype):
     g = torch.Generator().manual_seed(cfg["seed"] + pd.dp_rank)
     for _ in range(cfg["iters"]):
         X = torch.randint(cfg["vocab_size"], (cfg["batch_size"], cfg["block_size"]), generator=g).to(device)
-        step(run, model, optimizer, ctx, X, X)
+        timed_step(run, model, optimizer, ctx, X, X)
     state = sum(local(t).numel() * local(t).element_size() for s in optimizer.state.values() for t in s.values()
                 if torch.is_tensor(t) and t.dim() > 0) / 2**20  # AdamW's moments, as held here
     row = dict(rank=pd.rank, dp_rank=pd.dp_rank, tp_rank=pd.tp_rank, params_mb=held, state_mb=state,

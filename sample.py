@@ -18,7 +18,7 @@ from tpcomm.train.checkpoint import build_model_from_checkpoint, load_checkpoint
 from configurator import ConfigError, configure, exit_on_config_error
 from data.vocab import load_vocab
 from model import PRETRAINED_SIZES
-from tpcomm.model.models import PlainGPT
+from tpcomm.model.interface import PlainGPT
 from tpcomm.parallel.parallel_dims import check_layout, init_parallel, shutdown
 
 DEFAULTS = dict(

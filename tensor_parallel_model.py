@@ -16,7 +16,7 @@ import torch.nn as nn
 from configurator import ConfigError
 from model import GPT, GPTConfig, LayerNorm, lm_head_and_loss, positions
 from tpcomm.tp.dropout import EMBED, DropoutKey, KeyedDropout
-from tpcomm.model.models import ModelInterface, clip_to_norm_, grad_sq_sums, local, whole
+from tpcomm.model.interface import ModelInterface, clip_to_norm_, grad_sq_sums, local, whole
 from tpcomm.model.blocks import block_class
 from tpcomm.model.block_types import BLOCK_TYPES
 from tpcomm.tp.sharding import TPSharding, is_block_replicated
@@ -89,16 +89,18 @@ class DistributedGPT(ModelInterface, GPT):
         x = self.embed(idx, positions(idx, self.config.block_size, kv_cache))  # (b, t, C)
         # the blocks' stream, flat over tokens: synced xbar, desynced r, ladder outputs still pending
         xbar, r, pending = x.view(b * t, -1), None, ()
-        sp = self.sequence_parallel_on(b * t)
-        if sp:  # the synced stream sharded along the tokens (docs/overlap.md)
+        sequence_parallel = self.sequence_parallel_on(b * t)
+        if sequence_parallel:  # the synced stream sharded along the tokens (docs/overlap.md)
             xbar = scatter_to_sequence_region(xbar, self.group, site=SP_EMBED)
         blocks = self.transformer.h
         for i, block in enumerate(blocks):
-            xbar, r, pending = block.step(xbar, r, pending, t, None if kv_cache is None else kv_cache.layers[i], sp=sp,
+            xbar, r, pending = block.step(xbar, r, pending, t, None if kv_cache is None else kv_cache.layers[i],
+                                          sequence_parallel=sequence_parallel,
                                           next_block=blocks[i + 1] if i + 1 < len(blocks) else None)
         if kv_cache is not None:
             kv_cache.advance(t)
-        x = self.transformer.ln_f(self.final_sync(xbar, r, pending, sp=sp).view(b, t, -1))
+        x = self.final_sync(xbar, r, pending, sequence_parallel=sequence_parallel)
+        x = self.transformer.ln_f(x.view(b, t, -1))
         if self.config.loss_parallel:
             return self.vocab_parallel_head(x, targets)
         return lm_head_and_loss(self.lm_head, x, targets)
@@ -118,12 +120,12 @@ class DistributedGPT(ModelInterface, GPT):
                               f"divisible by tp_size ({tp})")
         return n % tp == 0
 
-    def final_sync(self, xbar, r, pending=(), *, sp=False):
+    def final_sync(self, xbar, r, pending=(), *, sequence_parallel=False):
         """The stream before ln_f: xbar plus what a last ladder block left pending, or, when the last block left it
-        desynced, one more sync xbar + sum_i d_i. sp: xbar is a token shard, gathered (all-gather); a desynced
-        stream (xbar an SPStream) first gets its d_i = r_i - base reduce-scattered onto the shard."""
+        desynced, one more sync xbar + sum_i d_i. sequence_parallel: xbar is a token shard, gathered (all-gather); a
+        desynced stream (xbar an SPStream) first gets its d_i = r_i - base reduce-scattered onto the shard."""
         xbar = add_pending(xbar, pending)
-        if sp:
+        if sequence_parallel:
             if r is not None:
                 xbar = xbar.shard + reduce_scatter_from_tp_region(xbar.delta(r), self.group, site=FINAL_SYNC)
             return gather_from_sequence_region(xbar, self.group, site=FINAL_SYNC)

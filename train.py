@@ -62,12 +62,12 @@ def get_lr(it, cfg):
 def train_step(training, *, report=True):
     """One optimizer step over the global batch. Returns (the loss: its micro-steps' parts, read by read_loss;
     collectives report, or None when not `report`: reading it waits for the device's collectives, so the loop asks
-    for it at log steps only). Under pp the pipeline runs the step (Pipeline.train_step)."""
+    for it at log steps only). Under pp the pipeline runs the step (Pipeline.pipelined_step)."""
     cfg, raw_model = training.cfg, training.raw_model
     if training.pipe is not None:
         first = training.micro_offset
         batches = [training.batches.get("train", training.iter_num, first + j) for j in range(training.grad_accum)]
-        lossf, comm = training.pipe.train_step(batches, training.optimizer, dropout_key=(cfg["seed"], training.iter_num,
+        lossf, comm = training.pipe.pipelined_step(batches, training.optimizer, dropout_key=(cfg["seed"], training.iter_num,
                                           training.micro_offset), ctx=training.ctx, grad_clip=cfg["grad_clip"],
                                           tokens=cfg["batch_size"] * cfg["block_size"])
         return lossf, comm

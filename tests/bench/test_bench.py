@@ -9,7 +9,7 @@ from tpcomm.bench import bench_config
 from conftest import one_line_error, run_script
 from model import GPTConfig
 from tpcomm.bench import op_profile
-from tpcomm.model.models import PlainGPT
+from tpcomm.model.interface import PlainGPT
 
 TINY = ["--device=cpu", "--dtype=float32", "--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16",
         "--batch_size=2", "--vocab_size=65", "--iters=3", "--warmup=1"]

@@ -48,7 +48,7 @@ def test_torchtitan_async_tp_within_the_stated_error():
 def test_training_row_against_plain_sequence_parallelism():
     """At large micro-batches the rings hide what plain SP exposes (faster than '+sp'); at the answer's 8 x 1024
     tokens, 10 us a ring step over 7 steps outweighs it on NVLink (slower than '+sp')."""
-    shape, link = cm.SHAPES[2], cm.LINKS[0]
+    shape, link = cm.TABLE_SHAPES[2], cm.LINKS[0]
     big = cm.train_variants(shape, tp=8, link=link, tokens=16 * 8192, seq_len=8192, mfu=0.4, async_grad=True)
     assert cm.speedup(big, "collective matmul") > cm.speedup(big, "+sp")
     small = cm.train_variants(cm.FIGURE_SHAPE, tp=8, link=link, tokens=8 * 1024, seq_len=1024, mfu=0.4,

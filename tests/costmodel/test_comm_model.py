@@ -41,7 +41,7 @@ def test_train_step_by_hand():
     # all tp at L = 2: 4 fwd syncs, 8 all-reduces of 1000 tokens * 1000 * 2 B = 2e6 B;
     # t = 1e-5 + 2(2-1)/2 * 2e6 / 1e11 = 1e-5 + 2e-5 = 3e-5 s, x 8 = 2.4e-4 s; step = 4.14e-4 s
     link = cm.Link("hand", alpha=1e-5, busbw=1e11)
-    compute, comm = cm.train_step(shape, tp=2, link=link, tokens=1000, seq_len=1000, mfu=0.5,
+    compute, comm = cm.step_seconds(shape, tp=2, link=link, tokens=1000, seq_len=1000, mfu=0.5,
                                   fwd_syncs=cm.forward_syncs(["tp", "tp"]), peak=1e15)
     assert shape.params == 25_000_000
     assert compute == pytest.approx(1.74e-4, rel=EXACT)
@@ -162,9 +162,9 @@ def test_default_command_prints_the_gpu_tables():
         assert text in r.stdout
     for name, c in cm.CONSTANTS.items():  # every constant printed with its source
         assert f"`{name}` = {c.value:g}" in r.stdout and c.source in r.stdout
-    # the printed row is train_step's result: 7B at tp 8 over NVLink, default batch 8 x 1024, MFU 40%
-    shape, link = cm.SHAPES[2], cm.LINKS[0]
-    compute, comm = cm.train_step(shape, tp=8, link=link, tokens=8192, seq_len=1024, mfu=0.4, fwd_syncs=64)
+    # the printed row is step_seconds's result: 7B at tp 8 over NVLink, default batch 8 x 1024, MFU 40%
+    shape, link = cm.TABLE_SHAPES[2], cm.LINKS[0]
+    compute, comm = cm.step_seconds(shape, tp=8, link=link, tokens=8192, seq_len=1024, mfu=0.4, fwd_syncs=64)
     megatron = cm.train_variants(shape, tp=8, link=link, tokens=8192, seq_len=1024, mfu=0.4, async_grad=True)
     assert f"| {shape.name} | {shape.params / 1e6:,.0f}M | 8 | {link.name} | {compute * 1e3:.2f} | " in r.stdout
     assert (f"| {(compute + comm) * 1e3:.2f} | {sum(megatron['all tp']) * 1e3:.2f} | {comm / (compute + comm):.1%} |"
@@ -322,16 +322,16 @@ def test_activation_memory_by_hand():
     # s 1000, b 2, h 100, a 4, t 4: sbh = 2e5; attention term 5 * 4 * 1000 / (100 * 4) = 50
     # tp: 2e5 (10 + 6 + 50) = 1.32e7; tp + sp: 2e5 (8.5 + 50) = 1.17e7: sp saves 10 sbh (1 - 1/t) = 1.5e6
     kw = dict(seq=1000, batch=2, d=100, heads=4, tp=4)
-    assert cm.activation_bytes(**kw, sp=False) == pytest.approx(1.32e7, rel=EXACT)
-    assert cm.activation_bytes(**kw, sp=True) == pytest.approx(1.17e7, rel=EXACT)
-    assert cm.activation_bytes(**dict(kw, tp=1), sp=True) == cm.activation_bytes(**dict(kw, tp=1), sp=False)
+    assert cm.activation_bytes(**kw, sequence_parallel=False) == pytest.approx(1.32e7, rel=EXACT)
+    assert cm.activation_bytes(**kw, sequence_parallel=True) == pytest.approx(1.17e7, rel=EXACT)
+    assert cm.activation_bytes(**dict(kw, tp=1), sequence_parallel=True) == cm.activation_bytes(**dict(kw, tp=1), sequence_parallel=False)
 
 
 def test_compressed_bytes():
     # int8 with an fp32 scale per 32 values: 1 + 4/32 = 1.125 B per value, against 2 for bf16 (1.78x fewer)
     assert cm.compressed_bytes(32_000) == pytest.approx(36_000, rel=EXACT)
     assert 2 * 32_000 / cm.compressed_bytes(32_000) == pytest.approx(16 / 9, rel=EXACT)
-    assert cm.compressed_bytes(32_000, cm.Compression(block=16)) == pytest.approx(40_000, rel=EXACT)
+    assert cm.compressed_bytes(32_000, cm.Compression(group=16)) == pytest.approx(40_000, rel=EXACT)
     assert cm.compressed_bytes(33) == pytest.approx(33 + 8, rel=EXACT)  # a partial block still has its scale
 
 
@@ -368,11 +368,11 @@ def test_overlapped_syncs_follow_the_documented_rule(pattern, overlapped):
 
 
 def test_variants_are_consistent_with_the_blocking_model():
-    shape, link = cm.SHAPES[1], cm.LINKS[0]
+    shape, link = cm.TABLE_SHAPES[1], cm.LINKS[0]
     kw = dict(tp=8, link=link, tokens=8192, seq_len=1024, mfu=0.4)
     v = cm.train_variants(shape, **kw)
-    assert v["all tp"] == pytest.approx(cm.train_step(shape, **kw, fwd_syncs=2 * shape.n_layer), rel=EXACT)
-    assert sum(v["all spd"]) == pytest.approx(sum(cm.train_step(shape, **kw, fwd_syncs=shape.n_layer)), rel=EXACT)
+    assert v["all tp"] == pytest.approx(cm.step_seconds(shape, **kw, fwd_syncs=2 * shape.n_layer), rel=EXACT)
+    assert sum(v["all spd"]) == pytest.approx(sum(cm.step_seconds(shape, **kw, fwd_syncs=shape.n_layer)), rel=EXACT)
     for name in ("overlap K=2", "ladder"):  # hiding never costs more than blocking at full efficiency ...
         assert v[name][1] < v["all tp"][1]
     no_overlap = cm.train_variants(shape, **kw, opts=cm.Options(efficiency=1e-12))
@@ -602,7 +602,7 @@ def test_blocking_baseline_is_the_old_model():
     printed blocking table's 1.3B tp 8 NVLink row is the one the README and docs showed (38.54 ms; 0.98x 1.22x
     1.21x 0.74x 1.01x 1.27x 1.48x). Anti-vacuity: the Megatron baseline is not the old model."""
     for opts in (cm.Options(), cm.Options(chunks=4, efficiency=0.7)):
-        for shape in cm.SHAPES:
+        for shape in cm.TABLE_SHAPES:
             for tp in (2, 4, 8):
                 for link in cm.LINKS:
                     kw = dict(tp=tp, link=link, tokens=8192, seq_len=1024, mfu=0.4, opts=opts)
@@ -631,7 +631,7 @@ def test_predicted_speedups_for_the_figure():
         assert set(megatron) == set(blocking) == names
         assert megatron == cm.predicted_speedups(link, baseline="megatron")  # megatron is the default
         assert megatron != blocking
-        v = cm.train_variants(cm.SHAPES[1], tp=8, link=cm.LINK_ALIASES[link], tokens=8192, seq_len=1024, mfu=0.4,
+        v = cm.train_variants(cm.TABLE_SHAPES[1], tp=8, link=cm.LINK_ALIASES[link], tokens=8192, seq_len=1024, mfu=0.4,
                               async_grad=True)
         assert megatron["all-spd"] == pytest.approx(sum(v["all tp"]) / sum(v["all spd"]), rel=EXACT)
         assert megatron["all-tp-fp8"] == megatron["all-tp-int8"]  # same bytes, same passes

@@ -80,9 +80,9 @@ def test_cost_model_prices_the_toy(toy):
         as_tp = [k.replace("toy", "tp") for k in pattern]
         assert cm.forward_syncs(pattern) == cm.forward_syncs(as_tp) and cm.forward_syncs(pattern) > 0
         assert cm.backward_syncs(pattern) == cm.backward_syncs(as_tp)
-    shape, kw = cm.SHAPES[0], dict(tp=8, link=cm.LINKS[0], tokens=8192, seq_len=1024, mfu=0.4)
-    toy_step = cm.train_step(shape, fwd_syncs=cm.forward_syncs(["toy"] * shape.n_layer), **kw)
-    assert toy_step == cm.train_step(shape, fwd_syncs=cm.forward_syncs(["tp"] * shape.n_layer), **kw)
+    shape, kw = cm.TABLE_SHAPES[0], dict(tp=8, link=cm.LINKS[0], tokens=8192, seq_len=1024, mfu=0.4)
+    toy_step = cm.step_seconds(shape, fwd_syncs=cm.forward_syncs(["toy"] * shape.n_layer), **kw)
+    assert toy_step == cm.step_seconds(shape, fwd_syncs=cm.forward_syncs(["tp"] * shape.n_layer), **kw)
     assert toy_step[1] > 0
 
 

@@ -8,7 +8,7 @@ from torch.nn import functional as F
 import tensor_parallel_model
 import tpcomm.model.blocks
 from model import GPT, GPTConfig
-from tpcomm.model.models import PlainGPT
+from tpcomm.model.interface import PlainGPT
 from tensor_parallel_model import DistributedGPT
 
 # fp32 tiny models: the sharded path sums partial products in another order than one matmul, and SDPA's fused

@@ -124,7 +124,7 @@ class FakeDevice:
 
 def tiny_gpt():
     from model import GPTConfig
-    from tpcomm.model.models import PlainGPT
+    from tpcomm.model.interface import PlainGPT
 
     torch.manual_seed(0)
     return PlainGPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=65, bias=False))

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from tpcomm.parallel.data_parallel import apply_data_parallel, set_gradient_sync  # noqa: E402
 from model import GPT  # noqa: E402
-from tpcomm.model.models import PlainGPT  # noqa: E402
+from tpcomm.model.interface import PlainGPT  # noqa: E402
 from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
 from real_tp_worker import VOCAB, make_gpt, ratio, write_results  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402

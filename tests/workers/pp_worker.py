@@ -17,7 +17,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
 
 from model import GPT, GPTConfig  # noqa: E402
-from tpcomm.model.models import PlainGPT  # noqa: E402
+from tpcomm.model.interface import PlainGPT  # noqa: E402
 from tpcomm.parallel.pipeline import LADDER, SCHEDULES, build_pipeline  # noqa: E402
 from tpcomm.parallel.pipeline_timeline import bubble_fraction, theoretical_bubble  # noqa: E402
 from tpcomm.parallel.parallel_dims import init_parallel  # noqa: E402

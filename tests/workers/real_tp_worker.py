@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from tpcomm.train.runtime import make_grad_scaler  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from tpcomm.model.models import PlainGPT  # noqa: E402
+from tpcomm.model.interface import PlainGPT  # noqa: E402
 from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
 from tpcomm.model.options import TPConfig  # noqa: E402

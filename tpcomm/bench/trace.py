@@ -191,7 +191,7 @@ def collective_events(source, *, waits=False):
     return sorted(events, key=lambda ev: ev["ts"])
 
 
-def count(events):
+def tally_events(events):
     """How many collectives of each kind among `events`: fwd and bwd (residual-stream all-reduces, comparable with
     comm_report's fwd_allreduces / bwd_allreduces), grad_sync, grad_norm, vocab, reduce_scatter and all_gather
     (sequence parallelism, both directions), and all of them."""
@@ -206,10 +206,10 @@ def count(events):
 
 
 def per_step_counts(source):
-    """count() of each training step of a trace, in step order."""
+    """tally_events() of each training step of a trace, in step order."""
     trace = load_trace(source)
     events = collective_events(trace)
-    return [count([ev for ev in events if ev["step"] == i]) for i in range(len(step_spans(trace)))]
+    return [tally_events([ev for ev in events if ev["step"] == i]) for i in range(len(step_spans(trace)))]
 
 
 def step_timeline(source, step=0):
@@ -324,7 +324,7 @@ def summary(source):
     with_waits = collective_events(trace, waits=True)
     for i, (a, b) in enumerate(step_spans(trace)):
         mine = [ev for ev in events if ev["step"] == i]
-        c = count(mine)
+        c = tally_events(mine)
         spent = sum(ev["dur"] for ev in mine) / 1e3
         lines.append(f"step {i}: {c['fwd']} fwd + {c['bwd']} bwd all-reduces, {c['grad_sync']} grad sync, "
                      f"{c['grad_norm']} grad norm, {c['vocab']} vocab"

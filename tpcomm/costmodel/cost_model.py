@@ -105,7 +105,7 @@ class Shape(NamedTuple):
         return 12 * self.n_layer * self.n_embd ** 2 + self.vocab * self.n_embd
 
 
-SHAPES = (Shape("GPT-2 124M", 12, 768, 12),  # Radford et al. 2019
+TABLE_SHAPES = (Shape("GPT-2 124M", 12, 768, 12),  # Radford et al. 2019
           Shape("1.3B (24 x 2048)", 24, 2048, 16),  # GPT-3 XL's layers and width (Brown et al. 2020), 128-wide heads
           Shape("7B (32 x 4096)", 32, 4096, 32))  # LLaMA-7B's layers, width and heads (Touvron et al. 2023)
 
@@ -217,7 +217,7 @@ def leave_one_out(xs, ys, *, zs=None):
     return out
 
 
-def train_step(shape, *, tp, link, tokens, seq_len, mfu, fwd_syncs, peak=None):
+def step_seconds(shape, *, tp, link, tokens, seq_len, mfu, fwd_syncs, peak=None):
     """(compute s, communication s) of one training micro-step of `tokens` tokens on a tp group: compute is
     (6 N + 12 L d T) FLOPs per token (PaLM appendix B, as model.estimate_mfu) over tp GPUs at mfu of their peak;
     communication is 2 * fwd_syncs all-reduces (backward runs as many as forward) of tokens * d bf16 values."""
@@ -288,18 +288,18 @@ def sp_time(nbytes, p, *, alpha, busbw):
     return 0.0 if p == 1 else 2 * alpha + ring_bytes(nbytes, p) / busbw
 
 
-def activation_bytes(*, seq, batch, d, heads, tp, sp):
+def activation_bytes(*, seq, batch, d, heads, tp, sequence_parallel):
     """Activation bytes of one transformer layer per GPU, 16-bit activations and no recomputation (Korthikanti et
     al., arXiv 2205.05198, section 4): s b h (10 + 24/t + 5 a s / (h t)) under tp; sequence parallelism splits the
     LayerNorm and dropout regions' 10 s b h over the t ranks too: s b h (34/t + 5 a s / (h t))."""
     sbh, attn = seq * batch * d, 5 * heads * seq / (d * tp)
-    return sbh * ((34 / tp + attn) if sp else (10 + 24 / tp + attn))
+    return sbh * ((34 / tp + attn) if sequence_parallel else (10 + 24 / tp + attn))
 
 
 class Compression(NamedTuple):
     bits: int = 8  # per value on the wire (int8 or fp8)
-    block: int = 32  # values per absmax scale (tp_comm_block)
-    scale_bytes: int = 4  # one fp32 scale per block
+    group: int = 32  # values per absmax scale: a scale group (tp_comm_block)
+    scale_bytes: int = 4  # one fp32 scale per group
     exchange: str = "one_shot"  # tp_comm_exchange: 'one_shot' all-gathers the partials, 'two_shot' RS + AG
 
 
@@ -309,7 +309,7 @@ INT8 = Compression()
 def compressed_bytes(values, comp=INT8):
     """Bytes of `values` block-quantized: bits/8 per value plus one scale per block (int8, fp32 scale per 32
     values: 1 + 4/32 = 1.125 B per value against 2 for bf16)."""
-    return values * comp.bits / 8 + math.ceil(values / comp.block) * comp.scale_bytes
+    return values * comp.bits / 8 + math.ceil(values / comp.group) * comp.scale_bytes
 
 
 def compressed_reduce_time(values, p, *, alpha, busbw, hbm_bw, launch, comp=INT8, value_bytes=BF16):
@@ -347,7 +347,7 @@ def overlapped_syncs(block_types):
 def module_flops(shape, seq_len):
     """Forward FLOPs per token of one attention module (8 d^2 + 4 d T: projections, scores and values), one MLP
     module (16 d^2), and the whole step's rest (embedding and lm_head, forward + backward: 6 V d). Backward is twice
-    forward, so L (3 attn + 3 mlp) + rest is train_step's 6 N + 12 L d T."""
+    forward, so L (3 attn + 3 mlp) + rest is step_seconds's 6 N + 12 L d T."""
     d = shape.n_embd
     return 8 * d * d + 4 * d * seq_len, 16 * d * d, 6 * shape.vocab * d
 
@@ -373,7 +373,7 @@ class Options(NamedTuple):
 # tp_comm_dtype on the wire (docs/compression.md): 'bf16' is a plain cast, no scales (under bf16 autocast the same
 # bytes as no compression, but still exchanged as compressed: all-gathered, or all-to-all + all-gather); 'fp8' and
 # 'int8' are 1 byte a value plus an fp32 scale per 32: the model cannot tell them apart (same bytes, same passes).
-WIRE = {"bf16": Compression(bits=16, scale_bytes=0), "fp8": INT8, "int8": INT8}
+WIRE_COST = {"bf16": Compression(bits=16, scale_bytes=0), "fp8": INT8, "int8": INT8}
 BASELINES = ("megatron", "blocking")  # what "all tp" means: with Megatron's async input-gradient all-reduce, or not
 
 
@@ -410,7 +410,7 @@ def train_variants(shape, *, tp, link, tokens, seq_len, mfu, opts=Options(), pea
     ladder_bwd = ladder_exposed([t] * 2 * L, [2 * c for c in fwd[::-1]], own=wgrad[::-1], efficiency=eta)
 
     def squeezed(sync):  # one reduction compressed at the way's tp_comm_dtype and tp_comm_exchange
-        comp = WIRE[sync["tp_comm_dtype"]]._replace(exchange=sync.get("tp_comm_exchange", "one_shot"))
+        comp = WIRE_COST[sync["tp_comm_dtype"]]._replace(exchange=sync.get("tp_comm_exchange", "one_shot"))
         return compressed_reduce_time(tokens * shape.n_embd, tp, alpha=link.alpha, busbw=link.busbw,
                                       hbm_bw=opts.hbm_bw, launch=opts.launch, comp=comp)
 
@@ -574,7 +574,7 @@ def figure_variants(chunks=2):
             for w in ways.WAYS if w.price and w.category != "baseline"}
 
 
-FIGURE_SHAPE = SHAPES[1]  # the 1.3B shape (24 x 2048) at tp 8
+FIGURE_SHAPE = TABLE_SHAPES[1]  # the 1.3B shape (24 x 2048) at tp 8
 LINK_ALIASES = {"nvlink": LINKS[0], "ib": LINKS[1], "infiniband": LINKS[1], **{lk.name.lower(): lk for lk in LINKS}}
 
 

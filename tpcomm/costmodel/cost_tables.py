@@ -4,7 +4,7 @@ the checks against published figures, the training step per shape, tp and networ
 baselines, the LLaMA2-70B decode latency and sequence parallelism's activation memory.
 """
 
-from tpcomm.costmodel.cost_model import (BASELINES, BF16, CONSTANTS, LINKS, LLAMA_70B, SHAPES, activation_bytes, check_config,
+from tpcomm.costmodel.cost_model import (BASELINES, BF16, CONSTANTS, LINKS, LLAMA_70B, TABLE_SHAPES, activation_bytes, check_config,
                                const, decode_modules, decode_variants, error, options, predicted_speedups,
                                published_checks, speedup, train_variants)
 
@@ -82,7 +82,7 @@ def print_training(cfg, opts):
           + " | ".join(names) + " |")
     print("|---|---:|---:|---|---:|---:|---:|---:|" + "---:|" * len(names))
     skipped = []
-    for shape in SHAPES:
+    for shape in TABLE_SHAPES:
         for tp in (2, 4, 8):
             if shape.n_head % tp:
                 skipped.append(f"{shape.name} at tp {tp} ({shape.n_head} heads)")
@@ -154,10 +154,10 @@ def print_memory(cfg):
           "the LayerNorm and dropout regions' 10 s b h split over the t ranks too (arXiv 2205.05198, section 4).\n")
     print("| model | tp | tp MiB | tp + sp MiB | saved |")
     print("|---|---:|---:|---:|---:|")
-    for shape in SHAPES:
+    for shape in TABLE_SHAPES:
         for tp in (2, 8):
             if shape.n_head % tp:
                 continue
-            a, b_sp = (activation_bytes(seq=s, batch=b, d=shape.n_embd, heads=shape.n_head, tp=tp, sp=sp)
-                       for sp in (False, True))
+            a, b_sp = (activation_bytes(seq=s, batch=b, d=shape.n_embd, heads=shape.n_head, tp=tp, sequence_parallel=on)
+                       for on in (False, True))
             print(f"| {shape.name} | {tp} | {a / 2 ** 20:,.0f} | {b_sp / 2 ** 20:,.0f} | {1 - b_sp / a:.0%} |")

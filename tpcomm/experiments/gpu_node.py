@@ -40,7 +40,7 @@ from tpcomm.train.output_path import check_output_dir
 
 def timed_ways():
     """[(name, what it does, block_types for n layers, TP_COMM_OPTIONS, the cost model's train_variants key or None
-    (priced with every sync blocking: train_step), priced with the asynchronous backward where the options say
+    (priced with every sync blocking: step_seconds), priced with the asynchronous backward where the options say
     tp_async_grad)]: every way of tpcomm/model/ways.py with a gpu-node row (Way.node), both baselines among them."""
     return [(w.node.name, w.node.what, w.blocks, w.sync if w.node.sync is None else w.node.sync,
              None if w.node.blocking else w.price.label.format(chunks=2)) for w in ways.WAYS if w.node]
@@ -48,7 +48,7 @@ def timed_ways():
 
 # n_layer, n_embd, n_head: GPT-2 124M with 8 heads of 96 (its 12 do not split over 8 ranks; parameters and FLOPs are
 # GPT-2's), and GPT-3 XL's 24 x 2048 with 16 heads of 128 (the cost model's "1.3B" shape)
-SHAPES = {"gpt2-124m": (12, 768, 8), "1.3b": (24, 2048, 16), "tiny": (4, 32, 4)}
+NODE_SHAPES = {"gpt2-124m": (12, 768, 8), "1.3b": (24, 2048, 16), "tiny": (4, 32, 4)}
 GPU = dict(nproc=8, shapes="gpt2-124m,1.3b", batch_size=8, block_size=1024, iters=10, warmup=3, rounds=3,
            backend="nccl", device="cuda", out=os.path.join("experiments", "gpu-node"))
 REHEARSAL = dict(nproc=2, shapes="tiny", batch_size=4, block_size=16, iters=1, warmup=1, rounds=2, backend="gloo",
@@ -98,9 +98,9 @@ def parse(argv):
         if cfg["mfu"] is None or not MFU_LEAST <= cfg["mfu"] <= 1:
             raise NodeError(f"mfu must be a fraction in [{MFU_LEAST}, 1], got {given['mfu']!r}")
     shapes = cfg["shapes"].split(",")
-    bad = [s for s in shapes if s not in SHAPES]
+    bad = [s for s in shapes if s not in NODE_SHAPES]
     if bad or len(set(shapes)) != len(shapes):  # an empty name or a repeated one too
-        raise NodeError(f"shapes must be a comma-separated subset of {list(SHAPES)}, got {cfg['shapes']!r}")
+        raise NodeError(f"shapes must be a comma-separated subset of {list(NODE_SHAPES)}, got {cfg['shapes']!r}")
     cfg["shapes"] = shapes
     check_output_dir(cfg["out"], key="out")
     if cfg["backend"] not in ("nccl", "gloo"):
@@ -118,7 +118,7 @@ def check_shape(shape, cfg):
     """Every way of the shape must run at this tp and batch, as train.py would check it (TPConfig)."""
     from tpcomm.model.options import TPConfig
 
-    n_layer, n_embd, n_head = SHAPES[shape]
+    n_layer, n_embd, n_head = NODE_SHAPES[shape]
     for name, _, pattern, opts, _ in timed_ways():
         try:
             TPConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=cfg["block_size"], vocab_size=64,
@@ -134,7 +134,7 @@ def check_shape(shape, cfg):
 
 def run_config(shape, cfg):
     """What a result file records as its config: a file whose config differs is stale and rerun."""
-    n_layer, n_embd, n_head = SHAPES[shape]
+    n_layer, n_embd, n_head = NODE_SHAPES[shape]
     return dict(shape=shape, n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=VOCAB.get(shape, 50304),
                 tp=cfg["nproc"],
                 batch_size=cfg["batch_size"], block_size=cfg["block_size"], iters=cfg["iters"],
@@ -167,7 +167,7 @@ def launch_command(cfg, shape, out):
 def predictions(config, *, mfu, peak=None):
     """{way: (predicted ms/iter, predicted exposed comm ms)} for one result's config: train_variants on NVLink (one
     node), the step's tokens, at `mfu` of `peak` (None: the H100 datasheet's)."""
-    from tpcomm.costmodel.cost_model import LINKS, Options, Shape, forward_syncs, train_step, train_variants
+    from tpcomm.costmodel.cost_model import LINKS, Options, Shape, forward_syncs, step_seconds, train_variants
 
     shape = Shape(config["shape"], config["n_layer"], config["n_embd"], config["n_head"], config["vocab_size"])
     kw = dict(tp=config["tp"], link=LINKS[0], tokens=config["batch_size"] * config["block_size"],
@@ -175,7 +175,7 @@ def predictions(config, *, mfu, peak=None):
     variants = {a: train_variants(shape, opts=Options(chunks=2), async_grad=a, **kw) for a in (False, True)}
     out = {}
     for name, _, pattern, opts, key in timed_ways():
-        compute, comm = variants[opts.get("tp_async_grad", False)][key] if key else train_step(
+        compute, comm = variants[opts.get("tp_async_grad", False)][key] if key else step_seconds(
             shape, fwd_syncs=forward_syncs(pattern(config["n_layer"])), **kw)
         out[name] = ((compute + comm) * 1e3, comm * 1e3)
     return out

@@ -47,7 +47,7 @@ import torch
 
 from configurator import ConfigError, configure, exit_on_config_error
 from tpcomm import ROOT
-from tpcomm.model.models import train_step
+from tpcomm.model.interface import timed_step
 from tpcomm.gpu.gpu_report import BLOCK_TYPES, write_json, write_markdown
 from tpcomm.gpu.cost_calibration import cost_calibration
 from tpcomm.train.runtime import sync
@@ -130,7 +130,7 @@ def timed_steps(run, model, optimizer, ctx, X, Y, n, device):
     sync(device)
     start = time.perf_counter()
     for _ in range(n):
-        train_step(run, model, optimizer, ctx, X, Y)
+        timed_step(run, model, optimizer, ctx, X, Y)
     sync(device)
     return (time.perf_counter() - start) / n
 
@@ -355,7 +355,7 @@ def bf16_identity(st):
 
 def cost_model(st):
     """The cost model's assumed MFU and its compute-term step time beside what gpt_train measured."""
-    from tpcomm.costmodel.cost_model import LINKS, Shape, const, train_step
+    from tpcomm.costmodel.cost_model import LINKS, Shape, const, step_seconds
 
     m = st["results"].get("gpt_train", {})
     mode = "compiled" if "compiled" in m else "eager" if "eager" in m else None
@@ -365,7 +365,7 @@ def cost_model(st):
     if mode and m.get("peak_flops"):
         size = st["size"]["model"]
         shape = Shape("gpt_train", size["n_layer"], size["n_embd"], size["n_head"], size["vocab_size"])
-        compute, _ = train_step(shape, tp=1, link=LINKS[0], tokens=m["tokens_per_iter"], seq_len=size["block_size"],
+        compute, _ = step_seconds(shape, tp=1, link=LINKS[0], tokens=m["tokens_per_iter"], seq_len=size["block_size"],
                                 mfu=const("mfu"), fwd_syncs=0, peak=m["peak_flops"])
         out.update(predicted_ms_per_iter=compute * 1e3, measured_ms_per_iter=measured["ms_per_iter"],
                    error_pct=100 * (compute * 1e3 - measured["ms_per_iter"]) / measured["ms_per_iter"])

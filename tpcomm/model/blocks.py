@@ -144,37 +144,38 @@ class ShardedBlock(BlockType, nn.Module):
         """share * a c_proj bias, for every shard's own stream (None without biases)."""
         return None if linear.bias is None else linear.bias * share
 
-    def shard_heads(self, xbar, r, T, kv, n0=0, *, sp=False, src=None):
+    def shard_heads(self, xbar, r, T, kv, n0=0, *, sequence_parallel=False, src=None):
         """(r (L, N, C), the shards' attention heads of LN1(r)): shard_streams then attention; src: xbar's
         ColumnInput (tp_async_grad), f and LN1 and c_attn fused."""
         drop = self.probs_dropout(n0 // T)
         if src is not None and r is None:
             r, qkv = src.project(*self.attn.qkv_weight(), norm="fan_out", site=self.sites["attn"])
             return r, self.attn.attend(qkv, T, drop, kv)
-        r, h = self.shard_streams(xbar, r, sp=sp)
+        r, h = self.shard_streams(xbar, r, sequence_parallel=sequence_parallel)
         return r, self.attn.heads(h, T, drop, kv)
 
-    def shard_streams(self, xbar, r, *, sp=False):
+    def shard_streams(self, xbar, r, *, sequence_parallel=False):
         """The shards' streams and LN1 of them: a synced stream fans out first (through f; sequence parallel: an
         all-gather of its token shards)."""
-        if r is None and sp:  # the stream's own dtype from here: a desynced r_i accumulates in fp32, as xbar does
+        # the stream's own dtype from here: a desynced r_i accumulates in fp32, as xbar does
+        if r is None and sequence_parallel:
             r = gather_to_tp_region(xbar, self.group, site=self.sites["attn"]).to(xbar.dtype)
         elif r is None:
             return self.group.fan_out(xbar, lambda x: layer_norm(self.ln_1, x), self.sites["attn"])
         return r, layer_norm(self.ln_1, r)
 
-    def fan_in(self, ln, x, site, *, sp=False):
+    def fan_in(self, ln, x, site, *, sequence_parallel=False):
         """A module's input from the synced stream x, on every shard: f of the replica's LayerNorm of x, or, sequence
         parallel (x a token shard), the all-gather of the LayerNorm of the shard."""
-        if sp:
+        if sequence_parallel:
             return gather_to_tp_region(layer_norm(ln, x), self.group, site=self.sites[site])
         return copy_to_tp_region(synced_layer_norm(ln, x, self.group), self.group, site=self.sites[site])
 
-    def attn_partials(self, xbar, r, T, kv, n0=0, *, sp=False, src=None):
+    def attn_partials(self, xbar, r, T, kv, n0=0, *, sequence_parallel=False, src=None):
         """(R1 * A_i(LN1(.)) (L, N, C) for an all-reduce, R1): each shard's attention output dropped with the replica
         mask, read from the synced stream xbar (through f) or, desynced, from the shard's own r_i, whose
         d_i = r_i - xbar then join the same sum. n0: a batch chunk's first token (its dropout masks' rows).
-        sp: sequence parallelism (fan_in; a desynced xbar is an SPStream, d_i = r_i - its base), the sum a
+        sequence_parallel: (fan_in; a desynced xbar is an SPStream, d_i = r_i - its base), the sum a
         reduce-scatter; from a synced stream R1 is None here, applied after it (sp_close).
         src: xbar's ColumnInput (tp_async_grad): f fused with LN1 and c_attn."""
         drop = self.probs_dropout(n0 // T)
@@ -182,22 +183,24 @@ class ShardedBlock(BlockType, nn.Module):
             y = self.attn.attend(src.project(*self.attn.qkv_weight(), norm="before", site=self.sites["attn"]), T,
                                  drop, kv)
         elif r is None:
-            y = self.attn.heads(self.fan_in(self.ln_1, xbar, "attn", sp=sp), T, drop, kv)
+            y = self.attn.heads(self.fan_in(self.ln_1, xbar, "attn", sequence_parallel=sequence_parallel), T, drop, kv)
         else:
             y = self.attn.heads(layer_norm(self.ln_1, r), T, drop, kv)
         if r is None:
-            R1 = None if sp else self.replica_mask(xbar, ATTN_OUT, n0)
+            R1 = None if sequence_parallel else self.replica_mask(xbar, ATTN_OUT, n0)
             return self.attn.out(y, mask=R1), R1
-        R1 = self.replica_mask(r[0] if sp else xbar, ATTN_OUT, n0)
-        d = xbar.delta(r) if sp else self.group.delta(r, xbar)
-        return self.attn.out(y, acc=d, own_acc=not sp, mask=R1), R1
+        R1 = self.replica_mask(r[0] if sequence_parallel else xbar, ATTN_OUT, n0)
+        d = xbar.delta(r) if sequence_parallel else self.group.delta(r, xbar)
+        return self.attn.out(y, acc=d, own_acc=not sequence_parallel, mask=R1), R1
 
-    def mlp_partials(self, x, r=None, n0=0, *, sp=False):
+    def mlp_partials(self, x, r=None, n0=0, *, sequence_parallel=False):
         """(R2 * M_i(LN2(.)) (L, N, C) for an all-reduce, R2), read from the synced stream x (through f) or, given
-        r (L, N, C), from each shard's own stream r_i. sp: x a token shard (fan_in), R2 None here (sp_close)."""
-        h = self.fan_in(self.ln_2, x, "mlp", sp=sp) if r is None else layer_norm(self.ln_2, r)
+        r (L, N, C), from each shard's own stream r_i. sequence_parallel: x a token shard (fan_in), R2 None here
+        (sp_close)."""
+        h = (self.fan_in(self.ln_2, x, "mlp", sequence_parallel=sequence_parallel) if r is None
+             else layer_norm(self.ln_2, r))
         u = self.mlp.hidden(h)
-        R2 = None if sp else self.replica_mask(x, MLP_OUT, n0)
+        R2 = None if sequence_parallel else self.replica_mask(x, MLP_OUT, n0)
         return self.mlp.out(u, mask=R2), R2
 
     def fused_mlp_partials(self, src, n0=0):
@@ -212,12 +215,12 @@ class ShardedBlock(BlockType, nn.Module):
         R2 = self.replica_mask(x, MLP_OUT, n0)
         return x, self.mlp.out(self.mlp.gelu(pre), mask=R2), R2
 
-    def step(self, xbar, r, pending, T, kv=None, *, sp=False, next_block=None):
+    def step(self, xbar, r, pending, T, kv=None, *, sequence_parallel=False, next_block=None):
         """The model's stream through this block, (xbar, r, pending) -> (xbar, r, pending): outputs still pending
         (from a ladder block before it) are added first, then the block runs; it leaves nothing pending.
-        sp: sequence parallelism, xbar this rank's token shard of the synced stream (docs/overlap.md). next_block:
+        sequence_parallel: xbar is this rank's token shard of the synced stream (docs/overlap.md). next_block:
         the block after this one in the same module (None at the end or at a pipeline cut; see LadderBlock)."""
-        return (*self(add_pending(xbar, pending), r, T, kv, sp=sp), ())
+        return (*self(add_pending(xbar, pending), r, T, kv, sequence_parallel=sequence_parallel), ())
 
 
 class TPBlock(TPType, ShardedBlock):
@@ -226,8 +229,8 @@ class TPBlock(TPType, ShardedBlock):
     tp_overlap = K: the batch in K chunks; chunk k's all-reduce is issued (not waited for) before chunk k+1 computes."""
 
 
-    def forward(self, xbar, r, T, kv=None, *, sp=False):
-        if sp:
+    def forward(self, xbar, r, T, kv=None, *, sequence_parallel=False):
+        if sequence_parallel:
             return self.forward_sp(xbar, r, T, kv)
         chunks = self.chunks(xbar, r, T, kv)
         overlap = len(chunks) > 1
@@ -262,10 +265,10 @@ class TPBlock(TPType, ShardedBlock):
         group, sites = self.group, self.sites
         if self.rings:  # tp_collective_matmul: the collectives as rings beside partial GEMMs
             return collective_matmul_block(self, x, T, kv), None
-        a, _ = self.attn_partials(x, r, T, kv, sp=True)
+        a, _ = self.attn_partials(x, r, T, kv, sequence_parallel=True)
         x = self.sp_close(x if r is None else x.shard, reduce_scatter_from_tp_region(a, group, site=sites["attn"]),
                           self.attn.c_proj, ATTN_OUT, masked=r is not None)
-        m, _ = self.mlp_partials(x, sp=True)
+        m, _ = self.mlp_partials(x, sequence_parallel=True)
         return self.sp_close(x, reduce_scatter_from_tp_region(m, group, site=sites["mlp"]), self.mlp.c_proj, MLP_OUT,
                              masked=False), None
 
@@ -277,9 +280,10 @@ class SPDBlock(SPDType, ShardedBlock):
     tp_overlap = K: the batch in K chunks, chunk k's all-reduce overlapping chunk k+1's compute."""
 
 
-    def forward(self, xbar, r, T, kv=None, *, sp=False):
-        if sp:  # sum_i [d_i + a_i + R * M_i] reduce-scattered onto the token shard (desynced: xbar an SPStream)
-            s, _ = self.partials(xbar, r, T, kv, sp=True)
+    def forward(self, xbar, r, T, kv=None, *, sequence_parallel=False):
+        # sum_i [d_i + a_i + R * M_i] reduce-scattered onto the token shard (desynced: xbar an SPStream)
+        if sequence_parallel:
+            s, _ = self.partials(xbar, r, T, kv, sequence_parallel=True)
             reduced = reduce_scatter_from_tp_region(s, self.group, site=self.sites["mlp"])
             shard = xbar if r is None else xbar.shard
             return self.sp_close(shard, reduced, self.mlp.c_proj, MLP_OUT, masked=True), None
@@ -294,13 +298,13 @@ class SPDBlock(SPDType, ShardedBlock):
             issued.append((x, self.g(s, "mlp", overlap=len(chunks) > 1), R))
         return join([self.add_synced_bias(x + reduced.wait(), self.mlp.c_proj, R) for x, reduced, R in issued]), None
 
-    def partials(self, xbar, r, T, kv, n0=0, *, sp=False, src=None):
-        """(s (L, N, C), R): the summands d_i + a_i + R * M_i(LN2(y_i)) of the block's one all-reduce (sp: its
+    def partials(self, xbar, r, T, kv, n0=0, *, sequence_parallel=False, src=None):
+        """(s (L, N, C), R): the summands d_i + a_i + R * M_i(LN2(y_i)) of the block's one all-reduce (sequence parallel: its
         reduce-scatter; a desynced xbar is an SPStream, d_i = r_i - its base) and the replica mask R. n0: a batch
         chunk's first token (its masks' rows)."""
         group, tp, proj = self.group, self.group.tp, self.attn.c_proj
         synced = r is None  # every r_i is xbar: d_i = 0
-        r, heads = self.shard_heads(xbar, r, T, kv, n0, sp=sp, src=src)
+        r, heads = self.shard_heads(xbar, r, T, kv, n0, sequence_parallel=sequence_parallel, src=src)
         D = self.shard_mask(r, ATTN_OUT, n0)
         if synced:  # the summands a_i + R * M_i, a_i = D_i * (A_i + b_A/tp) kept as it is, not as (r_i + a_i) - xbar
             a = self.attn.out(heads, bias=self.bias_share(proj, 1 / tp), mask=D)  # (L, N, C), fresh
@@ -313,7 +317,7 @@ class SPDBlock(SPDType, ShardedBlock):
             y = self.attn.out(heads, acc=r, bias=self.bias_share(proj, 1 / tp), mask=D)
             if tp > 1 and proj.bias is not None:
                 y = y + self.bias_share(proj, (tp - 1) / tp)
-        acc = xbar.delta(y) if sp else group.delta(y, xbar)  # d_i + a_i + b_A (tp-1)/tp
+        acc = xbar.delta(y) if sequence_parallel else group.delta(y, xbar)  # d_i + a_i + b_A (tp-1)/tp
         if tp > 1 and proj.bias is not None:
             acc = acc - self.bias_share(proj, (tp - 1) / tp)
         u = self.mlp.hidden(layer_norm(self.ln_2, y))
@@ -327,11 +331,11 @@ class ParallelBlock(ParallelType, ShardedBlock):
     tp_overlap does not apply (nothing to overlap); sequence parallel: a synced input is all-gathered."""
 
 
-    def forward(self, xbar, r, T, kv=None, *, sp=False):
+    def forward(self, xbar, r, T, kv=None, *, sequence_parallel=False):
         tp, synced = self.group.tp, r is None
         src = self.column_input((xbar,), self.ln_1, synced=False) if self.fused_f() and synced else None
-        r, y = self.shard_heads(xbar, r, T, kv, sp=sp, src=src)
-        if sp and synced:  # the token shard and the gathered stream the r_i start from (see SPStream)
+        r, y = self.shard_heads(xbar, r, T, kv, sequence_parallel=sequence_parallel, src=src)
+        if sequence_parallel and synced:  # the token shard and the gathered stream the r_i start from (see SPStream)
             xbar = SPStream(xbar, r)
         r = self.attn.out(y, acc=r, bias=self.bias_share(self.attn.c_proj, 1 / tp), mask=self.shard_mask(r, ATTN_OUT))
         u = self.mlp.hidden(layer_norm(self.ln_2, r))
@@ -350,8 +354,8 @@ class LadderBlock(LadderType, ShardedBlock):
     pending): u_i = x'_i = r_i, the d_i join attention's all-reduce."""
 
 
-    def step(self, xbar, r, pending, T, kv=None, *, sp=False, next_block=None):
-        assert not sp, "validate_sync_options refuses sequence_parallel with this block type (its facts)"
+    def step(self, xbar, r, pending, T, kv=None, *, sequence_parallel=False, next_block=None):
+        assert not sequence_parallel, "validate_sync_options refuses sequence_parallel with this block type (its facts)"
         return self(xbar, r, T, kv, pending=pending, next_block=next_block)
 
     def forward(self, xbar, r, T, kv=None, pending=(), next_block=None):

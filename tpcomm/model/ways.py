@@ -29,7 +29,7 @@ class Price(NamedTuple):
 
 class Node(NamedTuple):
     """The way as gpu-node times it: its row name and description, the sync options it runs with when they differ
-    from the way's (None: the way's), and blocking=True to price it with every sync blocking (train_step)."""
+    from the way's (None: the way's), and blocking=True to price it with every sync blocking (cost_model.step_seconds)."""
     name: str
     what: str
     sync: dict = None

@@ -48,7 +48,7 @@ from torch.nn import functional as F
 from configurator import ConfigError
 from model import GPT, configure_adamw, positions
 from tpcomm.model.block_types import BLOCK_TYPES
-from tpcomm.model.models import clip_to_norm_
+from tpcomm.model.interface import clip_to_norm_
 from tpcomm.parallel.pipeline_layout import GPTLayout, stage_named_parameters
 from tpcomm.parallel.pipeline_timeline import Recorder, RecordedStage
 from tpcomm.tp.sharded_layers import add_pending
@@ -302,7 +302,7 @@ class Pipeline:
         self.sync_grads()
         return self._dp_mean(self._losses(losses, X.device).mean())
 
-    def train_step(self, micro_batches, optimizer, *, dropout_key, ctx, grad_clip, tokens):
+    def pipelined_step(self, micro_batches, optimizer, *, dropout_key, ctx, grad_clip, tokens):
         """train.py's step under pp: step() (the schedule, then every gradient sync), then clip and update as one
         process would. Returns (the mean loss, the collectives report of the step)."""
         self.reset_comm_counts()

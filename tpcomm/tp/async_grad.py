@@ -11,7 +11,7 @@ see them as always); nothing writes p.grad.
 import torch
 
 from tpcomm.tp.collectives import in_autocast_dtype
-from tpcomm.tp.counting import count, traced
+from tpcomm.tp.counting import count_collective, traced
 
 
 LN_EPS = 1e-5  # model.LayerNorm's
@@ -136,7 +136,7 @@ class _FusedColumn(torch.autograd.Function):
         if ctx.dt is not None:  # f's all-reduce moves the autocast dtype, as the unfused f's does
             local = local.to(ctx.dt)
         # issue the all-reduce of the input gradient (simulated: the sum over the shards, at once)
-        nbytes = 0 if torch.compiler.is_compiling() else count(group, "bwd", local)
+        nbytes = 0 if torch.compiler.is_compiling() else count_collective(group, "bwd", local)
         with traced(group, "f_async", "bwd", ctx.site, nbytes):
             total, work = group.sum_shards_async(local)
         # the weight-gradient GEMM while it runs (as the unfused path: baddbmm's backward)
@@ -206,7 +206,7 @@ class ColumnInput:
         """norm 'before' -> y, or (s, y) with resid; 'fan_out' -> (r, y); see _FusedColumn."""
         s0, group = self.parts[0], self.group
         if group.traceable and torch.compiler.is_compiling() and torch.is_grad_enabled():  # its backward all-reduce
-            count(group, "bwd", in_autocast_dtype(s0).unsqueeze(0).expand(group.local, *s0.shape))
+            count_collective(group, "bwd", in_autocast_dtype(s0).unsqueeze(0).expand(group.local, *s0.shape))
         parts, ln_in = self.parts, None
         if norm == "fan_out" and not group.real:  # LN(s) once; s passed twice (dynamo wants distinct tensors)
             parts, ln_in = (parts[0].view_as(parts[0]), *parts[1:]), parts[0]

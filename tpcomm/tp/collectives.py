@@ -30,8 +30,8 @@ import torch.distributed._functional_collectives as funcol
 
 from tpcomm.tp.compress import compressed_exchange
 from tpcomm.tp.compress.compressed_exchange import all_gather_single, reduce_scatter_single  # torch < 2.13: the older names
-from tpcomm.tp.counting import (CommCounter, CudaEventClock, GRAD_NORM, GRAD_SYNC, Timing, WALL_CLOCK, count,
-                             direction_now, traced)
+from tpcomm.tp.counting import (CommCounter, CudaEventClock, GRAD_NORM, GRAD_SYNC, Timing, WALL_CLOCK,
+                                count_collective, direction_now, traced)
 
 
 class SimulatedTP:
@@ -364,7 +364,7 @@ class _CopyToTPRegion(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         # compiled, this backward runs no Python per step: copy_to_tp_region counted it when tracing the forward
-        nbytes = 0 if torch.compiler.is_compiling() else count(ctx.group, "bwd", grad, ctx.vocab)
+        nbytes = 0 if torch.compiler.is_compiling() else count_collective(ctx.group, "bwd", grad, ctx.vocab)
         with traced(ctx.group, "f", "bwd", ctx.site, nbytes):
             return ctx.group.sum_shards(grad), None, None, None
 
@@ -378,7 +378,7 @@ class _ReduceFromTPRegion(torch.autograd.Function):
         # the residual stream's partial sums move compressed when the group has a codec; the vocab-parallel
         # embedding's never (docs/compression.md)
         compressed = group.codec is not None and not vocab
-        with traced(group, "g", "fwd", site, count(group, "fwd", x, vocab, compressed=compressed)):
+        with traced(group, "g", "fwd", site, count_collective(group, "fwd", x, vocab, compressed=compressed)):
             return group.sum_partials(x) if compressed else group.sum_shards(x)
 
     @staticmethod
@@ -392,7 +392,7 @@ def copy_to_tp_region(x, group, *, vocab=False, site=None):
     site: where it runs, (layer, block type, site name), for its trace label only (see traced)."""
     x = in_autocast_dtype(x)
     if group.traceable and torch.compiler.is_compiling() and torch.is_grad_enabled() and x.requires_grad:
-        count(group, "bwd", x.unsqueeze(0).expand(group.local, *x.shape), vocab)  # the backward all-reduce to come
+        count_collective(group, "bwd", x.unsqueeze(0).expand(group.local, *x.shape), vocab)  # the backward all-reduce to come
     return _CopyToTPRegion.apply(x, group, vocab, site)
 
 
@@ -449,7 +449,7 @@ def reduce_from_tp_region_async(x, group, *, site=None):
     sum over all tp shards (N, C); backward identity, as g. In real mode the all-reduce runs in the background until
     wait(), so work issued in between overlaps it. Counted as g (a forward all-reduce), and as asynchronous."""
     x = in_autocast_dtype(x)
-    return AsyncReduction(x, group, site, count(group, "fwd", x, overlapped=True, compressed=group.codec is not None))
+    return AsyncReduction(x, group, site, count_collective(group, "fwd", x, overlapped=True, compressed=group.codec is not None))
 
 
 f, g = copy_to_tp_region, reduce_from_tp_region  # the names the literature uses

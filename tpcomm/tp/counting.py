@@ -273,7 +273,7 @@ class Timing:
         return end + (w1 - w0)
 
 
-def count(group, direction, t, vocab=False, overlapped=False, compressed=False):
+def count_collective(group, direction, t, vocab=False, overlapped=False, compressed=False):
     """Count a collective of t (L, ...) and return the bytes each rank contributes (0: one rank, nothing moves);
     compressed: g's partial sums block-quantized by group.codec, counted as their payload, scales included."""
     if group.tp > 1:  # a collective over one rank moves nothing (Megatron skips it)

@@ -39,8 +39,8 @@ class PartialSync:
         super().__init__(config, group, key, layer)
         self.k = synced_channels(config.caat_sync_fraction, config.n_embd)  # the first k channels: S
 
-    def forward(self, xbar, r, T, kv=None, *, sp=False):
-        assert not sp, "options.validate_sync_options refuses sequence_parallel with this block type (its facts)"
+    def forward(self, xbar, r, T, kv=None, *, sequence_parallel=False):
+        assert not sequence_parallel, "options.validate_sync_options refuses it with this block type (its facts)"
         tp, synced = self.group.tp, r is None
         if synced:  # fan out (f): every r_i = xbar, d_i = 0
             r, h = self.group.fan_out(xbar, lambda x: layer_norm(self.ln_1, x), self.sites["attn"])

@@ -6,7 +6,7 @@ logits and calls it.
 
 import torch
 
-from tpcomm.tp.counting import VOCAB_LOSS, count, traced
+from tpcomm.tp.counting import VOCAB_LOSS, count_collective, traced
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
@@ -18,7 +18,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def forward(ctx, logits, targets, group, vocab_start, ignore_index):
         # logits (L, N, Vs) float32; vocab_start (L, 1) first vocabulary id of each local shard; targets (N,)
         def reduce(reduce_shards, op, x):  # (L, N) -> (N,) over the tp shards, counted and traced
-            with traced(group, op, "fwd", VOCAB_LOSS, count(group, "fwd", x, vocab=True)):
+            with traced(group, op, "fwd", VOCAB_LOSS, count_collective(group, "fwd", x, vocab=True)):
                 return reduce_shards(x)
 
         m = reduce(group.max_shards, "max", logits.amax(-1))  # (N,) the max over the whole vocabulary

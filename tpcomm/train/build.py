@@ -1,6 +1,6 @@
 """
 build_model: the model a run trains, from a dict of its config: model.py's GPT (as PlainGPT, with the model
-interface of tpcomm/model/models.py) or DistributedGPT (tensor_parallel_model.py), optionally on the meta device.
+interface of tpcomm/model/interface.py) or DistributedGPT (tensor_parallel_model.py), optionally on the meta device.
 """
 
 import contextlib
@@ -10,7 +10,7 @@ import torch
 from configurator import ConfigError
 from tensor_parallel_model import DistributedGPT
 from tpcomm.parallel.data_parallel import INIT_DEVICES
-from tpcomm.model.models import PlainGPT
+from tpcomm.model.interface import PlainGPT
 from tpcomm.model.options import TPConfig, gpt_args, model_config
 
 

@@ -15,7 +15,7 @@ How the compressed partials move (tp_comm_exchange):
                 (all-to-all), sums it dequantized, and all-gathers that sum quantized again, so
                 g = deq(q(sum_i deq(q(s_i)))): 2 (tp-1)/tp payloads sent per rank, two quantization errors
 
-Codec holds one setting (dtype, block): quantize / dequantize / roundtrip for the simulated sum, pack / unpack for
+Codec holds one setting (dtype, group): quantize / dequantize / roundtrip for the simulated sum, pack / unpack for
 the bytes real mode all-gathers. All arithmetic is fp32 whatever the input dtype, and the dequantized values come
 back in the input dtype, so a simulated sum (roundtrip, then sum over the shard dimension) and a real one (pack,
 all-gather, unpack, sum) compute the same numbers. Their measured error: tpcomm/bench/compression_errors.py.
@@ -26,10 +26,10 @@ from typing import NamedTuple
 
 import torch
 
-WIRE = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "int8": torch.int8}  # tp_comm_dtype -> wire dtype
-QMAX = {"fp8": 448.0, "int8": 127.0}  # what a block's absmax maps to (the scaled dtypes)
-SCALE_BYTES = 4  # one fp32 scale per block
-COMM_DTYPES = tuple(WIRE)
+WIRE_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "int8": torch.int8}  # tp_comm_dtype -> wire dtype
+QMAX = {"fp8": 448.0, "int8": 127.0}  # what a scale group's absmax maps to (the scaled dtypes)
+SCALE_BYTES = 4  # one fp32 scale per scale group
+COMM_DTYPES = tuple(WIRE_DTYPES)
 EXCHANGES = ("one_shot", "two_shot")
 
 
@@ -47,7 +47,7 @@ def validate_compression(*, tp_comm_dtype, tp_comm_block, n_embd, tp_size, seque
             raise ConfigError(f"tp_comm_exchange={tp_comm_exchange!r} moves compressed partial sums: set "
                               f"tp_comm_dtype too (it is None)")
         return
-    if tp_comm_dtype not in WIRE:
+    if tp_comm_dtype not in WIRE_DTYPES:
         raise ConfigError(f"tp_comm_dtype must be None or one of {list(COMM_DTYPES)}, got {tp_comm_dtype!r}")
     if n_embd % tp_comm_block:
         raise ConfigError(f"tp_comm_block ({tp_comm_block}) must divide n_embd ({n_embd}): the scales' blocks "
@@ -66,10 +66,11 @@ def make_codec(tp_comm_dtype, tp_comm_block, tp_comm_exchange="one_shot"):
 
 
 class Codec(NamedTuple):
-    """One compression setting: dtype in COMM_DTYPES, block values per scale (last dimension), exchange in
+    """One compression setting: dtype in COMM_DTYPES, group values per scale (tp_comm_block: a scale group along the
+    last dimension; 'block' is kept in the option's name alone, beside the transformer's blocks), exchange in
     EXCHANGES."""
     dtype: str
-    block: int = 32
+    group: int = 32
     exchange: str = "one_shot"
 
     @property
@@ -77,28 +78,28 @@ class Codec(NamedTuple):
         return self.dtype in QMAX
 
     def payload_bytes(self, numel):
-        """Bytes one rank sends for numel values (a multiple of block): wire values plus one scale per block."""
-        values = numel * WIRE[self.dtype].itemsize
-        return values + numel // self.block * SCALE_BYTES if self.scaled else values
+        """Bytes one rank sends for numel values (a multiple of group): wire values plus one scale per group."""
+        values = numel * WIRE_DTYPES[self.dtype].itemsize
+        return values + numel // self.group * SCALE_BYTES if self.scaled else values
 
     def quantize(self, x):
-        """x (..., C) -> (q (..., C) in the wire dtype, scales (..., C/block) fp32; None for bf16)."""
+        """x (..., C) -> (q (..., C) in the wire dtype, scales (..., C/group) fp32; None for bf16)."""
         if not self.scaled:
             return x.to(torch.bfloat16), None
         qmax = QMAX[self.dtype]
-        xb = x.float().unflatten(-1, (-1, self.block))  # (..., C/block, block)
+        xb = x.float().unflatten(-1, (-1, self.group))  # (..., C/group, group)
         absmax = xb.abs().amax(-1, keepdim=True)
-        # an all-zero block gets scale 1 (its q are 0); a non-finite one a non-finite scale, so it stays non-finite
+        # an all-zero group gets scale 1 (its q are 0); a non-finite one a non-finite scale, so it stays non-finite
         scale = torch.where(absmax == 0, torch.ones_like(absmax), absmax / qmax)
         y = (xb / scale).clamp(-qmax, qmax)
-        q = (y.round() if self.dtype == "int8" else y).to(WIRE[self.dtype])
+        q = (y.round() if self.dtype == "int8" else y).to(WIRE_DTYPES[self.dtype])
         return q.flatten(-2), scale.squeeze(-1)
 
     def dequantize(self, q, scales, dtype):
         """(q, scales) from quantize -> the values (..., C) in dtype."""
         if scales is None:
             return q.to(dtype)
-        return (q.float().unflatten(-1, (-1, self.block)) * scales.unsqueeze(-1)).flatten(-2).to(dtype)
+        return (q.float().unflatten(-1, (-1, self.group)) * scales.unsqueeze(-1)).flatten(-2).to(dtype)
 
     def roundtrip(self, x):
         """What the other ranks receive of x: dequantize(quantize(x)), in x's dtype."""
@@ -125,9 +126,9 @@ class Codec(NamedTuple):
     def unpack(self, payloads, shape, dtype):
         """payloads (k, payload bytes), k ranks' packs of a `shape` tensor -> their values (k, *shape) in dtype."""
         k, numel = payloads.shape[0], math.prod(shape)
-        n_scale = numel // self.block * SCALE_BYTES if self.scaled else 0
+        n_scale = numel // self.group * SCALE_BYTES if self.scaled else 0
         # .contiguous(): a fresh, aligned copy where the slice is not (a view to a wider dtype needs alignment)
-        q = payloads[:, n_scale:].contiguous().view(WIRE[self.dtype]).view(k, *shape)
+        q = payloads[:, n_scale:].contiguous().view(WIRE_DTYPES[self.dtype]).view(k, *shape)
         if not self.scaled:
             return self.dequantize(q, None, dtype)
         scales = payloads[:, :n_scale].contiguous().view(torch.float32).view(k, *shape[:-1], -1)

@@ -204,7 +204,7 @@ def clip_to_norm_(grads, total, max_norm):
     return total
 
 
-def train_step(run, model, optimizer, ctx, X, Y):
+def timed_step(run, model, optimizer, ctx, X, Y):
     """One plain training step as the timings run it (bench.py, tpcomm/gpu/gpu_check.py): forward under ctx, backward,
     real TP's replicated-gradient sum, AdamW; returns the loss, detached."""
     with ctx:
