@@ -27,7 +27,7 @@ import math
 from typing import NamedTuple
 
 from configurator import ConfigError
-from tpcomm.model.block_types import block_type
+from tpcomm.model.block_types import CAATType, block_type
 from tpcomm.costmodel.collective_matmul_cost import gpt_collective_matmul, torchtitan_checks
 from tpcomm.model import ways
 BF16 = 2  # bytes per value: the GPU predictions move the residual stream in bf16 (tp_comm's autocast dtype)
@@ -367,7 +367,7 @@ class Options(NamedTuple):
     comp: Compression = INT8
     launch: float = const("kernel_launch")  # s per extra kernel (quantize, dequantize-and-sum)
     hbm_bw: float = const("h100_hbm_bw")
-    caat_fraction: float = 0.5  # 'caat': the channels each sync all-reduces (tpcomm/tp/partial_sync.DEFAULT_FRACTION)
+    caat_fraction: float = CAATType.default_fraction  # 'caat': the channels each sync all-reduces
 
 
 # tp_comm_dtype on the wire (docs/compression.md): 'bf16' is a plain cast, no scales (under bf16 autocast the same

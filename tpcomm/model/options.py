@@ -12,8 +12,7 @@ from typing import Optional
 from configurator import ConfigError
 from model import GELU_FORMS, GPTConfig
 from tpcomm.tp.compress.compression import validate_compression
-from tpcomm.model.block_types import BLOCK_TYPES, block_type
-from tpcomm.tp.partial_sync import DEFAULT_FRACTION
+from tpcomm.model.block_types import BLOCK_TYPES, CAATType, block_type
 
 MODEL_TYPES = ("gpt", "distributed_gpt")
 # The TPConfig keys that set how syncs move (build_model and train.py pass them through as they are)
@@ -148,7 +147,7 @@ class TPConfig(GPTConfig):
     tp_size: int = 1
     block_types: Optional[list] = None  # one block type (tpcomm/model/block_types.BLOCK_TYPES) per layer, or
     # one for all layers; None = all 'tp'
-    caat_sync_fraction: float = DEFAULT_FRACTION  # 'caat' blocks: the fraction p of channels each sync all-reduces
+    caat_sync_fraction: float = CAATType.default_fraction  # 'caat' blocks: the fraction p of channels each sync all-reduces
     # shard the tied wte/lm_head by vocabulary and compute the loss from the sharded logits (vocab-parallel
     # cross-entropy), never gathering a token's full vocabulary of logits on one rank
     loss_parallel: bool = False

@@ -18,7 +18,6 @@ from tpcomm.tp.collectives import fan_out_stream, reduce_from_tp_region
 from tpcomm.tp.dropout import ATTN_OUT, MLP_OUT
 from tpcomm.tp.sharded_layers import layer_norm
 
-DEFAULT_FRACTION = 0.5  # the paper's main setting: half of each sync's channels all-reduced (50% less TP traffic)
 
 
 def synced_channels(fraction, n_embd):
