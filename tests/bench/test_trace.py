@@ -68,7 +68,7 @@ def check_trace(path, pattern, report, *, mode, steps=STEPS):
         assert {ev["op"] for ev in fwd} <= {"g"} and {ev["op"] for ev in bwd} <= {"f"}
         assert all(ev["bytes"] == STREAM_BYTES and ev["mode"] == mode for ev in stream)
         assert all(a["ts"] + a["dur"] <= b["ts"] for a in fwd for b in bwd)  # the forward pass, then backward
-        c = comm_trace.count(mine)
+        c = comm_trace.tally_events(mine)
         assert (c["fwd"], c["bwd"], c["grad_sync"]) == (report["fwd_allreduces"], report["bwd_allreduces"],
                                                         report["grad_sync_allreduces"])
     return events

@@ -326,5 +326,5 @@ def test_the_step_breakdown_names_each_row_as_a_way_with_its_family():
                      "spd": ("all spd", ["drop"]), "spd +int8/32": ("all spd + int8", ["drop", "shrink"]),
                      "['parallel','spd']*6 +overlap2": ("['parallel','spd']*6 + tp_overlap=2", ["drop", "hide"]),
                      "ladder": ("all ladder", ["delay"]), "ladder +int8/32": ("all ladder + int8", ["delay", "shrink"])}
-    assert cf.step_label("spd +int8/32")[1] == way_styles.STYLES["all-spd-int8"].color
-    assert cf.step_label("spd +overlap2")[1] not in {s.color for s in way_styles.STYLES.values()}  # no way's
+    assert cf.step_label("spd +int8/32")[1] == way_styles.styles()["all-spd-int8"].color
+    assert cf.step_label("spd +overlap2")[1] not in {s.color for s in way_styles.styles().values()}  # no way's

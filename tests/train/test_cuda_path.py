@@ -141,7 +141,7 @@ def test_timed_steps_bill_only_the_timed_steps_device_work(monkeypatch):
         calls.append(len(calls))
         dev.run(10.0 if len(calls) <= cfg["warmup"] else 1.0)
 
-    monkeypatch.setattr(bench, "step", queued_step)
+    monkeypatch.setattr(bench, "timed_step", queued_step)
     dt, _, _ = bench.timed_steps(tiny_gpt(), cfg, "cpu", "cpu", "float32", 4, clock=dev.device_clock())
     assert len(calls) == 6
     assert dt == 1.0  # without the wait before the first reading: (2 x 10 + 4) / 4 = 6
