@@ -8,7 +8,7 @@ files it says the axis is pending and why.
 
 from tpcomm.experiments import pairing, plots, results
 from tpcomm.experiments.readings import interval_cell, pattern_name, penalties
-from tpcomm.experiments.sweep_plan import AXES_SIZE, AXES_STEPS, SCALE_PATTERNS, SCALE_SIZES
+from tpcomm.experiments.sweep_plan import AXES_SIZE, AXES_STEPS, SCALE_PATTERNS, SCALE_SEEDS, SCALE_SIZES
 
 NAME = "gpu-scale"
 STEP_LIMIT = 1.4  # issue 52: simulated tp 4, compiled, at most this times GPT's step at the largest size
@@ -28,7 +28,7 @@ def pending():
             f"the largest size, {l1} x {c1}, has {params:.0f}x the parameters of cpu-long's {l0} x {c0} and trains "
             f"{tokens:.0f}x its tokens ({AXES_STEPS:,} steps of {large} x 64), about {params * tokens:.0f}x the "
             f"compute of a cpu-long run (each of those took about 19 minutes on the 2 CPU cores here: months for the "
-            f"sweep's 3 seeds x 4 patterns). "
+            f"sweep's {len(SCALE_SEEDS)} seeds x {len(SCALE_PATTERNS)} patterns). "
             f"`python experiment.py {NAME} --dry-run` prints the plan and its GPU-minutes; docs/gpu.md says how a "
             f"GPU session runs the next chunk._")
 
