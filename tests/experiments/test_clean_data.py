@@ -8,6 +8,7 @@ import json
 import os
 import random
 import re
+import subprocess
 
 import pytest
 
@@ -162,6 +163,25 @@ def test_the_report_prints_commits_and_rerun_checks(tmp_path):
     results.write_record(dict(rerun, git=dict(CLEAN, scratch=True)), path)  # nor does a scratch file
     with pytest.raises(ResultsError, match="reruns/all-spd-seed1339.json: a scratch result file"):
         provenance.rerun_checks("cpu-long", root=root)
+
+
+def test_a_rerun_check_git_ignores_is_refused(tmp_path):
+    """A rerun check only a local checkout has (git ignores it, so a clean clone's report differs) is refused by
+    name; the same file, un-ignored, is read."""
+    root = str(tmp_path)
+    fake_results(root, "cpu-long", seeds=(1337,))
+    _set_git(root, "cpu-long", "*.json", CLEAN)
+    with open(os.path.join(root, "experiments", "cpu-long", "runs", "all-tp-seed1337.json")) as f:
+        record = json.load(f)
+    results.write_record(record, os.path.join(root, "experiments", "cpu-long", "reruns", "all-tp-seed1337.json"))
+    subprocess.run(["git", "init", "-q", root], check=True)
+    with open(os.path.join(root, ".gitignore"), "w") as f:
+        f.write("experiments/**\n!experiments/*/\n!experiments/*/runs/\n!experiments/*/runs/*.json\n")
+    with pytest.raises(ResultsError, match="reruns/all-tp-seed1337.json: git ignores this rerun check"):
+        provenance.rerun_checks("cpu-long", root=root)
+    with open(os.path.join(root, ".gitignore"), "a") as f:
+        f.write("!experiments/*/reruns/\n!experiments/*/reruns/*.json\n")
+    assert [c["equal"] for c in provenance.rerun_checks("cpu-long", root=root)] == [True]
 
 
 def test_the_committed_files_name_their_code_or_are_flagged():

@@ -880,6 +880,7 @@ def test_result_files_are_committed_and_run_directories_ignored():
     ignored = lambda path: subprocess.run(["git", "check-ignore", "-q", "--no-index", path],  # noqa: E731
                                           cwd=ROOT).returncode == 0
     assert not ignored("experiments/cpu-long/runs/all-tp-seed1337.json")
+    assert not ignored("experiments/cpu-long/reruns/all-tp-seed1337.json")  # a rerun check the report reads
     assert ignored("experiments/cpu-long/all-tp-seed1337/metrics.jsonl")
     assert ignored("experiments/cpu-long/results.md") and ignored("experiments/cpu-long/runs/x.json.tmp")
     assert ignored("experiments/cpu+max_iters=20/runs/24comm-seed1337.json")  # a quick try

@@ -21,7 +21,7 @@ from collections import Counter
 from tpcomm import ROOT
 from tpcomm.experiments import results
 from tpcomm.experiments.result_check import ResultsError
-from tpcomm.experiments.sweep_records import check_code_state, load_result
+from tpcomm.experiments.sweep_records import check_code_state, ignored_by_git, load_result
 
 RERUN_DECIMALS = 4  # a rerun equals its old file when their final val losses agree to 4 decimals
 
@@ -41,9 +41,12 @@ def is_named(state):
 def rerun_checks(sweep, *, root=ROOT):
     """Each rerun file in experiments/<sweep>/reruns/ against the file of the same name in runs/: the commits, the
     two final val losses and whether they agree to RERUN_DECIMALS decimals. A rerun without its old file, from a
-    dirty tree or a scratch file is a ResultsError naming it."""
+    dirty tree, a scratch file or a file git ignores is a ResultsError naming it."""
     out = []
     for path in sorted(glob.glob(os.path.join(root, "experiments", sweep, "reruns", "*.json"))):
+        if ignored_by_git(path):
+            raise ResultsError(f"{path}: git ignores this rerun check (.gitignore), so a clean clone would not have "
+                               f"it: un-ignore it and commit it")
         new = results.read_record(path)
         check_code_state(new, path)
         old_path = os.path.join(root, "experiments", sweep, "runs", os.path.basename(path))

@@ -87,6 +87,17 @@ def committed(path):
     return ignored.returncode == 1  # 0: ignored; 1: not ignored; 128: not in a work tree (nothing committed)
 
 
+def ignored_by_git(path):
+    """git ignores this file (.gitignore of the work tree it is in), so a commit would leave it out; False outside a
+    git work tree."""
+    try:
+        ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", os.path.abspath(path)],
+                                 cwd=os.path.dirname(os.path.abspath(path)), capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return ignored.returncode == 0
+
+
 class DirtyTreeError(ValueError):
     """A committed result file from a tree with uncommitted changes: refused before the run (one line, exit 2)."""
 
