@@ -118,9 +118,10 @@ def usage(defaults):
     return f"{doc}\n\nkeys (--key=value, after any config files), with their defaults:\n{keys}"
 
 
-def configure(defaults, argv, *, nullable=()):
+def configure(defaults, argv, *, nullable=(), scopes=None):
     """Return a new dict: defaults updated by config files then --key=value arguments, in order. --help (or -h)
-    prints usage(defaults) and exits 0. nullable: keys with a non-None default that also take None."""
+    prints usage(defaults) and exits 0. nullable: keys with a non-None default that also take None. scopes: a dict
+    the caller keeps to run each config file once over many calls (a sweep's plan: {path: its names})."""
     config = dict(defaults)
     if "--help" in argv or "-h" in argv:
         try:
@@ -132,7 +133,10 @@ def configure(defaults, argv, *, nullable=()):
         if not arg.startswith("--"):
             if not os.path.isfile(arg):
                 raise ConfigError(f"config file {arg!r} not found")
-            scope = _run_config_file(arg)
+            if scopes is None:
+                scope = _run_config_file(arg)
+            else:
+                scope = scopes[arg] if arg in scopes else scopes.setdefault(arg, _run_config_file(arg))
             for key, value in scope.items():
                 if key.startswith("_") or callable(value) or type(value).__name__ == "module":
                     continue

@@ -120,22 +120,72 @@ def stop_if_not_finite(training, what, value):
 # ---------------------------------------------------------------------------------------------------------------
 # the loop
 
+def start_wandb(cfg, master):
+    """wandb's run on the master rank when wandb_log is on (None otherwise); its own errors end in one line."""
+    if not (cfg["wandb_log"] and master):
+        return None
+    import wandb
+
+    try:
+        wandb.init(project=cfg["wandb_project"], name=cfg["wandb_run_name"], config=cfg)
+    except Exception as e:  # noqa: BLE001 (no API key, no network, ...: wandb's own errors, one line)
+        raise RunError(f"wandb_log=True: wandb.init failed ({type(e).__name__}: "
+                       f"{str(e).strip().splitlines()[0][:200]}); `wandb login`, WANDB_MODE=offline, or "
+                       f"--wandb_log=False") from None
+    return wandb
+
+
+def evaluate_and_save(training, lr, wandb, running_mfu):
+    """Evaluate the loss on train/val and write a checkpoint when it is the best (or always_save_checkpoint), never
+    a non-finite model. Returns the losses."""
+    cfg = training.cfg
+    losses = evaluate(training)
+    if training.pd.is_master:
+        print(f"step {training.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+        training.metrics.write(iter=training.iter_num, train_loss=losses["train"], val_loss=losses["val"], lr=lr)
+        if wandb is not None:
+            wandb.log({"iter": training.iter_num, "train/loss": losses["train"], "val/loss": losses["val"],
+                       "lr": lr, "mfu": running_mfu * 100})
+    for split in ("train", "val"):
+        stop_if_not_finite(training, f"{split} (evaluation)", losses[split])
+    if losses["val"] < training.best_val_loss or cfg["always_save_checkpoint"]:
+        training.best_val_loss = min(training.best_val_loss, losses["val"])
+        if training.iter_num > 0 and not cfg["eval_only"]:
+            save(training)
+    return losses
+
+
+def log_step(training, *, lossf, dt, lr, comm, running_mfu, steps_here, first_iter, loop_start):
+    """The master's log line and metrics row for a log step; returns the running MFU (nanoGPT's smoothing, from
+    the sixth step of this process on)."""
+    cfg = training.cfg
+    if steps_here >= 5:  # let the training loop settle a bit
+        mfu = training.raw_model.estimate_mfu(cfg["batch_size"] * training.grad_accum, dt, device=training.device,
+                                              dtype=training.dtype)
+        if mfu is not None:
+            mfu /= training.pd.pp  # a replica runs on pp times the devices of one stage group
+            running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
+    mfu_str = f"{running_mfu * 100:.2f}%" if running_mfu >= 0 else "n/a"
+    tok_s = cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"] / dt
+    comm_str = f", all-reduces fwd {comm['fwd_allreduces']} bwd {comm['bwd_allreduces']}" if comm else ""
+    if "vocab_allreduces" in comm:
+        comm_str += f", vocab {comm['vocab_allreduces']}"
+    if "pp_bytes_per_token" in comm:
+        comm_str += f", pp {comm['pp_bytes_per_token']:,.0f} B/token"
+    print(f"iter {training.iter_num}/{cfg['max_iters']}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, "
+          f"tok/s {tok_s:,.0f}, mfu {mfu_str}{comm_str}, "
+          f"{eta(training.iter_num - first_iter + 1, cfg['max_iters'] - training.iter_num, loop_start)}")
+    training.metrics.write(iter=training.iter_num, loss=lossf, lr=lr, dt_ms=dt * 1000, tokens_per_s=tok_s,
+                           mfu=running_mfu if running_mfu >= 0 else None, **comm)
+    return running_mfu
+
+
 def train(training):
     """The training loop, as nanoGPT's: evaluate and checkpoint every eval_interval and at the last iteration
     (max_iters, before its step, as nanoGPT does when max_iters is a multiple of eval_interval), one step per
     iteration. Ends with a closing line."""
     cfg, master = training.cfg, training.pd.is_master
-    tokens_per_iter = cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
-    wandb = None
-    if cfg["wandb_log"] and master:
-        import wandb
-
-        try:
-            wandb.init(project=cfg["wandb_project"], name=cfg["wandb_run_name"], config=cfg)
-        except Exception as e:  # noqa: BLE001 (no API key, no network, ...: wandb's own errors, one line)
-            raise RunError(f"wandb_log=True: wandb.init failed ({type(e).__name__}: "
-                           f"{str(e).strip().splitlines()[0][:200]}); `wandb login`, WANDB_MODE=offline, or "
-                           f"--wandb_log=False") from None
+    wandb = start_wandb(cfg, master)
     local_iter_num, running_mfu = 0, -1.0
     first_iter, last_eval = training.iter_num, None  # (iteration, losses) of the last evaluation
     loop_start = time.perf_counter()
@@ -149,25 +199,11 @@ def train(training):
         for group in training.optimizer.param_groups:
             group["lr"] = lr
 
-        # evaluate the loss on train/val sets and write checkpoints (never a non-finite model); always at the last
-        # iteration, so a run ends evaluated and saved whatever eval_interval is
+        # evaluate and checkpoint; always at the last iteration, so a run ends evaluated and saved whatever
+        # eval_interval is
         if training.iter_num % cfg["eval_interval"] == 0 or training.iter_num == cfg["max_iters"]:
             paused = clock.now()
-            losses = evaluate(training)
-            last_eval = (training.iter_num, losses)
-            if master:
-                print(f"step {training.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-                training.metrics.write(iter=training.iter_num, train_loss=losses["train"], val_loss=losses["val"],
-                                       lr=lr)
-                if wandb is not None:
-                    wandb.log({"iter": training.iter_num, "train/loss": losses["train"], "val/loss": losses["val"],
-                               "lr": lr, "mfu": running_mfu * 100})
-            for split in ("train", "val"):
-                stop_if_not_finite(training, f"{split} (evaluation)", losses[split])
-            if losses["val"] < training.best_val_loss or cfg["always_save_checkpoint"]:
-                training.best_val_loss = min(training.best_val_loss, losses["val"])
-                if training.iter_num > 0 and not cfg["eval_only"]:
-                    save(training)
+            last_eval = (training.iter_num, evaluate_and_save(training, lr, wandb, running_mfu))
             interval_start += clock.now() - paused  # the step time leaves evaluation and saving out
         if cfg["eval_only"]:
             break
@@ -189,26 +225,9 @@ def train(training):
             dt = (clock.now() - interval_start) / interval_steps  # seconds per step over the interval
             lossf = read_loss(training, loss)
             stop_if_not_finite(training, "training", lossf)
-        if logged and master:
-            if local_iter_num >= 5:  # let the training loop settle a bit
-                mfu = training.raw_model.estimate_mfu(cfg["batch_size"] * training.grad_accum, dt,
-                                                      device=training.device, dtype=training.dtype)
-                if mfu is not None:
-                    mfu /= training.pd.pp  # a replica runs on pp times the devices of one stage group
-                    running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
-            mfu_str = f"{running_mfu * 100:.2f}%" if running_mfu >= 0 else "n/a"
-            tok_s = tokens_per_iter / dt
-            comm_str = f", all-reduces fwd {comm['fwd_allreduces']} bwd {comm['bwd_allreduces']}" if comm else ""
-            if "vocab_allreduces" in comm:
-                comm_str += f", vocab {comm['vocab_allreduces']}"
-            if "pp_bytes_per_token" in comm:
-                comm_str += f", pp {comm['pp_bytes_per_token']:,.0f} B/token"
-            print(f"iter {training.iter_num}/{cfg['max_iters']}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, "
-                  f"tok/s {tok_s:,.0f}, mfu {mfu_str}{comm_str}, "
-                  f"{eta(training.iter_num - first_iter + 1, cfg['max_iters'] - training.iter_num, loop_start)}")
-            training.metrics.write(iter=training.iter_num, loss=lossf, lr=lr, dt_ms=dt * 1000, tokens_per_s=tok_s,
-                                   mfu=running_mfu if running_mfu >= 0 else None, **comm)
-        if logged:
+            if master:
+                running_mfu = log_step(training, lossf=lossf, dt=dt, lr=lr, comm=comm, running_mfu=running_mfu,
+                                       steps_here=local_iter_num, first_iter=first_iter, loop_start=loop_start)
             interval_start, interval_steps = clock.now(), 0
         training.iter_num += 1
         local_iter_num += 1

@@ -17,6 +17,7 @@ from conftest import one_line_error, run_script
 import comm_model
 from tpcomm.experiments import calibration as cal
 from tpcomm.costmodel import cost_model as cm
+from tpcomm.costmodel.collective_matmul_cost import BF16
 from tpcomm.costmodel import cost_tables
 
 # Float tolerances: the model is a few float64 multiplications and sums, so hand-computed values agree to ~1e-15
@@ -157,7 +158,7 @@ def test_default_command_prints_the_gpu_tables():
     r = run_script("comm_model.py")
     assert r.returncode == 0, r.stderr
     for text in ("## Checked against published figures", "## Training step", "## Decode, LLaMA2-70B", "GPT-2 124M",
-                 "7B (32 x 4096)", "IB NDR (inter-node)", "The SPD paper reports about 20%", "overlap K=2 | ladder |",
+                 "7B (32 x 4096)", "IB NDR (inter-node)", "The SPD paper reports about 20%", "overlap K=2 | +sp |",
                  "## Activation memory per layer"):
         assert text in r.stdout
     for name, c in cm.CONSTANTS.items():  # every constant printed with its source
@@ -576,7 +577,7 @@ def old_train_variants(shape, *, tp, link, tokens, seq_len, mfu, opts=cm.Options
     """The blocking model as this repository computed it before the backward terms (commit 91848f9), copied here
     so the blocking baseline is checked against it, not against itself."""
     peak = cm.const("h100_bf16_flops") if peak is None else peak
-    L, n = shape.n_layer, tokens * shape.n_embd * cm.BF16
+    L, n = shape.n_layer, tokens * shape.n_embd * BF16
     per_flop = tokens / (tp * peak * mfu)
     attn, mlp, rest = cm.module_flops(shape, seq_len)
     fwd = [attn * per_flop, mlp * per_flop] * L
@@ -617,6 +618,7 @@ def test_blocking_baseline_is_the_old_model():
     cells = [c.strip() for c in row.strip("| ").split("|")]
     assert cells[5] == "38.54"
     names = cost_tables.column_names(2)
+    assert len(cells) == 8 + len(names) and "tracks/4" in names and "partial sync" in names  # the ways' columns
     assert [cells[8 + names.index(n)] for n in ("+sp", "overlap K=2", "ladder", "int8", "int8 2shot", "all spd",
                                                  "parallel/spd")] == ["0.98x", "1.22x", "1.21x", "0.74x", "1.01x",
                                                                       "1.27x", "1.48x"]

@@ -173,6 +173,19 @@ def test_the_budget_sweep_is_one_line_and_its_variants_markers(figures):
     assert len(variants) >= 5 and all(way_styles.is_way(p[5]) for p in variants)
     title = ax.get_title()
     assert "early training" in title and "1 seed" in title
+    title = figures["docs/tokens_per_s_vs_allreduces.png"][1].axes[0].get_title()  # the same runs' throughput
+    assert "early training" in title and "1 seed" in title
+
+
+def test_patterns_that_are_no_way_are_told_apart(figures):
+    """Two budget patterns with the same forward all-reduces share a grey; their markers differ, in the curves
+    figure as everywhere (chosen from the pattern's name)."""
+    lines = [ln for ln in figures["docs/val_loss_curves.png"][1].axes[0].lines
+             if ln.get_label().endswith("all-reduces)")]  # way_styles.label of a pattern that is no way
+    looks = [(ln.get_color(), ln.get_marker()) for ln in lines]
+    assert len(lines) >= 4 and len(set(looks)) == len(looks), looks
+    a, b = (way_styles.style(k, fwd_allreduces=18) for k in ("['tp','spd']*6", "['tp','spd','spd']*4"))
+    assert a.color == b.color and a.marker != b.marker
 
 
 def test_the_axes_figures_draw_no_trend_and_say_seeds_and_tokens(figures):
@@ -303,9 +316,9 @@ def test_every_committed_figure_carries_its_data_digest():
     whose digest is the one in the PNG (what `report --check` compares, without the result files)."""
     from tpcomm.figures import command_figures as cf
 
-    assert report.unregistered_pngs(report.ROOT) == []
+    assert report.unregistered_pngs(ROOT) == []
     for rel in report.plot_specs():
-        path = f"{report.ROOT}/{rel}"
+        path = f"{ROOT}/{rel}"
         if not os.path.exists(path):
             continue
         assert png.png_digest(path) is not None, rel

@@ -41,7 +41,7 @@ def test_training_and_decode_fields(tiny):
         assert m["ms_per_iter"] > 0 and m["tokens_per_s"] > 0
         assert m["mfu"] is None  # no peak for a CPU: n/a, not a made-up number
     assert s["gpt_train"]["compiled_graphs"] == 1 and s["gpt_train"]["graph_breaks"] == 0
-    assert set(s["sim_tp8"]["ratio_to_gpt"]) == set(gpu_report.BLOCK_TYPES)
+    assert set(s["sim_tp8"]["ratio_to_gpt"]) == set(gpu_report.COMPRESSIBLE_TYPES)
     assert all(r > 0 for r in s["sim_tp8"]["ratio_to_gpt"].values())
     rows = {(r["model"], r["batch"]): r["ms_per_token"] for r in s["decode"]["rows"]}
     assert set(rows) == {(m, b) for m in ("gpt", "tp", "spd") for b in (1, 16)}
@@ -70,7 +70,7 @@ def test_identity_and_cost_model_fields(tiny):
     # (issue 37.1's fix; tests/model/test_bf16_identity.py), reported on a GPU whatever they are
     sp = [f"{p} tp{t} sequence parallel" for p in (["spd", "parallel", "tp", "parallel"],
                                                    ["parallel", "spd", "parallel", "tp"]) for t in (2, 4, 8)]
-    assert set(dev) == {"gpt"} | {f"{k} tp{t}" for k in gpu_report.BLOCK_TYPES for t in (2, 4, 8)} | set(sp)
+    assert set(dev) == {"gpt"} | {f"{k} tp{t}" for k in gpu_report.COMPRESSIBLE_TYPES for t in (2, 4, 8)} | set(sp)
     assert set(dev.values()) == {0.0} and s["bf16_identity"]["ok"] is True, dev
     # and in training passes, gradients on, with each option the validator allows (tests/gpu/test_bf16_train_identity.py)
     train = s["bf16_identity"]["train_loss_deviation"]

@@ -22,7 +22,7 @@ from tpcomm.model.block_types import BLOCK_TYPES
 from configurator import ConfigError
 from model import KVCache
 from tensor_parallel_model import DistributedGPT
-from tpcomm.model.options import BLOCK_TYPES, TPConfig
+from tpcomm.model.options import TPConfig
 from tpcomm.bench import trace as comm_trace
 from tpcomm.tp.collectives import SimulatedTP, copy_to_tp_region, reduce_from_tp_region, reduce_from_tp_region_async
 

@@ -155,8 +155,9 @@ def test_cost_model_prices_p_of_the_bytes():
     """tpcomm/costmodel/cost_model.py: all 'caat' moves 2L forward and 2L backward all-reduces of p n bytes, plus one full
     sync each way (the final sync, the embedding's fan-out); blocking (no wgrad to hide behind) that is exact."""
     from tpcomm.costmodel import cost_model as cm
+    from tpcomm.costmodel.collective_matmul_cost import BF16
     shape, link, tokens = cm.TABLE_SHAPES[1], cm.LINKS[0], 8 * 1024
-    n = tokens * shape.n_embd * cm.BF16
+    n = tokens * shape.n_embd * BF16
     t = lambda nbytes: cm.allreduce_time(nbytes, 8, alpha=link.alpha, busbw=link.busbw)  # noqa: E731
     for p in (0.5, 0.25, 1.0):
         v = cm.train_variants(shape, tp=8, link=link, tokens=tokens, seq_len=1024, mfu=0.4,

@@ -7,6 +7,7 @@ from torch.nn import functional as F
 
 import tensor_parallel_model
 import tpcomm.model.blocks
+from tpcomm.tp import collectives
 from model import GPT, GPTConfig
 from tpcomm.model.interface import PlainGPT
 from tensor_parallel_model import DistributedGPT
@@ -219,7 +220,7 @@ def test_autocast_all_reduces_bf16_and_stays_close_to_fp32(block_types, monkeypa
     idx, tgt = batch()
     model = DistributedGPT.from_gpt(gpt, 2, block_types)
     seen = []
-    g = tensor_parallel_model.reduce_from_tp_region
+    g = collectives.reduce_from_tp_region
     for module in (tpcomm.model.blocks, tensor_parallel_model):  # the blocks' syncs, the final sync
         monkeypatch.setattr(module, "reduce_from_tp_region",
                             lambda x, group, **kw: seen.append(g(x, group, **kw).dtype) or g(x, group, **kw))

@@ -128,7 +128,7 @@ def pipelined(gpt, kind, dtype, batches, dims, schedule, *, tamper=None, rows=No
         norms.append(pipe.clip_grad_norm_(CLIP).item())
         optimizer.step()
     opt_state = pipe.gpt_optimizer_state(optimizer)
-    events = pipe.gather_events()
+    events = pipe.comm.gather_events()
     actions = {r: [(k, s, m) for k, s, m, _ in ev if k in ("F", "B")] for r, ev in events.items()}
     report = pipe.comm_report(tokens=MB * T)
     return dict(losses=f64(losses), norms=f64(norms), grads=grads, weights=pipe.gpt_state_dict(),

@@ -54,7 +54,7 @@ def bench(cfg, dims, *, new_model, device, ctx, say):
             if torch.device(device).type == "cuda":
                 torch.cuda.synchronize()
             dt = (time.perf_counter() - t0) / cfg["iters"]
-            events = pipe.gather_events()  # of the last step
+            events = pipe.comm.gather_events()  # of the last step
             actions = {r: [(k, s, mb) for k, s, mb, _ in ev if k in ("F", "B")] for r, ev in events.items()}
             peaks = [None] * dims.pp
             dist.all_gather_object(peaks, memory.peak, group=dims.pp_group)
@@ -129,7 +129,7 @@ def demo(cfg, dims):
         pipe.clip_grad_norm_(1.0)
         optimizer.step()
         say(f"step {it}: loss {loss:.4f}")
-    events = pipe.gather_events()  # of the last step
+    events = pipe.comm.gather_events()  # of the last step
     report = pipe.comm_report(tokens=mb * cfg["block_size"])
     if not dims.is_master:
         return

@@ -19,7 +19,7 @@ has the check against torchtitan's published async-TP speedups (torchtitan_check
 
 from typing import NamedTuple
 
-BF16 = 2
+BF16 = 2  # bytes per value: the GPU predictions move the residual stream in bf16 (tp_comm's autocast dtype)
 
 
 def ring_exposed(gemm_flops, nbytes, *, tp, alpha, busbw, peak, partial_eff, efficiency):

@@ -111,8 +111,14 @@ def speedup_bands(link_name, *, baseline="megatron", path=GPU_JSON):
     """{variant: (low, high)} predicted speedup over the baseline across the declared ranges (the figure's variant
     names, cost_model.figure_variants). The data the figure's horizontal bands and the answer's [low, high] use."""
     points = grid(link_name, baseline=baseline, path=path)
-    return {name: (min(s[name] for _, s, _ in points), max(s[name] for _, s, _ in points))
-            for name in cm.figure_variants(cm.PREDICT_DEFAULTS["tp_overlap"])}
+    key = (link_name, baseline, path)
+    if key not in _BANDS or _BANDS[key][0] is not points:  # computed once per grid (a cleared grid is a new one)
+        _BANDS[key] = (points, {name: (min(s[name] for _, s, _ in points), max(s[name] for _, s, _ in points))
+                                for name in cm.figure_variants(cm.PREDICT_DEFAULTS["tp_overlap"])})
+    return dict(_BANDS[key][1])
+
+
+_BANDS = {}  # (link, baseline, path) -> (the grid, its bands)
 
 
 def always(points, test):

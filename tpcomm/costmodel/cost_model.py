@@ -24,13 +24,13 @@ $ python comm_model.py validate --calibration=calibration.json  # measured vs pr
 """
 
 import math
+from collections import Counter
 from typing import NamedTuple
 
 from configurator import ConfigError
 from tpcomm.model.block_types import CAATType, block_type
-from tpcomm.costmodel.collective_matmul_cost import gpt_collective_matmul, torchtitan_checks
+from tpcomm.costmodel.collective_matmul_cost import BF16, gpt_collective_matmul, torchtitan_checks
 from tpcomm.model import ways
-BF16 = 2  # bytes per value: the GPU predictions move the residual stream in bf16 (tp_comm's autocast dtype)
 
 
 class Constant(NamedTuple):
@@ -403,9 +403,10 @@ def train_variants(shape, *, tp, link, tokens, seq_len, mfu, opts=Options(), pea
     kw = dict(alpha=link.alpha, busbw=link.busbw, efficiency=eta)
     backward = async_grad_exposed([t] * 2 * L, wgrad, efficiency=eta)  # the 2L f all-reduces of all 'tp'
     half = sp_time(n, tp, alpha=link.alpha, busbw=link.busbw) / 2  # one reduce-scatter or all-gather
-    overlap = sum(chunked_exposed(c, n, tp, chunks=opts.chunks, **kw)
-                  + chunked_exposed(2 * c, n, tp, chunks=opts.chunks, tail=w / opts.chunks, **kw)
-                  for c, w in zip(fwd, wgrad))
+    # the 2L modules are L copies of (attention, MLP): each distinct module priced once, times its count
+    overlap = sum(k * (chunked_exposed(c, n, tp, chunks=opts.chunks, **kw)
+                       + chunked_exposed(2 * c, n, tp, chunks=opts.chunks, tail=w / opts.chunks, **kw))
+                  for (c, w), k in Counter(zip(fwd, wgrad)).items())
     ladder_fwd = ladder_exposed([t] * 2 * L, fwd, efficiency=eta)
     ladder_bwd = ladder_exposed([t] * 2 * L, [2 * c for c in fwd[::-1]], own=wgrad[::-1], efficiency=eta)
 

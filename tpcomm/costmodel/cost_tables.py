@@ -4,9 +4,11 @@ the checks against published figures, the training step per shape, tp and networ
 baselines, the LLaMA2-70B decode latency and sequence parallelism's activation memory.
 """
 
-from tpcomm.costmodel.cost_model import (BASELINES, BF16, CONSTANTS, LINKS, LLAMA_70B, TABLE_SHAPES, activation_bytes, check_config,
-                               const, decode_modules, decode_variants, error, options, predicted_speedups,
-                               published_checks, speedup, train_variants)
+from tpcomm.costmodel.collective_matmul_cost import BF16
+from tpcomm.costmodel.cost_model import (BASELINES, CONSTANTS, LINKS, LLAMA_70B, TABLE_SHAPES, activation_bytes,
+                                         check_config, const, decode_modules, decode_variants, error, options,
+                                         predicted_speedups, published_checks, speedup, train_variants)
+from tpcomm.model import ways
 
 
 def predict(cfg):
@@ -46,10 +48,6 @@ def print_published(cfg, opts):
         print(f"| {what} | {shown_p} | {shown_m} | {err} |")
 
 
-TRAIN_COLUMNS = ("+sp", "collective matmul", "overlap", "ladder", "ladder fwd+bwd", "int8", "int8 2shot", "all spd",
-                 "parallel/spd", "all parallel")
-
-
 BASELINE_WORDS = {
     "megatron": "Megatron-LM's default all 'tp': 2L blocking forward all-reduces, and 2L backward ones each issued "
                 "asynchronously and hidden behind its column-parallel layer's weight-gradient GEMM (c_attn 6 d^2, "
@@ -58,8 +56,15 @@ BASELINE_WORDS = {
                 "own wgrad GEMM (the numbers this repository printed before the Megatron baseline)"}
 
 
+def grid_ways():
+    """The grid's variants: every way gpu-node times and the cost model prices, all 'tp' aside, in the table of ways'
+    order (tpcomm/model/ways.py): a new way with a price and a gpu-node row is a new column."""
+    return [w for w in ways.WAYS if w.price and w.node and w.price.term != "baseline"]
+
+
 def column_names(K):
-    return [c if c != "overlap" else f"overlap K={K}" for c in TRAIN_COLUMNS]
+    """The grid's column of each grid way: its price label, tp_overlap's with the chunk count K filled in."""
+    return list(dict.fromkeys(w.price.label.format(chunks=K) for w in grid_ways()))
 
 
 def print_training(cfg, opts):
@@ -67,16 +72,11 @@ def print_training(cfg, opts):
     tokens, K, base = cfg["batch_size"] * cfg["seq_len"], opts.chunks, cfg["baseline"]
     print(f"\n## Training step, H100 SXM bf16, MFU {cfg['mfu']:.0%}, micro-batch {cfg['batch_size']} x "
           f"{cfg['seq_len']} = {tokens:,} tokens per tp group, baseline {base}\n")
-    print(f"Baseline (--baseline={base}): {BASELINE_WORDS[base]}. Speedup = baseline step / the variant's step. "
-          "+sp: sequence parallelism (RS + AG, same bytes, twice the latency). collective matmul: SP's collectives "
-          "as rings of tp steps beside partial GEMMs, forward and backward (tpcomm/costmodel/collective_matmul_cost.py). overlap: "
-          f"tp_overlap={K} on every module, forward and backward (Domino-style; chunk k's all-reduce hides behind "
-          "chunk k+1's compute, the last chunk's exposed, or in the backward behind its wgrad GEMM under async). "
-          "ladder: all 'ladder' as the repo runs it (forward all-reduce of module i hides behind module i+1). "
-          "ladder fwd+bwd: the backward delayed too (module i's input-gradient all-reduce hides behind module "
-          "i-1's backward). int8: forward reductions block-quantized (1.125 B per value), all-gathered (one_shot) "
-          "or reduce-scattered and all-gathered (2shot: tp_comm_exchange='two_shot'), backward bf16. all spd: L "
-          "forward syncs; parallel/spd: L/2; all parallel: 1 (the final sync).\n")
+    legend = "; ".join(f"{w.price.label.format(chunks=K)}: {w.node.what}" for w in grid_ways())
+    print(f"Baseline (--baseline={base}): {BASELINE_WORDS[base]}. Speedup = baseline step / the variant's step, "
+          f"each variant as tpcomm/costmodel/cost_model.py prices it (overlap: tp_overlap={K} on every module, "
+          "forward and backward; compressed syncs: forward reductions quantized, backward bf16). Columns, from the "
+          f"table of ways (tpcomm/model/ways.py): {legend}.\n")
     names = column_names(K)
     print("| model | params | tp | network | compute ms | blocking step ms | megatron step ms | comm share | "
           + " | ".join(names) + " |")

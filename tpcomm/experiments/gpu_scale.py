@@ -22,6 +22,7 @@ import time
 
 from configurator import ConfigError
 from tpcomm import ROOT
+from tpcomm.costmodel.cost_bands import GPU_JSON
 from tpcomm.experiments import results
 from tpcomm.experiments import sweep as sweeps
 from tpcomm.experiments import sweep_records
@@ -37,7 +38,6 @@ COMPILE_S_PER_LAYER = 3.0  # inductor's compile grows with the graph: gpu-check'
 LAYER_FLOOR_S = 2.5e-4  # per layer per step: small models are kernel-launch bound (~25 kernels x ~10 us per layer)
 # Measured (docs/gpu.json, `make gpu-check` on one H100): GPT-2 124M's compiled bf16 tokens/s, so 6 x params x that
 # FLOP/s, and simulated tp 8's step over GPT's per block type (eager): the rate a pattern gets here.
-GPU_JSON = os.path.join(ROOT, "docs", "gpu.json")
 REHEARSAL = ("--device=cpu", "--dtype=float32", "--compile=False", "--max_iters=4", "--lr_decay_iters=4",
              "--warmup_iters=1", "--eval_interval=2", "--eval_iters=2", "--log_interval=1")
 

@@ -46,7 +46,7 @@ def _context(rows, title, note):
 def _varied(row):
     """A run that keeps its syncs but delays (ladder), shrinks (tp_comm_dtype) or hides (tp_overlap, sequence
     parallelism) them: drawn as its own marker, off the budget sweep's line."""
-    return bool(row.get("tp_comm_dtype") or "ladder" in row["block_pattern"] or (row.get("tp_overlap") or 1) > 1
+    return bool(row.get("tp_comm_dtype") or row.get("delayed") or (row.get("tp_overlap") or 1) > 1
                 or row.get("sequence_parallel"))
 
 
@@ -166,7 +166,7 @@ def throughput_data(rows):
 
 def draw_throughput(data, *, title, context):
     plt = png.pyplot()
-    tp_txt, _, _, note, sim = context
+    tp_txt, _, n_seeds, note, sim = context
     fig, ax = plt.subplots(figsize=(10, 5.5))
     labels, marks = _draw_sweep(ax, data, text_of=lambda p, name: f"{name}: baseline" if p[4] else name)
     scattered = [p for s in data for p in s["points"] if p[3]]
@@ -181,7 +181,9 @@ def draw_throughput(data, *, title, context):
     sim_note = ("simulated TP: one process computes every shard, the all-reduces are in-memory sums,\n"
                 "so this shows compute differences between block types, not communication savings") if sim else \
         "real TP: all-reduces cross process boundaries"
-    ax.set_title(f"{title}: throughput vs communication ({tp_txt}), median step time\n{sim_note}{note}", fontsize=9)
+    seeds_txt = f"{n_seeds} seeds, error bars: std" if n_seeds > 1 else "1 seed"
+    ax.set_title(f"{title}: throughput vs communication ({tp_txt}), median step time, {seeds_txt}\n{sim_note}{note}",
+                 fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # outside the axes: never over a point
     fig.tight_layout()

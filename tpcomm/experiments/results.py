@@ -23,7 +23,8 @@ import statistics
 import time
 
 from tpcomm import ROOT
-from tpcomm.model.options import compact_list
+from tpcomm.model.block_types import BLOCK_TYPES
+from tpcomm.model.options import compact_list, expand_block_types
 from tpcomm.experiments.result_check import ResultsError, check_result
 
 SKIP_TRAIN_RECORDS = 2  # the first logged steps of each process include start-up and warm-up: not steady state
@@ -42,6 +43,14 @@ def block_pattern(cfg):
     types = cfg.get("block_types")
     types = ["tp"] * cfg["n_layer"] if types is None else [types] * cfg["n_layer"] if isinstance(types, str) else types
     return compact_list(types)
+
+
+def delays_syncs(cfg):
+    """A run whose blocks leave some syncs pending for the next block (the block types' `delays` fact: 'ladder')."""
+    if cfg.get("model_type", "gpt") != "distributed_gpt":
+        return False
+    return any(BLOCK_TYPES[k].delays for k in expand_block_types(cfg.get("block_types"), cfg["n_layer"])
+               if k in BLOCK_TYPES)
 
 
 def _read_json(path, default=None):
@@ -318,7 +327,7 @@ def _row(label, recs):
     ratios = [r["timing"].get("p90_over_median") for r in recs if r["timing"].get("p90_over_median") is not None]
     median_ms = statistics.median(step_ms) if step_ms else None
     return dict(
-        config=label, config_file=first.get("config_file", ""), block_pattern=block_pattern(cfg),
+        config=label, config_file=first.get("config_file", ""), block_pattern=block_pattern(cfg), delayed=delays_syncs(cfg),
         tp_comm_dtype=cfg.get("tp_comm_dtype"), tp_comm_exchange=cfg.get("tp_comm_exchange", "one_shot")
         if cfg.get("tp_comm_dtype") else None, tp_overlap=cfg.get("tp_overlap", 1),
         sequence_parallel=cfg.get("sequence_parallel", False), tp_size=cfg.get("tp_size"), tp_mode=cfg.get("tp_mode"), n_layer=cfg.get("n_layer"),

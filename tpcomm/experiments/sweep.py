@@ -100,7 +100,7 @@ def plan(runs, *, sweep_dir, seeds, overrides=(), nproc=None, check_data=True, s
     lives in homes[run.home] (default: sweep_dir too); seed-major order."""
     from tpcomm.train.train_config import DEFAULTS
 
-    jobs = []
+    jobs, scopes = [], {}  # each config file run once
     for seed in seeds:  # seed-major: an unfinished sweep holds whole seeds of every config
         for run in runs:
             if run.seeds is not None and seed not in run.seeds:
@@ -110,7 +110,7 @@ def plan(runs, *, sweep_dir, seeds, overrides=(), nproc=None, check_data=True, s
             args = [os.path.join(ROOT, run.config), *run.overrides, f"--seed={seed}", f"--out_dir={out_dir}",
                     f"--wandb_run_name={os.path.basename(run_dir)}-{run.name}-seed{seed}", *overrides]
             try:
-                cfg = configure(DEFAULTS, args)
+                cfg = configure(DEFAULTS, args, scopes=scopes)
                 check_train_config(cfg)
             except ConfigError as e:
                 raise SweepError(f"{run.name}: {e}") from None

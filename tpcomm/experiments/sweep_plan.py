@@ -58,7 +58,7 @@ TP_AXIS_PATTERNS = ("all-spd", "parallel-spd", "all-parallel", "all-ladder", "la
 # 3,840,000 / 591,424 non-embedding parameters (the 12 x 64 model at 5000 steps: 6.49 tokens/param) x the size's
 # non-embedding parameters / 768 tokens per step, rounded to a multiple of 20 (an eval every 5% of training);
 # tests/experiments/test_experiment.py recomputes it from the models.
-SIZES = {(12, 64, 8): 5000, (4, 48, 4): 940, (2, 32, 4): 200}
+SIZE_AXIS = {(12, 64, 8): 5000, (4, 48, 4): 940, (2, 32, 4): 200}
 CONVERGENCE_STEPS = 20000  # docs/axes.md: planned from the old cpu-long curve; the baseline is still not flat here
 
 
@@ -127,7 +127,7 @@ SWEEPS = {
                 axes_run("all-tp", tp=2, seeds=(1337,)), axes_run("all-tp", tp=8, seeds=(1337,))],
     # the model size at one tokens/parameter: 3 sizes spanning 24x in non-embedding parameters (12 x 64: cpu-long's)
     "size-axis": [shared(p) if size == AXES_SIZE else axes_run(p, size=size, steps=steps)
-                  for size, steps in SIZES.items() for p in ("all-tp", "all-spd", "all-parallel")],
+                  for size, steps in SIZE_AXIS.items() for p in ("all-tp", "all-spd", "all-parallel")],
     # the axes model trained 4x longer; meant to reach a flat baseline (< 1% over the last fifth, pairing.flatness),
     # which 20,000 steps do not: docs/axes.md says why and what that costs
     "convergence": [axes_run(p, steps=CONVERGENCE_STEPS) for p in ("all-tp", "all-spd", "all-parallel")],

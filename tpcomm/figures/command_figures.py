@@ -12,6 +12,8 @@ import json
 import os
 
 from tpcomm.figures import plot_labels, png, way_styles
+from tpcomm.model import ways
+from tpcomm.model.options import compact_list
 
 DATA_SUFFIX = ".data.json"
 COMMAND_PNGS = ("docs/decode_latency_cpu_real.png", "docs/spd_shakespeare_tp4.png", "docs/trace_timeline.png",
@@ -65,8 +67,17 @@ def decode_data(rows, *, cfg, device, prompt_len, host=None):
                       for r in rows])
 
 
-DECODE_WAYS = {"tp": "all-tp", "spd": "all-spd", "['parallel','spd']*6": "parallel-spd", "parallel": "all-parallel",
-               "ladder": "all-ladder"}  # bench.py's pattern labels -> way_styles keys
+def way_of_pattern(label):
+    """The key of the way (tpcomm/model/ways.py; one with a figure style and no sync option) whose block pattern a
+    bench.py row's label names ('spd' for every layer, "['parallel','spd']*6" at any depth), else the label itself."""
+    for w in ways.WAYS:
+        if w.sync or not w.style:
+            continue
+        for n in range(1, 97):
+            blocks = w.blocks(n)
+            if blocks and label == compact_list(blocks) or (len(set(blocks)) == 1 and label == blocks[0]):
+                return w.key
+    return label
 
 
 def draw_decode(data):
@@ -85,7 +96,7 @@ def draw_decode(data):
     names = {r[1]: r[0] for r in data["rows"]}
     labels = []
     for x, n in sorted(names.items()):  # each x is one block pattern: named above its highest point
-        key = DECODE_WAYS.get(n, n)
+        key = way_of_pattern(n)
         top = max(r[3] for r in data["rows"] if r[1] == x)
         labels.append(ax.annotate(way_styles.label(key), (x, top), xytext=(0, 9), textcoords="offset points",
                                   ha="center", fontsize=8, color=way_styles.style(key).color))
@@ -220,7 +231,7 @@ def step_label(name):
     """(the answer table's name of a bench.py row such as 'spd +int8/32', its colour, its families): 'all spd +
     int8', 'drop + shrink'; a combination the table has no row for is named by both ways and drawn dark grey."""
     pattern, _, variant = name.partition(" +")
-    key = DECODE_WAYS.get(pattern, pattern)
+    key = way_of_pattern(pattern)
     families = [] if key == "all-tp" else ["delay" if key == "all-ladder" else "drop"]
     if not variant:
         return way_styles.label(key), way_styles.style(key).color, families

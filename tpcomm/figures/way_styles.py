@@ -3,9 +3,11 @@ One name, one colour and one marker per way of giving up a sync, for every figur
 answer's figure), all from the table of ways (tpcomm/model/ways.py: Way.name, Way.style). Keyed by a way's key: the
 sweeps' pattern names (readings.pattern_name: 'all-spd', 'all-tp-int8') and the ways that only the cost model prices
 ('tp_overlap=2'). A pattern that is no way (a sweep's other budgets, e.g. "['tp','spd']*6") is named by its block
-pattern and coloured by its forward all-reduces on a grey ramp, the same in every figure.
+pattern, coloured by its forward all-reduces on a grey ramp and given a marker by its name, the same in every
+figure.
 """
 
+import zlib
 from dataclasses import dataclass
 
 from tpcomm.model import ways
@@ -23,7 +25,9 @@ def styles():
     return {w.key: Style(w.name, *w.style) for w in ways.WAYS if w.style}
 
 
-OTHER_MARKER = "."
+# a pattern that is no way: a marker chosen from its name (the same in every figure and run), so two such patterns
+# with the same forward all-reduces (the same grey) are still told apart
+OTHER_MARKERS = "x+1234"
 
 
 def is_way(key):
@@ -36,7 +40,7 @@ def style(key, *, fwd_allreduces=None):
     if key in styles():
         return styles()[key]
     shade = 0.75 if fwd_allreduces is None else 0.7 - 0.5 * min(fwd_allreduces, 24) / 24
-    return Style(key, f"{shade:.2f}", OTHER_MARKER)
+    return Style(key, f"{shade:.2f}", OTHER_MARKERS[zlib.crc32(key.encode()) % len(OTHER_MARKERS)])
 
 
 def label(key, *, fwd_allreduces=None):

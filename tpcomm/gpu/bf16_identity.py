@@ -17,14 +17,14 @@ from tpcomm.model.options import validate_sync_options
 KINDS = ("tp", "spd", "parallel")  # 'ladder' delays its syncs: its stream is not GPT's stream in the first place
 TPS = (2, 4, 8)
 # each option that leaves the math unchanged; option_sets combines them as the validator allows
-OPTIONS = (dict(tp_async_grad=True), dict(tp_overlap=2), dict(sequence_parallel=True))
+CHECKED_OPTIONS = (dict(tp_async_grad=True), dict(tp_overlap=2), dict(sequence_parallel=True))
 
 
 def option_sets(block_types, tp):
-    """Every combination of OPTIONS (none included) that validate_sync_options accepts for these blocks at this tp."""
+    """Every combination of CHECKED_OPTIONS (none included) that validate_sync_options accepts for these blocks at this tp."""
     sets = []
-    for n in range(len(OPTIONS) + 1):
-        for combo in itertools.combinations(OPTIONS, n):
+    for n in range(len(CHECKED_OPTIONS) + 1):
+        for combo in itertools.combinations(CHECKED_OPTIONS, n):
             options = {k: v for option in combo for k, v in option.items()}
             try:
                 validate_sync_options(**dict(dict(tp_overlap=1, sequence_parallel=False), **options),

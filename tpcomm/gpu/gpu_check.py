@@ -48,7 +48,7 @@ import torch
 from configurator import ConfigError, configure, exit_on_config_error
 from tpcomm import ROOT
 from tpcomm.model.interface import timed_step
-from tpcomm.gpu.gpu_report import BLOCK_TYPES, write_json, write_markdown
+from tpcomm.gpu.gpu_report import COMPRESSIBLE_TYPES, write_json, write_markdown
 from tpcomm.gpu.cost_calibration import cost_calibration
 from tpcomm.train.runtime import sync
 from tpcomm.train.output_path import check_folder, check_output_file, json_with
@@ -195,14 +195,14 @@ def sim_tp8(st):
     torch.manual_seed(1337)
     gpt = build_model("gpt", args).to(device)
     runs["gpt"] = (gpt, gpt)
-    for kind in BLOCK_TYPES:
+    for kind in COMPRESSIBLE_TYPES:
         torch.manual_seed(1337)
         m = build_model("distributed_gpt", dict(args, tp_size=8, block_types=kind)).to(device)
         runs[kind] = (m, m)
     best = interleaved(runs, size, size["sim_batch_size"], device, st["ctx"])
     return dict(tp_size=8, n_head=size["tp8_heads"], batch_size=size["sim_batch_size"], compile=False,
                 ms_per_iter={k: v * 1e3 for k, v in best.items()},
-                ratio_to_gpt={k: best[k] / best["gpt"] for k in BLOCK_TYPES})
+                ratio_to_gpt={k: best[k] / best["gpt"] for k in COMPRESSIBLE_TYPES})
 
 
 def decode_ms(model, *, batch, prompt_len, new_tokens, vocab_size, device, ctx):
@@ -338,7 +338,7 @@ def bf16_identity(st):
 
     dev = {"gpt": stream_deviation(build("gpt"), idx, ctx)}
     for tp in (2, 4, 8):
-        for kind in BLOCK_TYPES:
+        for kind in COMPRESSIBLE_TYPES:
             dev[f"{kind} tp{tp}"] = stream_deviation(build("distributed_gpt", tp_size=tp, block_types=kind), idx, ctx)
         # sequence parallel ('ladder' refuses it): a synced and a desynced stream entering each block that syncs
         for pattern in (["spd", "parallel", "tp", "parallel"], ["parallel", "spd", "parallel", "tp"]):
@@ -458,14 +458,14 @@ def compare_real_sim(pd, size, device):
                 losses[mode].append(loss.item())
         return dict(losses, max_abs_diff=max(abs(a - b) for a, b in zip(losses["real"], losses["simulated"])))
 
-    every = (list(BLOCK_TYPES) * L)[:L]
+    every = (list(COMPRESSIBLE_TYPES) * L)[:L]
     patterns = [every, (["ladder", "tp", "spd", "parallel"] * L)[:L]]  # ends ladder / desynced
     out = dict(tp_size=2, backend="gloo", dtype=REAL_DTYPE, steps=REAL_STEPS, tolerance=REAL_TOL, patterns={},
                option_steps=OPTION_STEPS, options={})
     for pattern in patterns:
         out["patterns"][str(pattern)] = losses_of(dict(block_types=pattern), REAL_STEPS, getattr(torch, REAL_DTYPE))
     for name, opts, dtype in OPTION_CASES:
-        opts = dict(opts, block_types=(list(opts.get("block_types", BLOCK_TYPES)) * L)[:L])
+        opts = dict(opts, block_types=(list(opts.get("block_types", COMPRESSIBLE_TYPES)) * L)[:L])
         r = losses_of(opts, OPTION_STEPS, getattr(torch, dtype))
         tol = OPTION_TOL[dtype]
         out["options"][name] = dict(r, dtype=dtype, tolerance=tol, ok=r["max_abs_diff"] <= tol)

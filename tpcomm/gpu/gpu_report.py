@@ -6,11 +6,11 @@ docs/gpu.md.
 import json
 import os
 
-from tpcomm.model.block_types import BLOCK_TYPES as TYPES
+from tpcomm.model.block_types import BLOCK_TYPES
 
 # the block types the GPU check runs (tpcomm/gpu/gpu_check.py): every registered type that runs each of its option
 # cases, int8 compression among them ('caat' moves a channel slice, not blocks; its class says so: compressible)
-BLOCK_TYPES = tuple(kind for kind, cls in TYPES.items() if cls.compressible)
+COMPRESSIBLE_TYPES = tuple(kind for kind, cls in BLOCK_TYPES.items() if cls.compressible)
 BEGIN, END = "<!-- gpu-check:begin (written by python -m tpcomm.gpu.gpu_check) -->", "<!-- gpu-check:end -->"
 
 
@@ -27,27 +27,22 @@ def fmt(x, spec=".2f", none="n/a"):
     return none if x is None else format(x, spec)
 
 
-def markdown(report):
-    """The generated section of gpu.md: what ran where, then one short table or line per section."""
-    s = report["sections"]
-    lines = [f"Measured by `python -m tpcomm.gpu.gpu_check --sizes={report['sizes']}` on {report['date']}: "
-             f"**{report['device_name']}**, torch {report['torch']}, CUDA {report['cuda'] or 'n/a'}, "
-             f"peak {fmt(report['peak_flops'] and report['peak_flops'] / 1e12, '.0f')} TFLOP/s (dense bf16), "
-             f"{report['total_s']:.0f} s in all. Raw numbers: `gpu.json` beside this file.", ""]
+def _failed(s, name, lines):
+    """True (with its line added) when section `name` did not run or failed."""
+    r = s.get(name)
+    if r is None:
+        lines.append(f"- `{name}`: not run")
+    elif r.get("error"):
+        lines.append(f"- `{name}`: **failed** ({r['error'][:300]})")
+    else:
+        return False
+    return True
 
-    def failed(name):
-        r = s.get(name)
-        if r is None:
-            lines.append(f"- `{name}`: not run")
-        elif r.get("error"):
-            lines.append(f"- `{name}`: **failed** ({r['error'][:300]})")
-        else:
-            return False
-        return True
 
-    lines.append("**GPT training step** (`gpt_train`, bf16 autocast, synthetic batch):")
-    lines.append("")
-    if not failed("gpt_train"):
+def _measured_tables(s):
+    """The training step, simulated tp 8 and decode: one short table each."""
+    lines = ["**GPT training step** (`gpt_train`, bf16 autocast, synthetic batch):", ""]
+    if not _failed(s, "gpt_train", lines):
         r = s["gpt_train"]
         lines += [f"| GPT {r['params'] / 1e6:.1f}M, batch {r['batch_size']} x {r['tokens_per_iter'] // r['batch_size']}"
                   f" | ms/iter | tokens/s | MFU |", "|---|---:|---:|---:|"]
@@ -59,18 +54,23 @@ def markdown(report):
                       f"{r['graph_breaks']} graph break(s) (one graph expected)."]
     lines += ["", "**Simulated tensor parallelism, tp 8** (`sim_tp8`, eager, step time over GPT's in the same rounds):",
               ""]
-    if not failed("sim_tp8"):
+    if not _failed(s, "sim_tp8", lines):
         r = s["sim_tp8"]
         lines += ["| model | ms/iter | / GPT |", "|---|---:|---:|", f"| GPT | {r['ms_per_iter']['gpt']:.1f} | 1 |"]
         lines += [f"| all `{k}` | {r['ms_per_iter'][k]:.1f} | {r['ratio_to_gpt'][k]:.2f} |" for k in r['ratio_to_gpt']]
     lines += ["", "**KV-cache decode** (`decode`, greedy, simulated tp 8):", ""]
-    if not failed("decode"):
+    if not _failed(s, "decode", lines):
         r = s["decode"]
         lines += [f"| model | batch | prefill ms ({r['prompt_len']} tokens) | ms/token |", "|---|---:|---:|---:|"]
         lines += [f"| {'GPT' if row['model'] == 'gpt' else 'all `' + row['model'] + '`'} | {row['batch']} | "
                   f"{row['prefill_ms']:.2f} | {row['ms_per_token']:.3f} |" for row in r["rows"]]
-    lines += ["", "**Checks**:", ""]
-    if not failed("real_tp"):
+    return lines
+
+
+def _check_lines(s):
+    """One line per check: real tp, the collective's sanity, bf16 identity, the cost model and its calibration."""
+    lines = []
+    if not _failed(s, "real_tp", lines):
         r = s["real_tp"]
         lines.append(f"- `real_tp`: real tp 2 (2 processes, {r['backend']}, one device) vs simulated, {r['steps']} AdamW "
                      f"steps, {r['dtype']}: largest loss difference {r['max_abs_diff']:.2e} "
@@ -79,19 +79,19 @@ def markdown(report):
             lines.append(f"  - options, {r['option_steps']} steps each: " + "; ".join(
                 f"{name} ({o['dtype']}) {o['max_abs_diff']:.1e} (bound {o['tolerance']:g}, "
                 f"{'ok' if o['ok'] else 'FAILED'})" for name, o in r["options"].items()))
-    if not failed("comm_sanity"):
+    if not _failed(s, "comm_sanity", lines):
         r = s["comm_sanity"]
         lines.append(f"- `comm_sanity`: {r['mib']} MiB all-reduce ({r['backend']}, {r['ranks']} ranks): "
                      f"{r['in_collective_ms']:.2f} ms in the collective, step {r['step_ms']:.2f} ms, floor "
                      f"{r['floor_ms']:.3f} ms: **{'ok' if r['ok'] else 'FAILED'}**")
-    if not failed("bf16_identity"):
+    if not _failed(s, "bf16_identity", lines):
         r = s["bf16_identity"]
         both = {**r["max_deviation"], **r.get("train_loss_deviation", {})}  # a gpu.json from before issue 46: none
         worst = sorted(both.items(), key=lambda kv: -kv[1])[:3]
         lines.append(f"- `bf16_identity`: zeroed c_proj under bf16 autocast, largest stream or training-loss deviation "
                      f"{r['worst']:.2e} ({', '.join(f'{k}: {v:.1e}' for k, v in worst)}): "
                      f"**{'ok' if r['ok'] else 'FAILED'}**")
-    if not failed("cost_model"):
+    if not _failed(s, "cost_model", lines):
         r = s["cost_model"]
         line = (f"- `cost_model`: assumed MFU {100 * r['assumed_mfu']:.0f}%, measured "
                 f"{fmt(r['measured_mfu'] and 100 * r['measured_mfu'], '.1f')}"
@@ -100,7 +100,7 @@ def markdown(report):
             line += (f"; its compute term predicts {r['predicted_ms_per_iter']:.1f} ms/iter for the measured "
                      f"{r['measured_ms_per_iter']:.1f} ({r['error_pct']:+.0f}%)")
         lines.append(line)
-    if not failed("cost_calibration"):
+    if not _failed(s, "cost_calibration", lines):
         r = s["cost_calibration"]
         c = r["shape"]
         lines.append(f"- `cost_calibration`: one tp-{c['tp']} shard block of d {c['n_embd']}, {c['batch']} x {c['seq']} "
@@ -109,6 +109,19 @@ def markdown(report):
                          f"{b['model_bwd_ms']:.3f}), GEMM efficiency {100 * b['gemm_efficiency']:.1f}%"
                          for b in r["blocks"]) + "; quantize + dequantize " + "; ".join(
                          f"{k['codec']} {k['ms']:.3f} ms ({k['model_ms']:.3f})" for k in r["codecs"]))
+    return lines
+
+
+def markdown(report):
+    """The generated section of gpu.md: what ran where, then one short table or line per section."""
+    s = report["sections"]
+    lines = [f"Measured by `python -m tpcomm.gpu.gpu_check --sizes={report['sizes']}` on {report['date']}: "
+             f"**{report['device_name']}**, torch {report['torch']}, CUDA {report['cuda'] or 'n/a'}, "
+             f"peak {fmt(report['peak_flops'] and report['peak_flops'] / 1e12, '.0f')} TFLOP/s (dense bf16), "
+             f"{report['total_s']:.0f} s in all. Raw numbers: `gpu.json` beside this file.", ""]
+    lines += _measured_tables(s)
+    lines += ["", "**Checks**:", ""]
+    lines += _check_lines(s)
     return "\n".join(lines) + "\n"
 
 

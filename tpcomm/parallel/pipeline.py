@@ -293,14 +293,9 @@ class Pipeline:
         assert len(micro_batches) == self.m, (len(micro_batches), self.m)
         self.local.zero_grad(set_to_none=True)  # scale_grads divides whatever .grad holds
         self.recorder.start(dropout_key)
-        X = torch.cat([x for x, _ in micro_batches])
-        Y = torch.cat([y for _, y in micro_batches])
-        losses = []
-        with ctx:
-            self.schedule.step(*((X,) if self.has_first else ()), target=Y if self.has_last else None,
-                               losses=losses if self.has_last else None, return_outputs=False)
+        losses = self._through_schedule(self.schedule.step, micro_batches, ctx)
         self.sync_grads()
-        return self._dp_mean(self._losses(losses, X.device).mean())
+        return self._dp_mean(losses.mean())
 
     def pipelined_step(self, micro_batches, optimizer, *, dropout_key, ctx, grad_clip, tokens):
         """train.py's step under pp: step() (the schedule, then every gradient sync), then clip and update as one
@@ -328,23 +323,24 @@ class Pipeline:
         """The loss of each of this replica's micro-batches (forward only, through the schedule), on every rank of
         the pp group: a float64 tensor (m,). The stages hold the only up-to-date weights of their layers: evaluate
         here, not with the whole model of one rank. Train/eval mode: see train()."""
-        X = torch.cat([x for x, _ in micro_batches])
-        Y = torch.cat([y for _, y in micro_batches])
-        losses = []
         self.recorder.start(None)
-        with ctx:
-            self.schedule.eval(*((X,) if self.has_first else ()), target=Y if self.has_last else None,
-                               losses=losses if self.has_last else None, return_outputs=False)
-        return self._losses(losses, X.device)
+        return self._through_schedule(self.schedule.eval, micro_batches, ctx)
 
     def eval_loss(self, micro_batches):
         """The mean of eval_losses, averaged over dp, on every rank."""
         return self._dp_mean(self.eval_losses(micro_batches).mean())
 
-    def _losses(self, losses, device):
-        """The last stage's micro-batch losses (float64), broadcast over pp."""
-        out = torch.stack(losses).detach().double().to(device) if self.has_last else \
-            torch.zeros(self.m, dtype=torch.float64, device=device)
+    def _through_schedule(self, run, micro_batches, ctx):
+        """schedule.step or schedule.eval over the micro-batches [(X, Y)]; returns the last stage's micro-batch
+        losses (float64, (m,)), broadcast over pp."""
+        X = torch.cat([x for x, _ in micro_batches])
+        Y = torch.cat([y for _, y in micro_batches])
+        losses = []
+        with ctx:
+            run(*((X,) if self.has_first else ()), target=Y if self.has_last else None,
+                losses=losses if self.has_last else None, return_outputs=False)
+        out = torch.stack(losses).detach().double().to(X.device) if self.has_last else \
+            torch.zeros(self.m, dtype=torch.float64, device=X.device)
         if self.dims.pp > 1:
             dist.broadcast(out, group=self.dims.pp_group, group_src=self.dims.pp - 1)
         return out
@@ -420,20 +416,11 @@ class Pipeline:
 
     # --- what crossed the stage boundaries, next to the tp all-reduces, delegated to PipelineComm ---
 
-    def gather_events(self):
-        return self.comm.gather_events()
-
-    def boundary_bytes(self):
-        return self.comm.boundary_bytes()
-
     def reset_comm_counts(self):
         self.model.reset_comm_counts()
 
     def comm_report(self, *, tokens):
         return self.comm.report(tokens=tokens)
-
-
-# ---------------------------------------------------------------- GPT-layout state of this rank's stages
 
 
 # ---------------------------------------------------------------- what crossed the cuts, next to the tp all-reduces

@@ -129,7 +129,7 @@ def sweep_answer(ctx, name):
         base_loss = next(b["val_loss_mean"] for b in rows if b["config"] == r["baseline"])
         reading = "" if r["config"] == r["baseline"] else \
             claim(None if diff is None else (*diff["final"][:2], len(diff["seeds"])), base_loss)
-        note = " (delayed)" if "ladder" in r["block_pattern"] else ""
+        note = " (delayed)" if r.get("delayed") else ""
         note += f" ({comm_dtype_label(r)})" if r.get("tp_comm_dtype") else ""
         lines.append(f"| `{r['block_pattern']}` | {r['fwd_allreduces']}{note} | {r['val_loss_mean']:.4f} | "
                      f"{cell} | {seeds_cell(r, diff)} | {reading} |")
@@ -292,7 +292,7 @@ def sweep_plot(name, index):
     return spec
 
 
-def paired_plot(name):
+def paired_plot_spec(name):
     def spec(ctx):
         rows = ctx.rows(name)
         return plots.paired_plot(rows, title=f"{name} sweep") if rows and pairing.has_pairs(rows) else None
@@ -326,8 +326,8 @@ def plot_specs():
         "docs/val_loss_curves.png": (("cpu",), sweep_plot("cpu", 1)),
         "docs/tokens_per_s_vs_allreduces.png": (("cpu",), sweep_plot("cpu", 2)),
         "docs/cpu_real_tokens_per_s_vs_allreduces.png": (("cpu-real",), sweep_plot("cpu-real", 2)),
-        "docs/cpu_long_paired_difference.png": (("cpu-long",), paired_plot("cpu-long")),
-        "docs/convergence_paired_difference.png": (("convergence",), paired_plot("convergence")),
+        "docs/cpu_long_paired_difference.png": (("cpu-long",), paired_plot_spec("cpu-long")),
+        "docs/convergence_paired_difference.png": (("convergence",), paired_plot_spec("convergence")),
         "docs/axes_penalty_vs_tp.png": (("tp-axis", "cpu-long"), penalty_vs_tp),
         "docs/axes_penalty_vs_size.png": (("size-axis", "cpu-long"), penalty_vs_size),
         "docs/answer_tradeoff.png": (("cpu-long",), tradeoff_plot),
