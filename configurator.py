@@ -136,7 +136,9 @@ def configure(defaults, argv, *, nullable=(), scopes=None):
             if scopes is None:
                 scope = _run_config_file(arg)
             else:
-                scope = scopes[arg] if arg in scopes else scopes.setdefault(arg, _run_config_file(arg))
+                if arg not in scopes:
+                    scopes[arg] = _run_config_file(arg)
+                scope = scopes[arg]
             for key, value in scope.items():
                 if key.startswith("_") or callable(value) or type(value).__name__ == "module":
                     continue

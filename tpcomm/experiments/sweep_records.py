@@ -78,24 +78,29 @@ def machine_info():
                 cuda=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
 
 
+def _check_ignore(path):
+    """git check-ignore's exit status for a path (relative to the repository root, or absolute), run in the nearest
+    existing folder above it, so a path in another work tree is asked of that tree: 0 ignored, 1 not ignored (or
+    tracked), 128 not in a work tree; None when git cannot run."""
+    path = os.path.join(ROOT, path)
+    here = os.path.dirname(path)
+    while not os.path.isdir(here):
+        here = os.path.dirname(here)
+    try:
+        return subprocess.run(["git", "check-ignore", "-q", path], cwd=here, capture_output=True,
+                              timeout=60).returncode
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def committed(path):
     """git would track this result file (not ignored): the sweep writes it only from a clean tree."""
-    try:
-        ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT, capture_output=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return ignored.returncode == 1  # 0: ignored; 1: not ignored; 128: not in a work tree (nothing committed)
+    return _check_ignore(path) == 1
 
 
 def ignored_by_git(path):
-    """git ignores this file (.gitignore of the work tree it is in), so a commit would leave it out; False outside a
-    git work tree."""
-    try:
-        ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", os.path.abspath(path)],
-                                 cwd=os.path.dirname(os.path.abspath(path)), capture_output=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return ignored.returncode == 0
+    """git ignores this file, so a commit would leave it out (a clean clone would not have it)."""
+    return _check_ignore(path) == 0
 
 
 class DirtyTreeError(ValueError):
