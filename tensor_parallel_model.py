@@ -32,6 +32,15 @@ from tpcomm.tp.sharded_layers import add_pending
 SP_EMBED = (None, None, "sp_embed")  # trace site: the embedding output scattered onto the token shards
 
 
+def fork_init_rng():
+    """torch.random.fork_rng over the generators a module's default init draws from: the CPU's and, where modules are
+    built on an accelerator (`with torch.device('cuda'):`), that device's. Without the device's, a DistributedGPT
+    built there advanced the CUDA generator before GPT's init drew from it: weights unlike GPT's for the same seed."""
+    dev = torch.get_default_device()
+    accel = dev.type not in ("cpu", "meta")
+    return torch.random.fork_rng(devices=[dev] if accel else [], device_type=dev.type if accel else "cuda")
+
+
 class DistributedGPT(ModelInterface, GPT):
     """GPT with tensor-parallel blocks. `pd` (parallel.ParallelDims) with pd.tp > 1 selects real mode: this rank
     holds the shards of its tp rank and f/g all-reduce over the tp group."""
@@ -51,18 +60,19 @@ class DistributedGPT(ModelInterface, GPT):
         V_local = self.sharding.V_pad // config.tp_size * self.group.local if config.loss_parallel else config.vocab_size
         self.devices_per_replica = config.tp_size if self.group.real else 1
         self.dropout_key = DropoutKey()
-        init_rng = torch.get_rng_state()  # the modules' default init is overwritten below; GPT's draws from here
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(V_local, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
-            drop=KeyedDropout(config.dropout, self.dropout_key, layer=-1, site=EMBED),  # the replica's mask
-            h=nn.ModuleList([block_class(kind)(config, self.group, self.dropout_key, i)
-                             for i, kind in enumerate(config.block_types)]),
-            ln_f=LayerNorm(config.n_embd, bias=config.bias),
-        ))
-        self.lm_head = nn.Linear(config.n_embd, V_local, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight
-        torch.set_rng_state(init_rng)
+        # the modules' default init is overwritten below: they draw from a forked generator (the CPU's and, built
+        # under torch.device('cuda'), the device's), so GPT's init draws from the caller's seed here as in GPT
+        with fork_init_rng():
+            self.transformer = nn.ModuleDict(dict(
+                wte=nn.Embedding(V_local, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                drop=KeyedDropout(config.dropout, self.dropout_key, layer=-1, site=EMBED),  # the replica's mask
+                h=nn.ModuleList([block_class(kind)(config, self.group, self.dropout_key, i)
+                                 for i, kind in enumerate(config.block_types)]),
+                ln_f=LayerNorm(config.n_embd, bias=config.bias),
+            ))
+            self.lm_head = nn.Linear(config.n_embd, V_local, bias=False)
+            self.transformer.wte.weight = self.lm_head.weight
         if init:  # GPT-2 init on the full matrices (GPT's own init, same random stream), then sharded
             self.load_gpt_state_dict(GPT(self.gpt_config()).state_dict())
 

@@ -197,6 +197,26 @@ def test_round_trip_exact_and_init_independent_of_tp(tp):
     assert model.get_num_params() == gpt.get_num_params()
 
 
+def test_init_forks_the_generator_of_the_device_it_is_built_on(monkeypatch):
+    """Built under `with torch.device('cuda')`, the modules' default init draws from the CUDA generator: it must be
+    forked, or GPT's init then draws from an advanced one (weights unlike GPT's for the seed; gpu-check's bf16_identity
+    found a training loss 0.0035 off on an H100, 2026-11-27). No CUDA here: the fork's arguments are what is checked."""
+    forked = []
+    real_fork = torch.random.fork_rng
+
+    def recording_fork(devices=None, device_type="cuda", **kw):
+        forked.append((list(devices), device_type))
+        return real_fork(devices=[], device_type=device_type, **kw)
+
+    monkeypatch.setattr(torch.random, "fork_rng", recording_fork)
+    monkeypatch.setattr(torch, "get_default_device", lambda: torch.device("cuda", 0))
+    DistributedGPT.from_gpt(make_gpt(), 2, "spd")  # the modules are built inside the fork
+    assert forked == [([torch.device("cuda", 0)], "cuda")]
+    monkeypatch.setattr(torch, "get_default_device", lambda: torch.device("cpu"))
+    tensor_parallel_model.fork_init_rng()
+    assert forked[-1] == ([], "cuda")  # CPU: only the CPU generator, which fork_rng always forks
+
+
 def test_communication_is_measured():
     gpt = make_gpt()
     idx, _ = batch()
