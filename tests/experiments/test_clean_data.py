@@ -13,6 +13,7 @@ import subprocess
 import pytest
 
 from conftest import ROOT
+from tpcomm import git_state
 from test_experiment import fake_results
 from tpcomm.experiments import pairing, provenance, results, sweep_plan, sweep_records
 from tpcomm.experiments.result_check import ResultsError
@@ -53,21 +54,24 @@ def test_the_sweep_refuses_a_committed_file_from_a_dirty_tree(monkeypatch, capsy
     sweep_records.refuse_dirty(quick, DIRTY)
 
 
-def test_result_files_are_not_code():
-    """A sweep replacing its own committed result files leaves the tree clean: git_state looks outside experiments/."""
-    path = sorted(glob.glob(os.path.join(ROOT, "experiments", "cpu-long", "runs", "*.json")))[0]
-    before = sweep_records.git_state()
+@pytest.mark.parametrize("path", [sorted(glob.glob(os.path.join(ROOT, "experiments", "cpu-long", "runs", "*.json")))[0],
+                                  os.path.join(ROOT, "docs", "gpu.json"), os.path.join(ROOT, "docs", "gpu.md")])
+def test_result_files_are_not_code(path):
+    """A sweep replacing its own committed result files, or gpu_check its docs/gpu.json and docs/gpu.md, leaves the
+    tree clean: git_state looks outside them. Any other tracked file makes it dirty (the comparison can fail)."""
+    before = git_state()
     if before is None:
         pytest.fail("the tests run in a git checkout")
-    with open(path) as f:
-        text = f.read()
-    try:
-        with open(path, "a") as f:
-            f.write(" ")
-        assert sweep_records.git_state()["dirty"] == before["dirty"]
-    finally:
-        with open(path, "w") as f:
-            f.write(text)
+    for changed, dirty in ((path, before["dirty"]), (__file__, True)):  # this file: no other test reads it
+        with open(changed) as f:
+            text = f.read()
+        try:
+            with open(changed, "a") as f:
+                f.write(" ")
+            assert git_state()["dirty"] == dirty, changed
+        finally:
+            with open(changed, "w") as f:
+                f.write(text)
 
 
 def test_allow_dirty_writes_scratch_files_the_report_refuses(monkeypatch, capsys, tmp_path):

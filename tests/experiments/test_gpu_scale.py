@@ -259,6 +259,17 @@ def test_scale_axis_is_pending_without_result_files():
     assert scale_report.scale_plot(FakeResults([])) is None
 
 
+def test_a_baseline_alone_names_no_figure():
+    """The first GPU chunk may leave only all `tp` files: the table shows their loss, and the page links no figure
+    that scale_plot (no paired cost yet) does not draw (a broken image in the README, 2026-11-27)."""
+    rows = [r for r in rows_of({}, with_gpt=False) if r["config"] == r["baseline"]]
+    text = scale_report.scale_axis(FakeResults(rows))
+    assert text.startswith("_The scale axis has begun: 9 `gpu-scale` run(s)") and "all-tp-12x64 1.50" in text, text
+    assert scale_report.PLOT not in text
+    assert scale_report.scale_plot(FakeResults(rows)) is None
+    assert scale_report.PLOT in scale_report.scale_axis(FakeResults(rows_of({})))  # with pairs it is linked
+
+
 def test_report_registers_the_axis():
     from tpcomm.experiments.report import report
 

@@ -113,6 +113,31 @@ def test_a_failing_or_slow_section_is_recorded_and_the_rest_run(tmp_path, monkey
     assert json.loads((tmp_path / "gpu.json").read_text())["sections"]["gpt_train"]["error"] == "RuntimeError: boom"
 
 
+def test_some_sections_rerun_replace_only_theirs(tmp_path, monkeypatch):
+    """A GPU lent briefly: after a fix, one section rerun replaces that section of the committed report (same device
+    name and sizes), the others stay, and the page says what was rerun, when and at which code state. On another
+    device's report (or none) a rerun into docs/ is refused in one line, so the figures never mix two GPUs."""
+    monkeypatch.setitem(gpu_check.RUNNERS, "cost_model", lambda st: dict(assumed_mfu=0.4, measured_mfu=None,
+                                                                         measured_from=None))
+    base = dict(schema=1, sizes="tiny", device="cuda", device_name="CPU (rehearsal)", torch="t", cuda=None,
+                date="2026-11-27 17:30 UTC", peak_flops=None, dtype="bfloat16", total_s=1.0,
+                git=dict(commit="8a5aaf4" + "0" * 33, dirty=False),
+                sections=dict(decode=dict(error="kept"), cost_model=dict(error="replaced")))
+    (tmp_path / "gpu.json").write_text(json.dumps(base))
+    cfg = dict(gpu_check.DEFAULTS, sizes="tiny", device="cpu", out_dir=str(tmp_path), sections="cost_model")
+    gpu_check.run_check(cfg, say=lambda *a: None)
+    merged = json.loads((tmp_path / "gpu.json").read_text())
+    assert merged["sections"]["decode"] == dict(error="kept") and merged["sections"]["cost_model"]["error"] is None
+    assert merged["git"] == base["git"] and [r["sections"] for r in merged["reruns"]] == [["cost_model"]]
+    md = (tmp_path / "gpu.md").read_text()
+    assert "at 8a5aaf4." in md and "in place of the first run's: `cost_model`" in md, md
+    assert not gpu_report.mergeable(dict(base, device_name="NVIDIA H200"), merged)  # the comparison can fail
+    monkeypatch.setattr(gpu_check, "is_docs", lambda out_dir: True)  # docs/ holding another device's report
+    (tmp_path / "gpu.json").write_text(json.dumps(dict(base, device_name="NVIDIA H200")))
+    with pytest.raises(ConfigError, match="sections='cost_model': docs/gpu.json is not a full check on CPU"):
+        gpu_check.run_check(cfg, say=lambda *a: None)
+
+
 @pytest.mark.parametrize("arg, key", [("--sizes=huge", "sizes"), ("--sections=gpt_train,nope", "sections"),
                                       ("--out_dir=/nonexistent/dir", "out_dir"), ("--device=tpu", "device")])
 def test_bad_options_name_key_and_value(arg, key):

@@ -517,6 +517,11 @@ def script_of(words):
     return (rest[1] if rest[:1] == ["-m"] else rest[0]) if rest else None, rest
 
 
+# sweeps whose README command exists to add the next chunk to the committed runs (finished runs are skipped, never
+# rewritten): gpu-scale, run a GPU window at a time
+CONTINUES_COMMITTED = ("gpu-scale",)
+
+
 def fresh_clone_problems(text):
     """A README command that would fail or touch committed results on a fresh clone, or the second time it runs:
     a train.py run without --overwrite=True or --init_from=resume (refused once its out_dir holds a checkpoint);
@@ -530,7 +535,7 @@ def fresh_clone_problems(text):
             problems.append(f"README.md:{line}: train.py without --overwrite=True (a second run is refused)")
         if (script in READS_A_RUN or script == "tpcomm.bench.trace") and "needs" not in said:
             problems.append(f"README.md:{line}: {script} reads an earlier command's output; say `# needs ...`")
-        if script == "experiment.py" and len(rest) > 1 and rest[1] != "report" and \
+        if script == "experiment.py" and len(rest) > 1 and rest[1] not in ("report", *CONTINUES_COMMITTED) and \
                 not any(w.startswith("--out=") for w in rest) and \
                 glob.glob(os.path.join(ROOT, "experiments", rest[1], "runs", "*.json")):
             problems.append(f"README.md:{line}: trains into experiments/{rest[1]}, which holds committed results")

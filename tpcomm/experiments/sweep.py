@@ -46,12 +46,12 @@ import time
 from dataclasses import dataclass
 
 from configurator import ConfigError, configure, parse_flag
-from tpcomm import ROOT
+from tpcomm import ROOT, git_state
 from tpcomm.experiments import pairing, plots, results
 from tpcomm.experiments.gpu_claim import GPUClaim, node_gpus
 from tpcomm.experiments.result_check import ResultsError
 from tpcomm.experiments.sweep_plan import SWEEP_REMARKS, SWEEP_SEEDS, SWEEPS, Run, runs_named
-from tpcomm.experiments.sweep_records import (SCRATCH_DIR, DirtyTreeError, finished_seeds, git_state, read_done,
+from tpcomm.experiments.sweep_records import (SCRATCH_DIR, DirtyTreeError, finished_seeds, read_done,
                                               record_job, refuse_dirty, rows_of, run_dir_finished, same_config,
                                               scratch_mark)
 

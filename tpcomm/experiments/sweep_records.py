@@ -43,20 +43,6 @@ def run_dir_finished(job):
     return done is not None and same_config(done["config"], job.cfg) is None
 
 
-def git_state():
-    """{"commit": HEAD, "dirty": tracked files changed} of the checkout, or None outside git. Result files are not
-    code: changes under experiments/ (a sweep replacing its own result files) leave the tree clean."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=60)
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                 ":(exclude)experiments"], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if head.returncode or status.returncode:
-        return None
-    return dict(commit=head.stdout.strip(), dirty=bool(status.stdout.strip()))
-
-
 def check_code_state(record, path):
     """Refuse a scratch result file (written from a dirty tree with --allow-dirty) anywhere but experiments/scratch/
     (where only its own sweep's tables read it): ResultsError naming it. Called where the report loads result files

@@ -46,9 +46,10 @@ import time
 import torch
 
 from configurator import ConfigError, configure, exit_on_config_error
-from tpcomm import ROOT
+from tpcomm import ROOT, git_state
 from tpcomm.model.interface import timed_step
-from tpcomm.gpu.gpu_report import COMPRESSIBLE_TYPES, write_json, write_markdown
+from tpcomm.gpu.gpu_report import (COMPRESSIBLE_TYPES, merge_sections, mergeable, read_report, write_json,
+                                   write_markdown)
 from tpcomm.gpu.cost_calibration import cost_calibration
 from tpcomm.train.runtime import sync
 from tpcomm.train.output_path import check_folder, check_output_file, json_with
@@ -499,16 +500,19 @@ def validate(cfg):
     check_out_dir(cfg)
 
 
+def is_docs(out_dir):
+    return os.path.realpath(out_dir) == os.path.realpath(os.path.join(ROOT, "docs"))
+
+
 def check_out_dir(cfg):
     """out_dir: an existing, writable folder whose gpu.json (if any) is gpu_check's own. The committed figures in
-    docs/ are replaced only by the full check on a GPU: a rehearsal, or some sections only, go elsewhere."""
+    docs/ are replaced only by the full check on a GPU, or some of their sections by the same check's sections on a
+    GPU of the same name (run_check: mergeable); a rehearsal goes elsewhere."""
     out_dir = cfg["out_dir"]
     if not isinstance(out_dir, str) or not os.path.isdir(out_dir):
         raise ConfigError(f"out_dir must be an existing directory, got {out_dir!r}")
     check_folder(out_dir, key="out_dir", value=out_dir)
-    docs = os.path.realpath(os.path.join(ROOT, "docs"))
-    rehearsal = cfg["sizes"] != "full" or cfg["device"] == "cpu" or cfg["sections"] != "all"
-    if os.path.realpath(out_dir) == docs and rehearsal:
+    if is_docs(out_dir) and (cfg["sizes"] != "full" or cfg["device"] == "cpu"):  # a rehearsal
         raise ConfigError(f"out_dir={out_dir!r} holds the committed GPU figures: sizes={cfg['sizes']!r}, "
                           f"device={cfg['device']!r}, sections={cfg['sections']!r} is not the full check on a GPU; "
                           f"give --out_dir=<another folder> (e.g. /tmp)")
@@ -537,7 +541,11 @@ def run_check(cfg, *, say=print):
                   device_name=torch.cuda.get_device_name(device) if cuda else "CPU (rehearsal)",
                   torch=torch.__version__, cuda=torch.version.cuda, date=datetime.datetime.now(
                       datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                  peak_flops=device_peak_flops(device, size["dtype"]), dtype=size["dtype"], sections={})
+                  peak_flops=device_peak_flops(device, size["dtype"]), dtype=size["dtype"], git=git_state(), sections={})
+    base = read_report(os.path.join(cfg["out_dir"], "gpu.json")) if cfg["sections"] != "all" else None
+    if cfg["sections"] != "all" and is_docs(cfg["out_dir"]) and not mergeable(base, report):
+        raise ConfigError(f"sections={cfg['sections']!r}: docs/gpu.json is not a full check on {report['device_name']}"
+                          f" at sizes={cfg['sizes']!r}, so these sections cannot replace its own; run the full check")
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         st = dict(size=size, sizes=cfg["sizes"], device=device, tmp=tmp, results=report["sections"],
@@ -560,8 +568,9 @@ def run_check(cfg, *, say=print):
             if cuda:
                 torch.cuda.empty_cache()
     report["total_s"] = time.perf_counter() - t_all
-    write_json(report, os.path.join(cfg["out_dir"], "gpu.json"))
-    write_markdown(report, os.path.join(cfg["out_dir"], "gpu.md"))
+    written = merge_sections(base, report) if base is not None and mergeable(base, report) else report
+    write_json(written, os.path.join(cfg["out_dir"], "gpu.json"))
+    write_markdown(written, os.path.join(cfg["out_dir"], "gpu.md"))
     say(f"gpu_check: wrote {os.path.join(cfg['out_dir'], 'gpu.json')} and gpu.md ({report['total_s']:.0f} s)")
     return report
 

@@ -15,6 +15,33 @@ BEGIN, END = "<!-- gpu-check:begin (written by python -m tpcomm.gpu.gpu_check) -
 
 
 
+def code_state(git):
+    """'8a5aaf4', '8a5aaf4 with uncommitted changes', or 'unnamed code' (no git) for a report's git record."""
+    return "unnamed code" if not git else git["commit"][:7] + (" with uncommitted changes" if git["dirty"] else "")
+
+
+def read_report(path):
+    """The gpu.json at path, or None (missing or unreadable: check_out_dir has refused one that is not gpu_check's)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def mergeable(base, new):
+    """Whether a run of some sections (new) can replace those sections of base: a full check on a GPU of the same
+    name and sizes (its other numbers stay; the page says which sections were rerun, when and at what code)."""
+    return (isinstance(base, dict) and str(base.get("device", "")).startswith("cuda") and base.get("sizes") == new["sizes"]
+            and base.get("device_name") == new["device_name"] and isinstance(base.get("sections"), dict))
+
+
+def merge_sections(base, new):
+    """base with new's sections in place of its own, and the rerun recorded (sections, date, code state, torch)."""
+    rerun = dict(sections=list(new["sections"]), date=new["date"], git=new.get("git"), torch=new["torch"])
+    return dict(base, sections={**base["sections"], **new["sections"]}, reruns=[*base.get("reruns", []), rerun])
+
+
 def write_json(obj, path):
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
@@ -118,7 +145,11 @@ def markdown(report):
     lines = [f"Measured by `python -m tpcomm.gpu.gpu_check --sizes={report['sizes']}` on {report['date']}: "
              f"**{report['device_name']}**, torch {report['torch']}, CUDA {report['cuda'] or 'n/a'}, "
              f"peak {fmt(report['peak_flops'] and report['peak_flops'] / 1e12, '.0f')} TFLOP/s (dense bf16), "
-             f"{report['total_s']:.0f} s in all. Raw numbers: `gpu.json` beside this file.", ""]
+             f"{report['total_s']:.0f} s in all, at {code_state(report.get('git'))}. Raw numbers: `gpu.json` beside "
+             f"this file.", ""]
+    for rerun in report.get("reruns", []):
+        lines += [f"Rerun on {rerun['date']} at {code_state(rerun['git'])} (torch {rerun['torch']}), in place of "
+                        f"the first run's: {', '.join(f'`{name}`' for name in rerun['sections'])}.", ""]
     lines += _measured_tables(s)
     lines += ["", "**Checks**:", ""]
     lines += _check_lines(s)

@@ -33,6 +33,15 @@ def pending():
             f"GPU session runs the next chunk._")
 
 
+def started(rows):
+    """One line while no pattern is paired with all `tp` yet: what has run, and what the costs wait for."""
+    done = "; ".join(f"{r['config']} {r['val_loss_mean']:.4f} ({r['n_seeds']} seed{'s' if r['n_seeds'] > 1 else ''})"
+                     for r in sorted(rows, key=lambda r: (r["params_non_embedding"] or 0, r["config"])))
+    return (f"_The scale axis has begun: {sum(r['n_seeds'] for r in rows)} `{NAME}` run(s) (final val loss: {done}); no "
+            f"pattern has a seed paired with all `tp` of its size yet, so each cost and its trend with size are "
+            f"pending. `python experiment.py {NAME} --dry-run` prints what is left and its GPU-minutes._")
+
+
 def trend(rows, pattern, pairs):
     """Per seed, the pattern's cost at the largest size minus at the smallest, paired: (mean, ci, seeds) or None."""
     by_size = {}
@@ -79,6 +88,8 @@ def scale_axis(ctx):
     if not rows:
         return pending()
     pen, pairs = penalties(rows), pairing.paired(rows)
+    if not pen:  # the first chunks: only all `tp` files, nothing paired yet
+        return started(rows)
     bases = sorted((r for r in rows if r["config"] == r["baseline"]), key=lambda r: r["params_non_embedding"] or 0)
     head = " | ".join(f"{b['n_layer']} x {b['n_embd']} ({results.fmt(b['params_non_embedding'], ',d')})"
                       for b in bases)
@@ -89,7 +100,9 @@ def scale_axis(ctx):
     for p in SCALE_PATTERNS[1:]:
         cells = [interval_cell(pen.get((p, b["tp_size"], results.group_key(b)))) for b in bases]
         lines.append(f"| {p} | " + " | ".join(cells) + f" | {trend_cell(trend(rows, p, pairs))} |")
-    lines += ["", step_line(ctx), "", f"![cost of each pattern vs model size, gpu-scale]({PLOT})"]
+    lines += ["", step_line(ctx)]
+    if pen:  # scale_plot draws it only then
+        lines += ["", f"![cost of each pattern vs model size, gpu-scale]({PLOT})"]
     return "\n".join(lines)
 
 
