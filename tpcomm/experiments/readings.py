@@ -73,11 +73,16 @@ def bound(b, base_loss, *, half_width):
     return f"{_up(b, d):+.{d}f}", f"{_up(100 * b / base_loss, dp):.{dp}f}%"
 
 
+# a row is read from 3 paired seeds: a Student-t interval from 2 rests on one degree of freedom, so its width is
+# itself a guess (two nearly equal differences gave all `caat` [-0.013, -0.012], 2026-11-27)
+MIN_SEEDS = 3
+
+
 def claim(p, base_loss):
     """What a paired difference (mean, ci, seeds) says at 95%: where the interval holds 0, the largest cost it
     rules out ("costs at most +0.008 nats (0.5%)", bound(): no finer than a tenth of the half-width); where it does
-    not, the cost (or gain) with its interval; with fewer than 2 paired seeds, that it is pending."""
-    if p is None or p[1] is None:
+    not, the cost (or gain) with its interval; with fewer than MIN_SEEDS paired seeds, that it is pending."""
+    if p is None or p[1] is None or p[2] < MIN_SEEDS:
         return f"pending ({0 if p is None else p[2]} paired seed{'' if p and p[2] == 1 else 's'})"
     mean, ci, _ = p
     side = side_of(mean, ci)

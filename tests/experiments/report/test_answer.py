@@ -35,6 +35,8 @@ def test_claim_bounds_a_cost_where_the_interval_holds_zero():
     assert readings.claim((0.002, 0.001, 10), 1.7).startswith("costs +0.002 [")
     assert readings.claim((0.02, None, 1), 1.7) == "pending (1 paired seed)"
     assert readings.claim(None, 1.7) == "pending (0 paired seeds)"
+    # 2 seeds: an interval on one degree of freedom is not read (all `caat` showed [-0.013, -0.012] from 2)
+    assert readings.claim((-0.0123, 0.0003, 2), 1.7) == "pending (2 paired seeds)"
 
 
 # ---------- the GPU side: the cost model, called in one place ----------
@@ -91,6 +93,14 @@ def test_a_pattern_without_result_files_is_pending(tmp_path, fake_long):
     fake_results(root, "cpu-long", seeds=(1337,))
     ctx = report.Results(root=root, say=lambda *a: None)
     assert "| shrink | int8 two-shot | +0.000 (1) | — | pending (1 paired seed) |" in ans.answer_table(ctx)
+
+    # two seeds: no interval read (one degree of freedom), no family-wise one, pending in the figure too
+    fake_results(root, "cpu-long", seeds=(1337, 1338))
+    ctx = report.Results(root=root, say=lambda *a: None)
+    table = ans.answer_table(ctx)
+    assert "| shrink | int8 two-shot | +0.000 (2) | — | pending (2 paired seeds) |" in table, table
+    (point,) = [p for p in ans.tradeoff_plot(ctx)[0]["points"] if p["label"] == "int8 two-shot"]
+    assert point["status"] == "pending" and point["seeds"] == 2
 
 
 def test_a_seed_the_baseline_lacks_is_not_counted_as_paired(tmp_path, fake_long):

@@ -7,7 +7,8 @@ answer calls tpcomm/costmodel/cost_model.py); the trade-off figure docs/answer_t
 from tpcomm.experiments.report import answer_figure
 from tpcomm.costmodel import cost_bands
 from tpcomm.experiments import pairing, provenance
-from tpcomm.experiments.readings import bound, claim, data_warning, decimals, no_results, penalties, side_of
+from tpcomm.experiments.readings import (MIN_SEEDS, bound, claim, data_warning, decimals, no_results, penalties,
+                                         side_of)
 from tpcomm.model import ways
 
 
@@ -64,7 +65,7 @@ def _short(p):
 def _familywise(ctx):
     """cpu-long's Bonferroni intervals over its measured rows ({run: (mean, half-width)}, m): pairing.familywise."""
     pairs = {k: p for k, p in pairing.paired(ctx.rows("cpu-long")).items() if k in answer_labels()}
-    return pairing.familywise({k: p["final"][2] for k, p in pairs.items()})
+    return pairing.familywise({k: p["final"][2] for k, p in pairs.items() if len(p["final"][2]) >= MIN_SEEDS})
 
 
 def _correlation_line(ctx):
@@ -88,10 +89,11 @@ def _familywise_clause(ctx, loss):
 
 
 def _long_penalties(ctx):
-    """(cpu-long's {run name: (mean, ci, seeds)}, its baseline row or None)."""
+    """(cpu-long's {run name: (mean, ci, seeds)}, its baseline row or None); a row with fewer than MIN_SEEDS paired
+    seeds has no interval (ci None: pending)."""
     rows = ctx.rows("cpu-long")
     base = next((r for r in rows if r["config"] == r["baseline"]), None)
-    return {k[0]: v for k, v in penalties(rows).items()}, base
+    return {k[0]: v if v[2] >= MIN_SEEDS else (v[0], None, v[2]) for k, v in penalties(rows).items()}, base
 
 
 def answer_table(ctx):
@@ -107,7 +109,8 @@ def answer_table(ctx):
              f"seed, mean [95% interval] (seeds), after {base['tokens'] / 1e6:.2f}M tokens (`cpu-long`, "
              f"{sum(r['n_seeds'] for r in ctx.rows('cpu-long'))} result files); each row's own 95% interval, and "
              f"beside it the family-wise one: Bonferroni over the {m} measured rows (each at {100 - 5 / m:.2f}%), "
-             f"so all {m} hold at once with 95%; \"at 95% it\" reads the row's own; "
+             f"so all {m} hold at once with 95%; \"at 95% it\" reads the row's own; a row is read from "
+             f"{MIN_SEEDS} paired seeds; "
              f"{_correlation_line(ctx)}; {provenance.summary(ctx, 'cpu-long')}; time: predicted step speedup over "
              f"Megatron-LM's all-`tp` step (its backward all-reduces hidden behind the weight-gradient GEMMs), "
              f"{GPU_SHAPE} at tp {GPU_TP}, and in brackets [low, high] over the declared ranges of its assumptions "
