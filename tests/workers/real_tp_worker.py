@@ -80,6 +80,28 @@ def ratio(a, b, tol):
     return dict(ratio=worst, where=where)
 
 
+def detached(x):
+    """x with every tensor in it (in dicts, lists, tuples) detached from autograd, so that it can be pickled."""
+    if isinstance(x, torch.Tensor):
+        return x.detach()
+    if isinstance(x, dict):
+        return {k: detached(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(detached(v) for v in x)
+    return x
+
+
+def simulated(runs):
+    """[run() for run in runs], each run on one rank and its result sent to all (tensors detached). A simulated
+    model's results are the same on every rank (the same weights, inputs, dropout keys and seeds), so each rank
+    computes its share of them: every rank running all of them did the simulation's work world-size times over."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    mine = {i: detached(run()) for i, run in enumerate(runs) if i % world == rank}
+    every = [None] * world
+    dist.all_gather_object(every, mine)
+    return [every[i % world][i] for i in range(len(runs))]
+
+
 def gathered_grads(model):
     """Every gradient in GPT's unsharded layout (a collective over the tp group in real mode)."""
     return {n: model.sharding.gather(n, p.grad) for n, p in model.named_parameters()}
@@ -111,15 +133,17 @@ def name(block_types):
 def check_forward_backward(pd, gpt, results):
     """Logits, loss and every (gathered) gradient of real vs simulated, for each pattern, fp32 and fp64."""
     idx, tgt = batch(0)
-    for dtype in ("float32", "float64"):
-        for block_types in PATTERNS:
-            real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd).to(getattr(torch, dtype))
-            sim = DistributedGPT.from_gpt(gpt, pd.tp, block_types).to(getattr(torch, dtype))
-            results[f"fwd_bwd/{dtype}/{name(block_types)}"] = compare_step(
-                forward_backward(real, idx, tgt), forward_backward(sim, idx, tgt), TOL[dtype])
+    cases = [(dtype, block_types) for dtype in ("float32", "float64") for block_types in PATTERNS]
+    sims = simulated([lambda dtype=dtype, block_types=block_types: forward_backward(
+        DistributedGPT.from_gpt(gpt, pd.tp, block_types).to(getattr(torch, dtype)), idx, tgt)
+        for dtype, block_types in cases])
+    for (dtype, block_types), sim_out in zip(cases, sims):
+        real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd).to(getattr(torch, dtype))
+        results[f"fwd_bwd/{dtype}/{name(block_types)}"] = compare_step(
+            forward_backward(real, idx, tgt), sim_out, TOL[dtype])
     # every comparison above can fail: a wrong shard, a wrong pattern, or a missing gradient sync is seen
     block_types = ["parallel", "tp", "parallel", "spd"]
-    sim_out = forward_backward(DistributedGPT.from_gpt(gpt, pd.tp, block_types).double(), idx, tgt)
+    sim_out = sims[cases.index(("float64", block_types))]
     real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd).double()
     if pd.tp_rank == pd.tp - 1:
         with torch.no_grad():  # one q weight of the last shard's first head
@@ -145,16 +169,16 @@ def check_dropout(pd, gpt, results):
     (torch's global RNG, the same state on every rank) every tp rank draws the same masks: that must not match."""
     idx, tgt = batch(0)
     dropped = with_dropout(gpt, 0.2)
-    for dtype in ("float32", "float64"):
-        for block_types in PATTERNS:
-            real = DistributedGPT.from_gpt(dropped, pd.tp, block_types, pd=pd).to(getattr(torch, dtype)).train()
-            sim = DistributedGPT.from_gpt(dropped, pd.tp, block_types).to(getattr(torch, dtype)).train()
-            results[f"dropout/{dtype}/{name(block_types)}"] = compare_step(
-                forward_backward(real, idx, tgt, dropout_key=(1337, 3, 1)),
-                forward_backward(sim, idx, tgt, dropout_key=(1337, 3, 1)), TOL[dtype])
+    cases = [(dtype, block_types) for dtype in ("float32", "float64") for block_types in PATTERNS]
+    sims = simulated([lambda dtype=dtype, block_types=block_types: forward_backward(
+        DistributedGPT.from_gpt(dropped, pd.tp, block_types).to(getattr(torch, dtype)).train(), idx, tgt,
+        dropout_key=(1337, 3, 1)) for dtype, block_types in cases])
+    for (dtype, block_types), sim_out in zip(cases, sims):
+        real = DistributedGPT.from_gpt(dropped, pd.tp, block_types, pd=pd).to(getattr(torch, dtype)).train()
+        results[f"dropout/{dtype}/{name(block_types)}"] = compare_step(
+            forward_backward(real, idx, tgt, dropout_key=(1337, 3, 1)), sim_out, TOL[dtype])
     block_types = ["parallel", "tp", "parallel", "spd"]
-    sim_out = forward_backward(DistributedGPT.from_gpt(dropped, pd.tp, block_types).double().train(), idx, tgt,
-                               dropout_key=(1337, 3, 1))
+    sim_out = sims[cases.index(("float64", block_types))]
     real = DistributedGPT.from_gpt(dropped, pd.tp, block_types, pd=pd).double().train()
     torch.manual_seed(0)  # unkeyed: every rank's global RNG in the same state, one mask for all shards
     results["can_fail/dropout_unkeyed"] = compare_step(forward_backward(real, idx, tgt), sim_out, TOL["float64"])
@@ -165,15 +189,20 @@ def check_loss_parallel(pd, gpt, results):
     and every gradient of the simulated model without it (all-'tp': GPT), and the same generated tokens."""
     idx, tgt = batch(0)
     tgt[0, :5] = -1
-    for block_types in (PATTERNS[0], PATTERNS[3]):
-        real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd, loss_parallel=True).double()
+    prompt = idx[:, :4]
+
+    def sim_run(block_types):
         sim = DistributedGPT.from_gpt(gpt, pd.tp, block_types).double()
+        return forward_backward(sim, idx, tgt), sim.eval().generate(prompt, 8, temperature=0)
+
+    patterns = (PATTERNS[0], PATTERNS[3])
+    sims = simulated([lambda block_types=block_types: sim_run(block_types) for block_types in patterns])
+    for block_types, (sim_out, sim_tokens) in zip(patterns, sims):
+        real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd, loss_parallel=True).double()
         logits, loss, grads, fwd = forward_backward(real, idx, tgt)
         full = real.group.gather_shards(logits)[..., :VOCAB].view(*idx.shape, VOCAB)
-        results[f"loss_parallel/{name(block_types)}"] = compare_step(
-            (full, loss, grads, fwd), forward_backward(sim, idx, tgt), TOL["float64"])
-        prompt = idx[:, :4]
-        same = torch.equal(real.eval().generate(prompt, 8, temperature=0), sim.eval().generate(prompt, 8, temperature=0))
+        results[f"loss_parallel/{name(block_types)}"] = compare_step((full, loss, grads, fwd), sim_out, TOL["float64"])
+        same = torch.equal(real.eval().generate(prompt, 8, temperature=0), sim_tokens)
         results[f"loss_parallel/generate/{name(block_types)}"] = dict(ok=same)
     real = DistributedGPT.from_gpt(gpt, pd.tp, PATTERNS[0], pd=pd, loss_parallel=True).double()
     if pd.tp_rank == pd.tp - 1:
@@ -181,9 +210,18 @@ def check_loss_parallel(pd, gpt, results):
             real.lm_head.weight[0, 0] += 0.1
     logits, loss, grads, fwd = forward_backward(real, idx, tgt)
     full = real.group.gather_shards(logits)[..., :VOCAB].view(*idx.shape, VOCAB)
-    sim = DistributedGPT.from_gpt(gpt, pd.tp, PATTERNS[0]).double()
-    results["can_fail/loss_parallel_perturbed_row"] = compare_step((full, loss, grads, fwd),
-                                                                   forward_backward(sim, idx, tgt), TOL["float64"])
+    results["can_fail/loss_parallel_perturbed_row"] = compare_step((full, loss, grads, fwd), sims[0][0],
+                                                                   TOL["float64"])
+
+
+def generations(model, prompt):
+    """Tokens of greedy and seeded (top-k) sampling, with and without the KV cache."""
+    out = []
+    for use_cache in (True, False):
+        for temperature, top_k in ((0.0, None), (1.0, 20)):
+            torch.manual_seed(11)
+            out.append(model.generate(prompt, 8, temperature=temperature, top_k=top_k, use_cache=use_cache))
+    return out
 
 
 def check_generation(pd, gpt, results, patterns=PATTERNS, dtype=torch.float32):
@@ -192,19 +230,15 @@ def check_generation(pd, gpt, results, patterns=PATTERNS, dtype=torch.float32):
     passes block_size (32) at the 7th, so the cache's crop is compared too (KV-cache == recomputing is proven for
     every block type in simulation, tests/model/test_generate.py)."""
     prompt = torch.randint(VOCAB, (2, 26), generator=torch.Generator().manual_seed(9))
-    for block_types in patterns:
+    sims = simulated([lambda block_types=block_types: generations(
+        DistributedGPT.from_gpt(gpt, pd.tp, block_types).to(dtype).eval(), prompt) for block_types in patterns])
+    for block_types, sim_tokens in zip(patterns, sims):
         real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd).to(dtype).eval()
-        sim = DistributedGPT.from_gpt(gpt, pd.tp, block_types).to(dtype).eval()
         ok = True
-        for use_cache in (True, False):
-            for temperature, top_k in ((0.0, None), (1.0, 20)):
-                out = []
-                for model in (real, sim):
-                    torch.manual_seed(11)
-                    out.append(model.generate(prompt, 8, temperature=temperature, top_k=top_k, use_cache=use_cache))
-                every = [torch.empty_like(out[0]) for _ in range(pd.tp)]
-                dist.all_gather(every, out[0], group=pd.tp_group)
-                ok = ok and torch.equal(out[0], out[1]) and all(torch.equal(e, out[0]) for e in every)
+        for real_tokens, tokens in zip(generations(real, prompt), sim_tokens):
+            every = [torch.empty_like(real_tokens) for _ in range(pd.tp)]
+            dist.all_gather(every, real_tokens, group=pd.tp_group)
+            ok = ok and torch.equal(real_tokens, tokens) and all(torch.equal(e, real_tokens) for e in every)
         results[f"generate/{name(block_types)}"] = dict(ok=ok)
 
 
@@ -264,35 +298,40 @@ def check_training(pd, gpt, results, patterns):
     data = [batch(1 + s) for s in range(STEPS)]
     mine = replica_rows(pd)
     local = [(x[mine], y[mine]) for x, y in data]
-    for dtype, keys in (("float64", ("losses", "norms", "weights", "moments")), ("float32", ("losses", "norms"))):
-        for block_types in patterns:
-            real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd).to(getattr(torch, dtype))
-            ddp = DDP(real, process_group=pd.dp_group) if pd.dp > 1 else None
-            sim = DistributedGPT.from_gpt(gpt, pd.tp, block_types).to(getattr(torch, dtype))
-            results[f"steps/{dtype}/{name(block_types)}"] = compare_training(
-                train_steps(real, local, pd=pd, ddp=ddp), train_steps(sim, data), TOL[f"steps/{dtype}"], keys)
+    compared = (("float64", ("losses", "norms", "weights", "moments")), ("float32", ("losses", "norms")))
+    cases = [(dtype, keys, block_types) for dtype, keys in compared for block_types in patterns]
+    runs = [lambda dtype=dtype, block_types=block_types: train_steps(
+        DistributedGPT.from_gpt(gpt, pd.tp, block_types).to(getattr(torch, dtype)), data)
+        for dtype, _, block_types in cases]
     if pd.dp > 1:  # the data split matters: a simulation on one replica's rows only does not match
-        block_types = patterns[0]
-        real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd).double()
+        runs.append(lambda: train_steps(DistributedGPT.from_gpt(gpt, pd.tp, patterns[0]).double(),
+                                        [(x[:2], y[:2]) for x, y in data]))
+    sims = simulated(runs)
+    for (dtype, keys, block_types), sim_out in zip(cases, sims):
+        real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd).to(getattr(torch, dtype))
+        ddp = DDP(real, process_group=pd.dp_group) if pd.dp > 1 else None
+        results[f"steps/{dtype}/{name(block_types)}"] = compare_training(
+            train_steps(real, local, pd=pd, ddp=ddp), sim_out, TOL[f"steps/{dtype}"], keys)
+    if pd.dp > 1:
+        real = DistributedGPT.from_gpt(gpt, pd.tp, patterns[0], pd=pd).double()
         ddp = DDP(real, process_group=pd.dp_group)
-        sim = DistributedGPT.from_gpt(gpt, pd.tp, block_types).double()
-        results["can_fail/one_replica_rows"] = compare_training(
-            train_steps(real, local, pd=pd, ddp=ddp), train_steps(sim, [(x[:2], y[:2]) for x, y in data]),
-            TOL["steps/float64"])
+        results["can_fail/one_replica_rows"] = compare_training(train_steps(real, local, pd=pd, ddp=ddp), sims[-1],
+                                                                TOL["steps/float64"])
 
 
 def check_data_parallel(pd, gpt, results):
     """One step of dp replicas (DDP over the dp group) on their rows vs the simulation on the whole batch."""
     idx, tgt = batch(0)
     mine = replica_rows(pd)
-    for block_types in (PATTERNS[0], PATTERNS[-1]):
+    patterns = (PATTERNS[0], PATTERNS[-1])
+    sims = simulated([lambda block_types=block_types: forward_backward(
+        DistributedGPT.from_gpt(gpt, pd.tp, block_types).double(), idx, tgt) for block_types in patterns])
+    for block_types, (s_logits, s_loss, s_grads, s_fwd) in zip(patterns, sims):
         real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd).double()
-        sim = DistributedGPT.from_gpt(gpt, pd.tp, block_types).double()
         ddp = DDP(real, process_group=pd.dp_group)
         logits, loss, grads, fwd = forward_backward(real, idx[mine], tgt[mine], ddp=ddp)
         loss = loss.detach().clone()
         dist.all_reduce(loss, group=pd.dp_group)
-        s_logits, s_loss, s_grads, s_fwd = forward_backward(sim, idx, tgt)
         results[f"dp_fwd_bwd/{name(block_types)}"] = compare_step(  # mean loss over the global batch
             (logits, loss / pd.dp, grads, fwd), (s_logits[mine], s_loss, s_grads, s_fwd), TOL["float64"])
 
