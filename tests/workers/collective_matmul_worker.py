@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
 
-from real_tp_worker import TOL, batch, make_gpt, ratio, with_dropout, worst  # noqa: E402
+from real_tp_worker import TOL, batch, make_gpt, ratio, simulated, with_dropout, worst  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
 from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
 from tpcomm.bench.trace import collective_events, trace_steps  # noqa: E402
@@ -59,19 +59,22 @@ def check_real_equals_sim(pd, gpt, results):
     """fp32, without and with keyed dropout 0.2: real collective matmul == simulated plain SP (the math) and ==
     simulated collective matmul (the counts)."""
     idx, tgt = batch(0)
-    for check, source, key in (("fwd_bwd", gpt, None), ("dropout", with_dropout(gpt, 0.2), (1337, 3, 1))):
+    sources = {"fwd_bwd": (gpt, None), "dropout": (with_dropout(gpt, 0.2), (1337, 3, 1))}  # weights, dropout key
+    cases = [(check, ring) for check in sources for ring in (False, True)]  # simulated: plain SP, collective matmul
+
+    def sim_run(check, ring):
+        source, key = sources[check]
+        sim = DistributedGPT.from_gpt(source, pd.tp, ["tp"] * 4, sequence_parallel=True,
+                                      tp_collective_matmul=ring).train()
+        return forward_backward(sim, idx, tgt, dropout_key=key)
+
+    sims = dict(zip(cases, simulated([lambda case=case: sim_run(*case) for case in cases])))
+    for check, (source, key) in sources.items():
         real = forward_backward(model(source, pd, ring=True), idx, tgt, dropout_key=key)
-        sim_sp = DistributedGPT.from_gpt(source, pd.tp, ["tp"] * 4, sequence_parallel=True).train()
-        sim_ring = DistributedGPT.from_gpt(source, pd.tp, ["tp"] * 4, sequence_parallel=True,
-                                           tp_collective_matmul=True).train()
-        results[f"real_vs_sp/{check}"] = compare(real, forward_backward(sim_sp, idx, tgt, dropout_key=key),
-                                                 TOL["float32"])
-        results[f"real_vs_sim_ring/{check}"] = compare(real, forward_backward(sim_ring, idx, tgt, dropout_key=key),
-                                                       TOL["float32"])
-    sim_sp = DistributedGPT.from_gpt(gpt, pd.tp, ["tp"] * 4, sequence_parallel=True).train()
+        results[f"real_vs_sp/{check}"] = compare(real, sims[check, False], TOL["float32"])
+        results[f"real_vs_sim_ring/{check}"] = compare(real, sims[check, True], TOL["float32"])
     results["can_fail/perturbed_shard"] = compare(
-        forward_backward(model(gpt, pd, ring=True, perturb=True), idx, tgt), forward_backward(sim_sp, idx, tgt),
-        TOL["float32"])
+        forward_backward(model(gpt, pd, ring=True, perturb=True), idx, tgt), sims["fwd_bwd", False], TOL["float32"])
 
 
 def check_trace(pd, gpt, out_dir, results):

@@ -22,7 +22,7 @@ sys.path[1:1] = [os.path.join(TESTS, "model"), os.path.join(TESTS, "tp")]  # tes
 
 import tpcomm.model.blocks as blocks  # noqa: E402
 import real_tp_worker  # noqa: E402
-from real_tp_worker import TOL, VOCAB, batch, make_gpt, name, ratio, with_dropout, worst  # noqa: E402
+from real_tp_worker import TOL, VOCAB, batch, make_gpt, name, ratio, simulated, with_dropout, worst  # noqa: E402
 from test_generate import stepwise_logits  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
 from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
@@ -97,18 +97,22 @@ def check_forward_backward(pd, gpt, results):
     """Logits, loss, every gathered gradient and the counts, real vs simulated, fp64 and fp32, without and with
     dropout (0.2, keyed masks)."""
     idx, tgt = batch(0)
-    dropped = with_dropout(gpt, 0.2)
-    for dtype in ("float64", "float32"):
-        for block_types in PATTERNS:
-            for check, source, key in (("fwd_bwd", gpt, None), ("dropout", dropped, (1337, 3, 1))):
-                real = DistributedGPT.from_gpt(source, pd.tp, block_types, pd=pd).to(getattr(torch, dtype)).train()
-                sim = DistributedGPT.from_gpt(source, pd.tp, block_types).to(getattr(torch, dtype)).train()
-                results[f"{check}/{dtype}/{name(block_types)}"] = compare(
-                    forward_backward(real, idx, tgt, dropout_key=key), forward_backward(sim, idx, tgt, dropout_key=key),
-                    TOL[dtype])
+    sources = {"fwd_bwd": (gpt, None), "dropout": (with_dropout(gpt, 0.2), (1337, 3, 1))}  # weights, dropout key
+    cases = [(check, dtype, block_types) for dtype in ("float64", "float32") for block_types in PATTERNS
+             for check in sources]
+
+    def run(check, dtype, block_types, *, real):
+        source, key = sources[check]
+        model = DistributedGPT.from_gpt(source, pd.tp, block_types, pd=pd if real else None)
+        return forward_backward(model.to(getattr(torch, dtype)).train(), idx, tgt, dropout_key=key)
+
+    sims = simulated([lambda case=case: run(*case, real=False) for case in cases])
+    for (check, dtype, block_types), sim_out in zip(cases, sims):
+        results[f"{check}/{dtype}/{name(block_types)}"] = compare(run(check, dtype, block_types, real=True), sim_out,
+                                                                  TOL[dtype])
     # the comparison can fail: one weight of the last rank's shard; a real model of another pattern
     block_types = PATTERNS[0]
-    sim_out = forward_backward(DistributedGPT.from_gpt(gpt, pd.tp, block_types).double(), idx, tgt)
+    sim_out = sims[cases.index(("fwd_bwd", "float64", block_types))]
     real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd).double()
     if pd.tp_rank == pd.tp - 1:
         with torch.no_grad():
