@@ -2,7 +2,7 @@
 Partial-channel sync ('caat' blocks, tpcomm/tp/partial_sync.py) under real tensor parallelism (one shard per process,
 gloo) against the simulation, run by tests/tp/test_partial_sync.py in a shared launch (conftest.shared_launch):
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/workers/caat_worker.py out.json
-Logits, loss and every gathered gradient, fp32 and fp64, without and with dropout; comparisons reported as
+Logits, loss and every gradient, fp32 and fp64, without and with dropout; comparisons reported as
 real_tp_worker's `ratio` (<= 1: torch.testing.assert_close passes at its TOL). The assertions live in the test file.
 """
 
@@ -42,13 +42,13 @@ def check(pd, gpt, results):
     def run(kind, dtype, block_types, p, *, real):
         source, key = sources[kind]
         model = build(source, pd, block_types, p, getattr(torch, dtype), real=real)
-        return forward_backward(model if key is None else model.train(), idx, tgt, dropout_key=key)
+        return model, forward_backward(model if key is None else model.train(), idx, tgt, dropout_key=key)
 
-    sims = simulated([lambda case=case: run(*case, real=False) for case in cases])
+    sims = simulated([lambda case=case: run(*case, real=False)[1] for case in cases])
     for case, sim_out in zip(cases, sims):
         kind, dtype, block_types, p = case
-        results[f"{kind}/{dtype}/{name(block_types)}/p={p}"] = compare_step(run(*case, real=True), sim_out,
-                                                                             TOL[dtype])
+        real, real_out = run(*case, real=True)
+        results[f"{kind}/{dtype}/{name(block_types)}/p={p}"] = compare_step(real_out, sim_out, TOL[dtype], real)
     # the comparisons can fail: one weight of the last rank's shard perturbed; the other fraction
     block_types = PATTERNS[0]
     sim_out = sims[cases.index(("fwd_bwd", "float64", block_types, 0.5))]
@@ -56,9 +56,9 @@ def check(pd, gpt, results):
     if pd.tp_rank == pd.tp - 1:
         with torch.no_grad():
             real.transformer.h[1].mlp.c_fc.weight[0, 3] += 0.1
-    results["can_fail/perturbed_shard"] = compare_step(forward_backward(real, idx, tgt), sim_out, TOL["float64"])
+    results["can_fail/perturbed_shard"] = compare_step(forward_backward(real, idx, tgt), sim_out, TOL["float64"], real)
     real = build(gpt, pd, block_types, 0.25, torch.float64, real=True)
-    results["can_fail/other_fraction"] = compare_step(forward_backward(real, idx, tgt), sim_out, TOL["float64"])
+    results["can_fail/other_fraction"] = compare_step(forward_backward(real, idx, tgt), sim_out, TOL["float64"], real)
 
 
 def main(argv):

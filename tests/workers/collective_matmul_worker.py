@@ -16,7 +16,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
 
-from real_tp_worker import TOL, batch, make_gpt, ratio, simulated, with_dropout, worst  # noqa: E402
+from real_tp_worker import TOL, batch, held_by, local_grads, make_gpt, ratio, simulated, with_dropout  # noqa: E402
+from real_tp_worker import worst  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
 from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
 from tpcomm.bench.trace import collective_events, trace_steps  # noqa: E402
@@ -34,12 +35,13 @@ def forward_backward(model, idx, tgt, *, dropout_key=None):
     loss.backward()
     model.sync_replicated_grads()
     report = model.comm_report(micro_steps=1, tokens=idx.numel())
-    grads = {n: model.sharding.gather(n, p.grad) for n, p in model.named_parameters()}
-    return dict(logits=logits, loss=loss, grads=grads), {k: report.get(k, 0) for k in COUNT_KEYS}
+    return dict(logits=logits, loss=loss, grads=local_grads(model)), {k: report.get(k, 0) for k in COUNT_KEYS}
 
 
-def compare(a, b, tol):
+def compare(a, b, tol, real):
+    """forward_backward of the real model `real` against the simulated one's (its gradients cut as real holds them)."""
     (x, x_counts), (y, y_counts) = a, b
+    y = dict(y, grads=held_by(real, y["grads"]))
     out = {k: ratio(x[k], y[k], tol) for k in ("logits", "loss", "grads")}
     out["ratio"] = max(v["ratio"] for v in out.values())
     out["counts"] = dict(real=x_counts, sim=y_counts)
@@ -70,11 +72,13 @@ def check_real_equals_sim(pd, gpt, results):
 
     sims = dict(zip(cases, simulated([lambda case=case: sim_run(*case) for case in cases])))
     for check, (source, key) in sources.items():
-        real = forward_backward(model(source, pd, ring=True), idx, tgt, dropout_key=key)
-        results[f"real_vs_sp/{check}"] = compare(real, sims[check, False], TOL["float32"])
-        results[f"real_vs_sim_ring/{check}"] = compare(real, sims[check, True], TOL["float32"])
-    results["can_fail/perturbed_shard"] = compare(
-        forward_backward(model(gpt, pd, ring=True, perturb=True), idx, tgt), sims["fwd_bwd", False], TOL["float32"])
+        real = model(source, pd, ring=True)
+        real_out = forward_backward(real, idx, tgt, dropout_key=key)
+        results[f"real_vs_sp/{check}"] = compare(real_out, sims[check, False], TOL["float32"], real)
+        results[f"real_vs_sim_ring/{check}"] = compare(real_out, sims[check, True], TOL["float32"], real)
+    real = model(gpt, pd, ring=True, perturb=True)
+    results["can_fail/perturbed_shard"] = compare(forward_backward(real, idx, tgt), sims["fwd_bwd", False],
+                                                  TOL["float32"], real)
 
 
 def check_trace(pd, gpt, out_dir, results):

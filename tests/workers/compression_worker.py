@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[1:1] = [os.path.join(TESTS, "model"), os.path.join(TESTS, "tp")]  # test_generate, test_tensor_parallel
 
-from real_tp_worker import TOL, VOCAB, batch, gathered_grads, make_gpt, name, ratio, simulated  # noqa: E402
+from real_tp_worker import TOL, VOCAB, batch, held_by, local_grads, make_gpt, name, ratio, simulated  # noqa: E402
 from real_tp_worker import with_dropout, worst  # noqa: E402
 from test_generate import stepwise_logits  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
@@ -46,7 +46,7 @@ def build(gpt, pd, block_types, dtype, *, real, **options):
 
 
 def forward_backward(model, idx, tgt, dropout_key=None):
-    """Logits, loss, the gathered gradients and the pass's comm report."""
+    """Logits, loss, this rank's gradients and the pass's comm report."""
     model.zero_grad(set_to_none=True)
     model.reset_comm_counts()
     if dropout_key is not None:
@@ -55,11 +55,13 @@ def forward_backward(model, idx, tgt, dropout_key=None):
     loss.backward()
     model.sync_replicated_grads()
     report = model.comm_report(micro_steps=1, tokens=idx.numel())
-    return dict(logits=logits, loss=loss, grads=gathered_grads(model)), {k: report.get(k) for k in COUNT_KEYS}
+    return dict(logits=logits, loss=loss, grads=local_grads(model)), {k: report.get(k) for k in COUNT_KEYS}
 
 
-def compare(real, sim):
-    (a, counts_real), (b, counts_sim) = real, sim
+def compare(real_out, sim_out, real):
+    """forward_backward of the real model `real` against the simulated one's (its gradients cut as real holds them)."""
+    (a, counts_real), (b, counts_sim) = real_out, sim_out
+    b = dict(b, grads=held_by(real, b["grads"]))
     out = {k: ratio(a[k], b[k], TOL["float64"]) for k in a}
     out["ratio"] = max(v["ratio"] for v in out.values())
     out["counts"] = [counts_real, counts_sim]
@@ -81,16 +83,17 @@ def check_forward_backward(pd, gpt, results):
 
     def run(source, block_types, dtype, options, dropout_key, *, real):
         model = build(source, pd, block_types, dtype, real=real, **options)
-        return forward_backward(model if dropout_key is None else model.train(), idx, tgt, dropout_key)
+        return model, forward_backward(model if dropout_key is None else model.train(), idx, tgt, dropout_key)
 
     # compression on (real) against off (simulated): told apart, so the matches above are not vacuous
-    *sims, off = simulated([lambda case=case: run(*case, real=False) for case in cases.values()]
+    *sims, off = simulated([lambda case=case: run(*case, real=False)[1] for case in cases.values()]
                            + [lambda: forward_backward(build(gpt, pd, PATTERNS[0], None, real=False), idx, tgt)])
     for (label, case), sim in zip(cases.items(), sims):
-        results[label] = compare(run(*case, real=True), sim)
+        real, real_out = run(*case, real=True)
+        results[label] = compare(real_out, sim, real)
     for dtype in DTYPES:
-        results[f"can_fail/{dtype}_vs_off"] = compare(forward_backward(build(gpt, pd, PATTERNS[0], dtype, real=True),
-                                                                       idx, tgt), off)
+        real = build(gpt, pd, PATTERNS[0], dtype, real=True)
+        results[f"can_fail/{dtype}_vs_off"] = compare(forward_backward(real, idx, tgt), off, real)
 
 
 def decoded(model, prompt):
@@ -143,29 +146,30 @@ def check_two_shot(pd, gpt, results):
     dropped = with_dropout(gpt, 0.2)
 
     def run(block_types, dtype, *, real):
-        """Two-shot, real or simulated: the training pass (dropout 0.2), greedy KV-cache tokens, the eval model."""
-        trained = forward_backward(build(dropped, pd, block_types, dtype, real=real, **two).train(), idx, tgt,
-                                   (1337, 3, 1))
+        """Two-shot, real or simulated: a model trained one pass (dropout 0.2) and that pass; greedy KV-cache tokens
+        of an eval model, and that model."""
+        trained = build(dropped, pd, block_types, dtype, real=real, **two).train()
+        step = forward_backward(trained, idx, tgt, (1337, 3, 1))
         model = build(gpt, pd, block_types, dtype, real=real, **two).eval()
-        return trained, model.generate(prompt, 12, temperature=0, use_cache=True), model
+        return (trained, step), model.generate(prompt, 12, temperature=0, use_cache=True), model
 
     def sim_run(block_types, dtype):
-        trained, tokens, model = run(block_types, dtype, real=False)
-        return trained, tokens, stepwise_logits(model, tokens, 5, cached=True)
+        (_, step), tokens, model = run(block_types, dtype, real=False)
+        return step, tokens, stepwise_logits(model, tokens, 5, cached=True)
 
     cases = [(dtype, block_types) for dtype in ("bf16", "int8") for block_types in PATTERNS]
     *sims, one_shot = simulated([lambda dtype=dtype, block_types=block_types: sim_run(block_types, dtype)
                                  for dtype, block_types in cases]
                                 + [lambda: forward_backward(build(gpt, pd, PATTERNS[0], "int8", real=False), idx, tgt)])
-    for (dtype, block_types), (sim_trained, tokens, sim_logits) in zip(cases, sims):
+    for (dtype, block_types), (sim_step, tokens, sim_logits) in zip(cases, sims):
         key = f"{dtype}/{name(block_types)}"
-        trained, real_tokens, model = run(block_types, dtype, real=True)
-        results[f"two_shot/fwd_bwd/{key}"] = compare(trained, sim_trained)
+        (trained, step), real_tokens, model = run(block_types, dtype, real=True)
+        results[f"two_shot/fwd_bwd/{key}"] = compare(step, sim_step, trained)
         results[f"two_shot/decode_logits/{key}"] = ratio(stepwise_logits(model, tokens, 5, cached=True), sim_logits,
                                                          TOL["float64"])
         results[f"two_shot/decode_tokens/{key}"] = dict(ok=torch.equal(real_tokens, tokens))
-    results["can_fail/two_shot_vs_one_shot"] = compare(
-        forward_backward(build(gpt, pd, PATTERNS[0], "int8", real=True, **two), idx, tgt), one_shot)
+    real = build(gpt, pd, PATTERNS[0], "int8", real=True, **two)
+    results["can_fail/two_shot_vs_one_shot"] = compare(forward_backward(real, idx, tgt), one_shot, real)
 
 
 def main(argv):

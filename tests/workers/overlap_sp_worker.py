@@ -19,7 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import tpcomm.model.blocks as blocks  # noqa: E402
 from ladder_worker import log_async  # noqa: E402
-from real_tp_worker import TOL, batch, make_gpt, name, ratio, simulated, with_dropout, worst  # noqa: E402
+from real_tp_worker import TOL, batch, held_by, local_grads, make_gpt, name, ratio, simulated  # noqa: E402
+from real_tp_worker import with_dropout, worst  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
 from tpcomm.costmodel.activation_memory import measure_saved_bytes  # noqa: E402
 from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
@@ -44,12 +45,13 @@ def forward_backward(model, idx, tgt, *, dropout_key=None):
     loss.backward()
     model.sync_replicated_grads()
     report = model.comm_report(micro_steps=1, tokens=idx.numel())
-    grads = {n: model.sharding.gather(n, p.grad) for n, p in model.named_parameters()}
-    return dict(logits=logits, loss=loss, grads=grads), {k: report.get(k, 0) for k in COUNT_KEYS}
+    return dict(logits=logits, loss=loss, grads=local_grads(model)), {k: report.get(k, 0) for k in COUNT_KEYS}
 
 
-def compare(real_out, sim_out, tol):
+def compare(real_out, sim_out, tol, real_model):
+    """forward_backward of real_model against the simulated one's (its gradients cut as real_model holds them)."""
     (real, real_counts), (sim, sim_counts) = real_out, sim_out
+    sim = dict(sim, grads=held_by(real_model, sim["grads"]))
     out = {k: ratio(real[k], sim[k], tol) for k in ("logits", "loss", "grads")}
     out["ratio"] = max(v["ratio"] for v in out.values())
     out["counts"] = dict(real=real_counts, sim=sim_counts)
@@ -57,7 +59,7 @@ def compare(real_out, sim_out, tol):
 
 
 def check_real_equals_sim(pd, gpt, results):
-    """Logits, loss, every gathered gradient and the counts, real vs simulated, fp64, without and with dropout.
+    """Logits, loss, every gradient and the counts, real vs simulated, fp64, without and with dropout.
     Returns the simulated runs by check name (the can-fail cases compare with some of them)."""
     idx, tgt = batch(0)
     sources = {"fwd_bwd": (gpt, None), "dropout": (with_dropout(gpt, 0.2), (1337, 3, 1))}  # weights, dropout key
@@ -66,13 +68,14 @@ def check_real_equals_sim(pd, gpt, results):
     def run(option, block_types, check, *, real):
         source, key = sources[check]
         model = DistributedGPT.from_gpt(source, pd.tp, block_types, pd=pd if real else None, **OPTIONS[option])
-        return forward_backward(model.double().train(), idx, tgt, dropout_key=key)
+        return model, forward_backward(model.double().train(), idx, tgt, dropout_key=key)
 
     sims = {}
-    for case, sim_out in zip(cases, simulated([lambda case=case: run(*case, real=False) for case in cases])):
+    for case, sim_out in zip(cases, simulated([lambda case=case: run(*case, real=False)[1] for case in cases])):
         option, block_types, check = case
         sims[f"{option}/{check}/{name(block_types)}"] = sim_out
-        results[f"{option}/{check}/{name(block_types)}"] = compare(run(*case, real=True), sim_out, TOL["float64"])
+        real, real_out = run(*case, real=True)
+        results[f"{option}/{check}/{name(block_types)}"] = compare(real_out, sim_out, TOL["float64"], real)
     return sims
 
 
@@ -88,12 +91,12 @@ def check_can_fail(pd, gpt, results, sims):
                 real.transformer.h[1].attn.c_attn.weight[0, 3] += 0.1
         results[f"can_fail/{option}/perturbed_shard"] = compare(forward_backward(real, idx, tgt),
                                                                 sims[f"{option}/fwd_bwd/{name(block_types)}"],
-                                                                TOL["float64"])
+                                                                TOL["float64"], real)
     dropped = with_dropout(gpt, 0.2)
     real = DistributedGPT.from_gpt(dropped, pd.tp, ["tp"] * 4, pd=pd, sequence_parallel=True).double().train()
     real.group.token_offset = lambda n_held: 0
     results["can_fail/sp/mask_offset"] = compare(forward_backward(real, idx, tgt, dropout_key=(1337, 3, 1)),
-                                                 sims[f"sp/dropout/{name(['tp'] * 4)}"], TOL["float64"])
+                                                 sims[f"sp/dropout/{name(['tp'] * 4)}"], TOL["float64"], real)
 
 
 def check_async(pd, gpt, results):
