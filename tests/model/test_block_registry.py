@@ -134,7 +134,7 @@ def worker(out_path):
         for pattern in TOY_PATTERNS:
             real, sim = (DistributedGPT.from_gpt(gpt, pd.tp, pattern, pd=p).double() for p in (pd, None))
             results[f"fwd_bwd/float64/{name(pattern)}"] = compare_step(
-                forward_backward(real, idx, tgt), forward_backward(sim, idx, tgt), TOL["float64"])
+                forward_backward(real, idx, tgt), forward_backward(sim, idx, tgt), TOL["float64"], real)
         write_results(pd, results, out_path)
     finally:
         shutdown(pd)

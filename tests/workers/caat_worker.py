@@ -2,7 +2,7 @@
 Partial-channel sync ('caat' blocks, tpcomm/tp/partial_sync.py) under real tensor parallelism (one shard per process,
 gloo) against the simulation, run by tests/tp/test_partial_sync.py in a shared launch (conftest.shared_launch):
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/workers/caat_worker.py out.json
-Logits, loss and every gathered gradient, fp32 and fp64, without and with dropout; comparisons reported as
+Logits, loss and every gradient, fp32 and fp64, without and with dropout; comparisons reported as
 real_tp_worker's `ratio` (<= 1: torch.testing.assert_close passes at its TOL). The assertions live in the test file.
 """
 
@@ -14,7 +14,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from real_tp_worker import TOL, batch, compare_step, forward_backward, make_gpt, name, with_dropout, write_results  # noqa: E402
+from real_tp_worker import TOL, batch, compare_step, forward_backward, make_gpt, name, simulated  # noqa: E402
+from real_tp_worker import with_dropout, write_results  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
 from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
 
@@ -27,35 +28,37 @@ FRACTIONS = (0.5, 0.25)  # the paper's main setting, and another whole number of
 KEY = (1337, 3, 1)  # a dropout key: (seed, iteration, micro-step)
 
 
-def models(pd, gpt, block_types, p, dtype):
-    """(real, simulated) DistributedGPT of gpt, caat_sync_fraction p, in dtype."""
-    return [DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=real, caat_sync_fraction=p).to(dtype)
-            for real in (pd, None)]
+def build(gpt, pd, block_types, p, dtype, *, real):
+    """DistributedGPT of gpt at pd's tp size, caat_sync_fraction p, in dtype: real TP over pd, or simulated."""
+    return DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd if real else None, caat_sync_fraction=p).to(dtype)
 
 
 def check(pd, gpt, results):
     idx, tgt = batch(0)
-    dropped = with_dropout(gpt, 0.2)
-    for dtype in ("float32", "float64"):
-        for block_types in PATTERNS:
-            for p in FRACTIONS:
-                tag = f"{dtype}/{name(block_types)}/p={p}"
-                real, sim = models(pd, gpt, block_types, p, getattr(torch, dtype))
-                results[f"fwd_bwd/{tag}"] = compare_step(forward_backward(real, idx, tgt),
-                                                         forward_backward(sim, idx, tgt), TOL[dtype])
-                real, sim = (m.train() for m in models(pd, dropped, block_types, p, getattr(torch, dtype)))
-                results[f"dropout/{tag}"] = compare_step(forward_backward(real, idx, tgt, dropout_key=KEY),
-                                                         forward_backward(sim, idx, tgt, dropout_key=KEY), TOL[dtype])
+    sources = {"fwd_bwd": (gpt, None), "dropout": (with_dropout(gpt, 0.2), KEY)}  # weights, dropout key
+    cases = [(kind, dtype, block_types, p) for dtype in ("float32", "float64") for block_types in PATTERNS
+             for p in FRACTIONS for kind in sources]
+
+    def run(kind, dtype, block_types, p, *, real):
+        source, key = sources[kind]
+        model = build(source, pd, block_types, p, getattr(torch, dtype), real=real)
+        return model, forward_backward(model if key is None else model.train(), idx, tgt, dropout_key=key)
+
+    sims = simulated([lambda case=case: run(*case, real=False)[1] for case in cases])
+    for case, sim_out in zip(cases, sims):
+        kind, dtype, block_types, p = case
+        real, real_out = run(*case, real=True)
+        results[f"{kind}/{dtype}/{name(block_types)}/p={p}"] = compare_step(real_out, sim_out, TOL[dtype], real)
     # the comparisons can fail: one weight of the last rank's shard perturbed; the other fraction
     block_types = PATTERNS[0]
-    real, sim = models(pd, gpt, block_types, 0.5, torch.float64)
+    sim_out = sims[cases.index(("fwd_bwd", "float64", block_types, 0.5))]
+    real = build(gpt, pd, block_types, 0.5, torch.float64, real=True)
     if pd.tp_rank == pd.tp - 1:
         with torch.no_grad():
             real.transformer.h[1].mlp.c_fc.weight[0, 3] += 0.1
-    sim_out = forward_backward(sim, idx, tgt)
-    results["can_fail/perturbed_shard"] = compare_step(forward_backward(real, idx, tgt), sim_out, TOL["float64"])
-    real, _ = models(pd, gpt, block_types, 0.25, torch.float64)
-    results["can_fail/other_fraction"] = compare_step(forward_backward(real, idx, tgt), sim_out, TOL["float64"])
+    results["can_fail/perturbed_shard"] = compare_step(forward_backward(real, idx, tgt), sim_out, TOL["float64"], real)
+    real = build(gpt, pd, block_types, 0.25, torch.float64, real=True)
+    results["can_fail/other_fraction"] = compare_step(forward_backward(real, idx, tgt), sim_out, TOL["float64"], real)
 
 
 def main(argv):

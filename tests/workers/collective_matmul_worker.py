@@ -16,7 +16,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
 
-from real_tp_worker import TOL, batch, make_gpt, ratio, with_dropout, worst  # noqa: E402
+from real_tp_worker import TOL, batch, held_by, local_grads, make_gpt, ratio, simulated, with_dropout  # noqa: E402
+from real_tp_worker import worst  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
 from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
 from tpcomm.bench.trace import collective_events, trace_steps  # noqa: E402
@@ -34,12 +35,13 @@ def forward_backward(model, idx, tgt, *, dropout_key=None):
     loss.backward()
     model.sync_replicated_grads()
     report = model.comm_report(micro_steps=1, tokens=idx.numel())
-    grads = {n: model.sharding.gather(n, p.grad) for n, p in model.named_parameters()}
-    return dict(logits=logits, loss=loss, grads=grads), {k: report.get(k, 0) for k in COUNT_KEYS}
+    return dict(logits=logits, loss=loss, grads=local_grads(model)), {k: report.get(k, 0) for k in COUNT_KEYS}
 
 
-def compare(a, b, tol):
+def compare(a, b, tol, real):
+    """forward_backward of the real model `real` against the simulated one's (its gradients cut as real holds them)."""
     (x, x_counts), (y, y_counts) = a, b
+    y = dict(y, grads=held_by(real, y["grads"]))
     out = {k: ratio(x[k], y[k], tol) for k in ("logits", "loss", "grads")}
     out["ratio"] = max(v["ratio"] for v in out.values())
     out["counts"] = dict(real=x_counts, sim=y_counts)
@@ -59,19 +61,24 @@ def check_real_equals_sim(pd, gpt, results):
     """fp32, without and with keyed dropout 0.2: real collective matmul == simulated plain SP (the math) and ==
     simulated collective matmul (the counts)."""
     idx, tgt = batch(0)
-    for check, source, key in (("fwd_bwd", gpt, None), ("dropout", with_dropout(gpt, 0.2), (1337, 3, 1))):
-        real = forward_backward(model(source, pd, ring=True), idx, tgt, dropout_key=key)
-        sim_sp = DistributedGPT.from_gpt(source, pd.tp, ["tp"] * 4, sequence_parallel=True).train()
-        sim_ring = DistributedGPT.from_gpt(source, pd.tp, ["tp"] * 4, sequence_parallel=True,
-                                           tp_collective_matmul=True).train()
-        results[f"real_vs_sp/{check}"] = compare(real, forward_backward(sim_sp, idx, tgt, dropout_key=key),
-                                                 TOL["float32"])
-        results[f"real_vs_sim_ring/{check}"] = compare(real, forward_backward(sim_ring, idx, tgt, dropout_key=key),
-                                                       TOL["float32"])
-    sim_sp = DistributedGPT.from_gpt(gpt, pd.tp, ["tp"] * 4, sequence_parallel=True).train()
-    results["can_fail/perturbed_shard"] = compare(
-        forward_backward(model(gpt, pd, ring=True, perturb=True), idx, tgt), forward_backward(sim_sp, idx, tgt),
-        TOL["float32"])
+    sources = {"fwd_bwd": (gpt, None), "dropout": (with_dropout(gpt, 0.2), (1337, 3, 1))}  # weights, dropout key
+    cases = [(check, ring) for check in sources for ring in (False, True)]  # simulated: plain SP, collective matmul
+
+    def sim_run(check, ring):
+        source, key = sources[check]
+        sim = DistributedGPT.from_gpt(source, pd.tp, ["tp"] * 4, sequence_parallel=True,
+                                      tp_collective_matmul=ring).train()
+        return forward_backward(sim, idx, tgt, dropout_key=key)
+
+    sims = dict(zip(cases, simulated([lambda case=case: sim_run(*case) for case in cases])))
+    for check, (source, key) in sources.items():
+        real = model(source, pd, ring=True)
+        real_out = forward_backward(real, idx, tgt, dropout_key=key)
+        results[f"real_vs_sp/{check}"] = compare(real_out, sims[check, False], TOL["float32"], real)
+        results[f"real_vs_sim_ring/{check}"] = compare(real_out, sims[check, True], TOL["float32"], real)
+    real = model(gpt, pd, ring=True, perturb=True)
+    results["can_fail/perturbed_shard"] = compare(forward_backward(real, idx, tgt), sims["fwd_bwd", False],
+                                                  TOL["float32"], real)
 
 
 def check_trace(pd, gpt, out_dir, results):

@@ -19,7 +19,7 @@ from tpcomm.parallel.data_parallel import apply_data_parallel, set_gradient_sync
 from model import GPT  # noqa: E402
 from tpcomm.model.interface import PlainGPT  # noqa: E402
 from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
-from real_tp_worker import VOCAB, make_gpt, ratio, write_results  # noqa: E402
+from real_tp_worker import VOCAB, make_gpt, ratio, simulated, write_results  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
 from tpcomm.model.options import TPConfig  # noqa: E402
 
@@ -75,6 +75,16 @@ def train(model, run, pd, *, dp, micro=MICRO):
                 moments=moments)
 
 
+def one_process(gpt, kinds, *, micro=MICRO):
+    """train() of one process (no dp) for each kind, the runs the dp ones are compared with; each computed by one
+    rank and sent to all (real_tp_worker.simulated), as every rank would compute the same."""
+    def run(kind):
+        one = build(kind, gpt, None)
+        return train(one, one, None, dp=1, micro=micro)
+
+    return dict(zip(kinds, simulated([lambda kind=kind: run(kind) for kind in kinds])))
+
+
 def compare(a, b):
     out = {k: ratio(a[k], b[k], TOL) for k in ("losses", "norms", "weights", "moments")}
     out["ratio"] = max(v["ratio"] for v in out.values())
@@ -104,9 +114,9 @@ def main(argv):
     try:
         gpt, results = make_gpt(), {}
         kinds = ["gpt", "distributed_gpt"] if pd.tp == 1 else ["distributed_gpt"]
+        refs = one_process(gpt, kinds)
         for kind in kinds:
-            one = build(kind, gpt, None)
-            ref = train(one, one, pd, dp=1)
+            ref = refs[kind]
             model = build(kind, gpt, pd)
             run = apply_data_parallel(model, pd, kind="fsdp", device_type="cpu")
             results[f"fsdp/{kind}"] = compare(train(model, run, pd, dp=pd.dp), ref)

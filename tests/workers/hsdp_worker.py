@@ -17,7 +17,7 @@ from torch.distributed.tensor import Replicate, Shard
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from fsdp_worker import build, compare, meta_init_under_fsdp, train  # noqa: E402
+from fsdp_worker import build, compare, meta_init_under_fsdp, one_process, train  # noqa: E402
 from real_tp_worker import make_gpt, write_results  # noqa: E402
 from tpcomm.parallel.data_parallel import apply_data_parallel  # noqa: E402
 from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
@@ -36,11 +36,11 @@ def shard_only(model, pd):
 
 
 def replicas_by_shards(gpt, results):
-    """dp 4 = 2 replicas x 2 shards, tp 1."""
+    """dp 4 = 2 replicas x 2 shards, tp 1. Returns the layout and one process's runs (replicas_by_real_tp's too)."""
     pd = init_parallel(dp=4, tp=1, dp_shard=2, device_type="cpu", backend="gloo")
+    refs = one_process(gpt, ["gpt", "distributed_gpt"], micro=MICRO)
     for kind in ("gpt", "distributed_gpt"):
-        one = build(kind, gpt, None)
-        ref = train(one, one, pd, dp=1, micro=MICRO)
+        ref = refs[kind]
         model = build(kind, gpt, pd)
         run = apply_data_parallel(model, pd, kind="fsdp", device_type="cpu")
         results[f"hsdp/{kind}"] = compare(train(model, run, pd, dp=pd.dp, micro=MICRO), ref)
@@ -61,14 +61,12 @@ def replicas_by_shards(gpt, results):
             results["can_fail/hsdp/no_replica_reduce"] = compare(train(model, model, pd, dp=pd.dp, micro=MICRO), ref)
     # meta-device init under HSDP: each rank materialises its shard of GPT's init, bitwise
     results["hsdp/meta_init_exact"] = dict(ok=meta_init_under_fsdp(gpt, pd)[2])
-    return pd
+    return pd, refs
 
 
-def replicas_by_real_tp(gpt, results):
+def replicas_by_real_tp(gpt, results, ref):
     """dp 2 = 2 replicas x 1 shard, real tp 2: DistributedGPT's own clipping (grad_sq_sums) on a 2-D FSDP mesh."""
     pd = init_parallel(dp=2, tp=2, dp_shard=1, device_type="cpu", backend="gloo")
-    one = build("distributed_gpt", gpt, None)
-    ref = train(one, one, pd, dp=1, micro=MICRO)
     model = build("distributed_gpt", gpt, pd)
     run = apply_data_parallel(model, pd, kind="fsdp", device_type="cpu")
     results["hsdp_x_tp/distributed_gpt"] = compare(train(model, run, pd, dp=pd.dp, micro=MICRO), ref)
@@ -81,8 +79,8 @@ def main(argv):
     pd, finished = None, False
     try:
         gpt, results = make_gpt(), {}
-        pd = replicas_by_shards(gpt, results)
-        pd = replicas_by_real_tp(gpt, results)
+        pd, refs = replicas_by_shards(gpt, results)
+        pd = replicas_by_real_tp(gpt, results, refs["distributed_gpt"])
         write_results(pd, results, out_path)
         finished = True
     finally:

@@ -22,7 +22,8 @@ sys.path[1:1] = [os.path.join(TESTS, "model"), os.path.join(TESTS, "tp")]  # tes
 
 import tpcomm.model.blocks as blocks  # noqa: E402
 import real_tp_worker  # noqa: E402
-from real_tp_worker import TOL, VOCAB, batch, make_gpt, name, ratio, with_dropout, worst  # noqa: E402
+from real_tp_worker import TOL, VOCAB, batch, held_by, local_grads, make_gpt, name, ratio, simulated  # noqa: E402
+from real_tp_worker import with_dropout, worst  # noqa: E402
 from test_generate import stepwise_logits  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
 from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
@@ -68,10 +69,6 @@ def expected_log(n_layer):
     return out + [("wait", n_layer - 1, "attn"), ("wait", n_layer - 1, "mlp")]
 
 
-def gathered_grads(model):
-    return {n: model.sharding.gather(n, p.grad) for n, p in model.named_parameters()}
-
-
 def forward_backward(model, idx, tgt, *, dropout_key=None):
     model.zero_grad(set_to_none=True)
     model.reset_comm_counts()
@@ -82,11 +79,13 @@ def forward_backward(model, idx, tgt, *, dropout_key=None):
     model.sync_replicated_grads()
     report = model.comm_report(micro_steps=1, tokens=idx.numel())
     counts = {k: report[k] for k in ("fwd_allreduces", "bwd_allreduces", "async_allreduces")}
-    return dict(logits=logits, loss=loss, grads=gathered_grads(model)), counts
+    return dict(logits=logits, loss=loss, grads=local_grads(model)), counts
 
 
-def compare(real_out, sim_out, tol):
+def compare(real_out, sim_out, tol, real_model):
+    """forward_backward of real_model against the simulated one's (its gradients cut as real_model holds them)."""
     (real, real_counts), (sim, sim_counts) = real_out, sim_out
+    sim = dict(sim, grads=held_by(real_model, sim["grads"]))
     out = {k: ratio(real[k], sim[k], tol) for k in ("logits", "loss", "grads")}
     out["ratio"] = max(v["ratio"] for v in out.values())
     out["counts"] = dict(real=real_counts, sim=sim_counts)
@@ -94,28 +93,32 @@ def compare(real_out, sim_out, tol):
 
 
 def check_forward_backward(pd, gpt, results):
-    """Logits, loss, every gathered gradient and the counts, real vs simulated, fp64 and fp32, without and with
-    dropout (0.2, keyed masks)."""
+    """Logits, loss, every gradient and the counts, real vs simulated, fp64 and fp32, without and with dropout (0.2,
+    keyed masks)."""
     idx, tgt = batch(0)
-    dropped = with_dropout(gpt, 0.2)
-    for dtype in ("float64", "float32"):
-        for block_types in PATTERNS:
-            for check, source, key in (("fwd_bwd", gpt, None), ("dropout", dropped, (1337, 3, 1))):
-                real = DistributedGPT.from_gpt(source, pd.tp, block_types, pd=pd).to(getattr(torch, dtype)).train()
-                sim = DistributedGPT.from_gpt(source, pd.tp, block_types).to(getattr(torch, dtype)).train()
-                results[f"{check}/{dtype}/{name(block_types)}"] = compare(
-                    forward_backward(real, idx, tgt, dropout_key=key), forward_backward(sim, idx, tgt, dropout_key=key),
-                    TOL[dtype])
+    sources = {"fwd_bwd": (gpt, None), "dropout": (with_dropout(gpt, 0.2), (1337, 3, 1))}  # weights, dropout key
+    cases = [(check, dtype, block_types) for dtype in ("float64", "float32") for block_types in PATTERNS
+             for check in sources]
+
+    def run(check, dtype, block_types, *, real):
+        source, key = sources[check]
+        model = DistributedGPT.from_gpt(source, pd.tp, block_types, pd=pd if real else None)
+        return model, forward_backward(model.to(getattr(torch, dtype)).train(), idx, tgt, dropout_key=key)
+
+    sims = simulated([lambda case=case: run(*case, real=False)[1] for case in cases])
+    for (check, dtype, block_types), sim_out in zip(cases, sims):
+        real, real_out = run(check, dtype, block_types, real=True)
+        results[f"{check}/{dtype}/{name(block_types)}"] = compare(real_out, sim_out, TOL[dtype], real)
     # the comparison can fail: one weight of the last rank's shard; a real model of another pattern
     block_types = PATTERNS[0]
-    sim_out = forward_backward(DistributedGPT.from_gpt(gpt, pd.tp, block_types).double(), idx, tgt)
+    sim_out = sims[cases.index(("fwd_bwd", "float64", block_types))]
     real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd).double()
     if pd.tp_rank == pd.tp - 1:
         with torch.no_grad():
             real.transformer.h[1].attn.c_attn.weight[0, 3] += 0.1
-    results["can_fail/perturbed_shard"] = compare(forward_backward(real, idx, tgt), sim_out, TOL["float64"])
+    results["can_fail/perturbed_shard"] = compare(forward_backward(real, idx, tgt), sim_out, TOL["float64"], real)
     real = DistributedGPT.from_gpt(gpt, pd.tp, ["tp"] * 4, pd=pd).double()
-    results["can_fail/other_pattern"] = compare(forward_backward(real, idx, tgt), sim_out, TOL["float64"])
+    results["can_fail/other_pattern"] = compare(forward_backward(real, idx, tgt), sim_out, TOL["float64"], real)
 
 
 def check_generation(pd, gpt, results):

@@ -19,7 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import tpcomm.model.blocks as blocks  # noqa: E402
 from ladder_worker import log_async  # noqa: E402
-from real_tp_worker import TOL, batch, make_gpt, name, ratio, with_dropout, worst  # noqa: E402
+from real_tp_worker import TOL, batch, held_by, local_grads, make_gpt, name, ratio, simulated  # noqa: E402
+from real_tp_worker import with_dropout, worst  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
 from tpcomm.costmodel.activation_memory import measure_saved_bytes  # noqa: E402
 from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
@@ -44,12 +45,13 @@ def forward_backward(model, idx, tgt, *, dropout_key=None):
     loss.backward()
     model.sync_replicated_grads()
     report = model.comm_report(micro_steps=1, tokens=idx.numel())
-    grads = {n: model.sharding.gather(n, p.grad) for n, p in model.named_parameters()}
-    return dict(logits=logits, loss=loss, grads=grads), {k: report.get(k, 0) for k in COUNT_KEYS}
+    return dict(logits=logits, loss=loss, grads=local_grads(model)), {k: report.get(k, 0) for k in COUNT_KEYS}
 
 
-def compare(real_out, sim_out, tol):
+def compare(real_out, sim_out, tol, real_model):
+    """forward_backward of real_model against the simulated one's (its gradients cut as real_model holds them)."""
     (real, real_counts), (sim, sim_counts) = real_out, sim_out
+    sim = dict(sim, grads=held_by(real_model, sim["grads"]))
     out = {k: ratio(real[k], sim[k], tol) for k in ("logits", "loss", "grads")}
     out["ratio"] = max(v["ratio"] for v in out.values())
     out["counts"] = dict(real=real_counts, sim=sim_counts)
@@ -57,39 +59,44 @@ def compare(real_out, sim_out, tol):
 
 
 def check_real_equals_sim(pd, gpt, results):
-    """Logits, loss, every gathered gradient and the counts, real vs simulated, fp64, without and with dropout."""
+    """Logits, loss, every gradient and the counts, real vs simulated, fp64, without and with dropout.
+    Returns the simulated runs by check name (the can-fail cases compare with some of them)."""
     idx, tgt = batch(0)
-    dropped = with_dropout(gpt, 0.2)
-    for option, kw in OPTIONS.items():
-        for block_types in PATTERNS:
-            for check, source, key in (("fwd_bwd", gpt, None), ("dropout", dropped, (1337, 3, 1))):
-                real = DistributedGPT.from_gpt(source, pd.tp, block_types, pd=pd, **kw).double().train()
-                sim = DistributedGPT.from_gpt(source, pd.tp, block_types, **kw).double().train()
-                results[f"{option}/{check}/{name(block_types)}"] = compare(
-                    forward_backward(real, idx, tgt, dropout_key=key), forward_backward(sim, idx, tgt, dropout_key=key),
-                    TOL["float64"])
+    sources = {"fwd_bwd": (gpt, None), "dropout": (with_dropout(gpt, 0.2), (1337, 3, 1))}  # weights, dropout key
+    cases = [(option, block_types, check) for option in OPTIONS for block_types in PATTERNS for check in sources]
+
+    def run(option, block_types, check, *, real):
+        source, key = sources[check]
+        model = DistributedGPT.from_gpt(source, pd.tp, block_types, pd=pd if real else None, **OPTIONS[option])
+        return model, forward_backward(model.double().train(), idx, tgt, dropout_key=key)
+
+    sims = {}
+    for case, sim_out in zip(cases, simulated([lambda case=case: run(*case, real=False)[1] for case in cases])):
+        option, block_types, check = case
+        sims[f"{option}/{check}/{name(block_types)}"] = sim_out
+        real, real_out = run(*case, real=True)
+        results[f"{option}/{check}/{name(block_types)}"] = compare(real_out, sim_out, TOL["float64"], real)
+    return sims
 
 
-def check_can_fail(pd, gpt, results):
+def check_can_fail(pd, gpt, results, sims):
     """A perturbed weight on the last rank's shard; under SP, every rank drawing the first token shard's dropout
-    masks (the row offset ignored)."""
+    masks (the row offset ignored). sims: check_real_equals_sim's."""
     idx, tgt = batch(0)
     block_types = PATTERNS[2]
     for option, kw in OPTIONS.items():
-        sim_out = forward_backward(DistributedGPT.from_gpt(gpt, pd.tp, block_types, **kw).double(), idx, tgt)
         real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd, **kw).double()
         if pd.tp_rank == pd.tp - 1:
             with torch.no_grad():
                 real.transformer.h[1].attn.c_attn.weight[0, 3] += 0.1
-        results[f"can_fail/{option}/perturbed_shard"] = compare(forward_backward(real, idx, tgt), sim_out,
-                                                                TOL["float64"])
+        results[f"can_fail/{option}/perturbed_shard"] = compare(forward_backward(real, idx, tgt),
+                                                                sims[f"{option}/fwd_bwd/{name(block_types)}"],
+                                                                TOL["float64"], real)
     dropped = with_dropout(gpt, 0.2)
-    sim = DistributedGPT.from_gpt(dropped, pd.tp, ["tp"] * 4, sequence_parallel=True).double().train()
     real = DistributedGPT.from_gpt(dropped, pd.tp, ["tp"] * 4, pd=pd, sequence_parallel=True).double().train()
     real.group.token_offset = lambda n_held: 0
     results["can_fail/sp/mask_offset"] = compare(forward_backward(real, idx, tgt, dropout_key=(1337, 3, 1)),
-                                                 forward_backward(sim, idx, tgt, dropout_key=(1337, 3, 1)),
-                                                 TOL["float64"])
+                                                 sims[f"sp/dropout/{name(['tp'] * 4)}"], TOL["float64"], real)
 
 
 def check_async(pd, gpt, results):
@@ -124,8 +131,8 @@ def main(argv):
     try:
         gpt = make_gpt()
         results = {}
-        check_real_equals_sim(pd, gpt, results)
-        check_can_fail(pd, gpt, results)
+        sims = check_real_equals_sim(pd, gpt, results)
+        check_can_fail(pd, gpt, results, sims)
         check_async(pd, gpt, results)
         check_activation_memory(pd, gpt, results)
         per_rank = [None] * dist.get_world_size()

@@ -21,7 +21,7 @@ from tpcomm.model.interface import PlainGPT  # noqa: E402
 from tpcomm.parallel.pipeline import LADDER, SCHEDULES, build_pipeline  # noqa: E402
 from tpcomm.parallel.pipeline_timeline import bubble_fraction, theoretical_bubble  # noqa: E402
 from tpcomm.parallel.parallel_dims import init_parallel  # noqa: E402
-from real_tp_worker import ratio, worst  # noqa: E402
+from real_tp_worker import ratio, simulated, worst  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
 
 VOCAB, N_LAYER, N_HEAD, N_EMBD, T = 61, 8, 4, 32, 16
@@ -52,6 +52,7 @@ TOL = {"float64": dict(rtol=1e-9, atol=1e-9), "steps/float64": dict(rtol=1e-8, a
 STEPS, LR, CLIP = 3, 1e-2, 0.1  # CLIP below the measured gradient norms: clipping is active (the test checks)
 # world size -> layouts (pp, dp, tp processes) run in one launch, with the checks of each
 LAYOUTS = {2: [(2, 1, 1)], 4: [(4, 1, 1), (2, 1, 2), (2, 2, 1)], 8: [(2, 2, 2)]}
+RESUMED = ((2, 1, 1), (2, 1, 2), (2, 2, 1))  # the layouts whose checkpoints are resumed (check_resume)
 
 
 def f64(values):
@@ -146,10 +147,27 @@ def compare(pp, ref, dtype, keys=("losses", "grads", "norms", "weights", "moment
     return out
 
 
-def check_layout(gpt, dims, results, *, kinds, schedules, dtype, keys, can_fail):
+def references(gpt, world):
+    """The one-process runs a launch compares with, keyed (kind, dtype, dp), each computed by one rank and sent to
+    all (real_tp_worker.simulated). They depend on the layout only through dp (the global batch), so the layouts
+    share them: every rank computing those of each layout it ran made 44 runs of 7 different ones at 4 processes."""
+    keys = []
+    for pp, dp, tp in LAYOUTS[world]:
+        for dtype, kinds, *_ in plan(pp, dp, tp):
+            keys += [(kind, dtype, dp) for kind in kinds]
+        if (pp, dp, tp) in RESUMED:
+            keys.append(("desync_cut", "float64", dp))
+    keys = list(dict.fromkeys(keys))
+    runs = [lambda kind=kind, dtype=dtype, dp=dp: reference(gpt, kind, getattr(torch, dtype), data(dp))
+            for kind, dtype, dp in keys]
+    return dict(zip(keys, simulated(runs)))
+
+
+def check_layout(gpt, dims, results, launch_refs, *, kinds, schedules, dtype, keys, can_fail):
+    """launch_refs: references(), of which those of this dtype and dp are compared with."""
     name = f"pp{dims.pp}_dp{dims.dp}_tp{dims.tp}"
     batches = data(dims.dp)
-    refs = {kind: reference(gpt, kind, getattr(torch, dtype), batches) for kind in kinds}
+    refs = {kind: launch_refs[kind, dtype, dims.dp] for kind in kinds}
     for kind in kinds:
         for schedule in schedules:
             pp = pipelined(gpt, kind, getattr(torch, dtype), batches, dims, schedule)
@@ -236,12 +254,12 @@ def plan(pp, dp, tp):
     return [("float64", kinds, list(SCHEDULES), full, broken)]
 
 
-def check_resume(gpt, dims, results):
+def check_resume(gpt, dims, results, launch_refs):
     """Checkpoint round trip: GPT-layout weights and optimizer state after 2 steps, loaded into a fresh pipeline,
     then a 3rd step equals the uninterrupted one process's 3rd step."""
     kind, schedule, dtype = "desync_cut", "1f1b", torch.float64
     batches = data(dims.dp)
-    ref = reference(gpt, kind, dtype, batches)
+    ref = launch_refs[kind, "float64", dims.dp]
     first = make_model(gpt, kind, dtype, dims)
     pipe = build_pipeline(first, dims, schedule=schedule, n_microbatches=M, batch_size=M * MB, seq_len=T)
     optimizer = pipe.configure_optimizers(0.1, LR, (0.9, 0.95), "cpu")
@@ -290,14 +308,15 @@ def main(argv):
     results, gpt = {}, make_gpt()
     dist.init_process_group(backend="gloo")
     try:
+        refs = references(gpt, world)
         for pp, dp, tp in LAYOUTS[world]:
             dims = init_parallel(dp=dp, tp=tp, pp=pp, device_type="cpu")
             assert (dims.pp, dims.dp, dims.tp) == (pp, dp, tp)
             for dtype, kinds, schedules, keys, broken in plan(pp, dp, tp):
-                check_layout(gpt, dims, results, kinds=kinds, schedules=schedules, dtype=dtype, keys=keys,
+                check_layout(gpt, dims, results, refs, kinds=kinds, schedules=schedules, dtype=dtype, keys=keys,
                              can_fail=broken)
-            if (pp, dp, tp) in ((2, 1, 1), (2, 1, 2), (2, 2, 1)):
-                check_resume(gpt, dims, results)
+            if (pp, dp, tp) in RESUMED:
+                check_resume(gpt, dims, results, refs)
         per_rank = [None] * dist.get_world_size()
         dist.all_gather_object(per_rank, results)
         if dist.get_rank() == 0:
