@@ -108,8 +108,9 @@ def answer_table(ctx):
     lines = [f"Quality: final val loss minus all `tp`'s ({base['val_loss_mean']:.3f}, exactly GPT), paired seed by "
              f"seed, mean [95% interval] (seeds), after {base['tokens'] / 1e6:.2f}M tokens (`cpu-long`, "
              f"{sum(r['n_seeds'] for r in ctx.rows('cpu-long'))} result files); each row's own 95% interval, and "
-             f"beside it the family-wise one: Bonferroni over the {m} measured rows (each at {100 - 5 / m:.2f}%), "
-             f"so all {m} hold at once with 95%; \"at 95% it\" reads the row's own; a row is read from "
+             + (f"beside it the family-wise one: Bonferroni over the {m} measured rows (each at {100 - 5 / m:.2f}%), "
+                f"so all {m} hold at once with 95%" if m else "beside it the family-wise one once a row is measured")
+             + f"; \"at 95% it\" reads the row's own; a row is read from "
              f"{MIN_SEEDS} paired seeds; "
              f"{_correlation_line(ctx)}; {provenance.summary(ctx, 'cpu-long')}; time: predicted step speedup over "
              f"Megatron-LM's all-`tp` step (its backward all-reduces hidden behind the weight-gradient GEMMs), "
