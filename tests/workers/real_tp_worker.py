@@ -237,21 +237,23 @@ def check_loss_parallel(pd, gpt, results):
 
 
 def generations(model, prompt):
-    """Tokens of greedy and seeded (top-k) sampling, with and without the KV cache."""
+    """Tokens of greedy and seeded (top-k) sampling, with and without the KV cache, 4 new ones each."""
     out = []
     for use_cache in (True, False):
         for temperature, top_k in ((0.0, None), (1.0, 20)):
             torch.manual_seed(11)
-            out.append(model.generate(prompt, 8, temperature=temperature, top_k=top_k, use_cache=use_cache))
+            out.append(model.generate(prompt, 4, temperature=temperature, top_k=top_k, use_cache=use_cache))
     return out
 
 
 def check_generation(pd, gpt, results, patterns=PATTERNS, dtype=torch.float32):
     """Generation under real TP gives the single-process model's tokens, greedy and seeded sampling, with and
-    without the KV cache, and every tp rank holds the same tokens. 26 prompt tokens and 8 new ones: the context
-    passes block_size (32) at the 7th, so the cache's crop is compared too (KV-cache == recomputing is proven for
-    every block type in simulation, tests/model/test_generate.py)."""
-    prompt = torch.randint(VOCAB, (2, 26), generator=torch.Generator().manual_seed(9))
+    without the KV cache, and every tp rank holds the same tokens. 30 prompt tokens and 4 new ones: the prefill,
+    cached one-token steps up to the cache's last slot (block_size 32), then a step past it whose window slides,
+    so the cache's crop is compared too (KV-cache == recomputing is proven for every block type in simulation,
+    tests/model/test_generate.py). 26 and 8 ran four more cached one-token steps before the slide, the same code
+    as the two here."""
+    prompt = torch.randint(VOCAB, (2, 30), generator=torch.Generator().manual_seed(9))
     sims = simulated([lambda block_types=block_types: generations(
         DistributedGPT.from_gpt(gpt, pd.tp, block_types).to(dtype).eval(), prompt) for block_types in patterns])
     for block_types, sim_tokens in zip(patterns, sims):
