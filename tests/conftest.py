@@ -33,15 +33,24 @@ os.environ["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), f"tpcomm
 sys.dont_write_bytecode, sys.pycache_prefix = False, os.environ["PYTHONPYCACHEPREFIX"]
 
 
+# Variables no module the fork server preloads (torch, numpy, tqdm) reads at import: a run given only these is
+# forked like one with the default environment. torchrun's (read at init_process_group) and Hugging Face's (read
+# when transformers or huggingface_hub is imported, in the child).
+FORKABLE_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME"}
+
+
 def run_script(*args, env=None, timeout=600):
     """Run a repo script as a user would; returns the CompletedProcess. A script or `-m module` run with the default
-    environment goes through the fork server (tests/support/forkserver.py: the same process, without a new torch import);
-    so do a torchrun launch's agent and, through tests/support/forkclient.py, its ranks."""
+    environment, or one adding only FORKABLE_ENV's variables, goes through the fork server
+    (tests/support/forkserver.py: the same process, without a new torch import); so do a torchrun launch's agent
+    and, through tests/support/forkclient.py, its ranks."""
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
-    if env is None and args[:2] == ("-m", "torch.distributed.run"):
+    forkable = set(env or ()) <= FORKABLE_ENV
+    if forkable and args[:2] == ("-m", "torch.distributed.run"):
         full_env["TPCOMM_FORKSERVER"] = _server_path()
         return _forked(list(args[:2]) + _ranks_through_client(args[2:]), full_env, timeout)
-    if env is None and (args[0].endswith(".py") or args[0] == "-m"):
+    if forkable and (args[0].endswith(".py") or args[0] == "-m"):
         return _forked(list(args), full_env, timeout)
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, env=full_env,
                           timeout=timeout)

@@ -13,8 +13,9 @@ gets the exit status (negative: the signal) as subprocess.run reports it.
 What differs from a fresh `python`: those modules are already imported (as the scripts' own imports would make
 them), and nothing else is: no repository module; and the child ends without the interpreter's teardown of every
 module and object (exit_like_python: threads, atexit handlers and files left open are seen to as at any exit). conftest.run_script therefore sends here only a script or
-`-m module` run with the default environment, torchrun's agent among them, and a torchrun launch's ranks through
-tests/support/forkclient.py; `-c` code (a test may check what it imports) and runs given their own environment still start
+`-m module` run with the default environment (or one adding only variables no preloaded module reads at import,
+conftest.FORKABLE_ENV), torchrun's agent among them, and a torchrun launch's ranks through
+tests/support/forkclient.py; `-c` code (a test may check what it imports) and runs given other variables still start
 a fresh interpreter.
 
 Protocol (one request per connection, each served by a waiter process of its own, so requests run side by side):
