@@ -3,6 +3,7 @@ lines, train.py a short flat loop, one validator for the model options; and ever
 refused in one line with exit status 2, nothing written."""
 
 import ast
+import functools
 import glob
 import json
 import os
@@ -162,30 +163,43 @@ def reexports(sources):
     """[(module, name, importer)]: a name that a repository module imports (rather than defines) and that another
     module takes through it (`from module import name`, or `module.name` read through an imported module), so the
     name has two paths. Whether the module uses the name itself does not matter."""
-    trees = {m: ast.parse(src) for m, src in sources.items()}
-    imported = {m: {(a.asname or a.name).split(".")[0] for node in tree.body
-                    if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names} for m, tree in trees.items()}
+    facts = {m: source_facts(src) for m, src in sources.items()}
     found = []
-    for importer, tree in trees.items():
-        modules = {}  # local name -> repository module it is bound to
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                for a in node.names:
-                    if f"{node.module}.{a.name}" in trees:
-                        modules[a.asname or a.name] = f"{node.module}.{a.name}"
-                    elif node.module in imported and a.name in imported[node.module]:
-                        found.append((node.module, a.name, importer))
-            elif isinstance(node, ast.Import):
-                modules.update({a.asname: a.name for a in node.names if a.asname and a.name in trees})
-                modules.update({a.name: a.name for a in node.names if not a.asname and a.name in trees})
-        patched = patched_names(tree)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
-                module = modules[node.value.id]
-                if (node.attr in imported[module] and f"{module}.{node.attr}" not in trees
-                        and (node.value.id, node.attr) not in patched):
-                    found.append((module, node.attr, importer))
+    for importer, (_, bindings, attributes, patched) in facts.items():
+        modules = {}  # local name -> repository module it is bound to (the last binding in ast.walk's order)
+        for module, name, local in bindings:
+            if name is None:  # import module [as local]
+                if module in facts:
+                    modules[local] = module
+            elif f"{module}.{name}" in facts:
+                modules[local] = f"{module}.{name}"
+            elif module in facts and name in facts[module][0]:
+                found.append((module, name, importer))
+        for local, attr in attributes:
+            module = modules.get(local)
+            if (module is not None and attr in facts[module][0] and f"{module}.{attr}" not in facts
+                    and (local, attr) not in patched):
+                found.append((module, attr, importer))
     return sorted(set(found))
+
+
+@functools.lru_cache(maxsize=None)
+def source_facts(source):
+    """What reexports needs of one source, parsed once per text (the detector's tests read ~175 sources three
+    times): the names its top level imports; its imports at any depth in ast.walk's order, `from M import N [as L]`
+    as (M, N, L) and `import M [as L]` as (M, None, L); every `L.attr` read; the names it patches (patched_names)."""
+    tree = ast.parse(source)
+    top = frozenset((a.asname or a.name).split(".")[0] for node in tree.body
+                    if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names)
+    bindings, attributes = [], []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            bindings += [(node.module, a.name, a.asname or a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            bindings += [(a.name, None, a.asname or a.name) for a in node.names]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            attributes.append((node.value.id, node.attr))
+    return top, bindings, attributes, patched_names(tree)
 
 
 def patched_names(tree):
