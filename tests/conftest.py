@@ -70,10 +70,11 @@ def _ranks_through_client(torchrun_args):
 
 
 def fork_server_for_children(monkeypatch, module):
-    """`module`'s own subprocess.Popen of `python SCRIPT ...` or `python -m ...` (a sweep's train.py runs, and
-    their torchrun ranks) goes through the fork server, as run_script's do: tests/support/forkclient.py stands in for the
-    interpreter, the rest of the command line, its environment and its standard streams unchanged."""
-    def popen(cmd, *args, env=None, **kwargs):
+    """`module`'s own subprocess.Popen and subprocess.run of `python SCRIPT ...` or `python -m ...` (a sweep's
+    train.py runs, the calibration's torchrun launch, and their ranks) go through the fork server, as run_script's
+    do: tests/support/forkclient.py stands in for the interpreter, the rest of the command line, its environment
+    and its standard streams unchanged."""
+    def through_server(cmd, env):
         if isinstance(cmd, list) and cmd[:1] == [sys.executable] and len(cmd) > 1 and (
                 cmd[1] == "-m" or cmd[1].endswith(".py")):
             rest = cmd[1:]
@@ -81,11 +82,19 @@ def fork_server_for_children(monkeypatch, module):
                 rest = rest[:2] + _ranks_through_client(rest[2:])
             cmd = [sys.executable, FORKCLIENT, *rest]
             env = dict(os.environ if env is None else env, TPCOMM_FORKSERVER=_server_path())
+        return cmd, env
+
+    def popen(cmd, *args, env=None, **kwargs):
+        cmd, env = through_server(cmd, env)
         return subprocess.Popen(cmd, *args, env=env, **kwargs)
+
+    def run(cmd, *args, env=None, **kwargs):
+        cmd, env = through_server(cmd, env)
+        return subprocess.run(cmd, *args, env=env, **kwargs)
 
     shim = types.ModuleType("subprocess")
     shim.__dict__.update(vars(subprocess))
-    shim.Popen = popen
+    shim.Popen, shim.run = popen, run
     monkeypatch.setattr(module, "subprocess", shim)
 
 

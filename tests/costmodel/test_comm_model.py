@@ -8,11 +8,12 @@ backward terms: Megatron's asynchronous input-gradient all-reduce (never hiding 
 backward chunks (never more than the chunk compute), the ladder's backward, each on a hand-computed case; the
 blocking baseline equal to the old model's numbers; `predicted_speedups` for the trade-off figure."""
 
+import functools
 import json
 import re
 
 import pytest
-from conftest import one_line_error, run_script
+from conftest import fork_server_for_children, one_line_error, run_script
 
 import comm_model
 from tpcomm.experiments import calibration as cal
@@ -250,15 +251,21 @@ def test_cli_error_has_no_traceback():
     assert line == "error: mfu must be a fraction in (0, 1], got 2.0"
 
 
-def test_measure_and_validate_end_to_end(tmp_path):
+def test_measure_and_validate_end_to_end(tmp_path, monkeypatch, capsys):
     """Tiny settings (3 sizes, 3 patterns of a 2-layer model, 3 steps): the microbenchmark and bench.py under real
     TP run, the counts bench.py measured follow the documented rule, and validate reads the file. The largest size,
-    4 MiB, takes milliseconds on gloo, so the fit's slope stands out of a busy machine's scheduling noise."""
+    4 MiB, takes milliseconds on gloo, so the fit's slope stands out of a busy machine's scheduling noise.
+    `measure` runs here (comm_model.main), its processes forked rather than fresh interpreters: the microbenchmark's
+    from this one, bench.py's torchrun agent and ranks from the fork server (six torch imports were ~20 s of CPU)."""
+    import torch.multiprocessing as mp
+
+    monkeypatch.setattr(mp, "spawn", functools.partial(mp.start_processes, start_method="fork"))
+    fork_server_for_children(monkeypatch, cal)
     out = tmp_path / "cal.json"
-    r = run_script("comm_model.py", "measure", f"--out={out}", "--sizes=[1024, 262144, 4194304]", "--reps=3",
-                   "--iters=3", "--warmup=1", "--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16",
-                   "--batch_size=2", "--patterns=['tp', 'spd', 'parallel']", timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    comm_model.main(["measure", f"--out={out}", "--sizes=[1024, 262144, 4194304]", "--reps=3", "--iters=3",
+                     "--warmup=1", "--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16", "--batch_size=2",
+                     "--patterns=['tp', 'spd', 'parallel']"])
+    assert "fit: alpha" in capsys.readouterr().out
     data = json.loads(out.read_text())
     assert [s["bytes"] for s in data["microbenchmark"]["samples"]] == [1024, 262144, 4194304]
     assert all(s["seconds"] > 0 for s in data["microbenchmark"]["samples"])
