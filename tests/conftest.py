@@ -25,6 +25,8 @@ TEST_FOLDERS = sorted(d for d, _, files in os.walk(TESTS) if "__pycache__" not i
     f.endswith(".py") for f in files))
 sys.path[:0] = [ROOT] + [d for d in TEST_FOLDERS if d not in sys.path]
 
+from forkserver import FORKABLE_ENV, SERVER_ENV, ranks_through_client, through_server  # noqa: E402 (tests/support)
+
 # Bytecode for every process the tests start (the fork server's children import the repository's modules anew:
 # compiling their source took 0.8 s of a 1.5 s `experiment.py --dry-run` where PYTHONDONTWRITEBYTECODE is set),
 # kept outside the clone (PYTHONPYCACHEPREFIX mirrors each source's path; a changed source is compiled again).
@@ -33,63 +35,31 @@ os.environ["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), f"tpcomm
 sys.dont_write_bytecode, sys.pycache_prefix = False, os.environ["PYTHONPYCACHEPREFIX"]
 
 
-# Variables no module the fork server preloads (torch, numpy, tqdm) reads at import: a run given only these is
-# forked like one with the default environment. torchrun's (read at init_process_group) and Hugging Face's (read
-# when transformers or huggingface_hub is imported, in the child).
-FORKABLE_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME"}
-
-
 def run_script(*args, env=None, timeout=600):
     """Run a repo script as a user would; returns the CompletedProcess. A script or `-m module` run with the default
     environment, or one adding only FORKABLE_ENV's variables, goes through the fork server
     (tests/support/forkserver.py: the same process, without a new torch import); so do a torchrun launch's agent
-    and, through tests/support/forkclient.py, its ranks."""
-    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
-    forkable = set(env or ()) <= FORKABLE_ENV
-    if forkable and args[:2] == ("-m", "torch.distributed.run"):
-        full_env["TPCOMM_FORKSERVER"] = _server_path()
-        return _forked(list(args[:2]) + _ranks_through_client(args[2:]), full_env, timeout)
-    if forkable and (args[0].endswith(".py") or args[0] == "-m"):
-        return _forked(list(args), full_env, timeout)
+    and, through tests/support/forkclient.py, its ranks, and the script's own `python SCRIPT` children."""
+    full_env = dict(os.environ, **SERVER_ENV, **(env or {}))
+    if set(env or ()) <= FORKABLE_ENV and (args[0].endswith(".py") or args[0] == "-m"):
+        argv = list(args)
+        if argv[:2] == ["-m", "torch.distributed.run"]:
+            argv[2:] = ranks_through_client(argv[2:])
+        return _forked(argv, dict(full_env, TPCOMM_FORKSERVER=_server_path()), timeout)
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, env=full_env,
                           timeout=timeout)
-
-
-FORKCLIENT = os.path.join(TESTS, "support", "forkclient.py")
-
-
-def _ranks_through_client(torchrun_args):
-    """torchrun's arguments with tests/support/forkclient.py as the script, the script (or torchrun's `-m MODULE`) its
-    arguments: each rank is then forked by the server. torchrun's own options come first, all as --key=value."""
-    args = list(torchrun_args)
-    for i, arg in enumerate(args):
-        if arg == "-m" or not arg.startswith("-"):  # the script, or torchrun's --module: the client runs `-m MODULE`
-            return args[:i] + [FORKCLIENT] + args[i:]
-    raise ValueError(f"no script in a torchrun command line: {torchrun_args}")
 
 
 def fork_server_for_children(monkeypatch, module):
     """`module`'s own subprocess.Popen and subprocess.run of `python SCRIPT ...` or `python -m ...` (a sweep's
     train.py runs, the calibration's torchrun launch, and their ranks) go through the fork server, as run_script's
-    do: tests/support/forkclient.py stands in for the interpreter, the rest of the command line, its environment
-    and its standard streams unchanged."""
-    def through_server(cmd, env):
-        if isinstance(cmd, list) and cmd[:1] == [sys.executable] and len(cmd) > 1 and (
-                cmd[1] == "-m" or cmd[1].endswith(".py")):
-            rest = cmd[1:]
-            if rest[:2] == ["-m", "torch.distributed.run"]:
-                rest = rest[:2] + _ranks_through_client(rest[2:])
-            cmd = [sys.executable, FORKCLIENT, *rest]
-            env = dict(os.environ if env is None else env, TPCOMM_FORKSERVER=_server_path())
-        return cmd, env
-
+    do (forkserver.through_server)."""
     def popen(cmd, *args, env=None, **kwargs):
-        cmd, env = through_server(cmd, env)
+        cmd, env = through_server(cmd, env, _server_path())
         return subprocess.Popen(cmd, *args, env=env, **kwargs)
 
     def run(cmd, *args, env=None, **kwargs):
-        cmd, env = through_server(cmd, env)
+        cmd, env = through_server(cmd, env, _server_path())
         return subprocess.run(cmd, *args, env=env, **kwargs)
 
     shim = types.ModuleType("subprocess")
@@ -108,7 +78,7 @@ def _server_path():
         if os.path.exists(path):
             os.unlink(path)
         proc = subprocess.Popen([sys.executable, os.path.join(TESTS, "support", "forkserver.py"), path], cwd=ROOT,
-                                env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
+                                env=dict(os.environ, **SERVER_ENV))
         deadline = time.time() + 300
         while not os.path.exists(path) and proc.poll() is None and time.time() < deadline:
             time.sleep(0.05)

@@ -14,9 +14,9 @@ What differs from a fresh `python`: those modules are already imported (as the s
 them), and nothing else is: no repository module; and the child ends without the interpreter's teardown of every
 module and object (exit_like_python: threads, atexit handlers and files left open are seen to as at any exit). conftest.run_script therefore sends here only a script or
 `-m module` run with the default environment (or one adding only variables no preloaded module reads at import,
-conftest.FORKABLE_ENV), torchrun's agent among them, and a torchrun launch's ranks through
-tests/support/forkclient.py; `-c` code (a test may check what it imports) and runs given other variables still start
-a fresh interpreter.
+FORKABLE_ENV), torchrun's agent among them, and a torchrun launch's ranks through tests/support/forkclient.py; so
+does a forked script for its own such children (NestedPopen); `-c` code (a test may check what it imports) and
+runs given other variables still start a fresh interpreter.
 
 Protocol (one request per connection, each served by a waiter process of its own, so requests run side by side):
 the client sends one JSON line {"argv", "env", "cwd"} with the child's stdin, stdout and stderr descriptors
@@ -33,7 +33,9 @@ import runpy
 import select
 import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import threading
 
 import numpy as np
@@ -41,6 +43,51 @@ import torch
 import torch._dynamo  # noqa: F401  (imported by the package's torch.compiler.disable; most of the rest of the start)
 import torch.distributed  # noqa: F401  (preloaded for the children: every script and torchrun's agent import it)
 import tqdm  # noqa: F401  (preloaded for the children: the training scripts' progress bars)
+
+FORKCLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forkclient.py")
+# Variables no module this server preloads (torch, numpy, tqdm) reads at import: a run whose environment adds only
+# these is forked like one with the default environment. torchrun's (read at init_process_group), Hugging Face's
+# (read when transformers or huggingface_hub is imported, in the child) and TMPDIR (become() clears tempfile's
+# cached directory, which a fresh interpreter computes at its first use).
+FORKABLE_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "TMPDIR", "TPCOMM_FORKSERVER"}
+SERVER_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}  # the server's own (conftest starts it with them)
+
+
+def through_server(cmd, env, server):
+    """(cmd, env) for subprocess: `python SCRIPT ...` or `python -m ...` rewritten to go through this server (`server`:
+    its socket) with tests/support/forkclient.py standing in for the interpreter, a torchrun launch's ranks too;
+    any other command, or an environment adding variables beyond FORKABLE_ENV to this process's, unchanged."""
+    base = os.environ
+    changed = {k for k in set(base) | set(env or {}) if env is not None and base.get(k) != env.get(k)
+               and (k not in SERVER_ENV or env.get(k) != SERVER_ENV[k])}
+    if not (isinstance(cmd, list) and cmd[:1] == [sys.executable] and len(cmd) > 1 and (
+            cmd[1] == "-m" or cmd[1].endswith(".py")) and changed <= FORKABLE_ENV):
+        return cmd, env
+    rest = cmd[1:]
+    if rest[:2] == ["-m", "torch.distributed.run"]:
+        rest = rest[:2] + ranks_through_client(rest[2:])
+    return [sys.executable, FORKCLIENT, *rest], dict(base if env is None else env, TPCOMM_FORKSERVER=server)
+
+
+def ranks_through_client(torchrun_args):
+    """torchrun's arguments with tests/support/forkclient.py as the script, the script (or torchrun's `-m MODULE`) its
+    arguments: each rank is then forked by the server. torchrun's own options come first, all as --key=value."""
+    args = list(torchrun_args)
+    for i, arg in enumerate(args):
+        if arg == "-m" or not arg.startswith("-"):  # the script, or torchrun's --module: the client runs `-m MODULE`
+            return args[:i] + [FORKCLIENT] + args[i:]
+    raise ValueError(f"no script in a torchrun command line: {torchrun_args}")
+
+
+class NestedPopen(subprocess.Popen):
+    """subprocess.Popen (and so subprocess.run) in a child whose request names the server (TPCOMM_FORKSERVER): a
+    script's own `python SCRIPT ...` children (a sweep's train.py runs, gpu-scale's copies of itself, a torchrun
+    launch and its ranks) are forked from the server too, as conftest.run_script's are."""
+
+    def __init__(self, args, *rest, env=None, **kwargs):
+        args, env = through_server(args, env, os.environ["TPCOMM_FORKSERVER"])
+        super().__init__(args, *rest, env=env, **kwargs)
 
 
 def serve(path):
@@ -104,7 +151,10 @@ def become(request, fds):
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    tempfile.tempdir = None  # computed again from this environment's TMPDIR at first use, as in a fresh interpreter
     np.random.seed()  # a fresh interpreter's numpy draws its own seed; forked children would share the server's
+    if "TPCOMM_FORKSERVER" in os.environ:
+        subprocess.Popen = NestedPopen
 
 
 def run(argv):
