@@ -2,6 +2,7 @@
 of a torchrun launch, behaves as `python SCRIPT` would: its output, its exit status, an uncaught exception's
 traceback, torchrun's environment per rank, and a timeout that leaves no process behind."""
 
+import json
 import os
 import subprocess
 import sys
@@ -89,3 +90,33 @@ def test_a_timeout_leaves_no_rank_behind(script, tmp_path):
     while alive() and time.time() < deadline:
         time.sleep(0.2)
     assert not alive()
+
+
+PARENT = """
+import json, os, subprocess, sys
+child = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
+out = {}
+for name, extra in (("plain", {}), ("tmpdir", {"TMPDIR": sys.argv[1]}), ("pythonpath", {"PYTHONPATH": sys.argv[1]})):
+    r = subprocess.run([sys.executable, child], env=dict(os.environ, **extra), capture_output=True, text=True)
+    out[name] = json.loads(r.stdout)
+print(json.dumps(out))
+"""
+CHILD = """
+import json, sys, tempfile
+print(json.dumps({"forked": "torch" in sys.modules, "tmp": tempfile.gettempdir()}))
+"""
+
+
+def test_a_forked_scripts_python_children_fork_too(tmp_path):
+    """A forked script's own `python SCRIPT` children are forked (torch already imported when they start), with
+    TMPDIR read afresh; one given PYTHONPATH (read at an interpreter's start) is a fresh interpreter: the check
+    can fail."""
+    (tmp_path / "parent.py").write_text(PARENT)
+    (tmp_path / "child.py").write_text(CHILD)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    r = run_script(str(tmp_path / "parent.py"), str(tmp))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["plain"]["forked"] and out["tmpdir"] == {"forked": True, "tmp": str(tmp)}
+    assert not out["pythonpath"]["forked"]
