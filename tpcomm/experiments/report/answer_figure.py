@@ -73,7 +73,8 @@ def _panel(ax, data, k, *, floor, top):
 
 
 def _legend(ax, points):
-    """Only the encodings drawn: an error bar, a hollow marker (same math), a marker on the floor (pending)."""
+    """Only the encodings drawn: an error bar, a hollow marker (same math), a marker on the floor (pending); under
+    the figure's lower panel (ax)."""
     from matplotlib.lines import Line2D
 
     drawn = {p["status"] for p in points}
@@ -85,7 +86,9 @@ def _legend(ax, points):
         handles.append(Line2D([], [], color="0.3", marker="o", mfc="none", ls="", label="on the floor: cost pending"))
     if any(p.get("speedup_band") for p in points):
         handles.append(Line2D([], [], color="0.3", lw=6, alpha=0.25, label="range of the predicted speedup"))
-    ax.legend(handles=handles, loc="upper left", fontsize=MIN_FONT_PT, framealpha=0.9)
+    # under the lower panel's x label, outside both panels: no point, interval or label of the data can reach it
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=MIN_FONT_PT,
+              frameon=False)
 
 
 def draw_tradeoff(data, *, title):
@@ -106,7 +109,7 @@ def draw_tradeoff(data, *, title):
         ax.set_ylabel("val loss minus all tp's\n(nats/token, same seed)", fontsize=MIN_FONT_PT + 1)
     axes[-1].set_xlabel("predicted training-step speedup over Megatron-LM's all-tp step (log scale)",
                         fontsize=MIN_FONT_PT + 1)
-    _legend(axes[0], points)
+    _legend(axes[-1], points)
     fig.suptitle("\n".join(textwrap.wrap(title, 95)), fontsize=MIN_FONT_PT, x=0.01, ha="left")
     left_out = data.get("left_out") or []
     if left_out:

@@ -51,10 +51,17 @@ class Results:
     the sweep's) is left out, said once."""
 
     def __init__(self, *, root=ROOT, say=print):
-        self._rows, self._jobs, self.root, self.say = {}, {}, root, say
+        self._rows, self._jobs, self._planned, self.root, self.say = {}, {}, {}, root, say
 
     def jobs(self, name, *, seeds=None):
-        """The sweep's jobs for the seeds of its result files (or the given ones), paths anchored at the repo root."""
+        """The sweep's jobs for the seeds of its result files (or the given ones), paths anchored at the repo root;
+        planned once per report (the tables, the plan check and the stray-file check each ask)."""
+        key = (name, None if seeds is None else tuple(seeds))
+        if key not in self._planned:
+            self._planned[key] = self._plan(name, seeds)
+        return list(self._planned[key])
+
+    def _plan(self, name, seeds):
         runs = sweep_plan.SWEEPS[name]
         sweep_dir = sweeps.sweep_dir_for(name, ())
         homes = sweeps.homes_of(runs, ())
@@ -436,6 +443,10 @@ def unregistered_pngs(root):
                   if rel not in known)
 
 
+# (figure, data digest) of the command figures' data files that drew in this process: the same data draws the same
+DRAWN = set()
+
+
 def update_plots(ctx, chosen, *, check, root, say):
     """Write (with check: compare) the registered plots; returns the mismatch lines. With check, a committed figure
     that carries no data digest fails too: one not registered here, one whose result files are not committed, a
@@ -473,12 +484,13 @@ def update_plots(ctx, chosen, *, check, root, say):
                     say(f"note: {rel} was not made from result files (there are none yet); left as it is")
             continue
         data, draw = made
-        if check and rel in commands:  # the data file must still draw (a hand-edited one may not)
-            try:
+        if check and rel in commands and (rel, png.data_digest(data)) not in DRAWN:  # the data file must still draw
+            try:                                                                    # (a hand-edited one may not)
                 png.pyplot().close(draw())
             except Exception as e:  # noqa: BLE001 - any failure to draw is the mismatch to report
                 mismatches.append(f"{rel}: its data file does not draw ({type(e).__name__}: {e})")
                 continue
+            DRAWN.add((rel, png.data_digest(data)))
         if stored == png.data_digest(data):
             continue
         if check:
