@@ -48,9 +48,10 @@ FORKCLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forkclien
 # Variables no module this server preloads (torch, numpy, tqdm) reads at import: a run whose environment adds only
 # these is forked like one with the default environment. torchrun's (read at init_process_group), Hugging Face's
 # (read when transformers or huggingface_hub is imported, in the child) and TMPDIR (become() clears tempfile's
-# cached directory, which a fresh interpreter computes at its first use).
+# cached directory, which a fresh interpreter computes at its first use), and PYTHONPATH (run() puts its entries
+# after the script's folder, as an interpreter's start does; the preloaded modules stay the server's).
 FORKABLE_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "TMPDIR", "TPCOMM_FORKSERVER"}
+                "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "TMPDIR", "PYTHONPATH", "TPCOMM_FORKSERVER"}
 SERVER_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}  # the server's own (conftest starts it with them)
 
 
@@ -158,14 +159,15 @@ def become(request, fds):
 
 
 def run(argv):
-    """What `python ARGV` runs: a script file or `-m module`."""
+    """What `python ARGV` runs: a script file or `-m module`, with PYTHONPATH's entries after its folder."""
+    sys.path[0] = os.getcwd() if argv[0] == "-m" else os.path.dirname(os.path.abspath(argv[0]))
+    extra = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[1:1] = [p for p in dict.fromkeys(extra) if p not in sys.path]
     if argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]
-        sys.path[0] = os.getcwd()
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     else:
         sys.argv = list(argv)
-        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
         runpy.run_path(argv[0], run_name="__main__")
 
 

@@ -96,21 +96,22 @@ PARENT = """
 import json, os, subprocess, sys
 child = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
 out = {}
-for name, extra in (("plain", {}), ("tmpdir", {"TMPDIR": sys.argv[1]}), ("pythonpath", {"PYTHONPATH": sys.argv[1]})):
+for name, extra in (("plain", {}), ("tmpdir", {"TMPDIR": sys.argv[1]}), ("pythonpath", {"PYTHONPATH": sys.argv[1]}),
+                    ("hashseed", {"PYTHONHASHSEED": "7"})):
     r = subprocess.run([sys.executable, child], env=dict(os.environ, **extra), capture_output=True, text=True)
     out[name] = json.loads(r.stdout)
 print(json.dumps(out))
 """
 CHILD = """
 import json, sys, tempfile
-print(json.dumps({"forked": "torch" in sys.modules, "tmp": tempfile.gettempdir()}))
+print(json.dumps({"forked": "torch" in sys.modules, "tmp": tempfile.gettempdir(), "path": sys.path[1]}))
 """
 
 
 def test_a_forked_scripts_python_children_fork_too(tmp_path):
     """A forked script's own `python SCRIPT` children are forked (torch already imported when they start), with
-    TMPDIR read afresh; one given PYTHONPATH (read at an interpreter's start) is a fresh interpreter: the check
-    can fail."""
+    TMPDIR read afresh and PYTHONPATH's entries after the script's folder; one given PYTHONHASHSEED (read at an
+    interpreter's start) is a fresh interpreter: the check can fail."""
     (tmp_path / "parent.py").write_text(PARENT)
     (tmp_path / "child.py").write_text(CHILD)
     tmp = tmp_path / "tmp"
@@ -118,5 +119,6 @@ def test_a_forked_scripts_python_children_fork_too(tmp_path):
     r = run_script(str(tmp_path / "parent.py"), str(tmp))
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["plain"]["forked"] and out["tmpdir"] == {"forked": True, "tmp": str(tmp)}
-    assert not out["pythonpath"]["forked"]
+    assert out["plain"]["forked"] and out["tmpdir"]["forked"] and out["tmpdir"]["tmp"] == str(tmp)
+    assert out["pythonpath"]["forked"] and out["pythonpath"]["path"] == str(tmp)  # as `python` puts it
+    assert not out["hashseed"]["forked"]
