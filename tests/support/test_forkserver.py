@@ -79,7 +79,7 @@ def test_a_timeout_leaves_no_rank_behind(script, tmp_path):
     """The test's timeout kills torchrun's agent; its ranks (forked by the server, each in a session of its own) and
     their clients (torchrun's children) must go too."""
     with pytest.raises(subprocess.TimeoutExpired):
-        run_script(*TORCHRUN, "--nproc_per_node=2", script, "sleep", str(tmp_path), timeout=12)
+        run_script(*TORCHRUN, "--nproc_per_node=2", script, "sleep", str(tmp_path), timeout=8)
     pids = [int(pid) for f in ("rank0", "rank1") for pid in (tmp_path / f).read_text().split()]
     assert len(pids) == 4  # each rank's pid and its waiter's (the server's child)
 
