@@ -112,6 +112,18 @@ def test_no_two_texts_overprint(figures):
         assert plot_labels.overlapping(fig) == [], rel
 
 
+def test_no_text_is_cut_off(figures):
+    """Every text inside the figure's edges (a label moved past the left edge was cut in half, found in
+    docs/answer_tradeoff.png), and the check can fail."""
+    for rel, (_, fig) in figures.items():
+        assert plot_labels.cut_off(fig) == [], rel
+    plt = png.pyplot()
+    fig, ax = plt.subplots()
+    ax.annotate("past the edge", (0.0, 0.5), xytext=(-200, 0), textcoords="offset points", ha="right")
+    assert plot_labels.cut_off(fig) == ["past the edge"]
+    plt.close(fig)
+
+
 def test_separate_moves_labels_off_each_other():
     plt = png.pyplot()
     fig, ax = plt.subplots()

@@ -1,7 +1,8 @@
 """
 Labels that never overprint: separate() moves each point's annotation (its offset, in points) up or down until its
-drawn box meets no other text of the figure; overlapping() lists the pairs of texts whose drawn boxes still
-intersect (tests/figures/test_figures.py asserts none, in every figure). Both measure matplotlib's text extents after a draw.
+drawn box lies inside the figure and meets no other text of it; overlapping() lists the pairs of texts whose drawn
+boxes still intersect, cut_off() the texts past the figure's edges (tests/figures/test_figures.py asserts none of
+either, in every figure). Both measure matplotlib's text extents after a draw.
 """
 
 from itertools import combinations
@@ -45,6 +46,16 @@ def overlapping(fig):
             if ba.overlaps(bb)]
 
 
+def _inside(fig, box):
+    return fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1
+
+
+def cut_off(fig):
+    """[text] of the figure's texts that reach past its edges (the saved image would cut them), after a draw."""
+    fig.canvas.draw()
+    return [t.get_text() for t, box in _boxes(fig, texts(fig)) if not _inside(fig, box)]
+
+
 def mark_boxes(ax, marks, *, pad=6):
     """Display boxes (pixels) of marks drawn in ax: (x, y low, y high) in data coordinates (a marker: low = high;
     an error bar: its ends), padded by `pad` pixels; obstacles for separate(). Call after the layout is final."""
@@ -64,10 +75,11 @@ def _candidates(dx, dy, *, step, tries):
 
 
 def separate(fig, annotations, *, obstacles=(), step=4, tries=40):
-    """Move each annotation, in the order given, until its box overlaps none of the figure's other texts, none of
-    the obstacles (boxes in display pixels: markers, error bars) and no annotation already placed: first up and down
-    on its side of the point (farther each try, `step` points at a time), then on the other side. A label that finds
-    no free place goes where it overlaps the fewest boxes. Draws the figure first (obstacles: after the layout)."""
+    """Move each annotation, in the order given, until its box lies inside the figure and overlaps none of the
+    figure's other texts, none of the obstacles (boxes in display pixels: markers, error bars) and no annotation
+    already placed: first up and down on its side of the point (farther each try, `step` points at a time), then on
+    the other side. A label that finds no free place goes where it overlaps the fewest boxes, inside the figure if
+    any place there is. Draws the figure first (obstacles: after the layout)."""
     fig.canvas.draw()
     movable = set(map(id, annotations))
     placed = [b for t, b in _boxes(fig, texts(fig)) if id(t) not in movable] + list(obstacles)
@@ -80,7 +92,7 @@ def separate(fig, annotations, *, obstacles=(), step=4, tries=40):
             a.xyann = (dx, dy)
             a.set_ha(ha if (dx >= 0) == (first[0] >= 0) else flipped)
             box = _box(a, renderer)
-            hits = sum(box.overlaps(b) for b in placed)
+            hits = sum(box.overlaps(b) for b in placed) + (0 if _inside(fig, box) else len(placed) + 1)
             if best is None or hits < best[0]:
                 best = (hits, (dx, dy), a.get_ha(), box)
             if not hits:
