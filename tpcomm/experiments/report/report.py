@@ -51,7 +51,7 @@ class Results:
     the sweep's) is left out, said once."""
 
     def __init__(self, *, root=ROOT, say=print):
-        self._rows, self._jobs, self._planned, self.root, self.say = {}, {}, {}, root, say
+        self._rows, self._planned, self.root, self.say = {}, {}, root, say
 
     def jobs(self, name, *, seeds=None):
         """The sweep's jobs for the seeds of its result files (or the given ones), paths anchored at the repo root;
@@ -77,8 +77,8 @@ class Results:
 
     def rows(self, name):
         if name not in self._rows:
-            self._jobs[name] = self.jobs(name)
-            self._rows[name], _ = sweep_records.rows_of(self._jobs[name], say=self.say) if self._jobs[name] else ([], [])
+            jobs = self.jobs(name)
+            self._rows[name], _ = sweep_records.rows_of(jobs, say=self.say) if jobs else ([], [])
         return self._rows[name]
 
 
@@ -484,14 +484,15 @@ def update_plots(ctx, chosen, *, check, root, say):
                     say(f"note: {rel} was not made from result files (there are none yet); left as it is")
             continue
         data, draw = made
-        if check and rel in commands and (rel, png.data_digest(data)) not in DRAWN:  # the data file must still draw
-            try:                                                                    # (a hand-edited one may not)
+        digest = png.data_digest(data)
+        if check and rel in commands and (rel, digest) not in DRAWN:  # the data file must still draw (a hand-edited
+            try:                                                       # one may not)
                 png.pyplot().close(draw())
             except Exception as e:  # noqa: BLE001 - any failure to draw is the mismatch to report
                 mismatches.append(f"{rel}: its data file does not draw ({type(e).__name__}: {e})")
                 continue
-            DRAWN.add((rel, png.data_digest(data)))
-        if stored == png.data_digest(data):
+            DRAWN.add((rel, digest))
+        if stored == digest:
             continue
         if check:
             mismatches.append(f"{rel}: " + ("missing" if not os.path.exists(path) else
