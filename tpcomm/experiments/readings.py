@@ -68,9 +68,11 @@ def _up(x, d):
 
 def bound(b, base_loss, *, half_width):
     """An upper bound in nats and as a share of the baseline's loss, rounded up, each no finer than a tenth of the
-    interval's half-width (decimals()): +0.0006 with a half-width of 0.0064 prints +0.001 (0.1%)."""
+    interval's half-width (decimals()): +0.0006 with a half-width of 0.0064 prints +0.001 (0.1%). The share is the
+    printed bound's, so the pair agree: +0.003 with a half-width of 0.013 prints +0.01 nats (0.6%), not (0.2%)."""
     d, dp = decimals(half_width), decimals(100 * half_width / base_loss)
-    return f"{_up(b, d):+.{d}f}", f"{_up(100 * b / base_loss, dp):.{dp}f}%"
+    nats = _up(b, d)
+    return f"{nats:+.{d}f}", f"{_up(100 * nats / base_loss, dp):.{dp}f}%"
 
 
 # a row is read from 3 paired seeds: a Student-t interval from 2 rests on one degree of freedom, so its width is

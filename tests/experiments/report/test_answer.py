@@ -28,7 +28,9 @@ def test_claim_bounds_a_cost_where_the_interval_holds_zero():
     assert readings.claim((-0.0045, 0.0050, 10), 1.7) == "costs at most +0.001 nats (0.1%)"
     # 0.025 (1.47%) with a half-width of 0.021 (1.2%): 2 decimals in nats, none in percent, each rounded up
     assert readings.claim((0.004, 0.021, 3), 1.7) == "costs at most +0.03 nats (2%)"
-    assert readings.bound(0.0251, 1.7, half_width=0.0021) == ("+0.026", "1.5%")
+    assert readings.bound(0.0251, 1.7, half_width=0.0021) == ("+0.026", "1.6%")
+    # the share is the printed bound's: all `caat` at 4 seeds read "+0.01 nats (0.2%)", the share of +0.003
+    assert readings.claim((-0.010, 0.013, 4), 1.704) == "costs at most +0.01 nats (0.6%)"
     assert readings.claim((0.025, 0.022, 3), 1.7) == "costs +0.025 [+0.003, +0.047] nats (1.5%)"
     assert readings.claim((-0.046, 0.026, 3), 2.0) == "gains 0.046 [-0.072, -0.020] nats (2.3%)"
     # anti-vacuity: the same mean with a narrower interval is a cost, not a bound
