@@ -5,6 +5,7 @@ import json
 import os
 import pickle
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,6 +34,12 @@ from forkserver import FORKABLE_ENV, SERVER_ENV, ranks_through_client, through_s
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 os.environ["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), f"tpcomm-pycache-{os.getuid()}")
 sys.dont_write_bytecode, sys.pycache_prefix = False, os.environ["PYTHONPYCACHEPREFIX"]
+
+# torch.compile's disk caches (inductor's C++ kernels, FX graphs, AOTAutograd's) start empty in each pytest process
+# and every process it starts, as on a clean CI machine: the inductor test took 8 s on a cache an earlier run had left
+# in the shared default folder and 122 s without one (docs/tests.md), so a warm cache hid the suite's own time.
+INDUCTOR_CACHE = os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="tpcomm-inductor-")
+atexit.register(lambda pid=os.getpid(): os.getpid() == pid and shutil.rmtree(INDUCTOR_CACHE, ignore_errors=True))
 
 
 def run_script(*args, env=None, timeout=600):
