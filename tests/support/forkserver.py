@@ -38,12 +38,6 @@ import sys
 import tempfile
 import threading
 
-import numpy as np
-import torch
-import torch._dynamo  # noqa: F401  (imported by the package's torch.compiler.disable; most of the rest of the start)
-import torch.distributed  # noqa: F401  (preloaded for the children: every script and torchrun's agent import it)
-import tqdm  # noqa: F401  (preloaded for the children: the training scripts' progress bars)
-
 FORKCLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forkclient.py")
 # Variables no module this server preloads (torch, numpy, tqdm) reads at import: a run whose environment adds only
 # these is forked like one with the default environment. torchrun's (read at init_process_group), Hugging Face's
@@ -153,7 +147,8 @@ def become(request, fds):
     os.environ.clear()
     os.environ.update(request["env"])
     tempfile.tempdir = None  # computed again from this environment's TMPDIR at first use, as in a fresh interpreter
-    np.random.seed()  # a fresh interpreter's numpy draws its own seed; forked children would share the server's
+    sys.modules["numpy"].random.seed()  # a fresh interpreter's numpy draws its own seed; forked children would share
+    # the server's (preload() imported numpy)
     if "TPCOMM_FORKSERVER" in os.environ:
         subprocess.Popen = NestedPopen
 
@@ -192,7 +187,18 @@ def exit_like_python(code):
     os._exit(code)
 
 
+def preload():
+    """What the children would import first, imported once, in the server only (conftest imports this module for its
+    constants alone: the pytest process that only hands out tests to xdist's workers never needs torch)."""
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401  (imported by the package's torch.compiler.disable; most of the rest of the start)
+    import torch.distributed  # noqa: F401  (every script and torchrun's agent import it)
+    import tqdm  # noqa: F401  (the training scripts' progress bars)
+
+
 def main(path):
+    preload()
     argv = serve(path)  # returns in a forked child only
     try:
         run(argv)
