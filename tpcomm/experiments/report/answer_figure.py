@@ -119,7 +119,7 @@ def draw_tradeoff(data, *, title):
     fig.canvas.draw()
     marks = [b for k, ax in enumerate(axes)
              for b in plot_labels.mark_boxes(ax, _marks(points, k, floor=floor), pad=7)]
-    plot_labels.separate(fig, labels, obstacles=marks)
+    plot_labels.separate(fig, labels, obstacles=marks, drawn=True)
     return fig
 
 

@@ -107,7 +107,7 @@ def draw_reversal(data, *, way="all-parallel"):
     fig.tight_layout()
     fig.canvas.draw()
     marks = [(p[0], p[1], p[1]) for s in data for p in s["points"]]
-    plot_labels.separate(fig, labels, obstacles=plot_labels.mark_boxes(ax, marks, pad=3))
+    plot_labels.separate(fig, labels, obstacles=plot_labels.mark_boxes(ax, marks, pad=3), drawn=True)
     return fig
 
 
