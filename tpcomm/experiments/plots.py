@@ -91,8 +91,7 @@ def _draw_sweep(ax, data, *, text_of):
 
 
 def _place(fig, ax, labels, marks):
-    fig.canvas.draw()
-    plot_labels.separate(fig, labels, obstacles=plot_labels.mark_boxes(ax, marks), step=3, drawn=True)
+    plot_labels.separate(fig, labels, obstacles=lambda: plot_labels.mark_boxes(ax, marks), step=3)
 
 
 def _gap_text(p, name):

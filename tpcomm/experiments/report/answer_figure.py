@@ -116,10 +116,8 @@ def draw_tradeoff(data, *, title):
         fig.text(0.01, 0.005, "Not drawn (no GPU prediction, the cost model does not price it): " +
                  ", ".join(left_out) + ".", fontsize=MIN_FONT_PT, va="bottom")
     fig.tight_layout(rect=(0, 0.03 if left_out else 0, 1, 1))
-    fig.canvas.draw()
-    marks = [b for k, ax in enumerate(axes)
-             for b in plot_labels.mark_boxes(ax, _marks(points, k, floor=floor), pad=7)]
-    plot_labels.separate(fig, labels, obstacles=marks, drawn=True)
+    plot_labels.separate(fig, labels, obstacles=lambda: [
+        b for k, ax in enumerate(axes) for b in plot_labels.mark_boxes(ax, _marks(points, k, floor=floor), pad=7)])
     return fig
 
 

@@ -105,9 +105,8 @@ def draw_reversal(data, *, way="all-parallel"):
     lo, hi = ax.get_xlim()
     ax.set_xlim(lo, hi * 2.2)
     fig.tight_layout()
-    fig.canvas.draw()
     marks = [(p[0], p[1], p[1]) for s in data for p in s["points"]]
-    plot_labels.separate(fig, labels, obstacles=plot_labels.mark_boxes(ax, marks, pad=3), drawn=True)
+    plot_labels.separate(fig, labels, obstacles=lambda: plot_labels.mark_boxes(ax, marks, pad=3))
     return fig
 
 
