@@ -277,6 +277,8 @@ def _run_launch(root, nproc, jobs):
 
 
 def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist >= 3.7 hands out the files with the most tests
+        config.option.loadscopereorder = False       # first unless told not to; ORDER above is the order we want
     config.addinivalue_line("markers", "fast: in `make test-fast`, the few-minute tier (README, Tests)")
     config.addinivalue_line("markers", "slow: minutes on 2 cores; in the full suite only")
 
@@ -313,11 +315,18 @@ FAST = {
 }
 
 
-# The files with the most train.py / torchrun runs start first: under xdist (--dist loadfile, one file per worker
-# at a time, handed out in this order) a long file starting last would leave the other worker idle at the end.
-LONG_FIRST = ["test_real_tp.py", "test_train_fsdp.py", "test_pipeline.py", "test_train_pipeline.py",
-              "test_train_reliability.py", "test_experiment.py", "test_checkpoints.py", "test_entry_points.py",
-              "test_ladder.py", "test_compile.py", "test_train.py", "test_sample.py"]
+# The order xdist hands the files out in (--dist loadfile: one file per worker at a time, in collection order, as
+# pytest_configure below turns off xdist's own reordering by test count). test_real_tp.py goes first: its first two
+# tests start the shared launches of 2 and 4 processes (~270 s of both cores, every job of that size in the
+# session). Beside them the other worker runs the files that need no shared launch, longest first; a file that
+# needs one would wait on its lock with the core idle. Then the files whose launches are done (or that launch their
+# own torchrun), longest first; the rest, a few seconds each, in pytest's order, so the workers end together.
+ORDER = ["test_real_tp.py",
+         "test_experiment.py", "test_checkpoints.py", "test_figures.py", "test_train_reliability.py", "test_prepare.py",
+         "test_hostile_inputs.py", "test_entry_points.py", "test_train_fsdp.py", "test_train_pipeline.py",
+         "test_backward_overlap.py", "test_compiled_real_tp.py",
+         "test_compile.py", "test_pipeline.py", "test_gpu_check.py", "test_gpu_node.py", "test_gpu_scale.py",
+         "test_forkserver.py", "test_trace.py", "test_house.py", "test_ladder.py", "test_bench.py", "test_train.py"]
 
 
 @pytest.hookimpl(wrapper=True)
@@ -327,6 +336,6 @@ def pytest_collection_modifyitems(config, items):
         if names is None or any(item.name.startswith(n) if "[" in n else item.originalname == n for n in names):
             item.add_marker("fast")
     result = yield  # -m and -k deselect, pytest groups parametrized fixtures
-    order = {name: i for i, name in enumerate(LONG_FIRST)}
+    order = {name: i for i, name in enumerate(ORDER)}
     items.sort(key=lambda item: order.get(os.path.basename(str(item.fspath)), len(order)))  # stable: within a file
     return result                                                                          # pytest's order stays
