@@ -46,3 +46,22 @@ def test_each_job_starts_from_a_fresh_processes_rng(healthy):
     fresh = torch.rand(3, generator=torch.Generator().manual_seed(healthy["seed"])).tolist()
     assert healthy["rand"] == fresh
     assert torch.rand(3, generator=torch.Generator().manual_seed(healthy["seed"] + 1)).tolist() != fresh  # can fail
+
+
+def test_the_hand_out_order_names_test_files_and_starts_with_the_launches(request):
+    """conftest.ORDER: every name a test file under tests/ (a stale name would silently order nothing), none twice;
+    its first file declares the shared launches of 2 and 4 processes (the other worker runs lock-free files beside
+    them); and under xdist, xdist's own reordering by test count is off, so ORDER is the order handed out."""
+    import glob
+    import importlib
+    import os
+
+    import conftest
+
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    files = {os.path.basename(p): p for p in glob.glob(os.path.join(tests, "**", "test_*.py"), recursive=True)}
+    assert [n for n in conftest.ORDER if n not in files] == [] and len(set(conftest.ORDER)) == len(conftest.ORDER)
+    first = importlib.import_module(os.path.relpath(files[conftest.ORDER[0]], tests)[:-3].replace(os.sep, "."))
+    assert {nproc for spec in first.SHARED_LAUNCHES.values() for nproc, _ in spec.values()} >= {2, 4}
+    if hasattr(request.config.option, "loadscopereorder"):
+        assert request.config.option.loadscopereorder is False
