@@ -181,13 +181,15 @@ def test_temp_file_is_per_process(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["ckpt.pt"]
 
 
+# train.py with torch.save failing as a full disk fails, run as a script of its own (so it forks from the fork
+# server like train.py itself; the working directory is the repository's)
 FULL_DISK = """
-import errno, runpy, sys, torch
+import errno, os, runpy, sys, torch
 def full(obj, f, *a, **k):
     open(f, "wb").write(b"partial")
     raise OSError(errno.ENOSPC, "No space left on device")
 torch.save = full
-sys.argv = ["train.py", *sys.argv[1:]]
+sys.argv, sys.path[0] = ["train.py", *sys.argv[1:]], os.getcwd()
 runpy.run_path("train.py", run_name="__main__")
 """
 
@@ -197,7 +199,9 @@ def test_disk_full_while_saving_keeps_checkpoint(runs, char_data, tmp_path):
     os.makedirs(out)
     good = open(os.path.join(runs("gpt"), "ckpt.pt"), "rb").read()
     (out / "ckpt.pt").write_bytes(good)
-    r = run_script("-c", FULL_DISK, *TINY, f"--data_dir={char_data}", f"--out_dir={out}", "--init_from=resume",
+    script = tmp_path / "full_disk.py"
+    script.write_text(FULL_DISK)
+    r = run_script(str(script), *TINY, f"--data_dir={char_data}", f"--out_dir={out}", "--init_from=resume",
                    "--max_iters=6", "--eval_interval=5")
     line = one_line_error(r, status=1)
     assert "could not write checkpoint" in line and "No space left" in line, line
