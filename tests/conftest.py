@@ -277,8 +277,8 @@ def _run_launch(root, nproc, jobs):
 
 
 def pytest_configure(config):
-    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist >= 3.7 hands out the files with the most tests
-        config.option.loadscopereorder = False       # first unless told not to; ORDER above is the order we want
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist hands out the files with the most tests first
+        config.option.loadscopereorder = False       # unless told not to (3.8+); ORDER above is the order we want
     config.addinivalue_line("markers", "fast: in `make test-fast`, the few-minute tier (README, Tests)")
     config.addinivalue_line("markers", "slow: minutes on 2 cores; in the full suite only")
 
