@@ -23,8 +23,9 @@ setup:
 	$(PY) -m pip install -q -r requirements.txt
 
 # Both tiers run as 2 pytest-xdist workers (-n 2) of one thread each, a test file per worker at a time (--dist
-# loadfile: a module's fixtures run once; handed out in tests/conftest.py's ORDER); the torchrun launches of one world size are shared by every test file
-# that needs them (tests/support/run_workers.py, docs/tests.md). Plain `pytest FILE` runs serially.
+# loadfile: a module's fixtures run once; handed out in tests/conftest.py's ORDER); the torchrun launches of one
+# world size are shared by every test file that needs them (tests/support/run_workers.py, docs/tests.md). Plain
+# `pytest FILE` runs serially.
 # the full suite (CI runs it): 13 min 51 s serially on a quiet 2-core host before this layout; the goal and the
 # times measured since: docs/tests.md
 test: setup

@@ -74,15 +74,15 @@ def _candidates(dx, dy, *, step, tries):
     return [(x, dy + s) for x in (dx, -dx) for s in shifts]
 
 
-def separate(fig, annotations, *, obstacles=(), step=4, tries=40):
+def separate(fig, annotations, *, obstacles=None, step=4, tries=40):
     """Move each annotation, in the order given, until its box lies inside the figure and overlaps none of the
     figure's other texts, none of the obstacles (boxes in display pixels: markers, error bars) and no annotation
     already placed: first up and down on its side of the point (farther each try, `step` points at a time), then on
     the other side. A label that finds no free place goes where it overlaps the fewest boxes, inside the figure if
-    any place there is. Draws the figure first; `obstacles` may be a function returning them, called after that
-    draw (mark_boxes needs the final layout), so the caller need not draw the figure once more to measure them."""
+    any place there is. Draws the figure first, then calls `obstacles` (a function returning the boxes; mark_boxes
+    needs the final layout), so no caller draws the figure once more to measure them."""
     fig.canvas.draw()
-    obstacles = obstacles() if callable(obstacles) else obstacles
+    obstacles = obstacles() if obstacles else []
     movable = set(map(id, annotations))
     placed = [b for t, b in _boxes(fig, texts(fig)) if id(t) not in movable] + list(obstacles)
     renderer = fig.canvas.get_renderer()
