@@ -254,7 +254,8 @@ def test_cli_error_has_no_traceback():
 def test_measure_and_validate_end_to_end(tmp_path, monkeypatch, capsys):
     """Tiny settings (3 sizes, 3 patterns of a 2-layer model, 3 steps): the microbenchmark and bench.py under real
     TP run, the counts bench.py measured follow the documented rule, and validate reads the file. The largest size,
-    4 MiB, takes milliseconds on gloo, so the fit's slope stands out of a busy machine's scheduling noise.
+    16 MiB, takes tens of milliseconds on gloo and each size's time is a median of 5, so the fit's slope stands out of a
+    busy machine's scheduling noise (with 4 MiB and 3 repetitions it once did not, at a load average of 5.8).
     `measure` runs here (comm_model.main), its processes forked rather than fresh interpreters: the microbenchmark's
     from this one, bench.py's torchrun agent and ranks from the fork server (six torch imports were ~20 s of CPU)."""
     import torch.multiprocessing as mp
@@ -262,12 +263,12 @@ def test_measure_and_validate_end_to_end(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(mp, "spawn", functools.partial(mp.start_processes, start_method="fork"))
     fork_server_for_children(monkeypatch, cal)
     out = tmp_path / "cal.json"
-    comm_model.main(["measure", f"--out={out}", "--sizes=[1024, 262144, 4194304]", "--reps=3", "--iters=3",
+    comm_model.main(["measure", f"--out={out}", "--sizes=[1024, 262144, 16777216]", "--reps=5", "--iters=3",
                      "--warmup=1", "--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16", "--batch_size=2",
                      "--patterns=['tp', 'spd', 'parallel']"])
     assert "fit: alpha" in capsys.readouterr().out
     data = json.loads(out.read_text())
-    assert [s["bytes"] for s in data["microbenchmark"]["samples"]] == [1024, 262144, 4194304]
+    assert [s["bytes"] for s in data["microbenchmark"]["samples"]] == [1024, 262144, 16777216]
     assert all(s["seconds"] > 0 for s in data["microbenchmark"]["samples"])
     rows = data["training"]["patterns"]
     assert [row["name"] for row in rows] == ["tp", "spd", "parallel"]
