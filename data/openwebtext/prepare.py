@@ -13,7 +13,6 @@ import os
 import sys
 
 import numpy as np
-from datasets import load_dataset  # huggingface datasets
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
@@ -31,6 +30,7 @@ def main():
     if args.num_proc < 1:
         parser.error(f"--num_proc {args.num_proc}: must be at least 1")
     check_args(parser, args)
+    from datasets import load_dataset  # huggingface datasets: 2-3 s to import, so after the arguments are checked
 
     if args.input:
         dataset = load_dataset("text", data_files=args.input, sample_by="paragraph")

@@ -17,6 +17,7 @@ the same two rings over the input-gradient GEMMs (same FLOPs), the weight-gradie
 has the check against torchtitan's published async-TP speedups (torchtitan_checks).
 """
 
+from collections import Counter
 from typing import NamedTuple
 
 BF16 = 2  # bytes per value: the GPU predictions move the residual stream in bf16 (tp_comm's autocast dtype)
@@ -38,10 +39,11 @@ def collective_matmul_time(module_gemms, nbytes, *, tp, alpha, busbw, peak, mfu,
     GEMMs lose. module_gemms: per module (column GEMM FLOPs, row GEMM FLOPs) of one rank over the micro-batch;
     nbytes: one module's (N, d) buffer. recompute: the forward runs twice (full activation checkpointing)."""
     partial_eff = mfu if partial_eff is None else partial_eff
-    fwd = sum(ring_exposed(c, nbytes, tp=tp, alpha=alpha, busbw=busbw, peak=peak, partial_eff=partial_eff,
-                           efficiency=efficiency)
-              + ring_exposed(r, nbytes, tp=tp, alpha=alpha, busbw=busbw, peak=peak, partial_eff=partial_eff,
-                             efficiency=efficiency) for c, r in module_gemms)
+    fwd = sum(k * (ring_exposed(c, nbytes, tp=tp, alpha=alpha, busbw=busbw, peak=peak, partial_eff=partial_eff,
+                                efficiency=efficiency)
+                   + ring_exposed(r, nbytes, tp=tp, alpha=alpha, busbw=busbw, peak=peak, partial_eff=partial_eff,
+                                  efficiency=efficiency))
+              for (c, r), k in Counter(module_gemms).items())  # the layers' modules repeat: each distinct one once
     split = sum(c + r for c, r in module_gemms) / peak * (1 / partial_eff - 1 / mfu)  # per pass of the split GEMMs
     passes = 3 if recompute else 2  # forward (again under recomputation), and the input-gradient GEMMs
     return passes * (fwd + split)

@@ -246,7 +246,8 @@ def exposed(comms, hiders, *, efficiency=1.0):
     hiders[i] the compute that runs while comms[i] is in flight (0: a blocking collective). efficiency is the share
     of that compute that really hides communication (1: ideal; NCCL's kernels also take SMs and memory bandwidth)."""
     assert len(comms) == len(hiders)
-    return sum(max(0.0, m - efficiency * c) for m, c in zip(comms, hiders))
+    # a model's layers repeat the same (communication, compute) pairs: each distinct pair once, times its count
+    return sum(k * max(0.0, m - efficiency * c) for (m, c), k in Counter(zip(comms, hiders)).items())
 
 
 def chunked_exposed(compute, nbytes, p, *, chunks, alpha, busbw, efficiency=1.0, tail=0.0):
