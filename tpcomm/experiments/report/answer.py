@@ -110,8 +110,8 @@ def answer_table(ctx):
              f"{sum(r['n_seeds'] for r in ctx.rows('cpu-long'))} result files); each row's own 95% interval, and "
              + (f"beside it the family-wise one: Bonferroni over the {m} measured rows (each at {100 - 5 / m:.2f}%), "
                 f"so all {m} hold at once with 95%" if m else "beside it the family-wise one once a row is measured")
-             + f"; \"at 95% it\" reads the row's own; a row is read from "
-             f"{MIN_SEEDS} paired seeds; "
+             + f"; \"at 95% it\" reads the row's own, once the row has {MIN_SEEDS} or more paired seeds (before: "
+             f"pending); "
              f"{_correlation_line(ctx)}; {provenance.summary(ctx, 'cpu-long')}; time: predicted step speedup over "
              f"Megatron-LM's all-`tp` step (its backward all-reduces hidden behind the weight-gradient GEMMs), "
              f"{GPU_SHAPE} at tp {GPU_TP}, and in brackets [low, high] over the declared ranges of its assumptions "
