@@ -214,6 +214,8 @@ def test_the_time_side_is_a_band_and_holds_at_both_ends(fake_long):
     assert "dropping beats hiding them" in summary and " ms" in summary
     lo, hi = cost_bands.step_saved_ms("nvlink", "all-spd")
     assert f"dropping half of them (all `spd`) {lo:+.1f} to {hi:+.1f} ms" in summary
+    assert "-0.0 " not in summary and "+0.0 " not in summary  # a band's end near 0 keeps its sign and size: -0.02
+    assert ans._ms((-0.0248, 5.3)) == "-0.02 to +5.3 ms" and ans._ms((0.0, 0.04)) == "+0.0 to +0.04 ms"
     data, _ = ans.tradeoff_plot(ctx)
     assert all(len(p["speedup_band"]) == 2 and p["speedup_band"][0][0] <= p["speedup"][0] <= p["speedup_band"][0][1]
                for p in data["points"])

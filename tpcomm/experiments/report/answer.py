@@ -167,8 +167,11 @@ def _time_sentence(links):
 
 
 def _ms(band):
+    def one(x):  # a tenth of a ms, finer where that reads as zero ('-0.0': a cost of 0.02 ms)
+        text = f"{x:+.1f}"
+        return f"{x:+.2f}" if x and float(text) == 0 else text
     lo, hi = band
-    return f"{lo:+.1f} to {hi:+.1f} ms"
+    return f"{one(lo)} to {one(hi)} ms"
 
 
 def answer_summary(ctx):
