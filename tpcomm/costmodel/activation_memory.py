@@ -39,13 +39,6 @@ def measure_saved_bytes(model, idx, targets):
     return peak
 
 
-def sp_saving(**shape):
-    """(bytes without SP, bytes with SP) of one layer, predicted; shape: predicted_activation_bytes's arguments."""
-    shape.pop("sequence_parallel", None)
-    return (predicted_activation_bytes(**shape, sequence_parallel=False),
-            predicted_activation_bytes(**shape, sequence_parallel=True))
-
-
 class ActivationMemory:
     """Peak bytes of the tensors autograd saves for backward while a schedule runs (the activations of the
     micro-batches in flight: GPipe holds all m, 1F1B at most p on the first stage), counted once per storage,
