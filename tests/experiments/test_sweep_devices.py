@@ -68,7 +68,8 @@ def test_a_claim_waits_for_free_gpus_and_respects_the_users_choice(eight_gpus, m
         t.join(0.3)
         assert t.is_alive() and said and "waiting for 2 free GPU(s)" in said[0]  # only "6" is free
     t.join(5)
-    assert got == [["4", "5"]]
+    assert len(got) == 1 and len(set(got[0])) == 2 and set(got[0]) <= {"4", "5", "6"}  # any two of the user's three:
+    # the first claim frees "4" and "5" one after the other, so a poll between the two may take "5" and "6"
     waiting.__exit__(None, None, None)
     with pytest.raises(RuntimeError, match="needs 4 GPUs, this sweep sees 3"):
         gpu_claim.GPUClaim(4).__enter__()
