@@ -101,7 +101,6 @@ class _TwoShot:
     def __init__(self, group, work, recv, out, per):
         self.group, self.work, self.recv, self.out, self.per = group, work, recv, out, per
 
-    @torch.compiler.disable  # eager, as real mode's collectives are: its buffers are written in place between them
     def wait(self):
         self.work.wait()
         g, codec, shape = self.group, self.group.codec, (self.per, self.out.shape[-1])
