@@ -12,7 +12,7 @@ import torch
 from conftest import (TORCHRUN, assert_same, differs, losses, one_line_error, run_script, shared_launch, train,
                       val_losses)
 from configurator import ConfigError
-from tpcomm.parallel.pipeline import stage_layers, validate_pp_layout
+from tpcomm.parallel.pipeline_config import stage_layers, validate_pp_layout
 from tpcomm.parallel.pipeline_timeline import bubble_fraction, format_timeline, replay, theoretical_bubble
 from pp_worker import CAN_FAIL, CLIP, M, MB, MODELS, N_EMBD, STEPS, T, TP_SIZE, VIRTUAL, plan
 
@@ -253,8 +253,8 @@ def test_good_layouts_pass():
 def test_torch_without_output_grads_is_refused(monkeypatch):
     """torch < 2.13 (its PipelineStage takes no output_grads: 2.11 on the H100 of docs/gpu.md) is refused at
     validation for pp > 1, in one line naming pp_size and the torch version; pp_size=1 still passes."""
-    import tpcomm.parallel.pipeline as pipeline
-    monkeypatch.setattr(pipeline, "STAGE_TAKES_OUTPUT_GRADS", False)
+    import tpcomm.parallel.pipeline_config as pipeline_config
+    monkeypatch.setattr(pipeline_config, "stage_takes_output_grads", lambda: False)
     with pytest.raises(ConfigError) as e:
         validate_pp_layout(**GOOD)
     assert "\n" not in str(e.value) and "pp_size=4" in str(e.value) and torch.__version__ in str(e.value)

@@ -11,7 +11,7 @@ from tpcomm.model.options import (TP_COMM_OPTIONS, TP_DEFAULTS, check_batch, com
                                   validate_tp_args)
 from tpcomm.train.output_path import check_output_file, is_png, json_with
 from tpcomm.parallel.parallel_dims import world_size
-from tpcomm.parallel.pipeline import validate_pp_layout
+from tpcomm.parallel.pipeline_config import validate_pp_layout
 from tpcomm.train.runtime import check_dtype
 from tpcomm.train.train_config import DEFAULTS as TRAIN_DEFAULTS
 

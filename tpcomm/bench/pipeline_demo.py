@@ -20,7 +20,8 @@ from tensor_parallel_model import DistributedGPT
 from tpcomm.model.options import TPConfig, validate_tp_args
 from tpcomm.parallel.parallel_dims import init_parallel, launched_by_torchrun, shutdown, world_size
 from tpcomm.costmodel.activation_memory import ActivationMemory
-from tpcomm.parallel.pipeline import Pipeline, build_pipeline, validate_pp_layout
+from tpcomm.parallel.pipeline import Pipeline, build_pipeline
+from tpcomm.parallel.pipeline_config import validate_pp_layout
 from tpcomm.parallel.pipeline_timeline import bubble_fraction, format_events, format_timeline, theoretical_bubble
 
 

@@ -120,7 +120,7 @@ def world_size():
 
 def check_layout(*, tp_size, tp_mode, pp_size=1):
     """Validate the launch before any work: returns (dp, tp) of the process grid world = pp_size x dp x tp (pipeline
-    layouts are checked further by pipeline.validate_pp_layout)."""
+    layouts are checked further by pipeline_config.validate_pp_layout)."""
     world = world_size()
     if tp_mode not in ("simulated", "real"):
         raise ConfigError(f"tp_mode must be 'simulated' or 'real', got {tp_mode!r}")

@@ -260,11 +260,11 @@ def check_model(cfg, **sizes):
 
 
 def check_pipeline(cfg, explicit, *, dp, tp, dtype):
-    """pp_size > 1: the pipeline layout (pipeline.validate_pp_layout) and what does not run with it yet."""
-    from tpcomm.parallel.pipeline import SCHEDULES, validate_pp_layout
+    """pp_size > 1: the pipeline layout (pipeline_config.validate_pp_layout) and what does not run with it yet."""
+    from tpcomm.parallel.pipeline_config import SCHEDULE_NAMES, validate_pp_layout
 
-    if cfg["pp_schedule"] not in SCHEDULES:
-        raise ConfigError(f"pp_schedule must be one of {list(SCHEDULES)}, got {cfg['pp_schedule']!r}")
+    if cfg["pp_schedule"] not in SCHEDULE_NAMES:
+        raise ConfigError(f"pp_schedule must be one of {list(SCHEDULE_NAMES)}, got {cfg['pp_schedule']!r}")
     if cfg["pp_size"] == 1:
         if cfg["pp_virtual_stages"] != 1 or cfg["pp_layers"] is not None:
             raise ConfigError(f"pp_virtual_stages ({cfg['pp_virtual_stages']}) and pp_layers ({cfg['pp_layers']}) "
