@@ -1,8 +1,8 @@
 """A fork server for the tests' script runs: `python train.py ...` without paying Python's start and torch's import
 each time.
 
-Most of a tiny script run's wall time is its imports: torch and torch._dynamo (which the package's
-`torch.compiler.disable` imports) took 13 s of a bad-input run's 13.5 s on a loaded 2-core host, ~2 s on a quiet one,
+Most of a tiny script run's wall time is its imports: torch and torch._dynamo (which torch's own optimizers
+and meta-device init import) took 13 s of a bad-input run's 13.5 s on a loaded 2-core host, ~2 s on a quiet one,
 and the suite runs entry scripts a few hundred times. This server imports them (and numpy, tqdm) once; each request forks
 a child that becomes `python SCRIPT ARGS` as the command line would make it (sys.argv, sys.path[0], cwd,
 environment, stdin from /dev/null, stdout/stderr to the caller's files, its own session so a timeout kills its
@@ -192,7 +192,7 @@ def preload():
     constants alone: the pytest process that only hands out tests to xdist's workers never needs torch)."""
     import numpy  # noqa: F401
     import torch  # noqa: F401
-    import torch._dynamo  # noqa: F401  (imported by the package's torch.compiler.disable; most of the rest of the start)
+    import torch._dynamo  # noqa: F401  (torch.optim and meta-device init import it; most of the rest of the start)
     import torch.distributed  # noqa: F401  (every script and torchrun's agent import it)
     import tqdm  # noqa: F401  (the training scripts' progress bars)
 
