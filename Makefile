@@ -36,7 +36,7 @@ test-fast: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile -m fast tests
 
 # The communication sweep on Shakespeare-char (16 configs, one token budget): 7-21 min on 2 idle CPU cores of this
-# shared host (435-1123 s), trained here into experiments/local/cpu/ (not committed; a rerun skips its finished
+# shared host (435-1275 s), trained here into experiments/local/cpu/ (not committed; a rerun skips its finished
 # runs): results.md (.csv, .json), three PNG plots and a result file per run, to set beside the committed ones
 # (experiments/cpu/runs/, docs/experiments.md; `python experiment.py cpu` trains into those). 500 steps are early
 # training (fewer syncs give a lower loss there); the long runs are in docs/axes.md.
