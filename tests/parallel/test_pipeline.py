@@ -5,6 +5,8 @@ launch; the bubble replay on hand-checked timelines; the layout validation; the 
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ import torch
 from conftest import (TORCHRUN, assert_same, differs, losses, one_line_error, run_script, shared_launch, train,
                       val_losses)
 from configurator import ConfigError
+from tpcomm import ROOT
 from tpcomm.parallel.pipeline_config import stage_layers, validate_pp_layout
 from tpcomm.parallel.pipeline_timeline import bubble_fraction, format_timeline, replay, theoretical_bubble
 from pp_worker import CAN_FAIL, CLIP, M, MB, MODELS, N_EMBD, STEPS, T, TP_SIZE, VIRTUAL, plan
@@ -248,6 +251,19 @@ def test_good_layouts_pass():
     validate_pp_layout(**dict(GOOD, schedule="gpipe", n_microbatches=1))  # GPipe runs any m
     validate_pp_layout(**dict(GOOD, schedule="interleaved_1f1b", virtual_stages=2, pp_layers=[1] * 8))
     validate_pp_layout(world=1, pp_size=1, tp=1, n_layer=2, schedule="1f1b", n_microbatches=1, batch_size=4)
+
+
+def test_config_checks_leave_torchs_pipelining_unimported():
+    """train.py's and bench.py's config checks (a pp_size=1 layout included) do not import torch.distributed.pipelining
+    (it imports torch._dynamo: seconds at every start, a refused run's most); the probe sees the stages' module
+    import it. A fresh interpreter each: this process has imported it already."""
+    probe = ("import sys; import tpcomm.train.train_config, tpcomm.bench.bench_config; {}; "
+             "print('torch.distributed.pipelining' in sys.modules)")
+    check = ("from tpcomm.parallel.pipeline_config import validate_pp_layout; validate_pp_layout(world=1, pp_size=1, "
+             "tp=1, n_layer=2, schedule='1f1b', n_microbatches=1)")
+    for extra, imported in ((check, "False"), ("import tpcomm.parallel.pipeline", "True")):  # the second: can fail
+        r = subprocess.run([sys.executable, "-c", probe.format(extra)], capture_output=True, text=True, cwd=ROOT)
+        assert r.returncode == 0 and r.stdout.split() == [imported], r.stdout + r.stderr
 
 
 def test_torch_without_output_grads_is_refused(monkeypatch):

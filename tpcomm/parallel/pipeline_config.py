@@ -1,8 +1,8 @@
 """
 A pipeline layout checked before any process group starts and without importing torch.distributed.pipelining (which
-imports torch._dynamo: a refused train.py run took 4-6 s with it, 2.4-2.9 s without): the schedules' names,
-validate_pp_layout (train.py, bench.py and the pipeline demo refuse a layout that cannot run in one line) and
-stage_layers (the layers of each stage). The stages and the runner: tpcomm/parallel/pipeline.py.
+imports torch._dynamo, seconds at a start, so every config check paid it): the schedules' names, validate_pp_layout
+(train.py, bench.py and the pipeline demo refuse a layout that cannot run in one line) and stage_layers (the layers
+of each stage). The stages and the runner: tpcomm/parallel/pipeline.py.
 """
 
 import torch

@@ -19,6 +19,7 @@ from tpcomm.train.output_path import check_output_file, json_with
 from tpcomm.model.options import (FUNCTION_SYNC_OPTIONS, MODEL_TYPES, TP_DEFAULTS, check_batch, expand_block_types,
                                   model_config)
 from tpcomm.parallel.parallel_dims import check_backend, check_dp_shard, check_layout
+from tpcomm.parallel.pipeline_config import SCHEDULE_NAMES, validate_pp_layout
 from tpcomm.train.runtime import check_dtype, pick_device_and_dtype
 
 DEFAULTS = dict(
@@ -261,8 +262,6 @@ def check_model(cfg, **sizes):
 
 def check_pipeline(cfg, explicit, *, dp, tp, dtype):
     """pp_size > 1: the pipeline layout (pipeline_config.validate_pp_layout) and what does not run with it yet."""
-    from tpcomm.parallel.pipeline_config import SCHEDULE_NAMES, validate_pp_layout
-
     if cfg["pp_schedule"] not in SCHEDULE_NAMES:
         raise ConfigError(f"pp_schedule must be one of {list(SCHEDULE_NAMES)}, got {cfg['pp_schedule']!r}")
     if cfg["pp_size"] == 1:
