@@ -19,7 +19,7 @@ from tpcomm.tp.dropout import EMBED, DropoutKey, KeyedDropout
 from tpcomm.model.interface import ModelInterface, clip_to_norm_, grad_sq_sums, local, whole
 from tpcomm.model.blocks import block_class
 from tpcomm.model.block_types import BLOCK_TYPES
-from tpcomm.tp.sharding import TPSharding, is_block_replicated
+from tpcomm.tp.sharding import TPSharding, is_block_replicated, padded_vocab
 from tpcomm.tp.compress.compression import make_codec
 from tpcomm.model.options import TPConfig
 from tpcomm.tp.collectives import copy_to_tp_region, keep_dtype, reduce_from_tp_region, tp_group
@@ -51,6 +51,12 @@ class DistributedGPT(ModelInterface, GPT):
         assert isinstance(config, TPConfig)
         if pd is not None and pd.tp > 1 and pd.tp != config.tp_size:
             raise ConfigError(f"tp_mode='real' runs {pd.tp} tp ranks but tp_size is {config.tp_size}")
+        # the last block hands the head each shard's own stream (no final sync): caat as its authors run it; at
+        # tp 1 the one stream is GPT's, its head GPT's
+        self.private_head = BLOCK_TYPES[config.block_types[-1]].private_head and config.tp_size > 1
+        if self.private_head and pd is not None and pd.tp > 1 and not config.loss_parallel:
+            raise ConfigError(f"tp_mode='real' with block_types ending in '{config.block_types[-1]}' needs "
+                              f"loss_parallel=True: each rank's vocabulary slice of the head reads its own stream")
         self.config = config
         codec = make_codec(config.tp_comm_dtype, config.tp_comm_block, config.tp_comm_exchange)  # None: plain
         self.group = tp_group(config.tp_size, pd, codec=codec)
@@ -109,6 +115,9 @@ class DistributedGPT(ModelInterface, GPT):
                                           next_block=blocks[i + 1] if i + 1 < len(blocks) else None)
         if kv_cache is not None:
             kv_cache.advance(t)
+        if self.private_head:  # no final sync: each shard's ln_f and vocabulary slice of the head on its stream
+            h = self.transformer.ln_f(r)  # (L, N, C)
+            return self.vocab_parallel_head(h.view(h.shape[0], b, t, -1), targets, private=True)
         x = self.final_sync(xbar, r, pending, sequence_parallel=sequence_parallel)
         x = self.transformer.ln_f(x.view(b, t, -1))
         if self.config.loss_parallel:
@@ -145,11 +154,14 @@ class DistributedGPT(ModelInterface, GPT):
     # --- loss_parallel: the tied wte/lm_head split by vocabulary over the tp shards ---
 
     def vocab_rows(self):
-        """(L, Vs, C) the local shards' rows of the tied weight, and (L, 1) each one's first vocabulary id."""
-        Vs = self.sharding.V_pad // self.config.tp_size
-        L = self.group.local
-        first = torch.arange(self.group.first_shard, self.group.first_shard + L, device=self.lm_head.weight.device)
-        return self.lm_head.weight.view(L, Vs, -1), (first * Vs).unsqueeze(1)
+        """(L, Vs, C) the local shards' rows of the tied weight, and (L, 1) each one's first vocabulary id. Without
+        loss_parallel (simulated only: a private head) the whole weight is padded and split here."""
+        W, tp, L = self.lm_head.weight, self.config.tp_size, self.group.local
+        if not self.config.loss_parallel:
+            W = torch.cat([W, W.new_zeros(padded_vocab(self.config.vocab_size, tp) - W.shape[0], W.shape[1])])
+        Vs = W.shape[0] // L
+        first = torch.arange(self.group.first_shard, self.group.first_shard + L, device=W.device)
+        return W.view(L, Vs, -1), (first * Vs).unsqueeze(1)
 
     def embed(self, idx, pos):
         if not self.config.loss_parallel:
@@ -165,14 +177,16 @@ class DistributedGPT(ModelInterface, GPT):
             x = reduce_from_tp_region(parts, self.group, vocab=True, site=VOCAB_EMBED).view(*idx.shape, -1)
         return self.transformer.drop(x + self.transformer.wpe(pos))
 
-    def vocab_parallel_head(self, x, targets):
+    def vocab_parallel_head(self, x, targets, *, private=False):
         """Logits of the local vocabulary shards and the loss from them; without targets (generation), the last
-        position's logits gathered over the shards, padding removed."""
+        position's logits gathered over the shards, padding removed. x: the synced (b, t, C), fanned out here, or
+        (private) each shard's own (L, b, t, C)."""
         W, start = self.vocab_rows()
-        b, t, C = x.shape
+        b, t, C = x.shape[-3:]
         if targets is None:
-            x = x[:, [-1], :]
-        h = copy_to_tp_region(x.reshape(-1, C), self.group, vocab=True, site=VOCAB_HEAD)  # (L, N, C)
+            x = x[..., [-1], :]
+        h = x.reshape(x.shape[0], -1, C) if private else copy_to_tp_region(x.reshape(-1, C), self.group, vocab=True,
+                                                                            site=VOCAB_HEAD)  # (L, N, C)
         logits = torch.bmm(h, W.transpose(1, 2))  # (L, N, Vs)
         col = start + torch.arange(W.size(1), device=x.device)  # (L, Vs) vocabulary id of each column
         logits = logits.masked_fill((col >= self.config.vocab_size).unsqueeze(1), float("-inf"))
@@ -192,8 +206,10 @@ class DistributedGPT(ModelInterface, GPT):
 
     def sync_replicated_grads(self):
         """Real mode: sum the block-replicated parameters' gradients over the tp group, one all-reduce a step."""
+        def replicated(n):  # ln_f too when each shard applies it to its own stream
+            return is_block_replicated(n) or (self.private_head and n.startswith("transformer.ln_f."))
         self.group.sync_replicated_grads(
-            [local(p.grad) for n, p in self.named_parameters() if is_block_replicated(n) and p.grad is not None])
+            [local(p.grad) for n, p in self.named_parameters() if replicated(n) and p.grad is not None])
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm):

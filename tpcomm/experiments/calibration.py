@@ -117,11 +117,8 @@ def machine():
     """What the timings depend on: CPU, cores, torch, and the load on the machine when they started."""
     import torch
 
-    cpu = platform.processor()
-    if os.path.isfile("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(),
+    from tpcomm.experiments.sweep_records import cpu_model
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
             "python": platform.python_version(), "torch": torch.__version__, "loadavg_before": loadavg()}
 
 

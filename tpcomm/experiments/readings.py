@@ -6,6 +6,7 @@ cost or gain with its interval).
 
 import math
 
+from tpcomm.model.block_types import CAATType
 from tpcomm.model.options import compact_list
 from tpcomm.experiments import pairing, results
 from tpcomm.model import ways
@@ -35,6 +36,8 @@ def pattern_name(row):
     after it when its syncs were compressed."""
     name = next((p for p, f in ways.patterns().items() if compact_list(f(row["n_layer"])) ==
                  row["block_pattern"]), row["block_pattern"])
+    p = row.get("caat_sync_fraction")
+    name += f"-p{p:g}" if p is not None and p != CAATType.default_fraction else ""
     return name + (f"-{comm_dtype_label(row).replace(' ', '-')}" if row.get("tp_comm_dtype") else "")
 
 

@@ -85,7 +85,8 @@ def axes_run(pattern, *, tp=4, size=AXES_SIZE, steps=AXES_STEPS, home=None, seed
 
 # the order of cpu-long's committed tables (its runs are planned in it; a way not named here comes after them)
 CPU_LONG_ORDER = ("all-tp", "all-spd", "parallel-spd", "all-parallel", "all-ladder", "ladder-upper", "all-tp-bf16",
-                  "all-tp-fp8", "all-tp-int8", "all-spd-int8", "all-tp-int8-2shot", "all-caat", "parallel3-spd")
+                  "all-tp-fp8", "all-tp-int8", "all-spd-int8", "all-tp-int8-2shot", "all-caat", "parallel3-spd",
+                  "all-caat-p0.25", "all-caat-p0.75", "parallel2-spd", "parallel5-spd")
 
 
 def cpu_long_runs():
@@ -130,7 +131,8 @@ SWEEPS = {
                   for size, steps in SIZE_AXIS.items() for p in ("all-tp", "all-spd", "all-parallel")],
     # the axes model trained 4x longer; meant to reach a flat baseline (< 1% over the last fifth, pairing.flatness),
     # which 20,000 steps do not: docs/axes.md says why and what that costs
-    "convergence": [axes_run(p, steps=CONVERGENCE_STEPS) for p in ("all-tp", "all-spd", "all-parallel")],
+    "convergence": [axes_run(p, steps=CONVERGENCE_STEPS)
+                    for p in ("all-tp", "all-spd", "all-parallel", "all-caat", "parallel3-spd")],
 }
 SWEEP_SEEDS = {**{name: AXES_SEEDS for name in ("tp-axis", "size-axis", "convergence")},
                "cpu-long": RESOLVED_SEEDS}  # else 1337

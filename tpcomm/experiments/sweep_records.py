@@ -56,11 +56,24 @@ def check_code_state(record, path):
                                    f"only result files from clean commits; rerun it from a clean checkout")
 
 
+def cpu_model():
+    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
+    if os.path.isfile("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            found = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+        if found:
+            return found
+    return platform.processor() or platform.machine()
+
+
 def machine_info():
+    """What a run's numbers depend on. cpu_capability is the vector-instruction level torch dispatches its CPU
+    kernels by ('AVX2', 'AVX512'): two hosts of another level round differently, so their runs differ."""
     import torch
 
     return dict(cpu_count=os.cpu_count(), torch=torch.__version__, python=platform.python_version(),
-                arch=platform.machine(), omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
+                arch=platform.machine(), cpu=cpu_model(), cpu_capability=torch.backends.cpu.get_cpu_capability(),
+                omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
                 cuda=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
 
 

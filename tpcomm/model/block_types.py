@@ -25,6 +25,7 @@ class BlockType:
     channel_fraction = False  # its syncs move caat_sync_fraction of the channels (that option is its own)
     gpt_at_tp1 = True  # at tp_size 1 it is GPT's block
     tp_dependent = False  # its function changes with tp_size (at tp >= 2 another model than at tp 1)
+    private_head = False  # as the last block: no final sync, each shard's ln_f and vocabulary slice read its stream
 
 
 class TPType(BlockType):
@@ -54,9 +55,10 @@ class LadderType(BlockType):
 
 
 class CAATType(BlockType):
-    """'caat' (partial-channel sync): each sync all-reduces caat_sync_fraction of the channels, output desynced."""
+    """'caat' (partial-channel sync, CAAT-Net): each sync all-reduces caat_sync_fraction of the channels, the rest
+    private to each shard's stream; output desynced, and read by the head shard by shard when last."""
     forward_syncs, backward_syncs = 2, (3, 2)  # each sync's fan-out (a fraction), and a synced input's (whole)
-    desyncs = channel_fraction = tp_dependent = True
+    desyncs = channel_fraction = tp_dependent = private_head = True
     sequence_parallel = compressible = False  # its streams are not token-sharded; its syncs move a channel slice
     default_fraction = 0.5  # the paper's main setting: half of each sync's channels all-reduced (50% less TP traffic)
 

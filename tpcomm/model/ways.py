@@ -62,8 +62,14 @@ def _spd(n):
     return ["spd"] * n
 
 
-def _tracks4(n):  # tracks that sync every 4 blocks (PTT): (['parallel']*3 + ['spd'])*(n/4), the rest 'parallel'
-    return ["spd" if i % 4 == 3 else "parallel" for i in range(n)]
+def tracks(D):
+    """Tracks that sync every D blocks (the Parallel Track Transformer, arXiv 2602.07306): each shard's stream runs
+    on its own through D-1 'parallel' blocks, one 'spd' block syncs it: (['parallel']*(D-1)+['spd'])*(n/D)."""
+    return lambda n: ["spd" if i % D == D - 1 else "parallel" for i in range(n)]
+
+
+def _caat(n):
+    return ["caat"] * n
 
 
 def _ladder(n):
@@ -81,17 +87,25 @@ WAYS = (
                   "GEMM")),
     Way("all-spd", "drop", "all `spd`", _spd, price=Price("drop", "all spd"), seeds=11,
         node=Node("all spd", "drop: one sync per block"), style=("#d62728", "o")),
-    Way("parallel-spd", "drop", "`['parallel','spd']*6`", lambda n: ["parallel", "spd"] * (n // 2),
+    Way("parallel-spd", "drop", "tracks, D = 2: `['parallel','spd']*6`", tracks(2),
         price=Price("drop", "parallel/spd"), seeds=10, node=Node("parallel/spd", "drop: one sync per two blocks"),
         style=("#ff7f0e", "s")),
+    Way("parallel2-spd", "drop", "tracks, D = 3: `(['parallel']*2+['spd'])*4`", tracks(3),
+        price=Price("drop", "tracks/3"), seeds=3, style=("#fdae6b", "<")),
     Way("all-parallel", "drop", "all `parallel`", lambda n: ["parallel"] * n, price=Price("drop", "all parallel"),
         seeds=10, node=Node("all parallel", "drop: one sync in all", blocking=True), style=("#8c564b", "^")),
-    Way("parallel3-spd", "drop", "`(['parallel']*3+['spd'])*3`", _tracks4,
+    Way("parallel3-spd", "drop", "tracks, D = 4: `(['parallel']*3+['spd'])*3`", tracks(4),
         price=Price("drop", "tracks/4"), seeds=10, node=Node("tracks/4", "drop: one sync every 4 blocks"),
         style=("#fd8d3c", ">")),
-    Way("all-caat", "drop", "all `caat`: half of each sync's channels", lambda n: ["caat"] * n,
+    Way("parallel5-spd", "drop", "tracks, D = 6: `(['parallel']*5+['spd'])*2`", tracks(6),
+        price=Price("drop", "tracks/6"), seeds=3, style=("#e6550d", "^")),
+    Way("all-caat", "drop", "all `caat` (CAAT-Net), half of each sync's channels", _caat,
         price=Price("partial sync", "partial sync"), seeds=10,
         node=Node("all caat", "drop: half of each sync's channels (CAAT-Net)"), style=("#ad494a", "8")),
+    Way("all-caat-p0.25", "drop", "all `caat`, a quarter of each sync's channels", _caat, {"caat_sync_fraction": 0.25},
+        Price("partial sync", "partial sync p=0.25"), seeds=3, style=("#843c39", "8")),
+    Way("all-caat-p0.75", "drop", "all `caat`, three quarters of each sync's channels", _caat,
+        {"caat_sync_fraction": 0.75}, Price("partial sync", "partial sync p=0.75"), seeds=3, style=("#d6616b", "8")),
     Way("tp_overlap=2", "hide", "`tp_overlap=2`", _tp, {"tp_overlap": 2}, Price("overlap", "overlap K={chunks}"),
         node=Node("tp overlap2", "hide: batch in 2 chunks, each sync beside the next chunk"), style=("#2ca02c", "D")),
     Way("sequence_parallel", "hide", "sequence parallelism", _tp, {"sequence_parallel": True},

@@ -1,15 +1,14 @@
 """
-Partial-channel sync (CAAT-Net, arXiv 2506.19645, "Tensor-Parallelism with Partially Synchronized Activations"): the
-'caat' block type. At each of a block's two syncs only the first k = p * n_embd channels of the module's output are
-all-reduced; the other C - k channels stay on their shard, each shard adding only its own partial result to its own
-stream (desynced per channel). p is `caat_sync_fraction` (default 0.5, the paper's main setting: half the bytes of
-every sync). docs/model.md has the equations, what the paper fixes and what this repository chose where the text
-available here is silent.
+Partial-channel sync (CAAT-Net, arXiv 2506.19645), as its authors' Megatron fork runs it: the 'caat' block type.
+At each of a block's two syncs only the first k = p * n_embd channels S of the module's output are all-reduced; on
+the other channels P each shard adds its own partial result, scaled by sqrt(tp), to its own stream. p is
+`caat_sync_fraction` (default 0.5, the paper's main setting). docs/model.md has the equations, each line mapped to
+the authors' code.
 
-In the stream contract of tpcomm/model/blocks.ShardedBlock, a 'caat' block leaves the stream desynced: xbar (N, C)
-holds the synced channels' value and, on the others, the value at the last full sync; r (L, N, C) each shard's
-stream, r_i = xbar on the synced channels. A later 'tp' or 'spd' block (or the final sync) sums the shards'
-d_i = r_i - xbar as after a 'parallel' block, so a pattern may mix the types. At tp 1 a 'caat' block is GPT's block.
+In the stream contract of tpcomm/model/blocks.ShardedBlock a 'caat' block leaves the stream desynced: xbar (N, C)
+holds S's synced value and, on P, the value at the last full sync; r (L, N, C) each shard's stream, r_i = xbar on
+S. A later 'tp' or 'spd' block sums d_i = r_i - xbar as after a 'parallel' block. After a last 'caat' block there is
+no final sync (its fact private_head): each shard's ln_f and vocabulary slice of the head read its own stream.
 """
 
 import torch
@@ -28,29 +27,38 @@ def synced_channels(fraction, n_embd):
 
 class PartialSync:
     """The 'caat' block's forward, mixed into tpcomm/model/blocks.ShardedBlock (its layer norms, sharded attention
-    and MLP, dropout masks and sites), output desynced:
-        z_i = M_i * (A_i(LN1(r_i)) + b_A / tp),  M_i = R on the synced channels S, D_i on the rest P
-        xbar[S] += sum_i (d_i[S] + z_i[S]),  r_i[S] = xbar[S];   r_i[P] += z_i[P]   (xbar[P] unchanged)
-    then the same for the MLP, M_i(LN2(r_i)) + b_M / tp. d_i = r_i - xbar: non-zero only on a stream desynced
-    before this block (after 'parallel'); after a 'caat' sync d_i[S] = 0."""
+    and MLP, dropout masks and sites), output desynced on the private channels P:
+        z_i = M_i * (A_i(LN1(r_i)) + [b_A[S] / tp, b_A[P]]),  M_i = R on the synced channels S, D_i on P
+        xbar[S] += sum_i (d_i[S] + z_i[S]),  r_i[S] = xbar[S];   r_i[P] += sqrt(tp) * z_i[P]   (xbar[P] unchanged)
+    then the same for the MLP. d_i = r_i - xbar: non-zero on S only after a 'parallel' block."""
 
     def __init__(self, config, group, key, layer):
         super().__init__(config, group, key, layer)
         self.k = synced_channels(config.caat_sync_fraction, config.n_embd)  # the first k channels: S
+        # the authors' ForwardScaling: each shard's private channels enter its stream times sqrt(tp)
+        self.private_scale = group.tp ** 0.5
 
     def forward(self, xbar, r, T, kv=None, *, sequence_parallel=False):
         assert not sequence_parallel, "options.validate_sync_options refuses it with this block type (its facts)"
-        tp, synced = self.group.tp, r is None
+        synced = r is None
         if synced:  # fan out (f): every r_i = xbar, d_i = 0
             r, h = self.group.fan_out(xbar, lambda x: layer_norm(self.ln_1, x), self.sites["attn"])
         else:
             h = layer_norm(self.ln_1, r)
         y = self.attn.heads(h, T, self.probs_dropout(), kv)
-        z = self.attn.out(y, bias=self.bias_share(self.attn.c_proj, 1 / tp), mask=self.channel_mask(r, xbar, ATTN_OUT))
+        z = self.attn.out(y, bias=self.split_bias(self.attn.c_proj), mask=self.channel_mask(r, xbar, ATTN_OUT))
         xbar, r = self.partial_sync(xbar, r, z, "attn", in_sync=synced)
         u = self.mlp.hidden(layer_norm(self.ln_2, r))
-        z = self.mlp.out(u, bias=self.bias_share(self.mlp.c_proj, 1 / tp), mask=self.channel_mask(r, xbar, MLP_OUT))
+        z = self.mlp.out(u, bias=self.split_bias(self.mlp.c_proj), mask=self.channel_mask(r, xbar, MLP_OUT))
         return self.partial_sync(xbar, r, z, "mlp", in_sync=True)  # after a caat sync the S channels agree
+
+    def split_bias(self, linear):
+        """(C,) the bias each shard adds: b[S] / tp (summed once by the sync), b[P] whole (the authors add the
+        bias after their partial reduce, so every private stream gets all of it); None without biases."""
+        b = linear.bias
+        if b is None:
+            return None
+        return torch.cat([b[:self.k] / self.group.tp, b[self.k:]])
 
     def channel_mask(self, r, xbar, site):
         """(L, N, C) keep-mask, or None without dropout: the replica's mask R on the synced channels (their sum is
@@ -64,10 +72,12 @@ class PartialSync:
 
     def partial_sync(self, xbar, r, z, site, *, in_sync):
         """(xbar, r) after adding the module outputs z (L, N, C): g of the first k channels' summands d_i + z_i (the
-        all-reduce, p of a full sync's bytes), fanned back out by f (its backward all-reduce, p too); the other
-        channels' z_i added to each shard's own stream. in_sync: the input's S channels agree (d_i[S] = 0)."""
+        all-reduce, p of a full sync's bytes), fanned back out by f (its backward all-reduce, p too: the authors'
+        partial reduce all-reduces the same channels of the gradient); the other channels' sqrt(tp) * z_i added to
+        each shard's own stream. in_sync: the input's S channels agree (d_i[S] = 0)."""
         k, group, where = self.k, self.group, self.sites[site]
         s = z[..., :k] if in_sync else group.delta(r[..., :k], xbar[:, :k]) + z[..., :k]
         xs = xbar[:, :k] + reduce_from_tp_region(s.contiguous(), group, site=where)  # (N, k), synced
         rs = fan_out_stream(xs, group, where)  # (L, N, k): each shard's copy, backward all-reduced
-        return torch.cat([xs, xbar[:, k:]], dim=-1), torch.cat([rs, r[..., k:] + z[..., k:]], dim=-1)
+        zp = z[..., k:] if group.tp == 1 else z[..., k:] * self.private_scale
+        return torch.cat([xs, xbar[:, k:]], dim=-1), torch.cat([rs, r[..., k:] + zp], dim=-1)

@@ -18,6 +18,7 @@ from tpcomm.parallel.data_parallel import DATA_PARALLEL, INIT_DEVICES
 from tpcomm.train.output_path import check_output_file, json_with
 from tpcomm.model.options import (FUNCTION_SYNC_OPTIONS, MODEL_TYPES, TP_DEFAULTS, check_batch, expand_block_types,
                                   model_config)
+from tpcomm.model.block_types import BLOCK_TYPES
 from tpcomm.parallel.parallel_dims import check_backend, check_dp_shard, check_layout
 from tpcomm.parallel.pipeline_config import SCHEDULE_NAMES, validate_pp_layout
 from tpcomm.train.runtime import check_dtype, pick_device_and_dtype
@@ -260,6 +261,12 @@ def check_model(cfg, **sizes):
     return config
 
 
+def private_head(cfg):
+    """Whether the run's pattern ends in a block type whose head is vocabulary-parallel on each shard's stream."""
+    kinds = expand_block_types(cfg["block_types"], cfg["n_layer"])
+    return BLOCK_TYPES[kinds[-1]].private_head
+
+
 def check_pipeline(cfg, explicit, *, dp, tp, dtype):
     """pp_size > 1: the pipeline layout (pipeline_config.validate_pp_layout) and what does not run with it yet."""
     if cfg["pp_schedule"] not in SCHEDULE_NAMES:
@@ -277,12 +284,13 @@ def check_pipeline(cfg, explicit, *, dp, tp, dtype):
     unsupported = dict(data_parallel=cfg["data_parallel"] == "fsdp", init_device=cfg["init_device"] == "meta",
                        loss_parallel=bool(cfg["loss_parallel"]), sequence_parallel=cfg["sequence_parallel"] is True,
                        checkpoint_format=cfg["checkpoint_format"] == "sharded", dtype=dtype == "float16",
+                       block_types=cfg["model_type"] == "distributed_gpt" and private_head(cfg),
                        compile=cfg["compile"] and "compile" in explicit)
     for key, bad in unsupported.items():
         if bad:
             value = dtype if key == "dtype" else cfg[key]
             raise ConfigError(f"{key}={value!r} does not run with pp_size={cfg['pp_size']} (pipeline stages run "
-                              f"DDP, fp32/bf16, full checkpoints, no torch.compile)")
+                              f"DDP, fp32/bf16, full checkpoints, no torch.compile, a whole-vocabulary head)")
     cfg["compile"] = False  # the default (True) is not applied to pipeline stages
 
 
