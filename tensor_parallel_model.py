@@ -54,16 +54,16 @@ class DistributedGPT(ModelInterface, GPT):
         # the last block hands the head each shard's own stream (no final sync): caat as its authors run it; at
         # tp 1 the one stream is GPT's, its head GPT's
         self.private_head = BLOCK_TYPES[config.block_types[-1]].private_head and config.tp_size > 1
-        if self.private_head and pd is not None and pd.tp > 1 and not config.loss_parallel:
-            raise ConfigError(f"tp_mode='real' with block_types ending in '{config.block_types[-1]}' needs "
-                              f"loss_parallel=True: each rank's vocabulary slice of the head reads its own stream")
+        # wte/lm_head split by vocabulary: loss_parallel, or real TP under a private head (each rank's slice of
+        # the head reads its own stream; a whole weight per rank would need its head gradients gathered)
+        self.vocab_parallel = config.loss_parallel or (self.private_head and pd is not None and pd.tp > 1)
         self.config = config
         codec = make_codec(config.tp_comm_dtype, config.tp_comm_block, config.tp_comm_exchange)  # None: plain
         self.group = tp_group(config.tp_size, pd, codec=codec)
         self.sharding = TPSharding(n_embd=config.n_embd, tp=config.tp_size, group=self.group,
-                                   vocab_size=config.vocab_size, vocab_parallel=config.loss_parallel)
+                                   vocab_size=config.vocab_size, vocab_parallel=self.vocab_parallel)
         # rows of the tied wte/lm_head held here: all of them, or (loss_parallel) the local shards' padded share
-        V_local = self.sharding.V_pad // config.tp_size * self.group.local if config.loss_parallel else config.vocab_size
+        V_local = self.sharding.V_pad // config.tp_size * self.group.local if self.vocab_parallel else config.vocab_size
         self.devices_per_replica = config.tp_size if self.group.real else 1
         self.dropout_key = DropoutKey()
         # the modules' default init is overwritten below: they draw from a forked generator (the CPU's and, built
@@ -120,7 +120,7 @@ class DistributedGPT(ModelInterface, GPT):
             return self.vocab_parallel_head(h.view(h.shape[0], b, t, -1), targets, private=True)
         x = self.final_sync(xbar, r, pending, sequence_parallel=sequence_parallel)
         x = self.transformer.ln_f(x.view(b, t, -1))
-        if self.config.loss_parallel:
+        if self.vocab_parallel:
             return self.vocab_parallel_head(x, targets)
         return lm_head_and_loss(self.lm_head, x, targets)
 
@@ -155,16 +155,16 @@ class DistributedGPT(ModelInterface, GPT):
 
     def vocab_rows(self):
         """(L, Vs, C) the local shards' rows of the tied weight, and (L, 1) each one's first vocabulary id. Without
-        loss_parallel (simulated only: a private head) the whole weight is padded and split here."""
+        vocab_parallel (simulated only: a private head) the whole weight is padded and split here."""
         W, tp, L = self.lm_head.weight, self.config.tp_size, self.group.local
-        if not self.config.loss_parallel:
+        if not self.vocab_parallel:
             W = torch.cat([W, W.new_zeros(padded_vocab(self.config.vocab_size, tp) - W.shape[0], W.shape[1])])
         Vs = W.shape[0] // L
         first = torch.arange(self.group.first_shard, self.group.first_shard + L, device=W.device)
         return W.view(L, Vs, -1), (first * Vs).unsqueeze(1)
 
     def embed(self, idx, pos):
-        if not self.config.loss_parallel:
+        if not self.vocab_parallel:
             return super().embed(idx, pos)
         # each shard looks up the ids it holds (zeros for the others), one all-reduce sums them (Megatron's
         # VocabParallelEmbedding); counted with the vocab-parallel collectives

@@ -635,7 +635,8 @@ def test_blocking_baseline_is_the_old_model():
 def test_predicted_speedups_for_the_figure():
     names = {"all-spd", "parallel-spd", "all-parallel", "tp_overlap=2", "sequence_parallel", "all-ladder",
              "all-ladder-fwd-only", "all-tp-bf16", "all-tp-bf16-2shot", "all-tp-fp8", "all-tp-fp8-2shot",
-             "all-tp-int8", "all-tp-int8-2shot", "all-spd-int8", "collective_matmul", "all-caat", "parallel3-spd"}
+             "all-tp-int8", "all-tp-int8-2shot", "all-spd-int8", "collective_matmul", "all-caat", "parallel3-spd",
+             "all-caat-p0.25", "all-caat-p0.75", "parallel2-spd", "parallel5-spd"}
     for link in ("nvlink", "ib"):
         megatron, blocking = cm.predicted_speedups(link), cm.predicted_speedups(link, "blocking")
         assert set(megatron) == set(blocking) == names

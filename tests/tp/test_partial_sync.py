@@ -217,10 +217,11 @@ def test_train_refuses_a_bad_fraction_before_any_work(tmp_path):
     assert not out.exists()
 
 
-def test_cpu_long_plans_both_ways_with_ten_paired_seeds_and_the_answer_reads_them_pending(tmp_path):
-    """cpu-long plans all 'caat' (p = 0.5, the default) and tracks syncing every 4 blocks with seeds 1337-1346,
-    which all 'tp' has too (paired); without their result files (here: the committed all 'tp' and all 'spd' files
-    alone) the answer's rows and figure read pending."""
+def test_cpu_long_plans_caat_and_tracks_paired_and_the_answer_reads_them_pending(tmp_path):
+    """cpu-long plans the published all 'caat' (p = 0.5, the default) and tracks syncing every 4 blocks with seeds
+    1337-1346, caat at p = 0.25, 0.75 and tracks at D = 3, 6 with 3, all of which all 'tp' has too (paired); without
+    their result files (here: the committed all 'tp' and all 'spd' files alone) the answer's rows and figure read
+    pending."""
     import shutil
     from pathlib import Path
     from tpcomm.experiments.report import answer, report
@@ -232,14 +233,18 @@ def test_cpu_long_plans_both_ways_with_ten_paired_seeds_and_the_answer_reads_the
     from tpcomm.experiments.sweep_plan import SWEEPS, SWEEP_SEEDS
     runs = {r.name: r for r in SWEEPS["cpu-long"]}
     assert runs["all-caat"].overrides == ("--block_types=['caat']*12",)
+    assert runs["all-caat-p0.25"].overrides == ("--block_types=['caat']*12", "--caat_sync_fraction=0.25")
     assert runs["parallel3-spd"].overrides == ("--block_types=(['parallel']*3+['spd'])*3",)
+    assert runs["parallel5-spd"].overrides == ("--block_types=(['parallel']*5+['spd'])*2",)
     for name in ("all-caat", "parallel3-spd"):
         assert runs[name].seeds == tuple(range(1337, 1347))
+    for name in ("all-caat-p0.25", "all-caat-p0.75", "parallel2-spd", "parallel5-spd"):
+        assert runs[name].seeds == (1337, 1338, 1339)
     assert runs["all-tp"].seeds is None and set(range(1337, 1347)) <= set(SWEEP_SEEDS["cpu-long"])
     ctx = report.Results(root=str(tmp_path), say=lambda *a: None)
-    rows = [line for line in answer.answer_table(ctx).splitlines() if "caat" in line or "*3+" in line]
-    assert len(rows) == 2 and all("| pending |" in line for line in rows), rows
+    rows = [line for line in answer.answer_table(ctx).splitlines() if "caat" in line or "tracks" in line]
+    assert len(rows) == 3 and all("| pending |" in line for line in rows), rows  # the others: docs/axes.md
     assert "| drop | all `spd` | pending" not in answer.answer_table(ctx)  # a row with files is measured
     data, _ = answer.tradeoff_plot(ctx)
-    status = {p["label"]: p["status"] for p in data["points"]}
-    assert status["(['parallel']*3+['spd'])*3"] == status["all caat: half of each sync's channels"] == "pending"
+    status = {p["key"]: p["status"] for p in data["points"]}
+    assert {status[k] for k in ("parallel3-spd", "all-caat")} == {"pending"}

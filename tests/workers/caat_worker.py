@@ -29,10 +29,12 @@ KEY = (1337, 3, 1)  # a dropout key: (seed, iteration, micro-step)
 
 
 def build(gpt, pd, block_types, p, dtype, *, real):
-    """DistributedGPT of gpt at pd's tp size, caat_sync_fraction p, in dtype: real TP over pd (loss_parallel, which a
-    head reading each rank's stream needs), or simulated (its head slicing the whole weight)."""
-    return DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd if real else None, caat_sync_fraction=p,
-                                   loss_parallel=real and block_types[-1] == "caat").to(dtype)
+    """DistributedGPT of gpt at pd's tp size, caat_sync_fraction p, in dtype: real TP over pd (a head reading each
+    rank's stream splits wte/lm_head by vocabulary there by itself), or simulated (its head slicing the whole
+    weight)."""
+    model = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd if real else None, caat_sync_fraction=p)
+    assert model.vocab_parallel == (real and block_types[-1] == "caat")
+    return model.to(dtype)
 
 
 def step(model, idx, tgt, **kw):

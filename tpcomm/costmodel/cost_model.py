@@ -129,10 +129,8 @@ def allreduce_time(nbytes, p, *, alpha, busbw):
 
 
 def forward_syncs(block_types):
-    """Forward all-reduces of a pattern, a list with one block type per layer: each block's forward_syncs (its
-    class's fact, tpcomm/model/block_types.py: 2 per 'tp', 'ladder' and 'caat' (each of a fraction of the channels),
-    1 per 'spd', 0 per 'parallel'), 1 more before ln_f when the last block leaves the stream desynced (none after a
-    last 'caat', whose head reads each shard's stream: private_head). Backward runs as many again.
+    """Forward all-reduces of a pattern (one block type per layer): each block's forward_syncs fact, 1 more before
+    ln_f when the last block leaves the stream desynced, unless its head reads each shard's stream (private_head).
     ValueError for a name that is not a registered block type."""
     kinds = [block_type(kind) for kind in block_types]
     return sum(cls.forward_syncs for cls in kinds) + (kinds[-1].desyncs and not kinds[-1].private_head)
@@ -432,9 +430,8 @@ def train_variants(shape, *, tp, link, tokens, seq_len, mfu, opts=Options(), pea
              # SP's collectives as rings beside partial GEMMs, forward and backward (collective_matmul_cost.py)
              "collective matmul": lambda w: gpt_collective_matmul(L, shape.n_embd, tp=tp, link=link, tokens=tokens,
                                                                   peak=peak, mfu=mfu, efficiency=eta),
-             "partial sync": lambda w: partial_sync_comm(t, allreduce_time(
-                 w.sync.get("caat_sync_fraction", opts.caat_fraction) * n, tp, alpha=link.alpha, busbw=link.busbw),
-                 wgrad, efficiency=eta)}
+             "partial sync": lambda w: partial_sync_comm(t, allreduce_time(w.sync.get(
+                 "caat_sync_fraction", opts.caat_fraction) * n, tp, alpha=link.alpha, busbw=link.busbw), wgrad, eta)}
     comm = {}
     for way in ways.WAYS:  # one term per priced way, under its label (two ways may share one: all tp)
         if way.price and way.price.label.format(chunks=opts.chunks) not in comm:
@@ -442,11 +439,11 @@ def train_variants(shape, *, tp, link, tokens, seq_len, mfu, opts=Options(), pea
     return {k: (compute, v) for k, v in comm.items()}
 
 
-def partial_sync_comm(t, t_p, wgrad, *, efficiency=1.0):
+def partial_sync_comm(t, t_p, wgrad, efficiency=1.0):
     """Exposed communication of all 'caat' (tpcomm/tp/partial_sync.py): each module's forward all-reduce and its f's
     backward one move p of the channels (t_p each; the backward one behind its wgrad GEMM as the baseline's), plus
-    the embedding's fan-out in the backward (a full sync). No final sync: the head is vocabulary-parallel, its loss
-    three per-token scalars (not priced); its embedding's all-reduce is Megatron's for every way (not priced)."""
+    the embedding's fan-out in the backward (t, a full sync). No final sync: the head is vocabulary-parallel, its
+    loss's collectives three scalars a token (not priced)."""
     return (len(wgrad) * t_p + async_grad_exposed([t_p] * len(wgrad), wgrad, efficiency=efficiency)
             + async_grad_exposed([t], wgrad[:1], efficiency=efficiency))
 

@@ -257,11 +257,11 @@ def worker(argv):
         m = build_model("distributed_gpt", dict(base, block_types=pattern(config["n_layer"]), **opts), pd=pd,
                         init_device="meta")
         if ref is None:
-            ref = m.materialize_(device)
+            ref = m.materialize_(device).gpt_state_dict()  # GPT's layout: a way's rank may hold wte by vocabulary
         else:
             m.to_empty(device=device)
             m.transformer.wte.weight = m.lm_head.weight
-            m.load_state_dict(ref.state_dict())
+            m.load_gpt_state_dict(ref)
         models[name] = m
     g = torch.Generator().manual_seed(1337)
     B, T = config["batch_size"], config["block_size"]

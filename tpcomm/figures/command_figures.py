@@ -75,7 +75,7 @@ def way_of_pattern(label):
             continue
         for n in range(1, 97):
             blocks = w.blocks(n)
-            if blocks and label == compact_list(blocks) or (len(set(blocks)) == 1 and label == blocks[0]):
+            if blocks and label == compact_list(blocks) or (len(set(w.blocks(12))) == 1 and label == blocks[0]):
                 return w.key
     return label
 

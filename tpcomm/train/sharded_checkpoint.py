@@ -38,7 +38,7 @@ def layout_of(raw_model):
     c = raw_model.config
     group = raw_model.group
     return dict(tp_size=getattr(c, "tp_size", 1), tp_real=bool(group is not None and group.real),
-                loss_parallel=bool(getattr(c, "loss_parallel", False)), block_size=c.block_size)
+                loss_parallel=bool(getattr(raw_model, "vocab_parallel", False)), block_size=c.block_size)
 
 
 def _tp_suffix(raw_model, name):

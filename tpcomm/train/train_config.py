@@ -263,6 +263,8 @@ def check_model(cfg, **sizes):
 
 def private_head(cfg):
     """Whether the run's pattern ends in a block type whose head is vocabulary-parallel on each shard's stream."""
+    if cfg["model_type"] != "distributed_gpt" or cfg["tp_size"] == 1:
+        return False
     kinds = expand_block_types(cfg["block_types"], cfg["n_layer"])
     return BLOCK_TYPES[kinds[-1]].private_head
 
@@ -284,7 +286,7 @@ def check_pipeline(cfg, explicit, *, dp, tp, dtype):
     unsupported = dict(data_parallel=cfg["data_parallel"] == "fsdp", init_device=cfg["init_device"] == "meta",
                        loss_parallel=bool(cfg["loss_parallel"]), sequence_parallel=cfg["sequence_parallel"] is True,
                        checkpoint_format=cfg["checkpoint_format"] == "sharded", dtype=dtype == "float16",
-                       block_types=cfg["model_type"] == "distributed_gpt" and private_head(cfg),
+                       block_types=private_head(cfg),
                        compile=cfg["compile"] and "compile" in explicit)
     for key, bad in unsupported.items():
         if bad:
@@ -333,7 +335,8 @@ def prepare(argv):
     if checkpoint is not None and "layout" in checkpoint:  # a sharded checkpoint loads into its own tp layout only
         sharded_checkpoint.check_resumable(checkpoint["layout"], dict(
             tp_size=cfg["tp_size"] if cfg["model_type"] == "distributed_gpt" else 1, tp_real=tp > 1,
-            loss_parallel=bool(cfg["loss_parallel"]), block_size=cfg["block_size"]), cfg["out_dir"])
+            loss_parallel=bool(cfg["loss_parallel"]) or (tp > 1 and private_head(cfg)), block_size=cfg["block_size"]),
+            cfg["out_dir"])
     if cfg["gradient_accumulation_steps"] % dp:
         raise ConfigError(f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) must be divisible "
                           f"by the number of data-parallel ranks ({dp})")
