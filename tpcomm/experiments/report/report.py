@@ -423,6 +423,9 @@ def main(selected=(), *, check=False, root=ROOT, say=print):
         write_sweep_outputs(ctx, selected or list(sweep_plan.SWEEPS), root=root, say=say)
     for line in problems + mismatches:
         print(line)
+    if check and not (problems or mismatches):
+        print(f"report --check: every marked table and report figure equals what the "
+              f"{sum(r['n_seeds'] for name in sweep_plan.SWEEPS for r in ctx.rows(name))} result files give")
     return 1 if problems or mismatches else 0
 
 
