@@ -296,3 +296,34 @@ def test_export_special_tokens_follow_the_tokenizer(runs, tmp_path):
     for vocab_size, eot in ((50257, 50256), (50304, 50256), (65, None), (50256, None)):
         c = hf_config(dict(spec, vocab_size=vocab_size))
         assert c.bos_token_id == c.eos_token_id == eot, vocab_size
+
+
+class _Planted:
+    """A pickle whose loading runs a command (what an attacker would put in DCP's .metadata)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_planted_dcp_metadata_pickle_runs_nothing(char_data, tmp_path):
+    """A sharded checkpoint's .metadata replaced by a pickle whose __reduce__ calls os.system: resuming it and
+    converting it are one line each, exit status 2, and the command never runs (torch's own reader would run it).
+    The real .metadata passes the same reader (the refusal is not of everything)."""
+    import pickle
+
+    out = tmp_path / "out"
+    train(str(out), char_data, "--max_iters=2", "--eval_interval=2", "--checkpoint_format=sharded")
+    meta = out / "ckpt_sharded" / ".metadata"
+    from tpcomm.train.sharded_checkpoint import read_dcp_metadata
+    assert read_dcp_metadata(str(out / "ckpt_sharded")).state_dict_metadata
+    marker = tmp_path / "ran"
+    meta.write_bytes(pickle.dumps(_Planted(marker)))
+    resume = run_script("train.py", *TINY, "--dataset=chars", f"--data_dir={char_data}", f"--out_dir={out}",
+                        "--init_from=resume", "--checkpoint_format=sharded", "--max_iters=4")
+    assert "nothing of it run: posix.system is not something DCP metadata holds" in one_line_error(resume)
+    convert = run_script("-m", "tpcomm.train.sharded_checkpoint", str(out))
+    assert "nothing of it run" in one_line_error(convert)
+    assert not marker.exists()

@@ -9,7 +9,7 @@ from model import GPTConfig
 from tpcomm.parallel.data_parallel import DATA_PARALLEL, INIT_DEVICES
 from tpcomm.model.options import (TP_COMM_OPTIONS, TP_DEFAULTS, check_batch, compact_list, model_config,
                                   validate_tp_args)
-from tpcomm.train.output_path import check_output_file, is_png, json_with
+from tpcomm.train.output_path import check_output_file, written_by
 from tpcomm.parallel.parallel_dims import world_size
 from tpcomm.parallel.pipeline_config import validate_pp_layout
 from tpcomm.train.runtime import check_dtype
@@ -103,11 +103,12 @@ def validate(cfg):
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ConfigError(f"trace_steps must be an int >= 1, got {n!r}")
     if trace is not None:
-        check_output_file(trace, key="trace", own=json_with("traceEvents"))  # an earlier trace may be replaced
+        check_output_file(trace, key="trace", own=written_by("trace"))  # an earlier trace of ours may be replaced
         if cfg["mode"] != "train":
             raise ConfigError(f"trace profiles training steps: it needs mode='train', got mode={cfg['mode']!r}")
     if cfg["plot"] is not None:
-        check_output_file(cfg["plot"], key="plot", own=is_png, suffixes=(".png",))
+        kind = "figure decode" if cfg["mode"] == "decode" else "figure steps"  # the figure it draws (bench.py)
+        check_output_file(cfg["plot"], key="plot", own=written_by(kind), suffixes=(".png",))
         if cfg["mode"] != "decode" and cfg["tp_mode"] != "real":  # train mode: each real-TP step's time split
             raise ConfigError(f"plot draws the decode timings (mode='decode') or, with tp_mode='real', each training "
                               f"step's compute and communication; got mode={cfg['mode']!r}, tp_mode={cfg['tp_mode']!r}")

@@ -37,7 +37,7 @@ import sys
 import torch
 
 from configurator import exit_in_one_line, exit_on_config_error
-from tpcomm.train.output_path import check_output_file, is_png, replace_atomically
+from tpcomm.train.output_path import MARK, check_output_file, replace_atomically, written_by
 
 STEP_PREFIX = "ProfilerStep#"  # the span of one training step (torch.profiler's own name for it)
 # tp_comm.traced's label, parsed back
@@ -95,7 +95,17 @@ def trace_steps(path, *, enabled=True):
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as prof:
         yield tracer
-    replace_atomically(lambda tmp: prof.export_chrome_trace(tmp), str(path))
+    replace_atomically(lambda tmp: mark_trace(prof, tmp), str(path))
+
+
+def mark_trace(prof, path):
+    """The profiler's Chrome trace at path, with this project's mark (output_path.written_by('trace'))."""
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        trace = json.load(f)
+    trace["written_by"] = MARK + "trace"
+    with open(path, "w") as f:
+        json.dump(trace, f)
 
 
 def load_trace(source):
@@ -380,7 +390,7 @@ def main(argv):
     if len(args) < 3:
         raise TraceError(USAGE)
     out, paths = args[1], args[2:]
-    check_output_file(out, key="plot OUT.png", own=is_png, suffixes=(".png",))
+    check_output_file(out, key="plot OUT.png", own=written_by("figure trace"), suffixes=(".png",))
     try:
         step = int(options.get("--step", "0"))
     except ValueError:

@@ -33,7 +33,7 @@ def write(fig, path, data):
     tmp = data_path(path) + ".tmp"
     with open(tmp, "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)
-    png.save_png(fig, path + ".tmp.png", data)
+    png.save_png(fig, path + ".tmp.png", data, made_by=f"figure {data['kind']}")
     os.replace(path + ".tmp.png", path)
     os.replace(tmp, data_path(path))
     return path

@@ -26,14 +26,17 @@ def data_digest(data):
 
 
 DIGEST_PREFIX = "report-data-sha256:"
+MARK = "nanoGPT-TP "  # then what wrote it: 'report', 'figure <kind>' (output_path.written_by reads it)
 
 
-def save_png(fig, path, data):
-    """Save fig with the digest of its data in the PNG's Description text chunk; closes fig."""
+def save_png(fig, path, data, *, made_by="report"):
+    """Save fig with the digest of its data in the PNG's Description text chunk and what wrote it in its Software
+    chunk (output_path.written_by: a command may replace only its own kind of figure); closes fig."""
     import matplotlib.pyplot as plt
 
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=120, metadata={"Description": DIGEST_PREFIX + data_digest(data)})
+    fig.savefig(path, dpi=120, metadata={"Description": DIGEST_PREFIX + data_digest(data),
+                                         "Software": MARK + made_by})
     plt.close(fig)
     return path
 

@@ -13,13 +13,43 @@ from configurator import ConfigError
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def is_png(path):
-    """A PNG (what every plot here writes): its first 8 bytes."""
+MARK = "nanoGPT-TP "  # what this project writes into its own outputs, then what wrote them
+
+
+def png_text(path, keyword):
+    """A PNG's tEXt chunk `keyword` (str), or None: not a PNG, no such chunk, unreadable."""
     try:
         with open(path, "rb") as f:
-            return f.read(8) == PNG_MAGIC
+            if f.read(8) != PNG_MAGIC:
+                return None
+            while True:
+                head = f.read(8)
+                if len(head) < 8:
+                    return None
+                size, kind = int.from_bytes(head[:4], "big"), head[4:]
+                if kind == b"IEND" or size > 1 << 24:
+                    return None
+                body = f.read(size + 4)[:size]
+                if kind == b"tEXt" and body.split(b"\0", 1)[0] == keyword.encode():
+                    return body.split(b"\0", 1)[1].decode("latin-1")
     except OSError:
-        return False
+        return None
+
+
+def written_by(maker):
+    """A predicate: the file is this project's output of kind `maker` ('report', 'figure steps', 'trace'): a PNG
+    whose Software chunk, or a JSON object whose 'written_by', is MARK + maker. Not a sniff of the file type: a
+    figure of another command, or any other file, is not one."""
+    def own(path):
+        if path.lower().endswith(".png"):
+            return png_text(path, "Software") == MARK + maker
+        return json_with("written_by")(path) and _json(path).get("written_by") == MARK + maker
+    return own
+
+
+def _json(path):
+    with open(path) as f:
+        return json.load(f)
 
 
 def json_with(*keys):

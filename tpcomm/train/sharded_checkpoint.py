@@ -19,6 +19,7 @@ other, convert it to ckpt.pt (GPT layout, exact: the parts are only moved) and r
 
 import contextlib
 import os
+import pickle
 import shutil
 import sys
 import warnings
@@ -180,18 +181,48 @@ def load_sharded_meta(out_dir):
     return meta
 
 
-def check_dcp_files(out_dir):
-    """DCP's .metadata loads, and each .distcp file holds the bytes it says (a truncated or missing file is found
-    here, before any process group starts; junk of the right length only when the tensors are read)."""
-    import torch.distributed.checkpoint as dcp
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's .metadata, building only what such a file holds: DCP's metadata classes, torch's Size, dtypes,
+    layouts and memory formats, paths. torch's own reader unpickles the file unrestricted, so a planted
+    `__reduce__` would run there: this one reads it first, and refuses any other global."""
 
+    DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+    NAMES = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+             ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"), ("collections", "OrderedDict")}
+
+    def find_class(self, module, name):
+        found = super().find_class(module, name) if module.startswith("torch") or module in (
+            "pathlib", "collections") else None
+        if (module, name) in self.NAMES or (module in self.DCP_MODULES and isinstance(found, type)) or (
+                module == "torch" and isinstance(found, (torch.dtype, torch.layout, torch.memory_format))):
+            return found
+        raise pickle.UnpicklingError(f"{module}.{name} is not something DCP metadata holds")
+
+
+def read_dcp_metadata(folder):
+    """DCP's Metadata of a sharded checkpoint folder, read by _MetadataUnpickler (no code from the file runs)."""
+    with open(os.path.join(folder, ".metadata"), "rb") as f:
+        return _MetadataUnpickler(f).load()
+
+
+def check_dcp_files(out_dir):
+    """DCP's .metadata loads (holding nothing but metadata), and each .distcp file holds the bytes it says (a
+    truncated or missing file is found here, before any process group starts; junk of the right length only when
+    the tensors are read)."""
     folder = sharded_path(out_dir)
     try:
-        md = dcp.FileSystemReader(folder).read_metadata()
+        md = read_dcp_metadata(folder)
+    except pickle.UnpicklingError as e:
+        if "is not something" in str(e):
+            raise corrupt(out_dir, f"DCP's .metadata refused, nothing of it run: {e}") from None
+        raise corrupt(out_dir, "DCP's .metadata does not load (UnpicklingError)") from None
+    except Exception as e:  # no .metadata, or junk: reported with many types
+        raise corrupt(out_dir, f"DCP's .metadata does not load ({type(e).__name__})") from None
+    try:
         ends = {}
         for info in md.storage_data.values():
             ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
-    except Exception as e:  # no .metadata, or junk: DCP reports these with many types
+    except Exception as e:  # a Metadata of other shapes
         raise corrupt(out_dir, f"DCP's .metadata does not load ({type(e).__name__})") from None
     for name, end in sorted(ends.items()):
         path = os.path.join(folder, name)
@@ -206,6 +237,7 @@ def dcp_load(state, out_dir, *, no_dist):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: the ranks' failures
 
+    check_dcp_files(out_dir)  # its .metadata read safely first: torch's reader unpickles it unrestricted
     try:
         with warnings.catch_warnings():  # "torch.distributed is ... uninitialized, assuming ... a single process"
             if no_dist:
@@ -256,12 +288,10 @@ def assemble(name, parts, layout, n_embd, vocab_size):
 
 def read_sharded(out_dir):
     """(meta, {key: full tensor}) of a sharded checkpoint, read on one process (no process group)."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     meta = load_sharded_meta(out_dir)
-    path = sharded_path(out_dir)
-    md = dcp.FileSystemReader(path).read_metadata()
+    md = read_dcp_metadata(sharded_path(out_dir))
     state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in md.state_dict_metadata.items()
              if isinstance(m, TensorStorageMetadata)}
     dcp_load(state, out_dir, no_dist=True)

@@ -15,7 +15,7 @@ from tpcomm.train import sharded_checkpoint
 from tpcomm.train.batches import check_data
 from tpcomm.train.checkpoint import CHECKPOINT_NAME, checkpoint_model, checkpoint_sync_options, load_checkpoint
 from tpcomm.parallel.data_parallel import DATA_PARALLEL, INIT_DEVICES
-from tpcomm.train.output_path import check_output_file, json_with
+from tpcomm.train.output_path import check_output_file, json_with, written_by
 from tpcomm.model.options import (FUNCTION_SYNC_OPTIONS, MODEL_TYPES, TP_DEFAULTS, check_batch, expand_block_types,
                                   model_config)
 from tpcomm.model.block_types import BLOCK_TYPES
@@ -174,7 +174,7 @@ def check_train_settings(cfg):
     if os.path.exists(cfg["out_dir"]) and not os.path.isdir(cfg["out_dir"]):
         raise ConfigError(f"out_dir {cfg['out_dir']!r} exists and is not a directory")
     if cfg["trace"] is not None:  # a Chrome trace of an earlier run may be replaced; no other file
-        check_output_file(cfg["trace"], key="trace", own=json_with("traceEvents"), overwrite=cfg["overwrite"])
+        check_output_file(cfg["trace"], key="trace", own=written_by("trace"))  # --overwrite is the out_dir's only
         if not isinstance(cfg["trace_iter"], int) or not 0 <= cfg["trace_iter"] <= cfg["max_iters"]:
             raise ConfigError(f"trace_iter must be an iteration in 0..max_iters ({cfg['max_iters']}), "
                               f"got {cfg['trace_iter']!r}")

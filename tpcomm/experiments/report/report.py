@@ -502,7 +502,7 @@ def update_plots(ctx, chosen, *, check, root, say):
                                             "its data digest differs from the result files'" if stored else
                                             "has no data digest (not made by `python experiment.py report`)"))
         else:
-            png.save_png(draw(), path, data)
+            png.save_png(draw(), path, data, made_by=f"figure {data['kind']}" if rel in commands else "report")
             say(f"wrote {rel}")
     return mismatches
 
