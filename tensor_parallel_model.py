@@ -21,7 +21,7 @@ from tpcomm.model.blocks import block_class
 from tpcomm.model.block_types import BLOCK_TYPES
 from tpcomm.tp.sharding import TPSharding, is_block_replicated, padded_vocab
 from tpcomm.tp.compress.compression import make_codec
-from tpcomm.model.options import TPConfig
+from tpcomm.model.options import TPConfig, private_head
 from tpcomm.tp.collectives import copy_to_tp_region, keep_dtype, reduce_from_tp_region, tp_group
 from tpcomm.tp.counting import FINAL_SYNC, VOCAB_EMBED, VOCAB_HEAD
 from tpcomm.tp.sequence_parallel import (gather_from_sequence_region, reduce_scatter_from_tp_region,
@@ -51,11 +51,9 @@ class DistributedGPT(ModelInterface, GPT):
         assert isinstance(config, TPConfig)
         if pd is not None and pd.tp > 1 and pd.tp != config.tp_size:
             raise ConfigError(f"tp_mode='real' runs {pd.tp} tp ranks but tp_size is {config.tp_size}")
-        # the last block hands the head each shard's own stream (no final sync): caat as its authors run it; at
-        # tp 1 the one stream is GPT's, its head GPT's
-        self.private_head = BLOCK_TYPES[config.block_types[-1]].private_head and config.tp_size > 1
-        # wte/lm_head split by vocabulary: loss_parallel, or real TP under a private head (each rank's slice of
-        # the head reads its own stream; a whole weight per rank would need its head gradients gathered)
+        # the last block hands the head each shard's own stream (no final sync): caat as its authors run it
+        self.private_head = private_head(config.block_types, config.tp_size)
+        # wte/lm_head split by vocabulary: loss_parallel, or real TP under a private head (each rank's own slice)
         self.vocab_parallel = config.loss_parallel or (self.private_head and pd is not None and pd.tp > 1)
         self.config = config
         codec = make_codec(config.tp_comm_dtype, config.tp_comm_block, config.tp_comm_exchange)  # None: plain
@@ -195,6 +193,13 @@ class DistributedGPT(ModelInterface, GPT):
             return full.view(b, 1, -1), None
         loss = vocab_parallel_cross_entropy(logits, targets.reshape(-1), self.group, start)
         return logits, loss
+
+    def gathered_logits(self, logits, shape):
+        """GPT's (B, T, V) logits from a forward with targets (shape: (B, T)): a vocabulary-parallel head's
+        (L, N, V'/tp) slices side by side, padding removed (an all-gather in real mode); GPT's as they are."""
+        if not (self.vocab_parallel or self.private_head):
+            return logits
+        return self.group.gather_shards(logits)[..., :self.config.vocab_size].view(*shape, -1)
 
     # --- the model interface (see GPT): GPT-layout state in and out, whatever this rank holds ---
 

@@ -156,11 +156,8 @@ def test_facts_equal_the_code(kind):
         model = DistributedGPT.from_gpt(gpt, 2, pattern)
         assert measured(model, idx) == (cm.forward_syncs(pattern), cm.backward_syncs(pattern)), pattern
         assert [model.desynced_after(i) for i in range(4)] == [BLOCK_TYPES[k].desyncs for k in pattern]
-    def logits(model):  # a private head's vocabulary slices (L, N, V/tp) side by side, as GPT's (B, T, V)
-        out = model(idx, tgt)[0]
-        if not model.private_head:
-            return out
-        return model.group.gather_shards(out)[..., :gpt.config.vocab_size].view(*idx.shape, -1)
+    def logits(model):  # GPT's (B, T, V), whatever the head
+        return model.gathered_logits(model(idx, tgt)[0], idx.shape)
     at = {tp: logits(DistributedGPT.from_gpt(gpt, tp, kind)) for tp in (1, 2)}
     same = dict(rtol=1e-5, atol=1e-5)
     assert torch.allclose(at[1], gpt(idx, tgt)[0], **same) == cls.gpt_at_tp1

@@ -55,11 +55,9 @@ def reference_forward(gpt, idx, targets, tp, block_types, k):
 
 
 def run(model, idx, targets):
-    """test_tensor_parallel.run, a private head's logits (L, N, V/tp: each shard's vocabulary slice) as GPT's."""
+    """test_tensor_parallel.run, a private head's logits (each shard's vocabulary slice) as GPT's."""
     logits, loss, grads = run_model(model, idx, targets)
-    if getattr(model, "private_head", False):
-        logits = model.group.gather_shards(logits)[..., :VOCAB].view(*idx.shape, VOCAB)
-    return logits, loss, grads
+    return (model.gathered_logits(logits, idx.shape) if hasattr(model, "gathered_logits") else logits), loss, grads
 
 
 def run_reference(gpt, idx, targets, tp, block_types, k):

@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from real_tp_worker import TOL, VOCAB, batch, compare_step, forward_backward, make_gpt, name, simulated  # noqa: E402
+from real_tp_worker import TOL, batch, compare_step, forward_backward, make_gpt, name, simulated  # noqa: E402
 from real_tp_worker import with_dropout, write_results  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
 from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
@@ -38,9 +38,9 @@ def build(gpt, pd, block_types, p, dtype, *, real):
 
 
 def step(model, idx, tgt, **kw):
-    """forward_backward, a private head's logits (L, N, V/tp, padded) gathered to (N, V) in shard order."""
+    """forward_backward, a private head's logits gathered as GPT's (B, T, V)."""
     logits, *rest = forward_backward(model, idx, tgt, **kw)
-    return (model.group.gather_shards(logits)[..., :VOCAB] if model.private_head else logits, *rest)
+    return (model.gathered_logits(logits, idx.shape), *rest)
 
 
 def check(pd, gpt, results):

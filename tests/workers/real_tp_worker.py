@@ -221,7 +221,7 @@ def check_loss_parallel(pd, gpt, results):
     for block_types, (sim_out, sim_tokens) in zip(patterns, sims):
         real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd, loss_parallel=True).double()
         logits, loss, grads, fwd = forward_backward(real, idx, tgt)
-        full = real.group.gather_shards(logits)[..., :VOCAB].view(*idx.shape, VOCAB)
+        full = real.gathered_logits(logits, idx.shape)
         results[f"loss_parallel/{name(block_types)}"] = compare_step((full, loss, grads, fwd), sim_out, TOL["float64"],
                                                                      real)
         same = torch.equal(real.eval().generate(prompt, 8, temperature=0), sim_tokens)
@@ -231,7 +231,7 @@ def check_loss_parallel(pd, gpt, results):
         with torch.no_grad():  # a row of the last rank's vocabulary shard
             real.lm_head.weight[0, 0] += 0.1
     logits, loss, grads, fwd = forward_backward(real, idx, tgt)
-    full = real.group.gather_shards(logits)[..., :VOCAB].view(*idx.shape, VOCAB)
+    full = real.gathered_logits(logits, idx.shape)
     results["can_fail/loss_parallel_perturbed_row"] = compare_step((full, loss, grads, fwd), sims[0][0],
                                                                    TOL["float64"], real)
 

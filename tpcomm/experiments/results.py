@@ -45,20 +45,17 @@ def block_pattern(cfg):
     return compact_list(types)
 
 
-def channel_fraction(cfg):
-    """A run with block types whose syncs move a fraction of the channels ('caat': caat_sync_fraction)."""
+def has_fact(cfg, fact):
+    """A DistributedGPT run with a block type whose class has `fact` (tpcomm/model/block_types.py)."""
     if cfg.get("model_type", "gpt") != "distributed_gpt":
         return False
-    return any(BLOCK_TYPES[k].channel_fraction for k in expand_block_types(cfg.get("block_types"), cfg["n_layer"])
+    return any(getattr(BLOCK_TYPES[k], fact) for k in expand_block_types(cfg.get("block_types"), cfg["n_layer"])
                if k in BLOCK_TYPES)
 
 
 def delays_syncs(cfg):
-    """A run whose blocks leave some syncs pending for the next block (the block types' `delays` fact: 'ladder')."""
-    if cfg.get("model_type", "gpt") != "distributed_gpt":
-        return False
-    return any(BLOCK_TYPES[k].delays for k in expand_block_types(cfg.get("block_types"), cfg["n_layer"])
-               if k in BLOCK_TYPES)
+    """A run whose blocks leave some syncs pending for the next block (the `delays` fact: 'ladder')."""
+    return has_fact(cfg, "delays")
 
 
 def _read_json(path, default=None):
@@ -338,7 +335,7 @@ def _row(label, recs):
         config=label, config_file=first.get("config_file", ""), block_pattern=block_pattern(cfg), delayed=delays_syncs(cfg),
         tp_comm_dtype=cfg.get("tp_comm_dtype"), tp_comm_exchange=cfg.get("tp_comm_exchange", "one_shot")
         if cfg.get("tp_comm_dtype") else None, tp_overlap=cfg.get("tp_overlap", 1),
-        caat_sync_fraction=cfg.get("caat_sync_fraction") if channel_fraction(cfg) else None,
+        caat_sync_fraction=cfg.get("caat_sync_fraction") if has_fact(cfg, "channel_fraction") else None,
         sequence_parallel=cfg.get("sequence_parallel", False), tp_size=cfg.get("tp_size"), tp_mode=cfg.get("tp_mode"), n_layer=cfg.get("n_layer"),
         n_embd=cfg.get("n_embd"), n_head=cfg.get("n_head"), params_non_embedding=first["params"].get("non_embedding"),
         params_total=first["params"].get("total"), fwd_allreduces=first["comm"].get("fwd_allreduces"),

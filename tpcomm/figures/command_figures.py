@@ -73,9 +73,10 @@ def way_of_pattern(label):
     for w in ways.WAYS:
         if w.sync or not w.style:
             continue
-        for n in range(1, 97):
-            blocks = w.blocks(n)
-            if blocks and label == compact_list(blocks) or (len(set(w.blocks(12))) == 1 and label == blocks[0]):
+        patterns = [w.blocks(n) for n in range(1, 97)]
+        one_type = len({k for blocks in patterns for k in blocks}) == 1  # 'spd' names all 'spd', not a track's start
+        for blocks in patterns:
+            if blocks and label == compact_list(blocks) or (one_type and label == blocks[0]):
                 return w.key
     return label
 

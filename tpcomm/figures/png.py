@@ -8,6 +8,8 @@ import hashlib
 import json
 import os
 
+from tpcomm.train.output_path import MARK
+
 
 def _rounded(x):
     if isinstance(x, float):
@@ -26,7 +28,6 @@ def data_digest(data):
 
 
 DIGEST_PREFIX = "report-data-sha256:"
-MARK = "nanoGPT-TP "  # then what wrote it: 'report', 'figure <kind>' (output_path.written_by reads it)
 
 
 def save_png(fig, path, data, *, made_by="report"):
@@ -36,7 +37,7 @@ def save_png(fig, path, data, *, made_by="report"):
 
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=120, metadata={"Description": DIGEST_PREFIX + data_digest(data),
-                                         "Software": MARK + made_by})
+                                         "Software": MARK + made_by})  # output_path.written_by reads it
     plt.close(fig)
     return path
 

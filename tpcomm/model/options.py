@@ -37,6 +37,12 @@ def quoted(kinds):
     return " and ".join([", ".join(q[:-1]), q[-1]] if len(q) > 1 else q)
 
 
+def private_head(block_types, tp_size):
+    """Whether the head reads each shard's own stream (no final sync): the last block's type says so (its
+    private_head fact: 'caat'), at tp_size >= 2 (at 1 the one stream is GPT's, and so is the head)."""
+    return tp_size > 1 and block_type(block_types[-1]).private_head
+
+
 def expand_block_types(block_types, n_layer):
     """block_types as one entry per layer: None means all 'tp', one name means that type for every layer."""
     kinds = "tp" if block_types is None else block_types

@@ -79,5 +79,5 @@ class PartialSync:
         s = z[..., :k] if in_sync else group.delta(r[..., :k], xbar[:, :k]) + z[..., :k]
         xs = xbar[:, :k] + reduce_from_tp_region(s.contiguous(), group, site=where)  # (N, k), synced
         rs = fan_out_stream(xs, group, where)  # (L, N, k): each shard's copy, backward all-reduced
-        zp = z[..., k:] if group.tp == 1 else z[..., k:] * self.private_scale
+        zp = z[..., k:] * self.private_scale  # times 1.0 at tp 1: exact, GPT's block
         return torch.cat([xs, xbar[:, k:]], dim=-1), torch.cat([rs, r[..., k:] + zp], dim=-1)

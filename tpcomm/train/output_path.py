@@ -43,13 +43,13 @@ def written_by(maker):
     def own(path):
         if path.lower().endswith(".png"):
             return png_text(path, "Software") == MARK + maker
-        return json_with("written_by")(path) and _json(path).get("written_by") == MARK + maker
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, UnicodeDecodeError, ValueError):
+            return False
+        return isinstance(data, dict) and data.get("written_by") == MARK + maker
     return own
-
-
-def _json(path):
-    with open(path) as f:
-        return json.load(f)
 
 
 def json_with(*keys):

@@ -186,16 +186,20 @@ class _MetadataUnpickler(pickle.Unpickler):
     layouts and memory formats, paths. torch's own reader unpickles the file unrestricted, so a planted
     `__reduce__` would run there: this one reads it first, and refuses any other global."""
 
-    DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+    METADATA = "torch.distributed.checkpoint.metadata"  # its classes (dataclasses and enums), any of them
     NAMES = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
-             ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"), ("collections", "OrderedDict")}
+             ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"), ("collections", "OrderedDict"),
+             ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
 
     def find_class(self, module, name):
-        found = super().find_class(module, name) if module.startswith("torch") or module in (
-            "pathlib", "collections") else None
-        if (module, name) in self.NAMES or (module in self.DCP_MODULES and isinstance(found, type)) or (
-                module == "torch" and isinstance(found, (torch.dtype, torch.layout, torch.memory_format))):
-            return found
+        # nothing is imported or looked up before the allow-list says yes
+        if (module, name) in self.NAMES:
+            return super().find_class(module, name)
+        if module in (self.METADATA, "torch") and not name.startswith("__"):
+            found = super().find_class(module, name)
+            if (module == self.METADATA and isinstance(found, type)) or isinstance(
+                    found, (torch.dtype, torch.layout, torch.memory_format)):
+                return found
         raise pickle.UnpicklingError(f"{module}.{name} is not something DCP metadata holds")
 
 

@@ -17,8 +17,7 @@ from tpcomm.train.checkpoint import CHECKPOINT_NAME, checkpoint_model, checkpoin
 from tpcomm.parallel.data_parallel import DATA_PARALLEL, INIT_DEVICES
 from tpcomm.train.output_path import check_output_file, json_with, written_by
 from tpcomm.model.options import (FUNCTION_SYNC_OPTIONS, MODEL_TYPES, TP_DEFAULTS, check_batch, expand_block_types,
-                                  model_config)
-from tpcomm.model.block_types import BLOCK_TYPES
+                                  model_config, private_head)
 from tpcomm.parallel.parallel_dims import check_backend, check_dp_shard, check_layout
 from tpcomm.parallel.pipeline_config import SCHEDULE_NAMES, validate_pp_layout
 from tpcomm.train.runtime import check_dtype, pick_device_and_dtype
@@ -261,12 +260,10 @@ def check_model(cfg, **sizes):
     return config
 
 
-def private_head(cfg):
-    """Whether the run's pattern ends in a block type whose head is vocabulary-parallel on each shard's stream."""
-    if cfg["model_type"] != "distributed_gpt" or cfg["tp_size"] == 1:
-        return False
-    kinds = expand_block_types(cfg["block_types"], cfg["n_layer"])
-    return BLOCK_TYPES[kinds[-1]].private_head
+def ends_private(cfg):
+    """A DistributedGPT run whose head reads each shard's own stream (options.private_head)."""
+    return cfg["model_type"] == "distributed_gpt" and private_head(
+        expand_block_types(cfg["block_types"], cfg["n_layer"]), cfg["tp_size"])
 
 
 def check_pipeline(cfg, explicit, *, dp, tp, dtype):
@@ -286,7 +283,7 @@ def check_pipeline(cfg, explicit, *, dp, tp, dtype):
     unsupported = dict(data_parallel=cfg["data_parallel"] == "fsdp", init_device=cfg["init_device"] == "meta",
                        loss_parallel=bool(cfg["loss_parallel"]), sequence_parallel=cfg["sequence_parallel"] is True,
                        checkpoint_format=cfg["checkpoint_format"] == "sharded", dtype=dtype == "float16",
-                       block_types=private_head(cfg),
+                       block_types=ends_private(cfg),
                        compile=cfg["compile"] and "compile" in explicit)
     for key, bad in unsupported.items():
         if bad:
@@ -335,7 +332,7 @@ def prepare(argv):
     if checkpoint is not None and "layout" in checkpoint:  # a sharded checkpoint loads into its own tp layout only
         sharded_checkpoint.check_resumable(checkpoint["layout"], dict(
             tp_size=cfg["tp_size"] if cfg["model_type"] == "distributed_gpt" else 1, tp_real=tp > 1,
-            loss_parallel=bool(cfg["loss_parallel"]) or (tp > 1 and private_head(cfg)), block_size=cfg["block_size"]),
+            loss_parallel=bool(cfg["loss_parallel"]) or (tp > 1 and ends_private(cfg)), block_size=cfg["block_size"]),
             cfg["out_dir"])
     if cfg["gradient_accumulation_steps"] % dp:
         raise ConfigError(f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) must be divisible "

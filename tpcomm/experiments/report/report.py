@@ -424,8 +424,9 @@ def main(selected=(), *, check=False, root=ROOT, say=print):
     for line in problems + mismatches:
         print(line)
     if check and not (problems or mismatches):
-        print(f"report --check: every marked table and report figure equals what the "
-              f"{sum(r['n_seeds'] for name in sweep_plan.SWEEPS for r in ctx.rows(name))} result files give")
+        files = {j.result_path for name in sweep_plan.SWEEPS for j in ctx.jobs(name)
+                 if os.path.exists(os.path.join(root, j.result_path))}  # a shared run's file once
+        print(f"report --check: every marked table and report figure equals what the {len(files)} result files give")
     return 1 if problems or mismatches else 0
 
 
