@@ -40,6 +40,7 @@ def keep(tmp_path):
 def cases(tmp, data, keep):
     """(argv, words the line must hold, files that must stay as they are) per case of the issue, by its number."""
     out, folder = str(tmp / "out"), tmp / "folder"  # folder: made by the test
+    figure = tmp / "answer_tradeoff.png"  # a copy of the README's figure (the report's), made by the test
     return {
         "1 train trace over a checkpoint": (train_args(data, out, *D, f"--trace={keep}", "--trace_iter=1"),
                                             ["trace", str(keep)], [keep]),
@@ -84,6 +85,13 @@ def cases(tmp, data, keep):
         "14 gpu_check worker by hand": (["-m", "tpcomm.gpu.gpu_check", "--worker=real_tp"], ["worker", "real_tp"], []),
         "6 runner flag not a bool": (["experiment.py", "cpu", "--dry-run=maybe"], ["dry-run", "maybe"], []),
         "also learning_rate 1e400": (train_args(data, out, "--learning_rate=1e400"), ["learning_rate", "inf"], []),
+        # the third pass (--overwrite is the out_dir's checkpoint only; a figure is replaced only by its own maker)
+        "64.2 train trace over a file, overwrite": (train_args(data, out, *D, f"--trace={keep}", "--overwrite=True"),
+                                                    ["trace", str(keep)], [keep]),
+        "64.3 bench plot over the report's figure": ([*BENCH, "--mode=decode", "--new_tokens=2", f"--plot={figure}"],
+                                                     ["plot", str(figure)], [figure]),
+        "64.3 trace plot over the report's figure": (["-m", "tpcomm.bench.trace", "plot", str(figure), COMMITTED],
+                                                     [str(figure)], [figure]),
     }
 
 
@@ -93,6 +101,7 @@ CASE_NAMES = list(cases(pathlib.Path("/nonexistent"), "data", "keep"))  # no sid
 @pytest.mark.parametrize("name", CASE_NAMES)
 def test_refused_in_one_line_before_any_work(name, tmp_path, char_data, keep):
     (tmp_path / "folder").mkdir()
+    shutil.copy(os.path.join(ROOT, "docs", "answer_tradeoff.png"), tmp_path / "answer_tradeoff.png")
     argv, words, kept = cases(tmp_path, char_data, keep)[name]
     before = snapshot(*kept)
     r = run_script(*argv, timeout=120)
@@ -342,3 +351,18 @@ def test_gpu_node_report_only_refuses_a_bad_result_file(tmp_path, content, words
     line = one_line_error(r)
     assert all(w in line for w in words), line
     assert not (tmp_path / "results.md").exists()
+
+
+def test_a_command_replaces_its_own_output(tmp_path, char_data):
+    """The other side of the mark: a trace train.py wrote, and a figure bench.py drew, are theirs to write again
+    (each file names its maker); the same figure is another command's to refuse (the cases above)."""
+    from tpcomm.train.output_path import png_text, written_by
+    trace, plot = tmp_path / "t.json", tmp_path / "decode.png"
+    for n in (1, 2):
+        r = run_script(*train_args(char_data, tmp_path / f"out{n}", *D, f"--trace={trace}", "--trace_iter=1",
+                                   "--max_iters=2", "--eval_interval=2"), timeout=120)
+        assert r.returncode == 0, r.stderr
+        r = run_script(*BENCH, "--mode=decode", "--new_tokens=2", f"--plot={plot}", timeout=120)
+        assert r.returncode == 0, r.stderr
+    assert written_by("trace")(str(trace)) and png_text(str(plot), "Software") == "nanoGPT-TP figure decode"
+    assert not written_by("figure steps")(str(plot))  # bench's other figure is another kind
