@@ -35,14 +35,13 @@ test: setup
 test-fast: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile -m fast tests
 
-# The communication sweep on Shakespeare-char (16 configs, one token budget): 7-21 min on 2 idle CPU cores of this
-# shared host (435-1275 s), trained here into experiments/local/cpu/ (not committed; a rerun skips its finished
-# runs): results.md (.csv, .json), three PNG plots and a result file per run, to set beside the committed ones
-# (experiments/cpu/runs/, docs/experiments.md; `python experiment.py cpu` trains into those). 500 steps are early
-# training (fewer syncs give a lower loss there); the long runs are in docs/axes.md.
+# The communication sweep on Shakespeare-char (16 configs, one token budget), two runs at a time of one thread
+# each, trained into experiments/local/cpu/ (not committed; a rerun skips its finished runs): results.md (.csv,
+# .json), three PNG plots and a result file per run, to set beside the committed ones (experiments/cpu/runs/,
+# docs/experiments.md). 500 steps are early training; the long runs are in docs/axes.md. Its time: README.md.
 experiment: setup
 	test -f data/shakespeare_char/train.bin -a -f data/shakespeare_char/val.bin || $(PY) data/shakespeare_char/prepare.py
-	$(PY) experiment.py cpu --out=experiments/local/cpu
+	OMP_NUM_THREADS=1 $(PY) experiment.py cpu --out=experiments/local/cpu --jobs=2
 
 # One CUDA GPU, ~6 min (at most 8): GPT-2 124M step, MFU and compile, simulated tp 8, decode, real TP on the one GPU,
 # the bf16 identity and comm-time checks, into docs/gpu.json and docs/gpu.md's generated section (docs/gpu.md).

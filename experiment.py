@@ -4,6 +4,7 @@ plots.py, report.py).
 
 $ python experiment.py cpu                          # Shakespeare-char, one run per communication budget
 $ python experiment.py cpu --seeds=1337,1338,1339   # more seeds (finished runs are skipped)
+$ python experiment.py cpu --jobs=2                 # two runs at a time (OMP_NUM_THREADS=1 each: make experiment)
 $ python experiment.py cpu --report-only            # tables and plots again from the result files
 $ python experiment.py cpu-long                     # the axes (docs/axes.md): cpu-long, tp-axis, size-axis, convergence
 $ python experiment.py gpt2 --nproc=8               # GPT-2 124M on OpenWebText (GPUs)

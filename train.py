@@ -155,7 +155,13 @@ def evaluate_and_save(training, lr, wandb, running_mfu):
     return losses
 
 
-def log_step(training, *, lossf, dt, lr, comm, running_mfu, steps_here, first_iter, loop_start):
+def evals_left(iter_num, cfg):
+    """Evaluations after iteration iter_num: each multiple of eval_interval up to max_iters, and max_iters."""
+    every, last = cfg["eval_interval"], cfg["max_iters"]
+    return max(0, last // every - iter_num // every) + (1 if last % every and iter_num < last else 0)
+
+
+def log_step(training, *, lossf, dt, lr, comm, running_mfu, steps_here, first_iter, loop_start, evals):
     """The master's log line and metrics row for a log step; returns the running MFU (nanoGPT's smoothing, from
     the sixth step of this process on)."""
     cfg = training.cfg
@@ -173,8 +179,8 @@ def log_step(training, *, lossf, dt, lr, comm, running_mfu, steps_here, first_it
     if "pp_bytes_per_token" in comm:
         comm_str += f", pp {comm['pp_bytes_per_token']:,.0f} B/token"
     print(f"iter {training.iter_num}/{cfg['max_iters']}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, "
-          f"tok/s {tok_s:,.0f}, mfu {mfu_str}{comm_str}, "
-          f"{eta(training.iter_num - first_iter + 1, cfg['max_iters'] - training.iter_num, loop_start)}")
+          f"tok/s {tok_s:,.0f}, mfu {mfu_str}{comm_str}, " + eta(training.iter_num - first_iter + 1, cfg["max_iters"] - training.iter_num, loop_start,
+                eval_seconds=evals[1], evals=evals[0], evals_left=evals_left(training.iter_num, cfg)))
     training.metrics.write(iter=training.iter_num, loss=lossf, lr=lr, dt_ms=dt * 1000, tokens_per_s=tok_s,
                            mfu=running_mfu if running_mfu >= 0 else None, **comm)
     return running_mfu
@@ -187,7 +193,7 @@ def train(training):
     cfg, master = training.cfg, training.pd.is_master
     wandb = start_wandb(cfg, master)
     local_iter_num, running_mfu = 0, -1.0
-    first_iter, last_eval = training.iter_num, None  # (iteration, losses) of the last evaluation
+    first_iter, last_eval, evals = training.iter_num, None, (0, 0.0)  # (iteration, losses) of the last evaluation
     loop_start = time.perf_counter()
     # ms/iter, tokens/s and MFU: the device-synchronised time since the last log line, evaluation and saving left
     # out, over the steps since: queued work counts where it ran, and the host syncs at log steps only
@@ -202,9 +208,13 @@ def train(training):
         # evaluate and checkpoint; always at the last iteration, so a run ends evaluated and saved whatever
         # eval_interval is
         if training.iter_num % cfg["eval_interval"] == 0 or training.iter_num == cfg["max_iters"]:
-            paused = clock.now()
+            if last_eval is None and master:  # so a long first evaluation is not taken for a hang
+                print(f"evaluating: {cfg['eval_iters']} batches of {cfg['batch_size']} x {cfg['block_size']} tokens "
+                      "from each of train and val (eval_iters sets how many)")
+            paused, host = clock.now(), time.perf_counter()
             last_eval = (training.iter_num, evaluate_and_save(training, lr, wandb, running_mfu))
             interval_start += clock.now() - paused  # the step time leaves evaluation and saving out
+            evals = (evals[0] + 1, evals[1] + time.perf_counter() - host)  # (count, seconds): the ETA's
         if cfg["eval_only"]:
             break
 
@@ -227,7 +237,8 @@ def train(training):
             stop_if_not_finite(training, "training", lossf)
             if master:
                 running_mfu = log_step(training, lossf=lossf, dt=dt, lr=lr, comm=comm, running_mfu=running_mfu,
-                                       steps_here=local_iter_num, first_iter=first_iter, loop_start=loop_start)
+                                       steps_here=local_iter_num, first_iter=first_iter, loop_start=loop_start,
+                                       evals=evals)
             interval_start, interval_steps = clock.now(), 0
         training.iter_num += 1
         local_iter_num += 1

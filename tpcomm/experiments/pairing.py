@@ -118,25 +118,64 @@ def paired(rows):
     return out
 
 
+def verdict(mean, ci):
+    """'lower', 'higher' or 'tied': where an evaluation's 95% interval lies against 0 (one seed: the sign)."""
+    if ci is None:
+        return "lower" if mean < 0 else "higher" if mean > 0 else "tied"
+    return "lower" if mean + ci < 0 else "higher" if mean - ci > 0 else "tied"
+
+
+def _verdicts(curve):
+    """[(iter, verdict)] after step 0 (every run starts at ~ln(vocab))."""
+    return [(i, verdict(mean, ci)) for i, mean, ci in curve if i > 0]
+
+
 def ordering(curve, tokens_per_iter):
     """Where a config's paired difference is below the baseline's (CI entirely < 0), above (> 0) or tied (the CI
     holds 0), as segments over training: 'lower 250-2000 (0.19M-1.5M tokens); tied 2250-5000 (...)'."""
-    def verdict(mean, ci):
-        if ci is None:
-            return "lower" if mean < 0 else "higher" if mean > 0 else "tied"
-        return "lower" if mean + ci < 0 else "higher" if mean - ci > 0 else "tied"
-
     segments = []
-    for i, mean, ci in curve:
-        if i == 0:
-            continue  # every run is at ~ln(vocab) before its first step
-        v = verdict(mean, ci)
+    for i, v in _verdicts(curve):
         if segments and segments[-1][0] == v:
             segments[-1][2] = i
         else:
             segments.append([v, i, i])
     return "; ".join(f"{v} {a}-{b} ({a * tokens_per_iter / 1e6:.2f}M-{b * tokens_per_iter / 1e6:.2f}M tokens)"
                      for v, a, b in segments)
+
+
+PHASE_MIN_EVALS = 2  # a side counts once it holds at this many evaluations in a row: one of 20 pointwise intervals
+
+
+def over_training(curve, tokens_per_iter):
+    """Where the sign of a paired difference changes over training, read from each evaluation's own 95% interval:
+    'leads until 1.15M tokens', 'leads until 0.38M tokens, costs from 0.77M', 'costs from 2.11M tokens', 'leads
+    from ...', or one side throughout ('tied throughout'). The end is the last evaluation's side; an earlier side
+    counts only where it holds at PHASE_MIN_EVALS evaluations in a row (a lone interval off 0 among 20 is what
+    pointwise 95% gives by chance)."""
+    marks = _verdicts(curve)
+    if not marks:
+        return "n/a"
+    held = set()
+    for k in range(len(marks) - PHASE_MIN_EVALS + 1):
+        window = {v for _, v in marks[k:k + PHASE_MIN_EVALS]}
+        if len(window) == 1:
+            held |= {(i, v) for i, v in marks[k:k + PHASE_MIN_EVALS]}
+    lower, higher = ([i for i, v in marks if (i, v) in held and v == s] for s in ("lower", "higher"))
+    tokens = lambda i: f"{i * tokens_per_iter / 1e6:.2f}M"  # noqa: E731
+    first, (last, end) = marks[0][0], marks[-1]
+
+    def start_of_end():  # the end's side from its first evaluation after the last held run of another side
+        others = [i for i, v in marks if (i, v) in held and v != end]
+        return min((i for i, v in marks if v == end and i > max(others, default=0)), default=last)
+
+    if end == "lower":
+        return "leads throughout" if start_of_end() == first else f"leads from {tokens(start_of_end())} tokens"
+    if lower:
+        said = f"leads until {tokens(max(i for i, v in marks if v == 'lower'))} tokens"
+        return said + (f", costs from {tokens(start_of_end())}" if end == "higher" else "")
+    if end == "higher":
+        return "costs throughout" if start_of_end() == first else f"costs from {tokens(start_of_end())} tokens"
+    return f"costs until {tokens(max(higher))} tokens" if higher else "tied throughout"
 
 
 def flatness(row):

@@ -11,8 +11,9 @@ import statistics
 import textwrap
 
 from tpcomm.figures import plot_labels, png, way_styles
-from tpcomm.experiments.pairing import has_pairs, paired, paired_markdown
-from tpcomm.experiments.readings import pattern_name
+from tpcomm.experiments.pairing import has_pairs, over_training, paired, paired_markdown
+from tpcomm.experiments.readings import MIN_SEEDS, pattern_name
+from tpcomm.model import ways
 from tpcomm.experiments.results import SCATTER_LIMIT, group_key, size_label, sizes_vary, varies
 
 PLOTS = ("val_loss_vs_allreduces.png", "val_loss_curves.png", "tokens_per_s_vs_allreduces.png")
@@ -212,33 +213,59 @@ def write_plots(rows, out_dir, *, title="Communication sweep", note=""):
 
 
 def paired_plot_data(rows):
+    """A panel a config: its label, style key, seeds, where its sign changes (pairing.over_training) and the
+    points [M tokens, mean, half-width] of its paired difference at each evaluation after step 0."""
     pairs = paired(rows)
+    order = {w.key: k for k, w in enumerate(ways.WAYS)}  # the answer table's order, then the other patterns
     others = sorted((r for r in rows if r["config"] != r["baseline"] and r["config"] in pairs),
-                    key=lambda r: (str(group_key(r)), -r["fwd_allreduces"]))
+                    key=lambda r: (str(group_key(r)), order.get(pattern_name(r), len(order)), -r["fwd_allreduces"]))
     return [dict(label=way_styles.label(pattern_name(r), fwd_allreduces=r["fwd_allreduces"])
                  + (f" tp{r['tp_size']}" if varies(rows, "tp_size") else "")
-                 + (f" {size_label(r)}" if sizes_vary(rows) else "") + f" ({len(pairs[r['config']]['seeds'])} seeds)",
+                 + (f" {size_label(r)}" if sizes_vary(rows) else ""), seeds=len(pairs[r["config"]]["seeds"]),
                  key=pattern_name(r), fwd=r["fwd_allreduces"],
+                 trend=over_training(pairs[r["config"]]["curve"], r["tokens_per_iter"]),
                  points=[[i * r["tokens_per_iter"] / 1e6, m, c or 0.0] for i, m, c in pairs[r["config"]]["curve"]
                          if i > 0]) for r in others]
 
 
+PANEL_COLUMNS = 4
+
+
 def draw_paired(data, *, title, n_seeds):
+    """Small multiples: a panel a way, one shared y axis, the baseline at 0, the mean and its 95% band; each panel
+    says its seeds and where its sign changes. A way short of MIN_SEEDS paired seeds is drawn without a band (its
+    interval is not read) and the y axis spans the read ones."""
     plt = png.pyplot()
-    fig, ax = plt.subplots(figsize=(12, 5.5))
-    ax.axhline(0, color="black", lw=1.5, label="baseline: all tp, same seed")
-    for s in data:
+    cols = min(PANEL_COLUMNS, max(1, len(data)))
+    rows = -(-max(1, len(data)) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(max(3.2 * cols, 10), 2.3 * rows + 0.9), sharex=True, sharey=True,
+                             squeeze=False)
+    for ax, s in zip(axes.flat, data):
         x, mean = [p[0] for p in s["points"]], [p[1] for p in s["points"]]
         st = way_styles.style(s["key"], fwd_allreduces=s["fwd"])
-        ax.plot(x, mean, "-", marker=st.marker, ms=4, color=st.color, label=s["label"])
-        ax.fill_between(x, [m - c for _, m, c in s["points"]], [m + c for _, m, c in s["points"]], color=st.color,
-                        alpha=0.12)
-    ax.set_xlabel("training tokens (millions)")
-    ax.set_ylabel("val loss minus the baseline's, same seed (nats/token)")
-    ax.set_title(f"{title}: paired difference to the baseline during training\nmean over each way's paired seeds "
-                 f"(up to {n_seeds}), band: 95% confidence interval; below 0 = better than the baseline", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), prop={"size": 8})
+        read = s["seeds"] >= MIN_SEEDS
+        ax.axhline(0, color="black", lw=1)
+        if read:
+            ax.fill_between(x, [m - c for _, m, c in s["points"]], [m + c for _, m, c in s["points"]],
+                            color=st.color, alpha=0.25, lw=0)
+        ax.plot(x, mean, "-" if read else ":", color=st.color, lw=1.6)
+        ax.set_title("\n".join(textwrap.wrap(f"{s['label']} ({s['seeds']} seeds)", 38)[:2]), fontsize=8.5)
+        ax.text(0.03, 0.04, s["trend"] if read else "pending: no interval read", transform=ax.transAxes,
+                fontsize=7.5, va="bottom")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(data):]:
+        ax.set_visible(False)
+    spans = [v for s in data if s["seeds"] >= MIN_SEEDS for _, m, c in s["points"] for v in (m - c, m + c)]
+    spans = spans or [m for s in data for _, m, _ in s["points"]]
+    if spans:
+        pad = 0.08 * (max(spans) - min(spans) or 0.01)
+        axes[0, 0].set_ylim(min(spans) - pad, max(spans) + pad)
+    for ax in axes[-1]:
+        ax.set_xlabel("training tokens (M)", fontsize=8.5)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("val loss - baseline's", fontsize=8.5)
+    fig.suptitle(f"{title}: each way's val loss minus all tp's, paired by seed (up to {n_seeds}), during training\n"
+                 "line: mean, band: 95% interval at each evaluation; below 0: better than all tp", fontsize=10)
     fig.tight_layout()
     return fig
 

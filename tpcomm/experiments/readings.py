@@ -64,9 +64,16 @@ def decimals(half_width):
     return max(0, math.floor(-math.log10(half_width / 10))) if half_width > 0 else 4
 
 
-def _up(x, d):
+def round_up(x, d):
     """x rounded up at d decimals: a printed upper bound never understates (the 1e-9 absorbs float noise)."""
     return math.ceil(x * 10 ** d - 1e-9) / 10 ** d
+
+
+def interval_text(mean, ci):
+    """'+0.006 [+0.000, +0.012]': a difference and its 95% interval at decimals() of the half-width, the upper end
+    rounded up, so it is the bound claim() states for an interval holding 0."""
+    d = decimals(ci)
+    return f"{mean:+.{d}f} [{mean - ci:+.{d}f}, {round_up(mean + ci, d):+.{d}f}]"
 
 
 def bound(b, base_loss, *, half_width):
@@ -74,8 +81,8 @@ def bound(b, base_loss, *, half_width):
     interval's half-width (decimals()): +0.0006 with a half-width of 0.0064 prints +0.001 (0.1%). The share is the
     printed bound's, so the pair agree: +0.003 with a half-width of 0.013 prints +0.01 nats (0.6%), not (0.2%)."""
     d, dp = decimals(half_width), decimals(100 * half_width / base_loss)
-    nats = _up(b, d)
-    return f"{nats:+.{d}f}", f"{_up(100 * nats / base_loss, dp):.{dp}f}%"
+    nats = round_up(b, d)
+    return f"{nats:+.{d}f}", f"{round_up(100 * nats / base_loss, dp):.{dp}f}%"
 
 
 # a row is read once it has 3 paired seeds: a Student-t interval from 2 rests on one degree of freedom, so its width is
@@ -96,5 +103,17 @@ def claim(p, base_loss):
         nats, share = bound(mean + ci, base_loss, half_width=ci)
         return f"costs at most {nats} nats ({share})"
     if side == "worse":
-        return f"costs {mean:+.3f} [{mean - ci:+.3f}, {mean + ci:+.3f}] nats ({pct(mean)})"
-    return f"gains {-mean:.3f} [{mean - ci:+.3f}, {mean + ci:+.3f}] nats ({pct(-mean)})"
+        return f"costs {interval_text(mean, ci)} nats ({pct(mean)})"
+    return f"gains {-mean:.{decimals(ci)}f} {interval_text(mean, ci).split(' ', 1)[1]} nats ({pct(-mean)})"
+
+
+def host_cell(row, base, seeds):
+    """Whether a row's runs and its baseline's on the paired seeds came from one kind of CPU (the vector extension
+    level torch dispatched its kernels by): 'one kind (AVX512)', 'mixed (AVX2, AVX512)', or how many files do
+    not record it (written before result files named their CPU)."""
+    kinds = [dict(zip(r["seeds"], r["cpus"]))[s] for r in (row, base) for s in seeds]
+    missing = sum(k is None for k in kinds)
+    if missing:
+        return f"not recorded in {missing} of {len(kinds)} files"
+    known = sorted(set(kinds))
+    return f"one kind ({known[0]})" if len(known) == 1 else f"mixed ({', '.join(known)})"

@@ -352,6 +352,7 @@ def _row(label, recs):
         wall_s=_mean(r["timing"].get("wall_s") for r in recs),
         curves=[[(i, v) for i, _, v in r["val_curve"]] for r in recs], cfg_max_iters=cfg["max_iters"],
         data_sha256=sorted({(r.get("data") or {}).get("sha256") for r in recs} - {None}),
+        cpus=[(r.get("machine") or {}).get("cpu_capability") for r in recs],  # per seed; None: not recorded
     )
 
 

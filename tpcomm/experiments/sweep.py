@@ -1,36 +1,19 @@
 """
-The sweeps: train one config per point (a communication budget, a tp degree, a model size), one run after another;
-each finished run leaves a small result file that is committed to git, and every table and plot is computed from
-those files alone (tpcomm/experiments/results.py; the docs' tables and plots: tpcomm/experiments/report/report.py).
+The sweeps: train one config per point (a communication budget, a tp degree, a model size); each finished run
+leaves a small result file that is committed to git, and every table and plot is computed from those files alone
+(tpcomm/experiments/results.py; the docs' tables and plots: tpcomm/experiments/report/report.py). The commands:
+`python experiment.py --help`.
 
-$ python experiment.py cpu                             # Shakespeare-char, 16 configs, 7-19 min on 2 CPU cores
-$ python experiment.py cpu --seeds=1337,1338,1339      # more seeds (runs with a result file are skipped, not redone)
-$ python experiment.py cpu --max_iters=20 --eval_interval=10 --lr_decay_iters=20   # quick try, own directory
-$ python experiment.py cpu --report-only               # table and plots again from the result files
-$ python experiment.py gpt2                            # GPT-2 124M on OpenWebText, 20k steps per run, a process per GPU
-$ python experiment.py cpu-real                        # real TP over 2 processes (gloo): does wall time drop?
-$ python experiment.py cpu-long                        # the axes model, 13 patterns, 5000 steps (docs/axes.md)
-$ python experiment.py tp-axis                         # the same at tp 2, 4, 8 (tp 4: cpu-long's runs, shared)
-$ python experiment.py size-axis                       # 3 model sizes at one tokens/parameter (12 x 64: cpu-long's)
-$ python experiment.py convergence                     # the axes model trained 4x cpu-long (20,000 steps)
-$ python experiment.py gpu-scale --budget-minutes=8     # 0.6M-16M parameters on one GPU, in chunks (docs/gpu.md)
-$ python experiment.py report [--check]                # every docs table and plot from the result files
-$ python experiment.py gpt2 --counts                   # measured all-reduces and bytes/token of each config
-
-Runner options: --seeds=S1,S2  --nproc=N (torchrun when > 1)  --out=DIR  --report-only  --dry-run  --counts  --runs=A,B
---allow-dirty (uncommitted changes: scratch result files, which the report refuses; tpcomm/experiments/provenance.py).
-Every other --key=value goes to train.py (and names the sweep directory, so a quick try never touches the real runs).
-A run works in experiments/<sweep>[+overrides]/<run>-seed<S>/ (ignored by git: config.json, metrics.jsonl, train.log,
-and done.json once train.py finished); the runner then writes its committed result file
-experiments/<sweep>[+overrides]/runs/<run>-seed<S>.json (results.run_record). A run whose result file records the same
-config is skipped, so a sweep resumes on any machine from the committed files alone; a run shared by two sweeps
-(Run.home) lives in its home sweep's directory; a run with a valid done.json is recorded, not rerun; an interrupted
-one starts again, or goes on from its ckpt.pt when its config checkpoints at every eval (the axes sweeps). Ctrl-C or
-kill stops the sweep and its train.py. A sweep locks each run while it trains it (job_lock), so N sweep processes
-over the same runs train N runs at a time; on a GPU machine each run's train.py gets GPUs no other run holds
-(CUDA_VISIBLE_DEVICES, GPUClaim). Results: results.md/.csv/.json and three PNGs in the sweep directory; with 2+ seeds
-also paired.md and paired_difference_vs_tokens.png (differences to the baseline seed by seed, 95% CIs). Runner options
-and every run's train.py config are checked before the first run starts; a user error is one line, exit status 2.
+A run works in experiments/<sweep>[+overrides]/<run>-seed<S>/ (ignored by git: config.json, metrics.jsonl,
+train.log, and done.json once train.py finished); the runner then writes its committed result file
+experiments/<sweep>[+overrides]/runs/<run>-seed<S>.json (results.run_record). A run whose result file records the
+same config is skipped, so a sweep resumes on any machine from the committed files alone; a run shared by two
+sweeps (Run.home) lives in its home sweep's directory; a run with a valid done.json is recorded, not rerun; an
+interrupted one starts again, or goes on from its ckpt.pt when its config checkpoints at every eval. Ctrl-C or kill
+stops the sweep and its train.py processes. Each run is locked while it trains (job_lock), so `--jobs=N` (N runs at
+a time in one process) and N sweep processes over the same runs alike train N runs at a time; on a GPU machine each
+run's train.py gets GPUs no other run holds (CUDA_VISIBLE_DEVICES, GPUClaim). Runner options and every run's
+train.py config are checked before the first run starts; a user error is one line, exit status 2.
 """
 
 import contextlib
@@ -55,7 +38,9 @@ from tpcomm.experiments.sweep_records import (SCRATCH_DIR, DirtyTreeError, finis
                                               record_job, refuse_dirty, rows_of, run_dir_finished, same_config,
                                               scratch_mark)
 
-RUNNER_OPTIONS = ("seeds", "nproc", "out", "report-only", "dry-run", "counts", "check", "allow-dirty", "runs")
+RUNNER_OPTIONS = ("seeds", "nproc", "jobs", "out", "report-only", "dry-run", "counts", "check", "allow-dirty",
+                  "runs")
+OWN_RUNNERS = ("gpu-node",)  # sweeps experiment.py hands to a runner of their own (tpcomm/experiments/gpu_node.py)
 RUNNER_FLAGS = ("report-only", "dry-run", "counts", "allow-dirty")  # --flag, --flag=True or --flag=False
 
 
@@ -220,6 +205,9 @@ def resumable(job):
     return job.cfg.get("always_save_checkpoint", False) and os.path.isfile(os.path.join(job.out_dir, "ckpt.pt"))
 
 
+RUNNING = set()  # the train.py processes of this sweep's runs (several with --jobs): stopped when the sweep is
+
+
 def run_job(job, *, bar=None):
     """Run train.py (from scratch, or from the run's own checkpoint when resumable), tee its output to train.log,
     and mark success with done.json. Raises RuntimeError with the log's tail when train.py fails."""
@@ -245,6 +233,7 @@ def run_job(job, *, bar=None):
                   + "\n")
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, bufsize=1)
+        RUNNING.add(proc)
         try:
             for line in proc.stdout:
                 log.write(line)
@@ -257,6 +246,8 @@ def run_job(job, *, bar=None):
             proc.terminate()
             proc.wait()
             raise
+        finally:
+            RUNNING.discard(proc)
     if proc.returncode != 0:
         with open(log_path) as f:
             tail = "".join(f.readlines()[-15:])
@@ -343,11 +334,11 @@ def run_one(job, head, problem, *, bar, tty, say):
         f"{results.fmt(timing['p90_over_median'], '.2f')}), {results.fmt(timing['wall_s'], '.0f')} s")
 
 
-def run_sweep(jobs, *, desc="sweep"):
-    """Run the jobs without a valid result file one after another, writing each one's result file; jobs with one
-    are skipped, and so are jobs another sweep process is training (their locks, job_lock): the same sweep started
-    twice trains two runs at a time. Returns the jobs left to another process. One progress bar, on a terminal
-    only: a log gets plain lines, no escape codes."""
+def run_sweep(jobs, *, desc="sweep", at_once=1):
+    """Run the jobs without a valid result file, `at_once` at a time, writing each one's result file; jobs with one
+    are skipped, and so are jobs another sweep process is training (their locks, job_lock). Returns the jobs left
+    to another process. One progress bar, on a terminal only: a log gets plain lines, no escape codes."""
+    from concurrent.futures import ThreadPoolExecutor
     from tqdm import tqdm
 
     signal.signal(signal.SIGTERM, stop_on_sigterm)
@@ -355,7 +346,8 @@ def run_sweep(jobs, *, desc="sweep"):
     busy = []
     with tqdm(total=len(jobs), desc=desc, unit="run", dynamic_ncols=True, disable=not tty) as bar:
         say = tqdm.write if tty else print
-        for k, job in enumerate(jobs, 1):
+
+        def one(k, job):
             head = f"[{k}/{len(jobs)}] "
             lock = job_lock(job)
             if result_problem(job) is None:
@@ -369,10 +361,21 @@ def run_sweep(jobs, *, desc="sweep"):
                     if problem is None:
                         say(f"{head}skip {job.label}: already finished ({job.result_path})")
                     else:
-                        run_one(job, head, problem, bar=bar, tty=tty, say=say)
+                        run_one(job, head, problem, bar=bar if at_once == 1 else None, tty=tty, say=say)
                 finally:
                     lock.release()
             bar.update(1)
+
+        with ThreadPoolExecutor(at_once) as pool:  # each run is a train.py process: the threads only wait on it
+            futures = [pool.submit(one, k, job) for k, job in enumerate(jobs, 1)]
+            try:
+                for f in futures:
+                    f.result()
+            except BaseException:  # a failed run, Ctrl-C or SIGTERM: stop the others too
+                pool.shutdown(cancel_futures=True, wait=False)
+                for proc in list(RUNNING):
+                    proc.terminate()
+                raise
     return busy
 
 
@@ -445,16 +448,17 @@ def parse_args(argv):
                              f"{', '.join('--' + o for o in RUNNER_OPTIONS if o != 'check')}; "
                              f"train.py overrides look like --key=value")
     if sweep not in SWEEPS:
-        raise SweepError(f"sweep must be one of {sorted(SWEEPS)} (or report), got {sweep!r}")
+        raise SweepError(f"sweep must be one of {sorted([*SWEEPS, *OWN_RUNNERS])} (or report), got {sweep!r}")
     opts["seeds"] = parse_seeds(opts["seeds"]) if "seeds" in opts else None
     opts.setdefault("nproc", None)
-    if opts["nproc"] is not None:
-        try:
-            opts["nproc"] = int(opts["nproc"])
-        except (TypeError, ValueError):
-            raise SweepError(f"--nproc takes an integer >= 1, got {opts['nproc']!r}") from None
-        if opts["nproc"] < 1:
-            raise SweepError(f"--nproc must be >= 1, got {opts['nproc']}")
+    for key in ("nproc", "jobs"):
+        if opts.get(key) is not None:
+            try:
+                opts[key] = int(opts[key])
+            except (TypeError, ValueError):
+                raise SweepError(f"--{key} takes an integer >= 1, got {opts[key]!r}") from None
+            if opts[key] < 1:
+                raise SweepError(f"--{key} must be >= 1, got {opts[key]}")
     if "out" in opts and (opts["out"] is True or not opts["out"]):
         raise SweepError("--out takes a directory: --out=DIR")
     if "out" in opts and os.path.exists(opts["out"]) and not os.path.isdir(opts["out"]):
@@ -480,11 +484,8 @@ def parse_report_args(argv):
 
 def parse_seeds(text):
     """--seeds=S1,S2: distinct integers >= 0."""
-    try:
-        seeds = [int(x) for x in str(text).split(",")] if text is not True else []
-    except ValueError:
-        seeds = []
-    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+    seeds = [int(x) for x in str(text).split(",") if re.fullmatch(r"\d+", x)] if text is not True else []
+    if not seeds or len(seeds) != len(str(text).split(",")) or len(set(seeds)) != len(seeds):
         raise SweepError(f"--seeds takes distinct integers >= 0 separated by commas (--seeds=1337,1338), "
                          f"got {'nothing' if text is True else repr(text)}")
     return seeds
@@ -541,7 +542,7 @@ def main(argv, *, report_main=None):
         for j in todo[:1]:  # the tree is the same for every run: refused before any work
             refuse_dirty(j, git_state())
         check_data_files(todo)
-    print(f"sweep {sweep!r}: {len(runs)} configs x {len(seeds)} seed(s) = {len(jobs)} runs, "
+    print(f"sweep {sweep!r}: {len(runs)} configs x {len({j.seed for j in jobs})} seed(s) = {len(jobs)} runs, "
           f"{', '.join(f'{t:,}' for t in sorted({tokens_of(j.cfg) for j in jobs}))} tokens each, in "
           f"{', '.join(dirs)}")
     if opts.get("dry-run"):
@@ -553,7 +554,7 @@ def main(argv, *, report_main=None):
         return
     t0 = time.time()
     try:
-        busy = run_sweep(jobs, desc=f"sweep {sweep}")
+        busy = run_sweep(jobs, desc=f"sweep {sweep}", at_once=opts.get("jobs") or 1)
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
@@ -571,11 +572,7 @@ def main(argv, *, report_main=None):
 
 
 def show_report(sweep_dir, table, plots, *, remark=""):
-    print()
-    print(table)
-    print()
-    if remark:
-        print(remark + "\n")
+    print(f"\n{table}\n\n" + (f"{remark}\n\n" if remark else ""), end="")
     print(f"tables: {os.path.join(sweep_dir, 'results.md')} (.csv, .json)")
     print("plots:  " + "\n        ".join(plots))
     print("docs:   python experiment.py report   (README/docs tables and plots from the result files)")
@@ -586,8 +583,9 @@ def cli(argv, *, report_main=None):
     the entry script's docstring and the sweeps."""
     if "--help" in argv or "-h" in argv:
         doc = (sys.modules["__main__"].__doc__ or __doc__ or "").strip()
-        print(f"{doc}\n\nsweeps: {', '.join(SWEEPS)}\nrunner options: --seeds=A,B --nproc=N --out=DIR "
-              f"--report-only --dry-run --counts --runs=A,B --allow-dirty; other --key=value options go to train.py")
+        print(f"{doc}\n\nsweeps: {', '.join([*SWEEPS, *OWN_RUNNERS])}\nrunner options: --seeds=A,B --nproc=N "
+              "--jobs=N --out=DIR --report-only --dry-run --counts --runs=A,B --allow-dirty; other --key=value options "
+              "go to train.py")
         sys.exit(0)
     try:
         main(argv, report_main=report_main)

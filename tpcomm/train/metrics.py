@@ -40,8 +40,10 @@ class MetricsLog:
         os.replace(self.path + ".tmp", self.path)
 
 
-def eta(done, left, start):
-    """Progress for the log line (plain text: a log file gets no progress-bar escape codes): the time left at the
-    mean pace of this process's iterations so far, evaluations included."""
-    seconds = round((time.perf_counter() - start) / max(done, 1) * left)
+def eta(done, left, start, *, eval_seconds=0.0, evals=0, evals_left=0):
+    """Progress for the log line (plain text: a log file gets no progress-bar escape codes): the steps left at the
+    mean pace of this process's steps so far, evaluations left out, plus the evaluations left at theirs (one long
+    evaluation at step 0 would otherwise weigh on every step's pace)."""
+    step_s = max(time.perf_counter() - start - eval_seconds, 0.0) / max(done, 1)
+    seconds = round(step_s * left + (eval_seconds / evals if evals else 0.0) * evals_left)
     return f"eta {seconds // 3600}h{seconds // 60 % 60:02d}m{seconds % 60:02d}s"

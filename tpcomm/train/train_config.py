@@ -307,6 +307,10 @@ def prepare(argv):
     explicit = explicit_keys(cfg, argv)
     check_train_settings(cfg)
     device, device_type, dtype = pick_device_and_dtype(cfg["device"], cfg["dtype"])
+    if device_type == "cpu" and cfg["compile"] and "compile" not in explicit:
+        cfg["compile"] = False  # torch.compile's first steps on a CPU take minutes: nanoGPT's recipes say compile=False
+        if int(os.environ.get("RANK", "0")) == 0:
+            print("compile=False on CPU (compiling would take minutes before the first step); --compile=True to compile")
     data_dir = cfg["data_dir"] or os.path.join(ROOT, "data", cfg["dataset"])
     vocab = load_vocab(data_dir) if os.path.isdir(data_dir) else None
     meta_vocab = vocab["vocab_size"] if vocab is not None else None

@@ -4,11 +4,13 @@ cpu-long result files, and its predicted GPU step speedup from the cost model (g
 answer calls tpcomm/costmodel/cost_model.py); the trade-off figure docs/answer_tradeoff.png draws the same.
 """
 
+import re
+
 from tpcomm.experiments.report import answer_figure
 from tpcomm.costmodel import cost_bands
 from tpcomm.experiments import pairing, provenance
-from tpcomm.experiments.readings import (MIN_SEEDS, bound, claim, data_warning, decimals, no_results, penalties,
-                                         side_of)
+from tpcomm.experiments.readings import (MIN_SEEDS, bound, claim, data_warning, decimals, host_cell, no_results,
+                                         interval_text, penalties, side_of)
 from tpcomm.model import ways
 
 
@@ -58,8 +60,11 @@ def gpu_speedups():
 
 
 def _short(p):
-    """'+0.020 [-0.005, +0.044] (2)': a paired difference, its 95% interval and its seeds, in 3 decimals."""
-    return f"{pairing.fmt_ci(p[0], p[1], 3)} ({p[2]})"
+    """'+0.020 [-0.005, +0.044] (3)': a paired difference, its 95% interval and its seeds; the interval's ends
+    printed at decimals() of its half-width, the upper end rounded up, so it is the bound claim() prints; one seed:
+    the difference alone."""
+    mean, ci, n = p
+    return f"{mean:+.3f} ({n})" if ci is None else f"{interval_text(mean, ci)} ({n})"
 
 
 def _familywise(ctx):
@@ -96,15 +101,58 @@ def _long_penalties(ctx):
     return {k[0]: v if v[2] >= MIN_SEEDS else (v[0], None, v[2]) for k, v in penalties(rows).items()}, base
 
 
+def _along(ctx):
+    """{cpu-long run: where its paired difference changes sign over training (pairing.over_training)}, for the
+    rows with MIN_SEEDS or more paired seeds."""
+    rows = ctx.rows("cpu-long")
+    pairs, tokens = pairing.paired(rows), {r["config"]: r["tokens_per_iter"] for r in rows}
+    return {k: pairing.over_training(p["curve"], tokens[k]) for k, p in pairs.items()
+            if len(p["seeds"]) >= MIN_SEEDS}
+
+
+def _speed_cells(variant, gpu, links, bands):
+    return [f"{gpu[variant][n]:.2f}x [{bands[n][variant][0]:.2f}, {bands[n][variant][1]:.2f}]" if variant
+            else "not modelled" for n in links]
+
+
 def answer_table(ctx):
-    """The README's one table: every way of giving up a sync, its quality cost at 95% in cpu-long and its predicted
-    GPU speedup."""
+    """The README's table: every way of giving up a sync, its measured quality cost with its 95% interval, where
+    that changes sign over training, and its predicted GPU speedups; the fine print is docs/answer.md's."""
+    pen, base = _long_penalties(ctx)
+    if base is None:
+        return no_results("cpu-long")
+    gpu, links, _, _ = gpu_speedups()
+    bands = {n: cost_bands.speedup_bands(n) for n in links}
+    along = _along(ctx)
+    lines = [f"Quality: final val loss minus all `tp`'s after {base['tokens'] / 1e6:.2f}M tokens, paired by seed, "
+             "mean [95% interval] (seeds); measured. Time: training-step speedup over Megatron-LM on "
+             f"GPUs, {GPU_SHAPE} at tp {GPU_TP} [over the assumptions' ranges]; predicted. Definitions and fine "
+             "print: [docs/answer.md](docs/answer.md).", "",
+             "| way | what | quality cost [95%] (seeds) | over training | NVLink | InfiniBand |",
+             "|---|---|---:|---|---:|---:|"]
+    for way, what, run, variant in way_rows():
+        p = pen.get(run)
+        cost = "0 (same math)" if run is None else "pending" if p is None else _short(p)
+        trend = "same math" if run is None else along.get(run, "pending")
+        lines.append(f"| {way} | {what} | {cost} | {trend} | " +
+                     " | ".join(_speed_cells(variant, gpu, links, bands)) + " |")
+    return data_warning(ctx.rows("cpu-long")) + "\n".join(lines)
+
+
+def answer_details(ctx):
+    """docs/answer.md's table: every way of giving up a sync, its quality cost at 95% in cpu-long (its own and the
+    family-wise interval, what it says, over training) and its predicted GPU speedup, with the definitions, the
+    prediction's assumptions and the published checks."""
     pen, base = _long_penalties(ctx)
     if base is None:
         return no_results("cpu-long")
     gpu, links, assumes, checks = gpu_speedups()
     family, m = _familywise(ctx)
     bands = {n: cost_bands.speedup_bands(n) for n in links}
+    along = _along(ctx)
+    rows = {r["config"]: r for r in ctx.rows("cpu-long")}
+    hosts = {k: host_cell(rows[k], base, p["seeds"]) for k, p in pairing.paired(list(rows.values())).items()
+             if k != base["config"]}
     lines = [f"Quality: final val loss minus all `tp`'s ({base['val_loss_mean']:.3f}, exactly GPT), paired seed by "
              f"seed, mean [95% interval] (seeds), after {base['tokens'] / 1e6:.2f}M tokens (`cpu-long`, "
              f"{sum(r['n_seeds'] for r in ctx.rows('cpu-long'))} result files); each row's own 95% interval, and "
@@ -117,17 +165,17 @@ def answer_table(ctx):
              f"{GPU_SHAPE} at tp {GPU_TP}, and in brackets [low, high] over the declared ranges of its assumptions "
              f"(docs/cost_model.md, Bands). Generated by `python "
              "experiment.py report`.", "",
-             f"| way | what | quality cost [95%] (seeds) | family-wise [95%, Bonferroni over {m}] | at 95% it | NVLink "
-             "| InfiniBand |",
-             "|---|---|---:|---:|---|---:|---:|"]
+             f"| way | what | quality cost [95%] (seeds) | family-wise [95%, Bonferroni over {m}] | at 95% it | over "
+             "training (pointwise 95%) | CPU (its runs and all `tp`'s) | NVLink | InfiniBand |",
+             "|---|---|---:|---:|---|---|---|---:|---:|"]
     for way, what, run, variant in way_rows():
         p = pen.get(run)
         cost = "0 (same math)" if run is None else "pending" if p is None else _short(p)
         said = "costs nothing: the math is all `tp`'s" if run is None else claim(p, base["val_loss_mean"])
-        times = [f"{gpu[variant][n]:.2f}x [{bands[n][variant][0]:.2f}, {bands[n][variant][1]:.2f}]" if variant
-                 else "not modelled" for n in links]
+        trend = "same math" if run is None else along.get(run, "pending")
         fw = "—" if run not in family else pairing.fmt_ci(*family[run], decimals(family[run][1])).split(" ", 1)[1]
-        lines.append(f"| {way} | {what} | {cost} | {fw} | {said} | " + " | ".join(times) + " |")
+        lines.append(f"| {way} | {what} | {cost} | {fw} | {said} | {trend} | {hosts.get(run, '—')} | " +
+                     " | ".join(_speed_cells(variant, gpu, links, bands)) + " |")
     errors = {}
     for what, end, err in checks:
         errors.setdefault(what.replace(" (range)", ""), []).append(f"{end}{err:+.1f}%")
@@ -174,8 +222,8 @@ def _ms(band):
     return f"{one(lo)} to {one(hi)} ms"
 
 
-def answer_summary(ctx):
-    """The README's answer in four sentences (quality at 95%; hiding and delaying against dropping on each link;
+def answer_long(ctx):
+    """docs/answer.md's answer in four sentences (quality at 95%; hiding and delaying against dropping on each link;
     shrinking; 4x the training), every number from the result files (claim()) and the cost model
     (gpu_speedups())."""
     pen, base = _long_penalties(ctx)
@@ -216,6 +264,67 @@ def answer_summary(ctx):
         out.append(f"After {cbase['tokens'] / base['tokens']:g}x the training ({cbase['tokens'] / 1e6:.2f}M tokens, "
                    "`convergence`): " + ", ".join(f"{answer_labels()[n]} {claim(p, cbase['val_loss_mean'])}"
                                                   for n, p in cpen.items()) + ".")
+    return " ".join(out)
+
+
+def _name(run):
+    """A way's short name: its 'what' without a track's pattern ('tracks D=2')."""
+    return re.sub(r" `[(\[].*$", "", answer_labels()[run])
+
+
+def _and(names):
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _band(lo_hi):
+    return f"{lo_hi[0]:.2f}-{lo_hi[1]:.2f}x"
+
+
+def answer_summary(ctx):
+    """The README's answer in plain sentences, each number from the result files or the cost model: what the
+    measured ways cost at 95%, which lead only early, what dropping and hiding save on GPUs (predicted), and after
+    4x the training."""
+    pen, base = _long_penalties(ctx)
+    if base is None:
+        return no_results("cpu-long")
+    loss, along = base["val_loss_mean"], _along(ctx)
+    measured = {n: p for n, p in pen.items() if p[1] is not None and p[2] >= MIN_SEEDS and n in answer_labels()}
+    costs = [n for n, p in measured.items() if side_of(*p[:2]) == "worse"]
+    held = sorted((p[0] + p[1], n, p[1]) for n, p in measured.items() if n not in costs)
+    scale = (f"a {base['params_total'] / 1e6:.1f}M-parameter character model (tp {base['tp_size']}, "
+             f"{base['tokens'] / 1e6:.2f}M tokens, CPU)")
+    out = []
+    if held:
+        (lo, lo_pct), (hi, hi_pct) = (bound(b, loss, half_width=ci) for b, _, ci in (held[0], held[-1]))
+        first = (f"On {scale}, {len(held)} of {len(measured)} measured ways cost at most {lo} to {hi} nats "
+                 f"({lo_pct[:-1]}-{hi_pct} of the loss) at 95%")
+    else:
+        first = f"On {scale}, {len(measured)} ways are measured"
+    paid = [f"{_name(n)} {'costs ' if not k else ''}{measured[n][0]:+.3f} ({100 * measured[n][0] / loss:.1f}%)"
+            for k, n in enumerate(costs)]
+    out.append(first + (f"; {', '.join(paid)}." if paid else "."))
+    early = [n for n in measured if along.get(n, "").startswith("leads until")]
+    if early:
+        until = sorted(float(re.search(r"until ([\d.]+)M", along[n]).group(1)) for n in early)
+        turned = [_name(n) + (" costs" if not k else "") + " from " + along[n].split("costs from ")[1]
+                  for k, n in enumerate(n for n in early if "costs from" in along[n])]
+        names = _and([_name(n) for n in early])
+        out.append(f"{names[0].upper()}{names[1:]} lead all `tp` early, until {until[0]:.2f}M-{until[-1]:.2f}M "
+                   "tokens, and not at the end" + (f"; {_and(turned)}" if turned else "") + ".")
+    gpu, links, _, _ = gpu_speedups()
+    bands = {n: cost_bands.speedup_bands(n) for n in links}
+    nv, ib = (n.split(" (")[0] for n in links)
+    out.append(f"Predicted for GPUs ({GPU_SHAPE} at tp {GPU_TP}), dropping half the syncs (all `spd`) speeds a "
+               f"training step {_band(bands[links[0]]['all-spd'])} on {nv} and {_band(bands[links[1]]['all-spd'])} "
+               f"over {ib}; hiding them (`tp_overlap=2`) {_band(bands[links[0]]['tp_overlap=2'])} and "
+               f"{_band(bands[links[1]]['tp_overlap=2'])}.")
+    longer = ctx.rows("convergence")
+    cpen = {k[0]: v for k, v in penalties(longer).items() if k[0] in answer_labels()}
+    cbase = next((r for r in longer if r["config"] == r["baseline"]), None)
+    if cbase is not None and cpen:
+        out.append(f"After {cbase['tokens'] / base['tokens']:g}x the training: " +
+                   ", ".join(f"{_name(n)} {claim(p, cbase['val_loss_mean'])}" for n, p in cpen.items()) + ".")
+    out.append("The costs are measured; the speedups are the cost model's predictions, not GPU timings.")
     return " ".join(out)
 
 

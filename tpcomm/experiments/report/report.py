@@ -34,7 +34,8 @@ from tpcomm.experiments.report import doc_figures
 from tpcomm.experiments import pairing, plots, results
 from tpcomm.experiments import sweep as sweeps
 from tpcomm.experiments import sweep_plan, sweep_records
-from tpcomm.experiments.report.answer import answer_summary, answer_table, tradeoff_plot
+from tpcomm.experiments.report.answer import (answer_details, answer_long, answer_summary, answer_table,
+                                             tradeoff_plot)
 from tpcomm.experiments.report.layout import layout_page
 from tpcomm.experiments.provenance import provenance_markdown
 from tpcomm.experiments.readings import claim, comm_dtype_label, data_warning, interval_cell, no_results, pattern_name, penalties
@@ -321,6 +322,8 @@ def blocks():
     out["axes-compute"] = (AXES, axes_compute)
     out["answer"] = (("cpu-long", "convergence"), answer_summary)
     out["answer-table"] = (("cpu-long",), answer_table)
+    out["answer-details"] = (("cpu-long",), answer_details)  # docs/answer.md: the table's fine print
+    out["answer-long"] = (("cpu-long", "convergence"), answer_long)
     out["gpu-scale-axis"] = (("gpu-scale",), scale_axis)  # tpcomm/experiments/report/scale_report.py
     out["layout"] = ((), layout_page)  # docs/layout.md, from the modules' docstrings (layout.py)
     return out
