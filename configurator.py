@@ -5,9 +5,10 @@ nanoGPT's configurator, made strict. Usage from a script with defaults in a dict
     python train.py config/override_file.py --batch_size=32 --block_types="['spd']*12"
 
 Config files are Python files of plain assignments (run with exec, as in nanoGPT;
-they are code you chose to run). Command-line values are parsed with
+they are code you chose to run), or .json files of one object (read as data). Command-line values are parsed with
 ast.literal_eval plus list repetition (`[...]*n`, `[...]+[...]`): never executed.
-Unknown keys, in files too, and type mismatches are errors naming key and types.
+Unknown keys, in files too, and type mismatches are errors naming key and types (and
+the nearest known key, or `True`/`False` for a bool written `true`).
 
 Shared settings: a config file may start with `from sweep_gpt2 import *` to take
 every setting of config/sweep_gpt2.py (a config file itself) and then assign only
@@ -22,6 +23,7 @@ base is one line, `config file ... failed: ModuleNotFoundError: ...`.
 import ast
 import functools
 import copy
+import difflib
 import json
 import math
 import os
@@ -65,8 +67,10 @@ def _coerce(key, value, default, nullable=()):
         return float(value)
     elif isinstance(value, type(default)):
         return value
+    hint = f" (write {str(value).capitalize()})" if isinstance(default, bool) and str(value).lower() in (
+        "true", "false") else ""
     raise ConfigError(f"{key}: expected {type(default).__name__} (default {default!r}), "
-                      f"got {type(value).__name__} {value!r}")
+                      f"got {type(value).__name__} {value!r}{hint}")
 
 
 def parse_value(key, text):
@@ -86,6 +90,21 @@ def parse_flag(arg):
     if not isinstance(value, bool):
         raise ConfigError(f"--{key} is a flag: give --{key}, --{key}=True or --{key}=False, got {text!r}")
     return value
+
+
+def _read_config_file(path):
+    """A config file's names: a .json file is data (a JSON object of key: value), anything else is Python that
+    nanoGPT's configurator runs (_run_config_file)."""
+    if not path.endswith(".json"):
+        return _run_config_file(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            scope = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"config file {path!r} is not readable JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(scope, dict):
+        raise ConfigError(f"config file {path!r} must hold a JSON object of key: value, got {type(scope).__name__}")
+    return scope
 
 
 def _run_config_file(path):
@@ -111,6 +130,12 @@ def _run_config_file(path):
     return scope
 
 
+def nearest(key, known):
+    """'; did you mean 'max_iters'?' for the closest known key, or ''."""
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.75)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def usage(defaults):
     """--help: the running script's docstring, then every key with its default."""
     doc = (sys.modules["__main__"].__doc__ or "").strip()
@@ -134,23 +159,23 @@ def configure(defaults, argv, *, nullable=(), scopes=None):
             if not os.path.isfile(arg):
                 raise ConfigError(f"config file {arg!r} not found")
             if scopes is None:
-                scope = _run_config_file(arg)
+                scope = _read_config_file(arg)
             else:
                 if arg not in scopes:
-                    scopes[arg] = _run_config_file(arg)
+                    scopes[arg] = _read_config_file(arg)
                 scope = scopes[arg]
             for key, value in scope.items():
                 if key.startswith("_") or callable(value) or type(value).__name__ == "module":
                     continue
                 if key not in config:
-                    raise ConfigError(f"unknown config key {key!r} in {arg}")
+                    raise ConfigError(f"unknown config key {key!r} in {arg}{nearest(key, config)}")
                 config[key] = _coerce(key, copy.deepcopy(value), defaults[key], nullable)
         else:
             if "=" not in arg:
                 raise ConfigError(f"argument {arg!r} must look like --key=value")
             key, text = arg[2:].split("=", 1)
             if key not in config:
-                raise ConfigError(f"unknown config key {key!r} (from {arg})")
+                raise ConfigError(f"unknown config key {key!r} (from {arg}){nearest(key, config)}")
             value = parse_value(key, text)
             if isinstance(defaults[key], str) and not isinstance(value, str):
                 value = text  # --out_dir=123 is still a path

@@ -94,10 +94,13 @@ def load_model(cfg, pd=None):
     trained = checkpoint.get("config") or {}  # the training run's config
     data_dir = trained.get("data_dir") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
                                                         str(trained.get("dataset", "")))
-    vocab = load_vocab(data_dir) if trained.get("dataset") and os.path.isdir(data_dir) else None
+    chars = checkpoint.get("vocab_chars")  # the vocabulary it trained on, saved with it since it records one
+    vocab = (dict(stoi={c: i for i, c in enumerate(chars)}, itos=dict(enumerate(chars))) if chars is not None else
+             load_vocab(data_dir) if trained.get("dataset") and os.path.isdir(data_dir) else None)
     if vocab is not None:
         if pd is None or pd.is_master:
-            print(f"loading {data_dir}'s vocabulary")
+            print(f"loading {data_dir}'s vocabulary" if chars is None else
+                  f"loading the checkpoint's vocabulary ({len(chars)} characters)")
         stoi, itos = vocab["stoi"], vocab["itos"]
         unknown = "".join(sorted({c for c in cfg["start"] if c not in stoi}))
         if unknown:

@@ -135,9 +135,10 @@ def start_wandb(cfg, master):
     return wandb
 
 
-def evaluate_and_save(training, lr, wandb, running_mfu):
+def evaluate_and_save(training, lr, wandb, running_mfu, *, stepped):
     """Evaluate the loss on train/val and write a checkpoint when it is the best (or always_save_checkpoint), never
-    a non-finite model. Returns the losses."""
+    a non-finite model, and only once this process has trained a step (`stepped`): a resume writes nothing
+    before it has shown it can step. Returns the losses."""
     cfg = training.cfg
     losses = evaluate(training)
     if training.pd.is_master:
@@ -150,7 +151,7 @@ def evaluate_and_save(training, lr, wandb, running_mfu):
         stop_if_not_finite(training, f"{split} (evaluation)", losses[split])
     if losses["val"] < training.best_val_loss or cfg["always_save_checkpoint"]:
         training.best_val_loss = min(training.best_val_loss, losses["val"])
-        if training.iter_num > 0 and not cfg["eval_only"]:
+        if stepped and not cfg["eval_only"]:
             save(training)
     return losses
 
@@ -212,7 +213,8 @@ def train(training):
                 print(f"evaluating: {cfg['eval_iters']} batches of {cfg['batch_size']} x {cfg['block_size']} tokens "
                       "from each of train and val (eval_iters sets how many)")
             paused, host = clock.now(), time.perf_counter()
-            last_eval = (training.iter_num, evaluate_and_save(training, lr, wandb, running_mfu))
+            last_eval = (training.iter_num, evaluate_and_save(training, lr, wandb, running_mfu,
+                                                              stepped=training.iter_num > first_iter))
             interval_start += clock.now() - paused  # the step time leaves evaluation and saving out
             evals = (evals[0] + 1, evals[1] + time.perf_counter() - host)  # (count, seconds): the ETA's
         if cfg["eval_only"]:

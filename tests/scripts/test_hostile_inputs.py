@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import pathlib
+import pickle
 import shutil
 
 import pytest
@@ -92,6 +93,9 @@ def cases(tmp, data, keep):
                                                      ["plot", str(figure)], [figure]),
         "64.3 trace plot over the report's figure": (["-m", "tpcomm.bench.trace", "plot", str(figure), COMMITTED],
                                                      [str(figure)], [figure]),
+        "64 caat fraction at tp 1": (train_args(data, out, "--model_type=distributed_gpt", "--block_types=caat",
+                                                "--caat_sync_fraction=0.25"), ["caat_sync_fraction=0.25", "tp_size=1"],
+                                     []),
     }
 
 
@@ -247,6 +251,79 @@ def test_sample_takes_a_tp_size_that_keeps_the_model(checkpoints):
         assert r.returncode == 0, r.stdout + r.stderr
         texts.append(r.stdout.split("---------------")[0].splitlines()[-1])
     assert texts[0] == texts[1] and texts[2] == texts[3]
+
+
+# 64.3: a crafted checkpoint is refused in one line before anything is written; metrics.jsonl keeps its lines
+
+def crafted(checkpoint, change):
+    """The checkpoint dict with one field changed as the third hostile pass did (None: the field removed)."""
+    import torch
+
+    field, value = change
+    if field == "exp_avg":  # one moment of the wrong shape
+        state = next(iter(checkpoint["optimizer"]["state"].values()))
+        state["exp_avg"] = torch.zeros(3)
+    elif field == "weights":
+        checkpoint["model"] = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
+                               for k, v in checkpoint["model"].items()}
+    elif value is None:
+        del checkpoint[field]
+    else:
+        checkpoint[field] = value
+    return checkpoint
+
+
+CRAFTED = [  # (field, value), the command, words its line must hold
+    (("iter_num", "abc"), "resume", ["iter_num", "'abc'"]), (("iter_num", None), "resume", ["iter_num"]),
+    (("iter_num", -5), "resume", ["iter_num=-5"]), (("best_val_loss", "x"), "resume", ["best_val_loss", "'x'"]),
+    (("rng_state", "3 bytes"), "resume", ["rng_state"]), (("optimizer", {}), "resume", ["optimizer"]),
+    (("exp_avg", None), "resume", ["exp_avg", "(3,)"]), (("config", [1, 2]), "sample", ["config", "[1, 2]"]),
+    (("weights", None), "sample", ["NaN"]),
+]
+
+
+@pytest.mark.parametrize("change, command, words", CRAFTED, ids=[f"{c[0]}={c[1]!r}" for c, _, _ in CRAFTED])
+def test_a_crafted_checkpoint_is_one_line_and_damages_nothing(change, command, words, checkpoints, char_data,
+                                                              tmp_path):
+    import torch
+
+    out = tmp_path / "run"
+    shutil.copytree(checkpoints / "gpt", out)
+    checkpoint = torch.load(out / "ckpt.pt", weights_only=True)
+    if change == ("rng_state", "3 bytes"):
+        change = ("rng_state", torch.zeros(3, dtype=torch.uint8))
+    torch.save(crafted(checkpoint, change), out / "ckpt.pt")
+    before = snapshot(out / "ckpt.pt", out / "metrics.jsonl", out / "config.json")
+    r = run_script(*train_args(char_data, out, "--init_from=resume", "--max_iters=3")) if command == "resume" \
+        else sample(out)
+    line = one_line_error(r)
+    assert all(w in line for w in words), line
+    assert snapshot(out / "ckpt.pt", out / "metrics.jsonl", out / "config.json") == before
+
+
+def test_a_resume_refuses_a_smaller_block_size_and_another_vocabulary(checkpoints, char_data, tmp_path):
+    """A resume keeps the model: a smaller block_size (which would cut the position embedding under the
+    optimizer's state) and a dataset of the same size with other characters are refused, the run as it was; the
+    checkpoint's own data resumes (the test can fail)."""
+    out = tmp_path / "run"
+    shutil.copytree(checkpoints / "gpt", out)
+    before = snapshot(out / "ckpt.pt", out / "metrics.jsonl")
+    line = one_line_error(run_script(*train_args(char_data, out, "--init_from=resume", "--max_iters=3",
+                                                 "--block_size=16")))
+    assert "block_size=16" in line and "32" in line, line
+    other = tmp_path / "other"
+    shutil.copytree(char_data, other)
+    with open(other / "meta.pkl", "rb") as f:
+        meta = pickle.load(f)
+    chars = [meta["itos"][i] for i in range(meta["vocab_size"])]
+    chars = chars[1:] + chars[:1]  # the same size, each id another character
+    with open(other / "meta.pkl", "wb") as f:
+        pickle.dump(dict(meta, itos=dict(enumerate(chars)), stoi={c: i for i, c in enumerate(chars)}), f)
+    line = one_line_error(run_script(*train_args(other, out, "--init_from=resume", "--max_iters=3")))
+    assert "vocabulary" in line and str(other) in line, line
+    assert snapshot(out / "ckpt.pt", out / "metrics.jsonl") == before
+    r = run_script(*train_args(char_data, out, "--init_from=resume", "--max_iters=3"))
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 # 5 (and point 4): one validator of result files

@@ -93,14 +93,16 @@ def test_reference_comparison_can_fail():
         assert not torch.allclose(model[0], run_reference(gpt, idx, tgt, 2, ["caat"] * 4, k)[0], **TOL)
 
 
-@pytest.mark.parametrize("p", [0.5, 0.25])
-def test_tp1_equals_gpt_with_dropout(p):
-    """At tp 1 every channel's sum is the one shard's output: GPT's block, its dropout masks included."""
+def test_tp1_equals_gpt_with_dropout():
+    """At tp 1 every channel's sum is the one shard's output: GPT's block, its dropout masks included; so another
+    fraction than the default changes nothing there, and is refused (as tp_comm_dtype at tp 1 is)."""
     gpt = make_gpt()
     idx, tgt = batch()
-    assert_same(run(caat(gpt, 1, p=p), idx, tgt), run(gpt, idx, tgt), **TOL)
+    assert_same(run(caat(gpt, 1), idx, tgt), run(gpt, idx, tgt), **TOL)
+    with pytest.raises(ConfigError, match="caat_sync_fraction=0.25 needs tp_size > 1"):
+        caat(gpt, 1, p=0.25)
     dropped = with_dropout(gpt, 0.2)
-    model = caat(dropped, 1, p=p)
+    model = caat(dropped, 1)
     assert_same(run_keyed(model, idx, tgt), run_keyed(dropped, idx, tgt), **TOL)
     assert abs(run_keyed(model, idx, tgt, (1337, 8, 2))[1].item() - run_keyed(dropped, idx, tgt)[1].item()) > 1e-3
 

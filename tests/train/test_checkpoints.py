@@ -45,7 +45,7 @@ def test_checkpoint_format(runs):
     for name, model_type in (("gpt", "gpt"), ("spd", "distributed_gpt")):
         ckpt = load(runs(name))
         assert set(ckpt) == {"model", "optimizer", "model_args", "model_type", "model_options", "iter_num",
-                             "best_val_loss", "config", "rng_state", "scaler"}  # + cuda_rng_state on CUDA
+                             "best_val_loss", "config", "rng_state", "scaler", "vocab_chars"}  # + cuda_rng_state on CUDA
         assert list(ckpt["model_args"]) == list(NANOGPT_ARGS)
         assert ckpt["model_type"] == model_type and ckpt["iter_num"] == 4
         assert ckpt["scaler"] == {}  # fp32: the scaler is disabled and has no state

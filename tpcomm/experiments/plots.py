@@ -249,7 +249,8 @@ def draw_paired(data, *, title, n_seeds):
             ax.fill_between(x, [m - c for _, m, c in s["points"]], [m + c for _, m, c in s["points"]],
                             color=st.color, alpha=0.25, lw=0)
         ax.plot(x, mean, "-" if read else ":", color=st.color, lw=1.6)
-        ax.set_title("\n".join(textwrap.wrap(f"{s['label']} ({s['seeds']} seeds)", 38)[:2]), fontsize=8.5)
+        seeds = f"{s['seeds']} seed{'s' * (s['seeds'] != 1)}"
+        ax.set_title("\n".join(textwrap.wrap(f"{s['label']} ({seeds})", 38)[:2]), fontsize=8.5)
         ax.text(0.03, 0.04, s["trend"] if read else "pending: no interval read", transform=ax.transAxes,
                 fontsize=7.5, va="bottom")
         ax.grid(alpha=0.3)
@@ -260,8 +261,10 @@ def draw_paired(data, *, title, n_seeds):
     if spans:
         pad = 0.08 * (max(spans) - min(spans) or 0.01)
         axes[0, 0].set_ylim(min(spans) - pad, max(spans) + pad)
-    for ax in axes[-1]:
-        ax.set_xlabel("training tokens (M)", fontsize=8.5)
+    for k, ax in enumerate(list(axes.flat)[:len(data)]):
+        if k + cols >= len(data):  # the lowest panel of its column: its x axis is read there
+            ax.set_xlabel("training tokens (M)", fontsize=8.5)
+            ax.xaxis.set_tick_params(labelbottom=True)
     for ax in axes[:, 0]:
         ax.set_ylabel("val loss - baseline's", fontsize=8.5)
     fig.suptitle(f"{title}: each way's val loss minus all tp's, paired by seed (up to {n_seeds}), during training\n"

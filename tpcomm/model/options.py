@@ -122,7 +122,7 @@ def validate_collective_matmul(*, tp_collective_matmul, sequence_parallel, block
         raise ConfigError(f"tp_collective_matmul=True runs {rings} blocks only, got block_types={block_types}")
 
 
-def validate_partial_sync(*, caat_sync_fraction, n_embd, block_types, tp_comm_dtype=None):
+def validate_partial_sync(*, caat_sync_fraction, n_embd, block_types, tp_comm_dtype=None, tp_size=2):
     """caat_sync_fraction p, the channels the syncs of a channel_fraction block type ('caat') all-reduce
     (tpcomm/tp/partial_sync.py), and tp_comm_dtype against block types that are not compressible: ConfigError
     naming the key and value. block_types is the expanded list."""
@@ -135,6 +135,9 @@ def validate_partial_sync(*, caat_sync_fraction, n_embd, block_types, tp_comm_dt
         owners = quoted(block_types_with("channel_fraction"))
         raise ConfigError(f"caat_sync_fraction={p!r} has no effect without {owners} blocks (block_types="
                           f"{block_types}): leave it at {TPConfig.caat_sync_fraction}")
+    if tp_size == 1 and p != TPConfig.caat_sync_fraction:  # one shard: every channel is the one stream's
+        raise ConfigError(f"caat_sync_fraction={p!r} needs tp_size > 1, got tp_size=1: one shard syncs nothing, so "
+                          f"every fraction is the same model as all 'tp'")
     whole_rows = [k for k in dict.fromkeys(block_types) if not block_type(k).compressible]
     if tp_comm_dtype and whole_rows:
         raise ConfigError(f"tp_comm_dtype={tp_comm_dtype!r} does not run with {quoted(whole_rows)} blocks "
@@ -174,7 +177,7 @@ class TPConfig(GPTConfig):
                               block_types=self.block_types, tp_size=self.tp_size, tp_async_grad=self.tp_async_grad,
                               tp_collective_matmul=self.tp_collective_matmul)
         validate_partial_sync(caat_sync_fraction=self.caat_sync_fraction, n_embd=self.n_embd,
-                              block_types=self.block_types, tp_comm_dtype=self.tp_comm_dtype)
+                              block_types=self.block_types, tp_comm_dtype=self.tp_comm_dtype, tp_size=self.tp_size)
         check_compression_block(tp_comm_dtype=self.tp_comm_dtype, tp_comm_block=self.tp_comm_block,
                                 n_embd=self.n_embd)
         validate_compression(tp_comm_dtype=self.tp_comm_dtype, tp_comm_block=self.tp_comm_block, n_embd=self.n_embd,

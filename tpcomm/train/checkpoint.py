@@ -214,7 +214,44 @@ def load_checkpoint(out_dir, map_location="cpu"):
     except (KeyError, ValueError, TypeError, AttributeError) as e:
         raise ConfigError(f"checkpoint {path} is not a training checkpoint ({type(e).__name__}: {e})") from None
     check_weights(checkpoint, path)
+    check_fields(checkpoint, path)
     return checkpoint
+
+
+RESUME_FIELDS = ("iter_num", "best_val_loss", "optimizer")  # what a resume reads beside the weights
+
+
+def check_fields(checkpoint, path, *, need=()):
+    """The one check of a checkpoint's fields beside its weights, shared by train.py (need=RESUME_FIELDS),
+    sample.py, export and the sharded loader: each present field has its type and range, each needed one is
+    there. A ConfigError naming the path, the field and its value otherwise, before anything is built or written."""
+    def bad(field, what):
+        shown = type(checkpoint[field]).__name__ if torch.is_tensor(checkpoint[field]) else repr(checkpoint[field])
+        return ConfigError(f"checkpoint {path}: {field}={shown[:60]} is not {what}; refusing to load it")
+
+    missing = [k for k in need if k not in checkpoint]
+    if missing:
+        raise ConfigError(f"checkpoint {path} has no {missing[0]!r}, which a resume needs; refusing to load it")
+    number = (int, float)
+    value = checkpoint.get("iter_num", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise bad("iter_num", "an iteration (an int >= 0)")
+    value = checkpoint.get("best_val_loss", 0.0)
+    value = value.item() if torch.is_tensor(value) and value.numel() == 1 else value  # nanoGPT saves a tensor
+    if isinstance(value, bool) or not isinstance(value, number) or value != value:
+        raise bad("best_val_loss", "a loss (a number)")
+    optimizer = checkpoint.get("optimizer", {"state": {}, "param_groups": []})
+    if not (isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict)
+            and isinstance(optimizer.get("param_groups"), list)
+            and all(isinstance(g, dict) for g in optimizer["param_groups"])):
+        raise bad("optimizer", "an optimizer state (a dict of 'state' and 'param_groups')")
+    rng = checkpoint.get("rng_state", torch.get_rng_state())
+    if not (torch.is_tensor(rng) and rng.dtype == torch.uint8 and rng.shape == torch.get_rng_state().shape):
+        raise bad("rng_state", "torch's random state")
+    for field, kind, what in (("config", dict, "a run's config (a dict)"), ("scaler", dict, "a loss scaler's state"),
+                              ("vocab_chars", str, "a vocabulary (a str)")):
+        if field in checkpoint and not isinstance(checkpoint[field], kind):
+            raise bad(field, what)
 
 
 def check_weights(checkpoint, path):
@@ -242,6 +279,10 @@ def check_weights(checkpoint, path):
         if have.shape != want.shape:
             raise ConfigError(f"{where} need {key} of shape {tuple(want.shape)}, its weights have "
                               f"{tuple(have.shape)}; refusing to load it")
+    broken = next((k for k, v in weights.items() if torch.is_tensor(v) and v.is_floating_point()
+                   and not torch.isfinite(v).all()), None)
+    if broken is not None:  # train.py never saves a non-finite model: this one was made or damaged elsewhere
+        raise ConfigError(f"checkpoint {path}: its weight {broken} holds NaN or inf values; refusing to load it")
     extra = sorted(set(weights) - set(expected))
     if extra:
         raise ConfigError(f"{where} have no place for {extra[0]} of its weights"

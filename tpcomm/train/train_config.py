@@ -13,7 +13,8 @@ from model import GPT2_FIXED, PRETRAINED_SIZES, GPT, GPTConfig
 from tpcomm import ROOT
 from tpcomm.train import sharded_checkpoint
 from tpcomm.train.batches import check_data
-from tpcomm.train.checkpoint import CHECKPOINT_NAME, checkpoint_model, checkpoint_sync_options, load_checkpoint
+from tpcomm.train.checkpoint import (CHECKPOINT_NAME, RESUME_FIELDS, check_fields, checkpoint_model,
+                                     checkpoint_sync_options, load_checkpoint)
 from tpcomm.parallel.data_parallel import DATA_PARALLEL, INIT_DEVICES
 from tpcomm.train.output_path import check_output_file, json_with, written_by
 from tpcomm.model.options import (FUNCTION_SYNC_OPTIONS, MODEL_TYPES, TP_DEFAULTS, check_batch, expand_block_types,
@@ -230,6 +231,9 @@ def adopt_model(cfg, explicit, *, source, model_type, spec):
         cfg["loss_parallel"] = spec["loss_parallel"]  # likewise
     if "dropout" not in explicit and "dropout" in spec:
         cfg["dropout"] = spec["dropout"]  # may change on resume; kept unless set
+    if source == "the checkpoint" and "block_size" in explicit and cfg["block_size"] < spec["block_size"]:
+        raise ConfigError(f"block_size={cfg['block_size']} is below the checkpoint's {spec['block_size']}: a resume "
+                          f"goes on with its model and optimizer as they are; drop the setting")
     if cfg["block_size"] > spec["block_size"]:
         if "block_size" in explicit:
             raise ConfigError(f"block_size ({cfg['block_size']}) exceeds {source}'s ({spec['block_size']})")
@@ -250,6 +254,22 @@ def adopt_sync_options(cfg, explicit, trained, *, iter_num):
     if not cfg["eval_only"] and isinstance(iter_num, int) and cfg["max_iters"] < iter_num:
         raise ConfigError(f"max_iters={cfg['max_iters']} is below the checkpoint's iteration {iter_num}: nothing is "
                           f"left to train (give a larger max_iters, or eval_only=True)")
+
+
+def vocab_chars(vocab):
+    """A character vocabulary (data.vocab.load_vocab's) as one string, id i at position i; None for BPE data."""
+    return None if vocab is None else "".join(vocab["itos"].get(i, "") for i in range(vocab["vocab_size"]))
+
+
+def check_vocab(checkpoint, vocab, data_dir):
+    """A resume onto a dataset whose characters are not the checkpoint's (by content: the same size can map other
+    characters) is refused; a checkpoint from before checkpoints recorded their vocabulary is taken as it is."""
+    trained, here = checkpoint.get("vocab_chars"), vocab_chars(vocab)
+    if trained is not None and here is not None and trained != here:
+        differ = next((i for i, (a, b) in enumerate(zip(trained, here)) if a != b), min(len(trained), len(here)))
+        raise ConfigError(f"the dataset in {data_dir} has another vocabulary than the checkpoint's ({len(here)} "
+                          f"against {len(trained)} characters, first differing at id {differ}): its token ids would "
+                          f"mean other characters; resume on the checkpoint's dataset")
 
 
 def check_model(cfg, **sizes):
@@ -320,6 +340,9 @@ def prepare(argv):
     if cfg["init_from"] == "resume":
         checkpoint = (load_checkpoint(cfg["out_dir"]) if cfg["checkpoint_format"] == "full"
                       else sharded_checkpoint.load_sharded_meta(cfg["out_dir"]))  # sharded: no tensors yet
+        if cfg["checkpoint_format"] == "full":
+            check_fields(checkpoint, os.path.join(cfg["out_dir"], CHECKPOINT_NAME), need=RESUME_FIELDS)
+        check_vocab(checkpoint, vocab, data_dir)
         model_type, spec = checkpoint_model(checkpoint)
         adopt_model(cfg, explicit, source="the checkpoint", model_type=model_type, spec=spec)
         adopt_sync_options(cfg, explicit, checkpoint_sync_options(checkpoint), iter_num=checkpoint.get("iter_num"))

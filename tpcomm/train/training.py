@@ -13,7 +13,8 @@ from typing import Optional
 
 import torch
 
-from configurator import save_config
+from configurator import ConfigError, save_config
+from data.vocab import load_vocab
 from model import GPT
 from tpcomm.train import sharded_checkpoint
 from tpcomm.train.batches import Batches
@@ -24,16 +25,27 @@ from tpcomm.parallel.data_parallel import parallelize
 from tpcomm.train.metrics import MetricsLog
 from tpcomm.parallel.parallel_dims import ParallelDims
 from tpcomm.train.runtime import autocast_context, make_grad_scaler, setup_runtime
-from tpcomm.train.train_config import previous_checkpoints
+from tpcomm.train.train_config import previous_checkpoints, vocab_chars
 
 
-def load_optimizer_state(owner, optimizer, state):
+def load_optimizer_state(owner, optimizer, state, *, path):
     """A checkpoint's optimizer state; how the optimizer runs (fused, foreach) stays this run's own, so a
-    checkpoint written on CUDA resumes on CPU."""
+    checkpoint written on CUDA resumes on CPU. A state that does not fit this model's parameters (another count of
+    groups or entries, a moment of another shape) is a ConfigError naming the path, before any step."""
     own = optimizer.param_groups
     groups = [dict(g, **{k: o[k] for k in ("fused", "foreach", "capturable") if k in o})
               for g, o in zip(state["param_groups"], own)]
-    owner.load_gpt_optimizer_state(optimizer, dict(state, param_groups=groups))
+    try:
+        owner.load_gpt_optimizer_state(optimizer, dict(state, param_groups=groups))
+    except (KeyError, ValueError, TypeError, IndexError, RuntimeError) as e:
+        raise ConfigError(f"checkpoint {path}: its optimizer state does not fit the model ({type(e).__name__}: "
+                          f"{str(e)[:120]}); refusing to resume from it") from None
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for key, value in optimizer.state.get(p, {}).items():
+                if torch.is_tensor(value) and value.dim() > 0 and value.shape != p.shape:
+                    raise ConfigError(f"checkpoint {path}: its optimizer's {key} has shape {tuple(value.shape)} "
+                                      f"for a parameter of shape {tuple(p.shape)}; refusing to resume from it")
 
 
 def resume_state(checkpoint, cfg, pd, *, model, owner, optimizer, scaler, device, device_type):
@@ -44,7 +56,8 @@ def resume_state(checkpoint, cfg, pd, *, model, owner, optimizer, scaler, device
         for group, saved in zip(optimizer.param_groups, checkpoint["param_groups"]):
             group.update({k: v for k, v in saved.items() if k not in ("params", "fused", "foreach", "capturable")})
     else:
-        load_optimizer_state(owner, optimizer, checkpoint["optimizer"])
+        load_optimizer_state(owner, optimizer, checkpoint["optimizer"],
+                             path=os.path.join(cfg["out_dir"], CHECKPOINT_NAME))
     if checkpoint.get("scaler") and scaler.is_enabled():
         scaler.load_state_dict(checkpoint["scaler"])
     if "rng_state" in checkpoint:  # nanoGPT's checkpoints have none
@@ -76,6 +89,7 @@ class Training:
     best_val_loss: float = 1e9
     saved_iter: Optional[int] = None  # the iteration of the last checkpoint this run wrote
     dtype: str = "float32"  # the training precision: MFU's peak depends on it
+    vocab_chars: Optional[str] = None  # a character dataset's vocabulary, saved so a resume can check its data
 
 
 def cropped(state_dict, block_size):
@@ -112,8 +126,6 @@ def start_run(cfg, setup, pd):
     tokens_per_iter = cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
     if pd.is_master:
         os.makedirs(cfg["out_dir"], exist_ok=True)
-        tidy_out_dir(cfg)
-        save_config(cfg, cfg["out_dir"])
         pp = f"pp={pd.pp} {cfg['pp_schedule']}, " if pd.pp > 1 else ""
         hsdp = f" (hsdp: {pd.dp_replicate} replicas x dp_shard {pd.dp_shard})" if pd.hsdp else ""
         print(f"tokens per iteration: {tokens_per_iter:,} ({pp}dp={pd.dp}{hsdp}, tp={cfg['tp_size']} {cfg['tp_mode']}, "
@@ -165,6 +177,9 @@ def start_run(cfg, setup, pd):
                                                scaler=scaler, device=device, device_type=setup.device_type)
         setup.checkpoint = None  # free memory
 
+    if pd.is_master:  # only now, with everything read from the checkpoint and checked, does the run write
+        tidy_out_dir(cfg)
+        save_config(cfg, cfg["out_dir"])
     metrics = MetricsLog(cfg["out_dir"], enabled=pd.is_master)
     metrics.truncate(iter_num)  # a resumed run must not leave two records of one iteration
     return Training(cfg=cfg, pd=pd, device=device, model=run_model, raw_model=model, pipe=pipe,
@@ -173,7 +188,8 @@ def start_run(cfg, setup, pd):
                     batches=Batches(setup.data_dir, block_size=cfg["block_size"], batch_size=cfg["batch_size"],
                                     seed=cfg["seed"], device=device),
                     metrics=metrics, grad_accum=grad_accum, micro_offset=pd.dp_rank * grad_accum,
-                    iter_num=iter_num, best_val_loss=best_val_loss, dtype=setup.dtype)
+                    iter_num=iter_num, best_val_loss=best_val_loss, dtype=setup.dtype,
+                    vocab_chars=vocab_chars(load_vocab(setup.data_dir)))
 
 
 def eval_losses(training, split, ks, n):
@@ -226,6 +242,8 @@ def save(training):
                                  model_type=training.cfg["model_type"],
                                  iter_num=training.iter_num, best_val_loss=training.best_val_loss, config=training.cfg,
                                  tensors=not sharded)
+    if training.vocab_chars is not None:
+        checkpoint["vocab_chars"] = training.vocab_chars
     if sharded:
         if training.pd.is_master:
             print(f"saving sharded checkpoint to {sharded_checkpoint.sharded_path(training.cfg['out_dir'])}")
