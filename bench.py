@@ -43,7 +43,8 @@ import sys
 
 import torch
 
-from configurator import ConfigError, configure, exit_on_config_error
+from tpcomm.errors import ConfigError
+from tpcomm.configuration import configure, exit_on_config_error
 from tpcomm.bench.bench_config import (DEFAULTS, combinations, pattern_label, sync_options, validate,
                                        validate_pipeline, variant_name)
 from tpcomm.figures import command_figures

@@ -11,7 +11,8 @@ $ python comm_model.py validate --calibration=calibration.json   # leave-one-pat
 
 import sys
 
-from configurator import ConfigError, configure, exit_in_one_line, exit_on_config_error
+from tpcomm.errors import ConfigError
+from tpcomm.configuration import configure, exit_in_one_line, exit_on_config_error
 from tpcomm.experiments.calibration import MEASURE_DEFAULTS, VALIDATE_DEFAULTS, MeasureError, measure, validate
 from tpcomm.costmodel.cost_model import PREDICT_DEFAULTS
 from tpcomm.costmodel.cost_tables import predict

@@ -15,7 +15,8 @@ import torch
 
 from tpcomm.train.runtime import autocast_context, pick_device_and_dtype, setup_runtime
 from tpcomm.train.checkpoint import build_model_from_checkpoint, load_checkpoint
-from configurator import ConfigError, configure, exit_on_config_error
+from tpcomm.errors import ConfigError
+from tpcomm.configuration import configure, exit_on_config_error
 from data.vocab import load_vocab
 from model import PRETRAINED_SIZES
 from tpcomm.model.interface import PlainGPT

@@ -14,7 +14,8 @@ $ python sample.py --out_dir=out-shakespeare-char/ladder
 
 import sys
 
-from configurator import ConfigError, exit_on_config_error
+from tpcomm.errors import ConfigError
+from tpcomm.configuration import exit_on_config_error
 from tpcomm.convert import ladder_conversion, sync_point_drop
 
 # --block=NAME -> (the conversion's keys with their defaults, its main)

@@ -13,7 +13,7 @@ its uses, so autograd accumulates a stream's two gradients in place). Parameters
 import torch
 import torch.nn as nn
 
-from configurator import ConfigError
+from tpcomm.errors import ConfigError
 from model import GPT, GPTConfig, LayerNorm, lm_head_and_loss, positions
 from tpcomm.tp.dropout import EMBED, DropoutKey, KeyedDropout
 from tpcomm.model.interface import ModelInterface, clip_to_norm_, grad_sq_sums, local, whole

@@ -19,7 +19,7 @@ import torch
 
 from tpcomm.train.build import build_model
 from tpcomm.train.train_config import DEFAULTS
-from configurator import configure
+from tpcomm.configuration import configure
 from model import GPT, GPTConfig
 from tpcomm.model.options import validate_tp_args
 

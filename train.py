@@ -33,7 +33,7 @@ import time
 
 import torch
 
-from configurator import exit_on_config_error
+from tpcomm.configuration import exit_on_config_error
 from tpcomm.bench import trace as comm_trace
 from tpcomm.parallel.data_parallel import set_gradient_sync
 from tpcomm.train.metrics import eta

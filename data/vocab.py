@@ -9,7 +9,7 @@ import json
 import os
 import pickle
 
-from configurator import ConfigError
+from tpcomm.errors import ConfigError
 
 
 def write_vocab(out_dir, chars):

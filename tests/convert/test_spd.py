@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 from conftest import TINY, run_script
 from model import GPT, GPTConfig
-from configurator import ConfigError
+from tpcomm.errors import ConfigError
 from tpcomm.convert.head_grouping import group_heads, head_grouping, permute_heads_and_units
 from tpcomm.convert.sync_point_drop import (Evaluator, distill_block, distill_kl, distributed, mean_loss, read_latencies,
                                             sensitivities, spd_pattern)

@@ -20,7 +20,7 @@ from tpcomm.experiments import pairing, plots, results, sweep_plan, sweep_record
 from tpcomm.experiments.result_check import ResultsError
 from tpcomm.model import options
 from tpcomm.figures import png
-from configurator import _literal
+from tpcomm.configuration import _literal
 from conftest import ROOT, TINY, fork_server_for_children, run_script
 from tpcomm.experiments.sweep_plan import SCALE_CONFIG
 

@@ -102,7 +102,7 @@ def test_pinned_source_and_sizes_are_recorded():
 # ---------- the sweep ----------
 
 def test_sizes_hold_tokens_per_parameter_in_cpu_longs_family():
-    from configurator import configure
+    from tpcomm.configuration import configure
     from tpcomm.train.train_config import DEFAULTS
 
     per_param = AXES_STEPS * 12 * 64 / 591_424  # cpu-long: 6.49

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from conftest import one_line_error, run_script
-from configurator import ConfigError
+from tpcomm.errors import ConfigError
 from tpcomm.gpu import gpu_check, gpu_report
 
 

@@ -149,7 +149,8 @@ def split_arguments(args):
 
 def configure_check(defaults, args, *, extra_keys=()):
     """Parse args as configure() does for a script with these defaults; the problems found."""
-    from configurator import ConfigError, configure
+    from tpcomm.errors import ConfigError
+    from tpcomm.configuration import configure
 
     parse, keys_only = split_arguments(args)
     problems = [f"unknown key --{k}" for k in keys_only if k not in defaults and k not in extra_keys]
@@ -192,7 +193,7 @@ def check_bench(args):
 
 def check_spd(args):
     import spd
-    from configurator import ConfigError
+    from tpcomm.errors import ConfigError
 
     try:
         block, rest = spd.split_block(args)  # --block picks the conversion, whose keys the rest are

@@ -64,7 +64,7 @@ def test_documented_launch_validates_at_its_world_size(world, args, monkeypatch,
 def test_the_check_sees_a_refused_launch(monkeypatch, tmp_path):
     """Anti-vacuity: the 2-node recipe with the accumulation nanoGPT's config had (40 over dp 16) is refused."""
     from tpcomm.train import train_config as train
-    from configurator import ConfigError
+    from tpcomm.errors import ConfigError
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RANK", "0")

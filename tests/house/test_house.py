@@ -12,7 +12,8 @@ import shutil
 import pytest
 import torch
 
-from configurator import ConfigError, configure
+from tpcomm.errors import ConfigError
+from tpcomm.configuration import configure
 from conftest import ROOT, TINY, one_line_error, run_script
 
 ENTRY_SCRIPTS = {"train", "bench", "sample", "experiment", "spd", "export_hf", "comm_model", "test_20k_experiment"}

@@ -15,7 +15,7 @@ if __name__ == "__main__":  # the torchrun worker: the repository and tests/ on 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from configurator import ConfigError  # noqa: E402
+from tpcomm.errors import ConfigError  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
 from tpcomm.costmodel import cost_model as cm  # noqa: E402
 from tpcomm.model.block_types import BLOCK_TYPES  # noqa: E402

@@ -13,7 +13,7 @@ import torch
 
 from conftest import (TORCHRUN, assert_same, differs, losses, one_line_error, run_script, shared_launch, train,
                       val_losses)
-from configurator import ConfigError
+from tpcomm.errors import ConfigError
 from tpcomm import ROOT
 from tpcomm.parallel.pipeline_config import stage_layers, validate_pp_layout
 from tpcomm.parallel.pipeline_timeline import bubble_fraction, format_timeline, replay, theoretical_bubble

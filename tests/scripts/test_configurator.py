@@ -1,6 +1,7 @@
 import pytest
 
-from configurator import ConfigError, configure
+from tpcomm.errors import ConfigError
+from tpcomm.configuration import configure
 
 DEFAULTS = dict(batch_size=12, learning_rate=6e-4, compile=True, out_dir="out", block_types=None, backend=None)
 

@@ -112,7 +112,7 @@ def test_contradicting_checkpoint_is_one_line(tiny_run, char_data, tmp_path, rea
 def test_check_weights(tiny_run, tmp_path, change, words):
     """The shared check (tpcomm.train.checkpoint.check_weights, run by load_checkpoint), in process; the unchanged
     checkpoint passes, so the check is not refusing everything."""
-    from configurator import ConfigError
+    from tpcomm.errors import ConfigError
     from tpcomm.train.checkpoint import load_checkpoint
 
     load_checkpoint(str(tiny_run))

@@ -14,7 +14,7 @@ from test_tensor_parallel import assert_same, batch, make_gpt, run_reference, wi
 
 import tpcomm.tp.async_grad
 from backward_overlap_worker import PATTERNS
-from configurator import ConfigError
+from tpcomm.errors import ConfigError
 from real_tp_worker import name
 from tensor_parallel_model import DistributedGPT
 from tpcomm.model.options import TPConfig

@@ -19,7 +19,7 @@ from torch.nn import functional as F
 
 import tpcomm.model.blocks as blocks
 from tpcomm.model.block_types import BLOCK_TYPES
-from configurator import ConfigError
+from tpcomm.errors import ConfigError
 from model import KVCache
 from tensor_parallel_model import DistributedGPT
 from tpcomm.model.options import TPConfig

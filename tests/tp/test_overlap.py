@@ -11,7 +11,7 @@ import torch
 from conftest import TINY, one_line_error, run_script, shared_launch
 from test_tensor_parallel import N_LAYER, assert_same, batch, make_gpt, run, run_keyed, run_reference, with_dropout
 
-from configurator import ConfigError
+from tpcomm.errors import ConfigError
 from real_tp_worker import name
 from overlap_sp_worker import PATTERNS
 from tensor_parallel_model import DistributedGPT

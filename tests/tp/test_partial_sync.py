@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import ROOT, run_script, shared_launch
-from configurator import ConfigError
+from tpcomm.errors import ConfigError
 from tensor_parallel_model import DistributedGPT
 from tpcomm.model.options import TPConfig
 from test_tensor_parallel import (N_LAYER, TOL, VOCAB, assert_same, attn_shard, batch, layer_norm, make_gpt, mlp_shard,

@@ -12,7 +12,7 @@ from conftest import TINY, one_line_error, run_script
 from test_overlap import overlap_sp_real  # noqa: F401  (the shared torchrun launch)
 from test_tensor_parallel import N_EMBD, assert_same, batch, make_gpt, run, run_keyed, run_reference, with_dropout
 
-from configurator import ConfigError
+from tpcomm.errors import ConfigError
 from overlap_sp_worker import PATTERNS
 from real_tp_worker import name
 from tensor_parallel_model import DistributedGPT

@@ -319,7 +319,7 @@ def test_dropout_rate_is_p_per_stream():
 
 
 def test_one_block_type_for_every_layer():
-    from configurator import ConfigError
+    from tpcomm.errors import ConfigError
     from tpcomm.model.options import TPConfig
     assert TPConfig(n_layer=3, n_head=4, n_embd=32, tp_size=2, block_types="spd").block_types == ["spd"] * 3
     assert TPConfig(n_layer=2, n_head=4, n_embd=32, tp_size=2).block_types == ["tp"] * 2

@@ -115,7 +115,7 @@ def test_bad_combinations_one_line_exit_2(tmp_path, char_data, args, words):
     (4, ["--data_parallel=fsdp", "--dp_shard=True"], ["dp_shard must be a positive int", "got True"]),
 ])
 def test_dp_shard_is_checked_naming_key_and_values(tmp_path, char_data, monkeypatch, world, args, words):
-    from configurator import ConfigError
+    from tpcomm.errors import ConfigError
     from tpcomm.train.train_config import prepare
 
     monkeypatch.setenv("RANK", "0")

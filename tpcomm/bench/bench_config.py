@@ -4,7 +4,7 @@ any work: ConfigError naming key and value. The model options are checked by tpc
 """
 
 
-from configurator import ConfigError
+from tpcomm.errors import ConfigError
 from model import GPTConfig
 from tpcomm.parallel.data_parallel import DATA_PARALLEL, INIT_DEVICES
 from tpcomm.model.options import (TP_COMM_OPTIONS, TP_DEFAULTS, check_batch, compact_list, model_config,

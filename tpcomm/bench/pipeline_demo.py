@@ -15,7 +15,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from configurator import ConfigError, configure, exit_on_config_error
+from tpcomm.errors import ConfigError
+from tpcomm.configuration import configure, exit_on_config_error
 from tensor_parallel_model import DistributedGPT
 from tpcomm.model.options import TPConfig, validate_tp_args
 from tpcomm.parallel.parallel_dims import init_parallel, launched_by_torchrun, shutdown, world_size

@@ -36,7 +36,7 @@ import sys
 
 import torch
 
-from configurator import exit_in_one_line, exit_on_config_error
+from tpcomm.configuration import exit_in_one_line, exit_on_config_error
 from tpcomm.train.output_path import MARK, check_output_file, replace_atomically, written_by
 
 STEP_PREFIX = "ProfilerStep#"  # the span of one training step (torch.profiler's own name for it)

@@ -15,7 +15,8 @@ import sys
 import torch
 
 from tpcomm.train.checkpoint import checkpoint_model, clean_state_dict, load_checkpoint
-from configurator import ConfigError, configure, exit_on_config_error
+from tpcomm.errors import ConfigError
+from tpcomm.configuration import configure, exit_on_config_error
 
 DEFAULTS = dict(
     out_dir="out",  # the run whose ckpt.pt is exported

@@ -19,7 +19,8 @@ import sys
 import torch
 from tqdm import tqdm
 
-from configurator import ConfigError, configure, exit_on_config_error
+from tpcomm.errors import ConfigError
+from tpcomm.configuration import configure, exit_on_config_error
 from tpcomm.train.checkpoint import CHECKPOINT_NAME, save_checkpoint
 from tpcomm.train.runtime import RunLock, pick_device
 from tpcomm.convert.sync_point_drop import (check_overwrite, converted_checkpoint, distributed, find_data, load_gpt,

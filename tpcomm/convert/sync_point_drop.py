@@ -25,7 +25,8 @@ from tpcomm import ROOT
 from tpcomm.convert.head_grouping import block_input, head_grouping, permute_heads_and_units
 from tpcomm.train.runtime import RunLock, pick_device
 from tpcomm.train.checkpoint import CHECKPOINT_NAME, build_model_from_checkpoint, load_checkpoint, model_spec, save_checkpoint
-from configurator import ConfigError, configure, exit_on_config_error
+from tpcomm.errors import ConfigError
+from tpcomm.configuration import configure, exit_on_config_error
 from model import GPTConfig
 from tensor_parallel_model import DistributedGPT
 from tpcomm.model.block_types import BLOCK_TYPES

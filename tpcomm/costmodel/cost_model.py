@@ -27,7 +27,7 @@ import math
 from collections import Counter
 from typing import NamedTuple
 
-from configurator import ConfigError
+from tpcomm.errors import ConfigError
 from tpcomm.model.block_types import CAATType, block_type
 from tpcomm.costmodel.collective_matmul_cost import BF16, gpt_collective_matmul, torchtitan_checks
 from tpcomm.model import ways

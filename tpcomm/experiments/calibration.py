@@ -15,7 +15,8 @@ import sys
 import tempfile
 import time
 
-from configurator import ConfigError, configure
+from tpcomm.errors import ConfigError
+from tpcomm.configuration import configure
 
 from tpcomm import ROOT
 from tpcomm.costmodel.cost_model import allreduce_time, error, fit_allreduce, fit_line, fit_step, leave_one_out, overlapped_syncs

@@ -31,7 +31,8 @@ import shlex
 import sys
 import time
 
-from configurator import ConfigError, parse_flag
+from tpcomm.errors import ConfigError
+from tpcomm.configuration import parse_flag
 from tpcomm import ROOT
 from tpcomm.model import ways
 from tpcomm.train.output_path import check_output_dir

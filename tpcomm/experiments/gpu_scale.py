@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from configurator import ConfigError
+from tpcomm.errors import ConfigError
 from tpcomm import ROOT
 from tpcomm.costmodel.cost_bands import GPU_JSON
 from tpcomm.experiments import results

@@ -28,7 +28,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from configurator import ConfigError, configure, parse_flag
+from tpcomm.errors import ConfigError
+from tpcomm.configuration import configure, parse_flag
 from tpcomm import ROOT, git_state
 from tpcomm.experiments import pairing, plots, results
 from tpcomm.experiments.gpu_claim import GPUClaim, node_gpus

@@ -11,7 +11,7 @@ import itertools
 
 import torch
 
-from configurator import ConfigError
+from tpcomm.errors import ConfigError
 from tpcomm.model.options import validate_sync_options
 
 KINDS = ("tp", "spd", "parallel")  # 'ladder' delays its syncs: its stream is not GPT's stream in the first place

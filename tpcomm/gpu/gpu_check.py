@@ -45,7 +45,8 @@ import time
 
 import torch
 
-from configurator import ConfigError, configure, exit_on_config_error
+from tpcomm.errors import ConfigError
+from tpcomm.configuration import configure, exit_on_config_error
 from tpcomm import ROOT, git_state
 from tpcomm.model.interface import timed_step
 from tpcomm.gpu.gpu_report import (COMPRESSIBLE_TYPES, merge_sections, mergeable, read_report, write_json,

@@ -17,7 +17,7 @@ holds (tp simulated, 1 real). All communication goes through f and g (counted).
 import torch
 import torch.nn as nn
 
-from configurator import ConfigError
+from tpcomm.errors import ConfigError
 from model import LayerNorm
 from tpcomm.model.block_types import BLOCK_TYPES, BlockType, CAATType, LadderType, ParallelType, SPDType, TPType, add
 from tpcomm.tp.async_grad import ColumnInput

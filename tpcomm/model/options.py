@@ -2,14 +2,14 @@
 The model's options and their one validator. Every place options enter (train.py, bench.py, sample.py, the sweeps,
 the converters spd.py and tpcomm/convert/ladder_conversion.py) checks them here, through `model_config` (a run's config
 dict) or TPConfig (DistributedGPT's config, which runs the same checks): a rule such as "n_embd divisible by n_head"
-or "tp_overlap needs tp_size > 1" is written once. A refusal is a configurator.ConfigError naming keys and values.
+or "tp_overlap needs tp_size > 1" is written once. A refusal is a ConfigError naming keys and values.
 """
 
 import itertools
 from dataclasses import dataclass, fields
 from typing import Optional
 
-from configurator import ConfigError
+from tpcomm.errors import ConfigError
 from model import GELU_FORMS, GPTConfig
 from tpcomm.tp.compress.compression import validate_compression
 from tpcomm.model.block_types import BLOCK_TYPES, CAATType, block_type

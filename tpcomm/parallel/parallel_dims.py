@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from configurator import ConfigError
+from tpcomm.errors import ConfigError
 
 # outermost first: pipeline stages, data-parallel replicas, then the tensor-parallel shards of a layer (innermost,
 # so a tp group is the ranks of one node). dp is one dim, or under HSDP the two dims dp_replicate x dp_shard: the

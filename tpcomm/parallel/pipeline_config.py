@@ -7,7 +7,7 @@ of each stage). The stages and the runner: tpcomm/parallel/pipeline.py.
 
 import torch
 
-from configurator import ConfigError
+from tpcomm.errors import ConfigError
 
 # the schedules pp_schedule names (tpcomm/parallel/pipeline.py maps each to torch's class)
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved_1f1b")

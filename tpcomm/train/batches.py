@@ -8,7 +8,7 @@ import os
 import numpy as np
 import torch
 
-from configurator import ConfigError
+from tpcomm.errors import ConfigError
 
 FULL_SCAN_TOKENS = 128 << 20  # data files up to this many tokens are scanned whole for their largest id
 

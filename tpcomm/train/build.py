@@ -7,7 +7,7 @@ import contextlib
 
 import torch
 
-from configurator import ConfigError
+from tpcomm.errors import ConfigError
 from tensor_parallel_model import DistributedGPT
 from tpcomm.parallel.data_parallel import INIT_DEVICES
 from tpcomm.model.interface import PlainGPT

@@ -13,7 +13,7 @@ import tempfile
 
 import torch
 
-from configurator import ConfigError
+from tpcomm.errors import ConfigError
 from model import GPT, NANOGPT_ARGS, GPTConfig
 from tpcomm.train.build import build_model
 from tpcomm.model.options import (FUNCTION_SYNC_OPTIONS, MODEL_TYPES, TP_COMM_OPTIONS, block_types_with,

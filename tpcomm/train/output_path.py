@@ -8,7 +8,7 @@ import json
 import os
 import tempfile
 
-from configurator import ConfigError
+from tpcomm.errors import ConfigError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

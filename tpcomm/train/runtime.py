@@ -13,7 +13,8 @@ import time
 
 import torch
 
-from configurator import ConfigError, exit_in_one_line
+from tpcomm.errors import ConfigError
+from tpcomm.configuration import exit_in_one_line
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # the dtype option of every script
 

@@ -27,7 +27,8 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from configurator import ConfigError, exit_on_config_error
+from tpcomm.errors import ConfigError
+from tpcomm.configuration import exit_on_config_error
 from tpcomm.tp.sharding import padded_vocab, shard_rule
 
 SHARDED_NAME = "ckpt_sharded"

@@ -7,7 +7,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from configurator import ConfigError, configure
+from tpcomm.errors import ConfigError
+from tpcomm.configuration import configure
 from data.vocab import load_vocab
 from model import GPT2_FIXED, PRETRAINED_SIZES, GPT, GPTConfig
 from tpcomm import ROOT

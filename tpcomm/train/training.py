@@ -13,7 +13,8 @@ from typing import Optional
 
 import torch
 
-from configurator import ConfigError, save_config
+from tpcomm.errors import ConfigError
+from tpcomm.configuration import save_config
 from data.vocab import load_vocab
 from model import GPT
 from tpcomm.train import sharded_checkpoint

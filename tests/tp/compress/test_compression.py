@@ -10,7 +10,7 @@ import torch
 
 import test_tensor_parallel
 from conftest import TINY, metrics, one_line_error, run_script, shared_launch, train
-from configurator import ConfigError
+from tpcomm.errors import ConfigError
 from test_generate import stepwise_logits
 from test_tensor_parallel import N_EMBD, assert_same, batch, make_gpt, run, run_keyed, run_reference, with_dropout
 from tensor_parallel_model import DistributedGPT

@@ -35,11 +35,11 @@ LEVEL = {unit: i for i, row in enumerate(LAYERS) for unit in row}
 def unit_of(module, root=ROOT):
     """The LAYERS unit of a dotted module name ('tpcomm.tp.compress.compression' -> 'tp'); 'script' for another
     top-level module of the repository (an entry script); None for anything outside the repository."""
-    if module in TOP_LEVEL_UNITS:
-        return TOP_LEVEL_UNITS[module]
     parts = module.split(".")
-    if parts[0] != "tpcomm":
-        return "script" if len(parts) == 1 and os.path.isfile(os.path.join(root, f"{module}.py")) else None
+    if parts[0] in TOP_LEVEL_UNITS:
+        return TOP_LEVEL_UNITS[parts[0]]
+    if parts[0] != "tpcomm":  # `from train import main` imports the script train.py
+        return "script" if os.path.isfile(os.path.join(root, f"{parts[0]}.py")) else None
     if parts[1:3] == ["experiments", "report"]:
         return "experiments/report"
     if len(parts) > 1 and os.path.isdir(os.path.join(root, "tpcomm", parts[1])):

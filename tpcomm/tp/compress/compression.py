@@ -35,8 +35,8 @@ EXCHANGES = ("one_shot", "two_shot")
 
 def validate_compression(*, tp_comm_dtype, tp_comm_block, n_embd, tp_size, sequence_parallel=False,
                          tp_comm_exchange="one_shot"):
-    """Raise configurator.ConfigError naming the keys and values where compression cannot run as asked."""
-    from configurator import ConfigError
+    """Raise ConfigError naming the keys and values where compression cannot run as asked."""
+    from tpcomm.errors import ConfigError
 
     if isinstance(tp_comm_block, bool) or not isinstance(tp_comm_block, int) or tp_comm_block < 1:
         raise ConfigError(f"tp_comm_block must be a positive int (values per scale), got {tp_comm_block!r}")

@@ -1,5 +1,5 @@
 """
-nanoGPT's configurator, made strict. Usage from a script with defaults in a dict:
+nanoGPT's configurator (its configurator.py), made strict. Usage from a script with defaults in a dict:
 
     config = configure(defaults, sys.argv[1:])     # raises ConfigError
     python train.py config/override_file.py --batch_size=32 --block_types="['spd']*12"
@@ -29,9 +29,9 @@ import math
 import os
 import sys
 
+from tpcomm.errors import ConfigError
 
-class ConfigError(ValueError):
-    """A user error in the configuration: printed as one line, exit status 2."""
+
 
 
 def _literal(text):
