@@ -86,6 +86,8 @@ def shakespeare_cli(description, default_out_dir):
                              "tiny: nanoGPT's tiny shakespeare, downloaded")
     parser.add_argument("--out_dir", default=default_out_dir, help="where to write train.bin, val.bin, ...")
     args = parser.parse_args()
+    if args.input and args.source != "plays":
+        parser.error(f"--input {args.input!r} and --source={args.source}: give one (--input reads your text)")
     check_args(parser, args)
     try:
         text, source = shakespeare_text(args.input, source=args.source)

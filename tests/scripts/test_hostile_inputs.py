@@ -93,6 +93,15 @@ def cases(tmp, data, keep):
                                                      ["plot", str(figure)], [figure]),
         "64.3 trace plot over the report's figure": (["-m", "tpcomm.bench.trace", "plot", str(figure), COMMITTED],
                                                      [str(figure)], [figure]),
+        "64.5 train out_dir under /proc": (["train.py", *TINY, f"--data_dir={data}", "--out_dir=/proc/x/y"],
+                                           ["/proc/x/y"], []),
+        "64.5 train trace_iter -1": (train_args(data, out, "--trace_iter=-1"), ["trace_iter", "-1"], []),
+        "64.5 sweep --jobs without a number": (["experiment.py", "cpu", "--jobs", "--dry-run"], ["--jobs", "nothing"],
+                                               []),
+        "64.5 gpu-scale dry-run out a file": (["experiment.py", "gpu-scale", "--dry-run", f"--out={keep}"],
+                                              ["out", str(keep)], [keep]),
+        "64.5 prepare input and source tiny": (["data/shakespeare_char/prepare.py", f"--input={keep}", "--source=tiny",
+                                                f"--out_dir={out}"], ["--input", "--source=tiny"], []),
         "64 caat fraction at tp 1": (train_args(data, out, "--model_type=distributed_gpt", "--block_types=caat",
                                                 "--caat_sync_fraction=0.25"), ["caat_sync_fraction=0.25", "tp_size=1"],
                                      []),
@@ -340,6 +349,12 @@ def committed_record():
     (dict(val_loss=1e308), ["val_loss", "1e+308"]),
     (dict(val_curve=[[0, 0, -1.0]]), ["val_curve[0] loss", "-1.0"]),
     (dict(timing=dict(step_ms=-5.0)), ["step_ms", "-5.0"]),
+    # the fourth pass: fields the newer readers read (a traceback or a bare digest mismatch before)
+    (dict(machine=[1]), ["'machine'", "[1]"]),
+    (dict(machine=dict(cpu_capability=5)), ["cpu_capability", "5"]),
+    (dict(data=dict(sha256=5)), ["sha256", "5"]),
+    (dict(tokens_per_iter=0), ["tokens_per_iter", "0"]),
+    (dict(config=dict(seed=1337, caat_sync_fraction="half")), ["caat_sync_fraction", "'half'"]),
 ])
 def test_a_result_file_that_disagrees_with_its_name_or_is_out_of_range_is_refused(tmp_path, change, words):
     from tpcomm.experiments import results

@@ -58,7 +58,7 @@ def parse(argv):
         if key in opts:
             kind, raw = float if key == "budget-minutes" else int, opts[key]
             try:
-                opts[key] = kind(raw)
+                opts[key] = None if raw is True else kind(raw)  # `--budget-minutes` alone: no number given
             except (TypeError, ValueError):
                 opts[key] = None
             if opts[key] is None or not low <= opts[key] < float("inf"):
@@ -66,6 +66,8 @@ def parse(argv):
                                         f"{'' if kind is float else ' (an integer)'}, got {raw!r}")
     if "out" in opts and (opts["out"] is True or not opts["out"]):
         raise sweeps.SweepError("gpu-scale: --out takes a directory: --out=DIR")
+    if "out" in opts and os.path.exists(opts["out"]) and not os.path.isdir(opts["out"]):
+        raise sweeps.SweepError(f"gpu-scale: --out={opts['out']} is a file, not a directory")
     if "seeds" in opts:
         opts["seeds"] = sweeps.parse_seeds(opts["seeds"])
     if not opts.get("dry-run") and "budget-minutes" not in opts:

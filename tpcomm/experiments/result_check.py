@@ -49,8 +49,19 @@ def check_result(path, record, *, sweep=None):
         _in_range(path, f"val_curve[{i}] loss", loss, 0.0, LOSS_MAX)
         _in_range(path, f"val_curve[{i}] iter", it, 0)
         _in_range(path, f"val_curve[{i}] tokens", tokens, 0)
-    for key in ("tokens_per_iter", "tokens"):
-        _in_range(path, key, record[key], 0)
+    _in_range(path, "tokens_per_iter", record["tokens_per_iter"], 0, low_open=True)
+    _in_range(path, "tokens", record["tokens"], 0)
+    for key, fields in (("machine", ("cpu", "cpu_capability", "torch")), ("data", ("sha256",))):
+        part = record.get(key)
+        if part is not None and not isinstance(part, dict):
+            raise ResultsError(f"{path}: {key!r} must be an object, got {part!r}")
+        for field in fields:
+            value = (part or {}).get(field)
+            if value is not None and not isinstance(value, str):
+                raise ResultsError(f"{path}: {key} {field} must be a string, got {value!r}")
+    p = record["config"].get("caat_sync_fraction")
+    if p is not None:
+        _in_range(path, "config caat_sync_fraction", p, 0.0, 1.0, low_open=True)
     for key in ("step_ms", "wall_s", "tokens_per_s"):
         if record["timing"].get(key) is not None:
             _in_range(path, f"timing {key}", record["timing"][key], 0.0, low_open=True)

@@ -454,10 +454,11 @@ def parse_args(argv):
     opts.setdefault("nproc", None)
     for key in ("nproc", "jobs"):
         if opts.get(key) is not None:
+            given = "nothing" if opts[key] is True else repr(opts[key])  # `--jobs` alone: no number
             try:
-                opts[key] = int(opts[key])
+                opts[key] = int(opts[key] if opts[key] is not True else "")
             except (TypeError, ValueError):
-                raise SweepError(f"--{key} takes an integer >= 1, got {opts[key]!r}") from None
+                raise SweepError(f"--{key} takes an integer >= 1, got {given}") from None
             if opts[key] < 1:
                 raise SweepError(f"--{key} must be >= 1, got {opts[key]}")
     if "out" in opts and (opts["out"] is True or not opts["out"]):
@@ -498,7 +499,7 @@ def homes_of(runs, overrides, *, out=None):
 
 
 def main(argv, *, report_main=None):
-    """Run (or dry-run, count, report) one sweep; `report ...` calls report_main (tpcomm.experiments.report.report.main, which reads
+    """Run (or dry-run, count, report) one sweep; `report ...` calls report_main (the report's main, which reads
     this module's sweeps: experiment.py passes it in)."""
     sweep, opts, overrides = parse_args(argv)
     if sweep == "report":

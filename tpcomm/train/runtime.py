@@ -203,7 +203,10 @@ class RunLock:
 
     def acquire(self):
         """True with the lock held; False when another process holds it (never with wait=True)."""
-        os.makedirs(self.directory, exist_ok=True)
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"cannot make the folder {self.directory!r} ({e.strerror})") from None
         self.fd = os.open(os.path.join(self.directory, self.name), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | (0 if self.wait else fcntl.LOCK_NB))

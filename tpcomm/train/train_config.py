@@ -174,9 +174,11 @@ def check_train_settings(cfg):
         check_wandb()
     if os.path.exists(cfg["out_dir"]) and not os.path.isdir(cfg["out_dir"]):
         raise ConfigError(f"out_dir {cfg['out_dir']!r} exists and is not a directory")
+    if not isinstance(cfg["trace_iter"], int) or cfg["trace_iter"] < 0:
+        raise ConfigError(f"trace_iter must be an iteration >= 0, got {cfg['trace_iter']!r}")
     if cfg["trace"] is not None:  # a Chrome trace of an earlier run may be replaced; no other file
         check_output_file(cfg["trace"], key="trace", own=written_by("trace"))  # --overwrite is the out_dir's only
-        if not isinstance(cfg["trace_iter"], int) or not 0 <= cfg["trace_iter"] <= cfg["max_iters"]:
+        if cfg["trace_iter"] > cfg["max_iters"]:
             raise ConfigError(f"trace_iter must be an iteration in 0..max_iters ({cfg['max_iters']}), "
                               f"got {cfg['trace_iter']!r}")
     if cfg["checkpoint_format"] not in CHECKPOINT_FORMATS:
