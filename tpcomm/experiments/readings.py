@@ -70,10 +70,11 @@ def round_up(x, d):
 
 
 def interval_text(mean, ci):
-    """'+0.006 [+0.000, +0.012]': a difference and its 95% interval at decimals() of the half-width, the upper end
-    rounded up, so it is the bound claim() states for an interval holding 0."""
+    """'+0.006 [+0.000, +0.012]': a difference and its 95% interval at decimals() of the half-width; where the
+    interval holds 0 its upper end is rounded up, so it is the bound claim() states."""
     d = decimals(ci)
-    return f"{mean:+.{d}f} [{mean - ci:+.{d}f}, {round_up(mean + ci, d):+.{d}f}]"
+    upper = round_up(mean + ci, d) if mean - ci <= 0 <= mean + ci else mean + ci  # a bound only where 0 is inside
+    return f"{mean:+.{d}f} [{mean - ci:+.{d}f}, {upper:+.{d}f}]"
 
 
 def bound(b, base_loss, *, half_width):

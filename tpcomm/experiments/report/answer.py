@@ -269,7 +269,7 @@ def answer_long(ctx):
 
 def _name(run):
     """A way's short name: its 'what' without a track's pattern ('tracks D=2')."""
-    return re.sub(r" `[(\[].*$", "", answer_labels()[run])
+    return re.sub(r" (`[(\[]|\().*$", "", answer_labels()[run])
 
 
 def _and(names):
@@ -290,7 +290,8 @@ def answer_summary(ctx):
     loss, along = base["val_loss_mean"], _along(ctx)
     measured = {n: p for n, p in pen.items() if p[1] is not None and p[2] >= MIN_SEEDS and n in answer_labels()}
     costs = [n for n, p in measured.items() if side_of(*p[:2]) == "worse"]
-    held = sorted((p[0] + p[1], n, p[1]) for n, p in measured.items() if n not in costs)
+    gains = [n for n, p in measured.items() if side_of(*p[:2]) == "better"]
+    held = sorted((p[0] + p[1], n, p[1]) for n, p in measured.items() if n not in costs + gains)
     scale = (f"a {base['params_total'] / 1e6:.1f}M-parameter character model (tp {base['tp_size']}, "
              f"{base['tokens'] / 1e6:.2f}M tokens, CPU)")
     out = []
@@ -302,6 +303,7 @@ def answer_summary(ctx):
         first = f"On {scale}, {len(measured)} ways are measured"
     paid = [f"{_name(n)} {'costs ' if not k else ''}{measured[n][0]:+.3f} ({100 * measured[n][0] / loss:.1f}%)"
             for k, n in enumerate(costs)]
+    paid += [f"{_name(n)} gains {-measured[n][0]:.3f} ({-100 * measured[n][0] / loss:.1f}%)" for n in gains]
     out.append(first + (f"; {', '.join(paid)}." if paid else "."))
     early = [n for n in measured if along.get(n, "").startswith("leads until")]
     if early:
@@ -309,8 +311,11 @@ def answer_summary(ctx):
         turned = [_name(n) + (" costs" if not k else "") + " from " + along[n].split("costs from ")[1]
                   for k, n in enumerate(n for n in early if "costs from" in along[n])]
         names = _and([_name(n) for n in early])
+        ahead = [f"{_name(n)} {along[n]}" for n in measured if along.get(n, "").startswith("leads ")
+                 and n not in early]  # those that lead at the end too
         out.append(f"{names[0].upper()}{names[1:]} lead all `tp` early, until {until[0]:.2f}M-{until[-1]:.2f}M "
-                   "tokens, and not at the end" + (f"; {_and(turned)}" if turned else "") + ".")
+                   "tokens, and not at the end" + (f"; {_and(turned)}" if turned else "")
+                   + (f"; {_and(ahead)}" if ahead else "") + ".")
     gpu, links, _, _ = gpu_speedups()
     bands = {n: cost_bands.speedup_bands(n) for n in links}
     nv, ib = (n.split(" (")[0] for n in links)
