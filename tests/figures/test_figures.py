@@ -71,6 +71,28 @@ def figures():
         plt.close(fig)
 
 
+def titles(fig):
+    """Every title text of a figure: its suptitle and each axes' three title slots."""
+    texts = [fig._suptitle] + [t for ax in fig.axes for t in (ax.title, ax._left_title, ax._right_title)]
+    return [t.get_text() for t in texts if t is not None and t.get_text()]
+
+
+def test_every_title_is_at_most_two_lines(figures):
+    """A figure carries its message at a glance: no title (figure or panel) over 2 lines; the rest is in the docs."""
+    long = {rel: t for rel, (_, fig) in figures.items() for t in titles(fig) if t.count("\n") > 1}
+    assert long == {}, long
+    plt = png.pyplot()
+    fig, ax = plt.subplots()
+    ax.set_title("one\ntwo\nthree")
+    assert titles(fig) == ["one\ntwo\nthree"]  # the check can fail
+    plt.close(fig)
+
+
+def test_a_loss_curve_panel_has_at_most_six_lines(figures):
+    _, fig = figures["docs/val_loss_curves.png"]
+    assert len(fig.axes) > 1 and all(len(ax.lines) <= 6 for ax in fig.axes), [len(ax.lines) for ax in fig.axes]
+
+
 def test_the_ways_are_named_as_the_answer_table_names_them():
     for _, what, run, variant in answer.way_rows():
         assert way_styles.style(run or variant).name == what.replace("`", ""), what
@@ -183,16 +205,16 @@ def test_the_budget_sweep_is_one_line_and_its_variants_markers(figures):
     assert xs == sorted(set(xs)) and 24 in xs and 1 in xs
     variants = [p for s in data for p in s["points"] if p[6]]
     assert len(variants) >= 5 and all(way_styles.is_way(p[5]) for p in variants)
-    title = ax.get_title()
-    assert "early training" in title and "1 seed" in title
-    title = figures["docs/tokens_per_s_vs_allreduces.png"][1].axes[0].get_title()  # the same runs' throughput
-    assert "early training" in title and "1 seed" in title
+    said = lambda fig: fig.axes[0].get_title() + " ".join(t.get_text() for t in fig.texts)  # noqa: E731 - + footer
+    assert "early training" in said(fig) and "1 seed" in said(fig)
+    throughput = figures["docs/tokens_per_s_vs_allreduces.png"][1]  # the same runs' throughput
+    assert "early training" in said(throughput) and "1 seed" in said(throughput)
 
 
 def test_patterns_that_are_no_way_are_told_apart(figures):
     """Two budget patterns with the same forward all-reduces share a grey; their markers differ, in the curves
     figure as everywhere (chosen from the pattern's name)."""
-    lines = [ln for ln in figures["docs/val_loss_curves.png"][1].axes[0].lines
+    lines = [ln for ax in figures["docs/val_loss_curves.png"][1].axes for ln in ax.lines
              if ln.get_label().endswith("all-reduces)")]  # way_styles.label of a pattern that is no way
     looks = [(ln.get_color(), ln.get_marker()) for ln in lines]
     assert len(lines) >= 3 and len(set(looks)) == len(looks), looks

@@ -40,8 +40,15 @@ def _context(rows, title, note):
     tokens = sorted({r["tokens"] for r in rows})
     tok_txt = f"{tokens[0]:,} tokens per run" if len(tokens) == 1 else "tokens per run by model size"
     n_seeds = max(r["n_seeds"] for r in rows)
-    note = "\n".join(textwrap.wrap(note, 110))
-    return tp_txt, tok_txt, n_seeds, f"\n{note}" if note else "", sim
+    return tp_txt, tok_txt, n_seeds, note, sim
+
+
+def _footer(fig, note):
+    """The sweep's remark (early training, overrides) in small print under the figure: the title stays at two
+    lines."""
+    if note:
+        fig.text(0.01, 0.005, "\n".join(textwrap.wrap(note, 150)), fontsize=7, va="bottom", color="0.3")
+        fig.tight_layout(rect=(0, 0.03 * (1 + len(note) // 150), 1, 1))
 
 
 def _varied(row):
@@ -110,12 +117,13 @@ def draw_loss_vs_allreduces(data, *, title, context):
     ax.set_xlabel("forward all-reduces per forward pass (measured)")
     ax.set_ylabel("final validation loss (nats/token)")
     seeds_txt = f"{n_seeds} seeds, error bars: std" if n_seeds > 1 else "1 seed, no error bars"
-    ax.set_title(f"{title}: final val loss vs communication\n{tp_txt}, {tok_txt}, {seeds_txt}\n"
-                 f"grey line: the budget sweep; markers off it: the same syncs delayed or shrunk; labels: gap to the "
-                 f"baseline{note}", fontsize=9)
+    ax.set_title(f"{title}: final val loss vs communication ({tp_txt}, {tok_txt}, {seeds_txt})\n"
+                 "grey line: the budget sweep; markers off it: the same syncs delayed or shrunk; labels: gap to the "
+                 "baseline", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
+    _footer(fig, note)
     _place(fig, ax, labels, marks)
     return fig
 
@@ -133,30 +141,41 @@ def curves_data(rows):
     return out
 
 
+CURVES_PER_PANEL = 5  # and the baseline in every panel: at most 6 lines a panel
+
+
 def draw_curves(data, *, title, context):
+    """The validation loss during training, the ways in panels of CURVES_PER_PANEL beside the baseline (one y
+    axis), zoomed past iter 0."""
     plt = png.pyplot()
-    tp_txt, tok_txt, _, note, _ = context
-    fig, ax = plt.subplots(figsize=(12, 5.5))
-    for c in data:
-        st = way_styles.style(c["key"], fwd_allreduces=c["fwd"])
-        ax.plot(c["iters"], c["mean"], "-", marker=st.marker if len(c["iters"]) < 30 else None, ms=4,
-                lw=2.2 if c["base"] else 1.3, color=st.color, label=c["label"])
+    tp_txt, tok_txt, _, _, _ = context
+    base = [c for c in data if c["base"]]
+    others = [c for c in data if not c["base"]]
+    groups = [others[k:k + CURVES_PER_PANEL] for k in range(0, len(others), CURVES_PER_PANEL)] or [[]]
+    fig, axes = plt.subplots(1, len(groups), figsize=(max(6.5 * len(groups), 9), 5.2), sharey=True, squeeze=False)
+    for ax, group in zip(axes[0], groups):
+        for c in base + group:
+            st = way_styles.style(c["key"], fwd_allreduces=c["fwd"])
+            named = not c["base"] or ax is axes[0, 0]  # the baseline's legend entry once
+            ax.plot(c["iters"], c["mean"], "-", marker=st.marker if len(c["iters"]) < 30 else None, ms=4,
+                    lw=2.2 if c["base"] else 1.3, color=st.color, label=c["label"] if named else "_baseline")
+        ax.set_xlabel("iteration")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper right", prop={"size": 8})
     lows = [min(c["mean"]) for c in data]
     highs = [v for c in data for v in (c["mean"][1:2] or c["mean"])]  # zoom past iter 0: ~ln(vocab) for every run
-    ax.set_ylim(min(lows) - 0.05, max(highs) + 0.1)
+    axes[0, 0].set_ylim(min(lows) - 0.05, max(highs) + 0.1)
     first = min(c["iters"][:2] for c in data)
     if len(first) == 2:
-        ax.set_xlim(left=first[1] - 0.25 * (first[1] - first[0]))
+        axes[0, 0].set_xlim(left=first[1] - 0.25 * (first[1] - first[0]))
     seeds = sorted({c["seeds"] for c in data})
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("validation loss (nats/token)" + (" (mean over seeds)" if seeds[-1] > 1 else ""))
+    axes[0, 0].set_ylabel("validation loss (nats/token)" + (" (mean over seeds)" if seeds[-1] > 1 else ""))
     curve_seeds = "1 seed" if seeds == [1] else f"mean over each run's {'/'.join(map(str, seeds))} seeds"
-    ax.set_title(f"{title}: validation loss during training\n{tp_txt}, {tok_txt}, {curve_seeds}\n"
-                 f"(zoomed past iter 0, where every run is at ~ln(vocab)){note}", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(title="way, or block pattern (forward all-reduces)", title_fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-              prop={"size": 8})
+    fig.suptitle(f"{title}: validation loss during training ({tp_txt}, {tok_txt}, {curve_seeds})\n"
+                 "the baseline (thick) in every panel; zoomed past iter 0, where every run is at ~ln(vocab)",
+                 fontsize=10)
     fig.tight_layout()
+    _footer(fig, context[3])
     return fig
 
 
@@ -178,15 +197,15 @@ def draw_throughput(data, *, title, context):
     ax.set_ylim(0, 1.15 * top)  # room inside the axes for the labels of the fastest points
     ax.set_xlabel("forward all-reduces per forward pass (measured)")
     ax.set_ylabel("training throughput (tokens/s per model replica)")
-    sim_note = ("simulated TP: one process computes every shard, the all-reduces are in-memory sums,\n"
-                "so this shows compute differences between block types, not communication savings") if sim else \
-        "real TP: all-reduces cross process boundaries"
+    sim_note = ("simulated: one process computes every shard (the block types' compute, not communication saved)"
+                if sim else "real TP: all-reduces cross process boundaries")
     seeds_txt = f"{n_seeds} seeds, error bars: std" if n_seeds > 1 else "1 seed"
-    ax.set_title(f"{title}: throughput vs communication ({tp_txt}), median step time, {seeds_txt}\n{sim_note}{note}",
+    ax.set_title(f"{title}: throughput vs communication ({tp_txt}), median step time, {seeds_txt}\n{sim_note}",
                  fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # outside the axes: never over a point
     fig.tight_layout()
+    _footer(fig, note)
     _place(fig, ax, labels, marks)
     return fig
 
@@ -299,9 +318,8 @@ def draw_penalty(data, *, xlabel, title, xticks, xticklabels=None):
     ax.minorticks_off()
     ax.set_xlabel(xlabel)
     ax.set_ylabel("final val loss minus all tp's (nats/token)")
-    ax.set_title("\n".join(textwrap.wrap(title, 100) + textwrap.wrap(
-        "mean over paired seeds (the number over each bar), error bars: 95% confidence interval (Student's t); "
-        "above 0 = worse than all tp", 100)), fontsize=10)
+    ax.set_title(f"{title}\nmean over paired seeds (the number over each bar), error bars: 95% interval; above 0: "
+                 "worse than all tp", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
     fig.tight_layout()

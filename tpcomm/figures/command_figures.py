@@ -20,6 +20,12 @@ COMMAND_PNGS = ("docs/decode_latency_cpu_real.png", "docs/spd_shakespeare_tp4.pn
                 "docs/real_tp_step_breakdown.png")  # report checks these
 
 
+def measured_on(fig, data):
+    """The host a measuring command ran on, in small print under the figure (its title stays at two lines)."""
+    if data.get("host"):
+        fig.text(0.99, 0.003, f"measured on {data['host']}", fontsize=7, ha="right", va="bottom", color="0.35")
+
+
 def data_path(path):
     return os.path.splitext(path)[0] + DATA_SUFFIX
 
@@ -108,10 +114,10 @@ def draw_decode(data):
     fig.tight_layout()
     plot_labels.separate(fig, labels)
     ax.set_ylabel("ms per generated token (best of 3 rounds)")
-    host = f"\nmeasured on {data['host']}" if data.get("host") else ""
     ax.set_title(f"Decode latency, {data['tp']} (gloo) on {data['device']}: a {data['model']} model (random "
                  f"weights),\ngreedy with a KV cache, a {data['prompt_len']}-token prompt then "
-                 f"{data['new_tokens']} new tokens{host}", fontsize=9)
+                 f"{data['new_tokens']} new tokens", fontsize=9)
+    measured_on(fig, data)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -268,9 +274,9 @@ def draw_steps(data):
     ax.set_xlabel("ms per training step (best of 3 rounds)")
     lo, hi = ax.get_xlim()
     ax.set_xlim(0, hi * 1.12)
-    host = f"\nmeasured on {data['host']}" if data.get("host") else ""
     ax.set_title(f"Where a training step's time goes (measured), {data['tp']} (gloo) on {data['device']}:\n"
-                 f"{data['model']}{host}", fontsize=9)
+                 f"{data['model']}", fontsize=9)
+    measured_on(fig, data)
     fig.legend(*ax.get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncol=2, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     return fig

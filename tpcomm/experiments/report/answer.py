@@ -351,8 +351,7 @@ def tradeoff_plot(ctx):
                            speedup_band=[cost_bands.speedup_bands(name)[variant] for name in links]))  # [low, high]
     data = dict(points=points, links=[n.split(" (")[0] for n in links], base_loss=base["val_loss_mean"],
                 left_out=[what.replace("`", "") for _, what, _, variant in way_rows() if variant is None])
-    title = (f"Each way of giving up a sync: its quality cost, measured on CPU (y; cpu-long: a "
-             f"{base['params_total'] / 1e6:.1f}M-parameter character model, {base['tokens'] / 1e6:.2f}M tokens, tp "
-             f"{base['tp_size']}), against its training-step speedup, predicted for GPUs by the cost model "
-             f"(x; {GPU_SHAPE} at tp {GPU_TP}, H100; the assumptions: the README, under the answer's table)")
+    title = (f"Each way's quality cost, measured on CPU (y: {base['params_total'] / 1e6:.1f}M parameters, "
+             f"{base['tokens'] / 1e6:.2f}M tokens, tp {base['tp_size']}), against its training-step speedup "
+             f"predicted for GPUs (x: {GPU_SHAPE} at tp {GPU_TP}, H100; assumptions: docs/answer.md)")
     return data, lambda: answer_figure.draw_tradeoff(data, title=title)

@@ -69,6 +69,9 @@ def _panel(ax, data, k, *, floor, top):
     ax.set_ylim(floor - 0.003, top)
     ax.grid(alpha=0.3)
     ax.set_title(f"{link} (predicted speedup, x from {lo:.2g} to {hi:.2g})", fontsize=MIN_FONT_PT + 2, loc="left")
+    ax.annotate("better: faster, no costlier", xy=(1, 0), xycoords="axes fraction", xytext=(-6, 26),
+                textcoords="offset points", ha="right", va="bottom", fontsize=MIN_FONT_PT, color="0.3",
+                arrowprops=dict(arrowstyle="->", color="0.3", lw=1))  # the corner to be in: lower right
     return labels
 
 
@@ -110,7 +113,7 @@ def draw_tradeoff(data, *, title):
     axes[-1].set_xlabel("predicted training-step speedup over Megatron-LM's all-tp step (log scale)",
                         fontsize=MIN_FONT_PT + 1)
     _legend(axes[-1], points)
-    fig.suptitle("\n".join(textwrap.wrap(title, 95)), fontsize=MIN_FONT_PT, x=0.01, ha="left")
+    fig.suptitle("\n".join(textwrap.wrap(title, 95)[:2]), fontsize=MIN_FONT_PT, x=0.01, ha="left")
     left_out = data.get("left_out") or []
     if left_out:
         fig.text(0.01, 0.005, "Not drawn (no GPU prediction, the cost model does not price it): " +

@@ -286,8 +286,7 @@ def penalty_vs_size(ctx):
     data = penalty_data(pen, x_of=lambda k: params[k[2]])
     tokens = {params[k]: k[3] for k in params}  # group_key's last field: a size's tokens grow with it
     xticks = sorted({p[0] for s in data for p in s["points"]})
-    title = ("size-axis: cost of dropping syncs at three model sizes (tp 4, tokens per parameter fixed, so each size "
-             "also trains on more tokens: size and tokens are confounded)")
+    title = "size-axis: cost of dropping syncs at three model sizes (tp 4; the tokens grow with the size)"
     return data, lambda: plots.draw_penalty(data, xlabel="non-embedding parameters (and the tokens that size trains "
                                             "on)", title=title, xticks=xticks,
                                             xticklabels=[f"{x:,}\n{tokens[x] / 1e6:.2f}M tokens" for x in xticks])
