@@ -10,6 +10,7 @@ nothing in it executes.
 import errno
 import json
 import os
+import textwrap
 
 from tpcomm.figures import plot_labels, png, way_styles
 from tpcomm.model import ways
@@ -20,10 +21,11 @@ COMMAND_PNGS = ("docs/decode_latency_cpu_real.png", "docs/spd_shakespeare_tp4.pn
                 "docs/real_tp_step_breakdown.png")  # report checks these
 
 
-def measured_on(fig, data):
-    """The host a measuring command ran on, in small print under the figure (its title stays at two lines)."""
+def measured_on(ax, data, *, caveat=""):
+    """The host a measuring command ran on, under the x axis's label (the title stays at two lines)."""
     if data.get("host"):
-        fig.text(0.99, 0.003, f"measured on {data['host']}", fontsize=7, ha="right", va="bottom", color="0.35")
+        note = "\n".join(textwrap.wrap(f"measured on {data['host']}{caveat}", 70))
+        ax.set_xlabel(f"{ax.get_xlabel()}\n{note}")
 
 
 def data_path(path):
@@ -117,7 +119,7 @@ def draw_decode(data):
     ax.set_title(f"Decode latency, {data['tp']} (gloo) on {data['device']}: a {data['model']} model (random "
                  f"weights),\ngreedy with a KV cache, a {data['prompt_len']}-token prompt then "
                  f"{data['new_tokens']} new tokens", fontsize=9)
-    measured_on(fig, data)
+    measured_on(ax, data)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -276,7 +278,8 @@ def draw_steps(data):
     ax.set_xlim(0, hi * 1.12)
     ax.set_title(f"Where a training step's time goes (measured), {data['tp']} (gloo) on {data['device']}:\n"
                  f"{data['model']}", fontsize=9)
-    measured_on(fig, data)
+    measured_on(ax, data, caveat="; the small differences (int8's sign among them) move with the host's load: "
+                "docs/benchmarks.md times them on a quiet one")
     fig.legend(*ax.get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncol=2, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     return fig
