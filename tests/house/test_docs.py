@@ -552,3 +552,17 @@ def test_readme_commands_run_on_a_fresh_clone_or_say_what_they_need():
                      "python sample.py --out_dir=out-shakespeare-char", "python experiment.py cpu --seeds=1338",
                      "python -m tpcomm.bench.trace summary /tmp/trace/t.json", "```"])
     assert len(fresh_clone_problems(bad)) == 4, fresh_clone_problems(bad)
+
+
+TRACKER_WORDS = re.compile(r"\b[Ii]ssue \d+|\bnew section\b")
+
+
+def test_no_doc_or_package_comment_speaks_the_trackers_words():
+    """Docs and the package's comments say what and why; issue numbers and 'new section' belong to commit
+    messages (tests may name the issue a case came from)."""
+    paths = DOC_FILES + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "tpcomm", "**", "*.py"),
+                                                                            recursive=True))
+    found = [f"{p}:{i}" for p in paths for i, line in enumerate(open(os.path.join(ROOT, p), encoding="utf-8"), 1)
+             if TRACKER_WORDS.search(line)]
+    assert found == [], found
+    assert TRACKER_WORDS.search("## Collective matmul (issue 48; new section)")  # the check can fail

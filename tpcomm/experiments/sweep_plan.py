@@ -152,7 +152,7 @@ def runs_named(sweep, names):
     return [r for r in SWEEPS[sweep] if wanted is None or r.name in wanted]
 
 
-# ---- gpu-scale (issue 52; docs/gpu.md "gpu-scale"): cpu-long's model family at three sizes, on one GPU ----
+# ---- gpu-scale (docs/gpu.md "gpu-scale"): cpu-long's model family at three sizes, on one GPU ----
 SCALE_CONFIG = "config/gpu_scale.py"  # the axes model on the Linux C corpus, bf16 autocast and compile on CUDA
 # (n_layer, n_embd, n_head): batch_size. n_embd = 16/3 n_layer (the 12 x 64 model's aspect), 8 heads (tp 4 and 8
 # divide them). Every size trains AXES_STEPS steps of block 64 at 6.49 tokens per non-embedding parameter (cpu-long's:

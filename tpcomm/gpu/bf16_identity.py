@@ -1,5 +1,5 @@
 """
-The zeroed-c_proj identity in training passes under bf16 autocast (issue 46.1): with every block's c_proj zeroed
+The zeroed-c_proj identity in training passes under bf16 autocast: with every block's c_proj zeroed
 (weights and biases) each block must leave the residual stream as it came, so a DistributedGPT's loss is GPT's
 exactly, for every block type, tp and option that leaves the math unchanged (tp_async_grad, tp_overlap,
 sequence_parallel, alone and in the combinations the validator allows). Train mode with gradients on: the fused path

@@ -113,7 +113,7 @@ def _check_lines(s):
                      f"{r['floor_ms']:.3f} ms: **{'ok' if r['ok'] else 'FAILED'}**")
     if not _failed(s, "bf16_identity", lines):
         r = s["bf16_identity"]
-        both = {**r["max_deviation"], **r.get("train_loss_deviation", {})}  # a gpu.json from before issue 46: none
+        both = {**r["max_deviation"], **r.get("train_loss_deviation", {})}  # an older gpu.json has none
         worst = sorted(both.items(), key=lambda kv: -kv[1])[:3]
         lines.append(f"- `bf16_identity`: zeroed c_proj under bf16 autocast, largest stream or training-loss deviation "
                      f"{r['worst']:.2e} ({', '.join(f'{k}: {v:.1e}' for k, v in worst)}): "

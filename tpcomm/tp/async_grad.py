@@ -87,7 +87,7 @@ class _FusedColumn(torch.autograd.Function):
         with torch.autocast(s.device.type, enabled=False):
             r = None
             if norm == "fan_out":  # f; the stream's own dtype (its value exactly, as fan_out_stream's): a bf16 copy
-                r = s.unsqueeze(0).expand(L, *s.shape)  # would add tp times its rounding at the next sync (issue 46)
+                r = s.unsqueeze(0).expand(L, *s.shape)  # would add tp times its rounding at the next sync
                 ln_x = ln_in if ln_in is not None else r  # simulated: every shard's LN is LN(s), computed once
             else:
                 ln_x = s if norm == "before" else None

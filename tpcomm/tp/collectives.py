@@ -344,7 +344,7 @@ def fan_out_stream(xbar, group, site):
     """r_i = f(xbar): the synced residual stream on the shards, its value exactly xbar's under autocast too.
     f moves the autocast dtype (its backward all-reduce carries bf16, as before); its bf16(xbar) alone would start
     each shard's stream rounded, and delta(y, xbar) would then add tp * (bf16(xbar) - xbar) to the fp32 stream in
-    every 'spd' and 'parallel' block (issue 37.1). So the rounding error, xbar - bf16(xbar) (exact in fp32), is
+    every 'spd' and 'parallel' block. So the rounding error, xbar - bf16(xbar) (exact in fp32), is
     added back, outside autograd: the value is xbar bit for bit (b + (x - b) = x when b is x rounded), the gradient
     f's as before."""
     r = copy_to_tp_region(xbar, group, site=site)

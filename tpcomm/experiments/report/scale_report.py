@@ -11,7 +11,7 @@ from tpcomm.experiments.gpu_scale import NAME
 from tpcomm.experiments.readings import interval_cell, pattern_name, penalties
 from tpcomm.experiments.sweep_plan import AXES_SIZE, AXES_STEPS, SCALE_PATTERNS, SCALE_SEEDS, SCALE_SIZES
 
-STEP_LIMIT = 1.4  # issue 52: simulated tp 4, compiled, at most this times GPT's step at the largest size
+STEP_LIMIT = 1.4  # the goal: simulated tp 4, compiled, at most this times GPT's step at the largest size
 PLOT = "docs/gpu_scale_penalty_vs_size.png"
 
 

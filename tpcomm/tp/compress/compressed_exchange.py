@@ -8,7 +8,7 @@ tpcomm/tp/compress/compression.py). Both are issued without waiting and return (
 
 Timing (tpcomm/tp/counting.py): the collectives themselves are exposed/busy time as every collective's; the codec's
 work around them (pack, unpack, sum) is counted apart as codec seconds, in neither, so exposed <= busy holds here
-too (issue 33: the dequantize and sum inside wait() used to be billed as exposed communication).
+too (the dequantize and sum inside wait() are compute, not exposed communication).
 """
 
 import torch
