@@ -98,13 +98,22 @@ def _read_config_file(path):
     if not path.endswith(".json"):
         return _run_config_file(path)
     try:
+        return read_json_object(path)
+    except ValueError as e:
+        raise ConfigError(f"config file {path!r}: {e}") from None
+
+
+def read_json_object(path):
+    """The JSON object in a file, read as data; a ValueError saying why not (unreadable, not JSON, not an
+    object)."""
+    try:
         with open(path, encoding="utf-8") as f:
-            scope = json.load(f)
+            data = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"config file {path!r} is not readable JSON ({type(e).__name__}: {e})") from None
-    if not isinstance(scope, dict):
-        raise ConfigError(f"config file {path!r} must hold a JSON object of key: value, got {type(scope).__name__}")
-    return scope
+        raise ValueError(f"not readable as JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 def _run_config_file(path):

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from tpcomm.errors import ConfigError
@@ -98,3 +100,18 @@ def test_missing_base_is_one_line(tmp_path):
         configure(DEFAULTS, [child])
     msg = str(e.value)
     assert "\n" not in msg and "child.py" in msg and "ModuleNotFoundError" in msg and "no_such_base" in msg
+
+
+def test_a_json_config_file_is_data(tmp_path):
+    """A .json config file is read as data, never run: its keys set the config, an unknown one or a file that is
+    not one JSON object is one ConfigError naming the file."""
+    defaults = dict(max_iters=10, out_dir="out")
+    good = tmp_path / "c.json"
+    good.write_text('{"max_iters": 3}')
+    assert configure(defaults, [str(good)]) == dict(max_iters=3, out_dir="out")
+    for text, words in (('{"max_iter": 3}', "did you mean 'max_iters'"), ('{"max_iters": 3', "not readable as JSON"),
+                        ("[1]", "expected a JSON object")):
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=re.escape(words)):
+            configure(defaults, [str(bad)])

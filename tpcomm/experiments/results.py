@@ -23,6 +23,7 @@ import statistics
 import time
 
 from tpcomm import ROOT
+from tpcomm.configuration import read_json_object
 from tpcomm.model.block_types import BLOCK_TYPES
 from tpcomm.model.options import compact_list, expand_block_types
 from tpcomm.experiments.result_check import ResultsError, check_result
@@ -63,13 +64,9 @@ def _read_json(path, default=None):
     if not os.path.exists(path):
         return default
     try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ResultsError(f"{path}: not readable as JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ResultsError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
+        return read_json_object(path)
+    except ValueError as e:
+        raise ResultsError(f"{path}: {e}") from None
 
 
 def _is_number(x):
