@@ -262,3 +262,15 @@ def test_the_answer_table_states_its_family_wise_intervals():
     summary = answer.answer_long(ctx)
     assert "of all `tp`'s validation loss" in summary
     assert not re.search(r"at most [+-]\d\.\d{4}", table + summary)  # no bound to 4 decimals at these widths
+
+
+def test_a_table_of_runs_on_other_shakespeare_bytes_says_so():
+    """Runs on Shakespeare-char whose data is not the committed results' corpus (tiny shakespeare, say) are marked
+    above their table; the committed files are not (the check can fail both ways)."""
+    from tpcomm.experiments import results
+    from tpcomm.experiments.report import report
+
+    rows = report.Results(say=lambda *a: None).rows("cpu")
+    assert rows and not results.markdown_table(rows).startswith("**Not the committed")
+    tiny = [dict(r, data_sha256=["0" * 64]) for r in rows]
+    assert results.markdown_table(tiny).startswith("**Not the committed results' corpus")

