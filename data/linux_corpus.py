@@ -134,9 +134,23 @@ def unpack(path, out_dir, *, say=print):
     """train.bin/val.bin/meta/source.json in out_dir from the compact form, its text checked against the sha256 it
     records. Only the three known members are read (as bytes; nothing is extracted to disk by name)."""
     say(f"unpacking {path} into {out_dir}")
-    with tarfile.open(path, "r:xz") as tar:
-        source = json.loads(tar.extractfile("source.json").read())
-        val, train = (tar.extractfile(f"{split}.txt").read() for split in ("val", "train"))
+    try:
+        with tarfile.open(path, "r:xz") as tar:
+            members = {}
+            for name in ("source.json", "val.txt", "train.txt"):
+                file = tar.extractfile(name) if name in tar.getnames() else None
+                if file is None:  # missing, or a folder or link of that name
+                    raise ValueError(f"{path}: the compact form has no file {name}")
+                members[name] = file.read()
+        source = json.loads(members["source.json"])
+    except (tarfile.TarError, EOFError, OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a compact corpus (an xz tar of source.json, val.txt, train.txt): "
+                         f"{type(e).__name__}: {e}") from None
+    if not isinstance(source, dict):
+        raise ValueError(f"{path}: its source.json must be an object, got {type(source).__name__}")
+    val, train = members["val.txt"], members["train.txt"]
+    if not val or len(train) < 2:
+        raise ValueError(f"{path}: its text ({len(val)} val, {len(train)} train characters) makes no dataset")
     got = hashlib.sha256(val + train).hexdigest()
     if got != source.get("sha256"):
         raise ValueError(f"{path}: the text's sha256 is {got}, its source.json says {source.get('sha256')}")

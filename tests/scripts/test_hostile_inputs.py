@@ -102,6 +102,7 @@ def cases(tmp, data, keep):
                                               ["out", str(keep)], [keep]),
         "64.5 prepare input and source tiny": (["data/shakespeare_char/prepare.py", f"--input={keep}", "--source=tiny",
                                                 f"--out_dir={out}"], ["--input", "--source=tiny"], []),
+        "64 learning_rate 1e300": (train_args(data, out, "--learning_rate=1e300"), ["learning_rate", "1e+300"], []),
         "64 caat fraction at tp 1": (train_args(data, out, "--model_type=distributed_gpt", "--block_types=caat",
                                                 "--caat_sync_fraction=0.25"), ["caat_sync_fraction=0.25", "tp_size=1"],
                                      []),
@@ -354,6 +355,7 @@ def committed_record():
     (dict(machine=dict(cpu_capability=5)), ["cpu_capability", "5"]),
     (dict(data=dict(sha256=5)), ["sha256", "5"]),
     (dict(tokens_per_iter=0), ["tokens_per_iter", "0"]),
+    (dict(git=dict(commit=5, dirty=False)), ["'git'", "5"]),
     (dict(config=dict(seed=1337, caat_sync_fraction="half")), ["caat_sync_fraction", "'half'"]),
 ])
 def test_a_result_file_that_disagrees_with_its_name_or_is_out_of_range_is_refused(tmp_path, change, words):

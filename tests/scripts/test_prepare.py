@@ -227,3 +227,41 @@ def test_openwebtext_without_the_hub_is_one_line(tmp_path):
                         "HF_DATASETS_CACHE": str(tmp_path / "hf")})
     assert_one_line_error(r, "Hugging Face hub", "cannot connect", "--input")
     assert time.time() - t0 < 60 and not os.path.exists(tmp_path / "out" / "train.bin")
+
+
+def compact(tmp_path, members):
+    """An xz tar of the given {name: bytes, or None for a folder of that name}: a crafted compact corpus."""
+    import io
+    import tarfile
+
+    path = tmp_path / "linux-char.tar.xz"
+    with tarfile.open(path, "w:xz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize("members, words", [
+    ("junk", ["not a compact corpus"]),
+    (dict(source_json=b"{}", train_txt=b"int main;"), ["no file val.txt"]),
+    (dict(source_json=b"{}", train_txt=b"int main;", val_txt=None), ["no file val.txt"]),
+    (dict(source_json=b"[1, 2]", train_txt=b"int main;", val_txt=b"x"), ["source.json must be an object"]),
+    (dict(source_json=b"{}", train_txt=b"", val_txt=b""), ["makes no dataset"]),
+], ids=["junk", "no val.txt", "val.txt a folder", "source.json a list", "no text"])
+def test_a_crafted_compact_linux_corpus_is_one_line(tmp_path, members, words):
+    """prepare.py --unpack (and gpu-scale, which unpacks the same way) of a compact form that is junk, lacks a
+    member, holds a folder for one, a source.json that is no object, or no text: one line, exit 2."""
+    if members == "junk":
+        path = tmp_path / "linux-char.tar.xz"
+        path.write_bytes(os.urandom(1000))
+    else:
+        path = compact(tmp_path, {k.replace("_", "."): v for k, v in members.items()})
+    r = run_script("data/linux/prepare.py", "--unpack", str(path), "--out_dir", str(tmp_path / "out"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and all(w in r.stderr for w in words), r.stderr
+    assert not os.path.exists(tmp_path / "out" / "train.bin")

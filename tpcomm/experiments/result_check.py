@@ -59,6 +59,11 @@ def check_result(path, record, *, sweep=None):
             value = (part or {}).get(field)
             if value is not None and not isinstance(value, str):
                 raise ResultsError(f"{path}: {key} {field} must be a string, got {value!r}")
+    git = record.get("git")
+    if git is not None and not (isinstance(git, dict) and isinstance(git.get("commit"), str)
+                                and isinstance(git.get("dirty", False), bool)):
+        raise ResultsError(f"{path}: 'git' must name its commit (a string) and whether the tree was dirty, got "
+                           f"{git!r}")
     p = record["config"].get("caat_sync_fraction")
     if p is not None:
         _in_range(path, "config caat_sync_fraction", p, 0.0, 1.0, low_open=True)

@@ -138,6 +138,9 @@ def explicit_keys(cfg, argv):
     return given | {k for k in cfg if cfg[k] != DEFAULTS[k]}
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def check_train_settings(cfg):
     """Ranges and choices of the plain settings."""
     positive = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "tp_size", "pp_size", "pp_virtual_stages",
@@ -149,6 +152,9 @@ def check_train_settings(cfg):
                 "grad_clip"):
         if cfg[key] < 0:
             raise ConfigError(f"{key} must be >= 0, got {cfg[key]}")
+    for key in ("learning_rate", "min_lr", "weight_decay", "grad_clip"):  # optimizers hold them as float32 tensors
+        if cfg[key] > FLOAT32_MAX:
+            raise ConfigError(f"{key} must be a float32 number (<= {FLOAT32_MAX:.3g}), got {cfg[key]:g}")
     for key in ("beta1", "beta2"):
         if not 0.0 <= cfg[key] < 1.0:
             raise ConfigError(f"{key} must be in [0, 1), got {cfg[key]}")
