@@ -394,6 +394,24 @@ def test_report_check_names_a_stray_file(tmp_path, monkeypatch):
     assert report.main(check=True, root=str(tmp_path), say=lambda *a: None) == 1
 
 
+def test_report_check_names_a_stale_result_file(tmp_path, capsys):
+    """A result file whose config is no longer its sweep's run (a planted gpu-scale file, say) is left out of the
+    tables; report --check says so by name, not only that a README block differs."""
+    from tpcomm.experiments.report import report
+
+    root = tmp_path / "repo"
+    runs = root / "experiments" / "gpu-scale" / "runs"
+    runs.mkdir(parents=True)
+    committed = os.path.join(ROOT, "experiments", "gpu-scale", "runs", "all-tp-12x64-seed1337.json")
+    record = json.load(open(committed))
+    record["config"]["n_layer"] = 7
+    (runs / "all-tp-12x64-seed1337.json").write_text(json.dumps(record))
+    shutil.copy(os.path.join(ROOT, "README.md"), root / "README.md")
+    assert report.main(("gpu-scale",), check=True, root=str(root), say=lambda *a: None) == 1
+    out = capsys.readouterr().out
+    assert "left out all-tp-12x64-seed1337" in out and "is stale (n_layer=7" in out, out
+
+
 # 5 (runner flags), 10, 14: the runners
 
 @pytest.mark.parametrize("argv, key, value", [

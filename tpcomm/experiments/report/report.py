@@ -388,7 +388,8 @@ def update_blocks(text, generate, where, *, known):
 def main(selected=(), *, check=False, root=ROOT, say=print):
     """Regenerate (with check: compare) the marked tables, the plots and the sweeps' own outputs; returns the exit
     status: 1 when check found a mismatch, or a marker is unknown or unclosed (each printed as one line), else 0."""
-    ctx = Results(root=root, say=(lambda *_: None) if check else say)
+    stale = []  # with check, a result file left out as stale is a mismatch: the tables it would change are wrong
+    ctx = Results(root=root, say=stale.append if check else say)
     chosen = lambda deps: not selected or any(d in selected for d in deps)  # noqa: E731
     table_of, cache = blocks(), {}
 
@@ -423,6 +424,7 @@ def main(selected=(), *, check=False, root=ROOT, say=print):
     mismatches += update_plots(ctx, chosen, check=check, root=root, say=say)
     if not check:
         write_sweep_outputs(ctx, selected or list(sweep_plan.SWEEPS), root=root, say=say)
+    problems += sorted(set(stale))  # filled as the sweeps' rows were read
     for line in problems + mismatches:
         print(line)
     if check and not (problems or mismatches):
