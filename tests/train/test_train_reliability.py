@@ -240,3 +240,18 @@ def test_pretrained_refuses_contradicting_sizes(char_data, tmp_path):
                    "--max_iters=1", env=env)
     line = one_line_error(r)
     assert "n_layer=2" in line and "n_layer=12" in line and "gpt2" in line, line
+
+
+def test_a_resume_cuts_metrics_only_when_it_writes(tmp_path):
+    """The records a resumed run will write again are dropped at its first write, never before: a resume that
+    stops before logging anything leaves metrics.jsonl as it was (and the cut can be seen to happen)."""
+    from tpcomm.train.metrics import MetricsLog
+
+    path = tmp_path / "metrics.jsonl"
+    lines = "".join(json.dumps(dict(iter=i, loss=1.0)) + "\n" for i in range(6))
+    path.write_text(lines)
+    log = MetricsLog(str(tmp_path), enabled=True)
+    log.truncate(3)
+    assert path.read_text() == lines  # nothing written yet: nothing lost
+    log.write(iter=3, loss=0.5)
+    assert [json.loads(line)["iter"] for line in path.read_text().splitlines()] == [0, 1, 2, 3]

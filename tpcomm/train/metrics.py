@@ -15,15 +15,23 @@ class MetricsLog:
     def __init__(self, out_dir, *, enabled):
         self.path = os.path.join(out_dir, "metrics.jsonl")
         self.enabled = enabled
+        self.cut = None  # truncate's iteration, applied at the first write
 
     def write(self, **record):
         if self.enabled:
+            if self.cut is not None:
+                self._drop_from(self.cut)
+                self.cut = None
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
 
     def truncate(self, iter_num):
-        """Drop the records of iterations >= iter_num (a resumed run writes them again), atomically."""
-        if not self.enabled or not os.path.isfile(self.path):
+        """Drop the records of iterations >= iter_num (a resumed run writes them again), atomically, when the run
+        writes its first record: a resume that fails before it logs anything leaves the file as it was."""
+        self.cut = iter_num
+
+    def _drop_from(self, iter_num):
+        if not os.path.isfile(self.path):
             return
         with open(self.path) as f:
             lines = f.readlines()
