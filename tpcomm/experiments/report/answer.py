@@ -67,10 +67,17 @@ def _short(p):
     return f"{mean:+.3f} ({n})" if ci is None else f"{interval_text(mean, ci)} ({n})"
 
 
+def _cost_cell(p, run):
+    """The table's quality cell: the interval with its seeds, or a pending row's mean and its seeds of the plan."""
+    if p is not None and p[1] is None and p[2] < planned_seeds(run):
+        return f"{p[0]:+.3f} ({p[2]} of {planned_seeds(run)})"
+    return _short(p)
+
+
 def _familywise(ctx):
     """cpu-long's Bonferroni intervals over its measured rows ({run: (mean, half-width)}, m): pairing.familywise."""
     pairs = {k: p for k, p in pairing.paired(ctx.rows("cpu-long")).items() if k in answer_labels()}
-    return pairing.familywise({k: p["final"][2] for k, p in pairs.items() if len(p["final"][2]) >= MIN_SEEDS})
+    return pairing.familywise({k: p["final"][2] for k, p in pairs.items() if len(p["final"][2]) >= planned_seeds(k)})
 
 
 def _correlation_line(ctx):
@@ -93,12 +100,22 @@ def _familywise_clause(ctx, loss):
     return f"; read together (Bonferroni over the {m} measured rows), not for {', '.join(over)}" if over else ""
 
 
+def planned_seeds(run):
+    """The paired seeds a way's row is read at: its planned seeds (tpcomm/model/ways.py), at least MIN_SEEDS."""
+    return max(MIN_SEEDS, next((w.seeds for w in ways.WAYS if w.key == run), 0))
+
+
 def _long_penalties(ctx):
-    """(cpu-long's {run name: (mean, ci, seeds)}, its baseline row or None); a row with fewer than MIN_SEEDS paired
-    seeds has no interval (ci None: pending)."""
+    """(cpu-long's {run name: (mean, ci, seeds)}, its baseline row or None); a row short of its planned paired
+    seeds (planned_seeds) has no interval (ci None: pending), its runs still being trained."""
     rows = ctx.rows("cpu-long")
     base = next((r for r in rows if r["config"] == r["baseline"]), None)
-    return {k[0]: v if v[2] >= MIN_SEEDS else (v[0], None, v[2]) for k, v in penalties(rows).items()}, base
+    return {k[0]: v if v[2] >= planned_seeds(k[0]) else (v[0], None, v[2]) for k, v in penalties(rows).items()}, base
+
+
+def _pending(p, run):
+    """'pending (6 of 10 paired seeds)': a row short of its planned seeds, or claim()'s reading."""
+    return f"pending ({p[2]} of {planned_seeds(run)} paired seeds)" if p[2] < planned_seeds(run) else None
 
 
 def _along(ctx):
@@ -107,7 +124,7 @@ def _along(ctx):
     rows = ctx.rows("cpu-long")
     pairs, tokens = pairing.paired(rows), {r["config"]: r["tokens_per_iter"] for r in rows}
     return {k: pairing.over_training(p["curve"], tokens[k]) for k, p in pairs.items()
-            if len(p["seeds"]) >= MIN_SEEDS}
+            if len(p["seeds"]) >= planned_seeds(k)}
 
 
 def _speed_cells(variant, gpu, links, bands):
@@ -132,7 +149,7 @@ def answer_table(ctx):
              "|---|---|---:|---|---:|---:|"]
     for way, what, run, variant in way_rows():
         p = pen.get(run)
-        cost = "0 (same math)" if run is None else "pending" if p is None else _short(p)
+        cost = "0 (same math)" if run is None else "pending" if p is None else _cost_cell(p, run)
         trend = "same math" if run is None else along.get(run, "pending")
         lines.append(f"| {way} | {what} | {cost} | {trend} | " +
                      " | ".join(_speed_cells(variant, gpu, links, bands)) + " |")
@@ -170,8 +187,9 @@ def answer_details(ctx):
              "|---|---|---:|---:|---|---|---|---:|---:|"]
     for way, what, run, variant in way_rows():
         p = pen.get(run)
-        cost = "0 (same math)" if run is None else "pending" if p is None else _short(p)
-        said = "costs nothing: the math is all `tp`'s" if run is None else claim(p, base["val_loss_mean"])
+        cost = "0 (same math)" if run is None else "pending" if p is None else _cost_cell(p, run)
+        said = ("costs nothing: the math is all `tp`'s" if run is None else
+                (p is not None and _pending(p, run)) or claim(p, base["val_loss_mean"]))
         trend = "same math" if run is None else along.get(run, "pending")
         fw = "—" if run not in family else pairing.fmt_ci(*family[run], decimals(family[run][1])).split(" ", 1)[1]
         lines.append(f"| {way} | {what} | {cost} | {fw} | {said} | {trend} | {hosts.get(run, '—')} | " +
