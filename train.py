@@ -179,9 +179,10 @@ def log_step(training, *, lossf, dt, lr, comm, running_mfu, steps_here, first_it
         comm_str += f", vocab {comm['vocab_allreduces']}"
     if "pp_bytes_per_token" in comm:
         comm_str += f", pp {comm['pp_bytes_per_token']:,.0f} B/token"
+    left = eta(training.iter_num - first_iter + 1, cfg["max_iters"] - training.iter_num, loop_start,
+               eval_seconds=evals[1], evals=evals[0], evals_left=evals_left(training.iter_num, cfg))
     print(f"iter {training.iter_num}/{cfg['max_iters']}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, "
-          f"tok/s {tok_s:,.0f}, mfu {mfu_str}{comm_str}, " + eta(training.iter_num - first_iter + 1, cfg["max_iters"] - training.iter_num, loop_start,
-                eval_seconds=evals[1], evals=evals[0], evals_left=evals_left(training.iter_num, cfg)))
+          f"tok/s {tok_s:,.0f}, mfu {mfu_str}{comm_str}, {left}")
     training.metrics.write(iter=training.iter_num, loss=lossf, lr=lr, dt_ms=dt * 1000, tokens_per_s=tok_s,
                            mfu=running_mfu if running_mfu >= 0 else None, **comm)
     return running_mfu

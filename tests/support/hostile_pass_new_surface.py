@@ -5,18 +5,17 @@ changed result files in a clone, never in the checkout.
 
     OMP_NUM_THREADS=1 python tests/support/hostile_pass_new_surface.py . [CASE-SUBSTRING ...]   # ~5 min
 
-argv[1]: the repository (its data/shakespeare_char prepared); writes /tmp/hostile/results.json."""
+argv[1]: the repository (its data/shakespeare_char prepared); writes results.json in a fresh temporary folder."""
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 REPO = os.path.abspath(sys.argv[1])
-W = "/tmp/hostile/work"
-shutil.rmtree(W, ignore_errors=True)
-os.makedirs(W)
+W = tempfile.mkdtemp(prefix="hostile-")  # its own scratch folder: two passes at once do not collide
 PY = sys.executable
 DATA = os.path.join(REPO, "data", "shakespeare_char")
 TINY = ["--device=cpu", "--compile=False", "--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=32",
@@ -248,4 +247,5 @@ for name, change in REPORT_CASES:
     last = (r2.stderr.strip() or r2.stdout.strip()).splitlines()
     print(f"{name}: rc={r2.returncode} {last[-1][:200] if last else ''}", flush=True)
 
-json.dump(results, open("/tmp/hostile/results" + ("-part" if ONLY else "") + ".json", "w"), indent=1)
+json.dump(results, open(os.path.join(W, "results.json"), "w"), indent=1)
+print(f"results: {W}/results.json")

@@ -12,7 +12,7 @@ import textwrap
 
 from tpcomm.figures import plot_labels, png, way_styles
 from tpcomm.experiments.pairing import has_pairs, over_training, paired, paired_markdown
-from tpcomm.experiments.readings import MIN_SEEDS, pattern_name
+from tpcomm.experiments.readings import pattern_name, planned_seeds
 from tpcomm.model import ways
 from tpcomm.experiments.results import SCATTER_LIMIT, group_key, size_label, sizes_vary, varies
 
@@ -241,7 +241,7 @@ def paired_plot_data(rows):
     return [dict(label=way_styles.label(pattern_name(r), fwd_allreduces=r["fwd_allreduces"])
                  + (f" tp{r['tp_size']}" if varies(rows, "tp_size") else "")
                  + (f" {size_label(r)}" if sizes_vary(rows) else ""), seeds=len(pairs[r["config"]]["seeds"]),
-                 key=pattern_name(r), fwd=r["fwd_allreduces"],
+                 key=pattern_name(r), fwd=r["fwd_allreduces"], planned=planned_seeds(pattern_name(r)),
                  trend=over_training(pairs[r["config"]]["curve"], r["tokens_per_iter"]),
                  points=[[i * r["tokens_per_iter"] / 1e6, m, c or 0.0] for i, m, c in pairs[r["config"]]["curve"]
                          if i > 0]) for r in others]
@@ -252,7 +252,7 @@ PANEL_COLUMNS = 4
 
 def draw_paired(data, *, title, n_seeds):
     """Small multiples: a panel a way, one shared y axis, the baseline at 0, the mean and its 95% band; each panel
-    says its seeds and where its sign changes. A way short of MIN_SEEDS paired seeds is drawn without a band (its
+    says its seeds and where its sign changes. A way short of its planned paired seeds (readings.planned_seeds) is drawn without a band (its
     interval is not read) and the y axis spans the read ones."""
     plt = png.pyplot()
     cols = min(PANEL_COLUMNS, max(1, len(data)))
@@ -262,7 +262,7 @@ def draw_paired(data, *, title, n_seeds):
     for ax, s in zip(axes.flat, data):
         x, mean = [p[0] for p in s["points"]], [p[1] for p in s["points"]]
         st = way_styles.style(s["key"], fwd_allreduces=s["fwd"])
-        read = s["seeds"] >= MIN_SEEDS
+        read = s["seeds"] >= s["planned"]
         ax.axhline(0, color="black", lw=1)
         if read:
             ax.fill_between(x, [m - c for _, m, c in s["points"]], [m + c for _, m, c in s["points"]],
@@ -270,12 +270,13 @@ def draw_paired(data, *, title, n_seeds):
         ax.plot(x, mean, "-" if read else ":", color=st.color, lw=1.6)
         seeds = f"{s['seeds']} seed{'s' * (s['seeds'] != 1)}"
         ax.set_title("\n".join(textwrap.wrap(f"{s['label']} ({seeds})", 38)[:2]), fontsize=8.5)
-        ax.text(0.03, 0.04, s["trend"] if read else "pending: no interval read", transform=ax.transAxes,
+        ax.text(0.03, 0.04, s["trend"] if read else f"pending: {s['seeds']} of {s['planned']} seeds",
+                transform=ax.transAxes,
                 fontsize=7.5, va="bottom")
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(data):]:
         ax.set_visible(False)
-    spans = [v for s in data if s["seeds"] >= MIN_SEEDS for _, m, c in s["points"] for v in (m - c, m + c)]
+    spans = [v for s in data if s["seeds"] >= s["planned"] for _, m, c in s["points"] for v in (m - c, m + c)]
     spans = spans or [m for s in data for _, m, _ in s["points"]]
     if spans:
         pad = 0.08 * (max(spans) - min(spans) or 0.01)

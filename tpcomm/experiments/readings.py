@@ -91,6 +91,12 @@ def bound(b, base_loss, *, half_width):
 MIN_SEEDS = 3
 
 
+def planned_seeds(key):
+    """The paired seeds a way's row is read at: its planned seeds (tpcomm/model/ways.py), at least MIN_SEEDS;
+    before, the row is pending (its runs still being trained)."""
+    return max(MIN_SEEDS, next((w.seeds for w in ways.WAYS if w.key == key), 0))
+
+
 def claim(p, base_loss):
     """What a paired difference (mean, ci, seeds) says at 95%: where the interval holds 0, the largest cost it
     rules out ("costs at most +0.008 nats (0.5%)", bound(): no finer than a tenth of the half-width); where it does

@@ -10,7 +10,7 @@ from tpcomm.experiments.report import answer_figure
 from tpcomm.costmodel import cost_bands
 from tpcomm.experiments import pairing, provenance
 from tpcomm.experiments.readings import (MIN_SEEDS, bound, claim, data_warning, decimals, host_cell, no_results,
-                                         interval_text, penalties, side_of)
+                                         interval_text, penalties, planned_seeds, side_of)
 from tpcomm.model import ways
 
 
@@ -61,8 +61,8 @@ def gpu_speedups():
 
 def _short(p):
     """'+0.020 [-0.005, +0.044] (3)': a paired difference, its 95% interval and its seeds; the interval's ends
-    printed at decimals() of its half-width, the upper end rounded up, so it is the bound claim() prints; one seed:
-    the difference alone."""
+    as readings.interval_text prints them (where it holds 0, its upper end is claim()'s bound); no interval: the
+    difference alone."""
     mean, ci, n = p
     return f"{mean:+.3f} ({n})" if ci is None else f"{interval_text(mean, ci)} ({n})"
 
@@ -100,11 +100,6 @@ def _familywise_clause(ctx, loss):
     return f"; read together (Bonferroni over the {m} measured rows), not for {', '.join(over)}" if over else ""
 
 
-def planned_seeds(run):
-    """The paired seeds a way's row is read at: its planned seeds (tpcomm/model/ways.py), at least MIN_SEEDS."""
-    return max(MIN_SEEDS, next((w.seeds for w in ways.WAYS if w.key == run), 0))
-
-
 def _long_penalties(ctx):
     """(cpu-long's {run name: (mean, ci, seeds)}, its baseline row or None); a row short of its planned paired
     seeds (planned_seeds) has no interval (ci None: pending), its runs still being trained."""
@@ -120,7 +115,7 @@ def _pending(p, run):
 
 def _along(ctx):
     """{cpu-long run: where its paired difference changes sign over training (pairing.over_training)}, for the
-    rows with MIN_SEEDS or more paired seeds."""
+    rows with all their planned paired seeds (planned_seeds)."""
     rows = ctx.rows("cpu-long")
     pairs, tokens = pairing.paired(rows), {r["config"]: r["tokens_per_iter"] for r in rows}
     return {k: pairing.over_training(p["curve"], tokens[k]) for k, p in pairs.items()
@@ -175,8 +170,8 @@ def answer_details(ctx):
              f"{sum(r['n_seeds'] for r in ctx.rows('cpu-long'))} result files); each row's own 95% interval, and "
              + (f"beside it the family-wise one: Bonferroni over the {m} measured rows (each at {100 - 5 / m:.2f}%), "
                 f"so all {m} hold at once with 95%" if m else "beside it the family-wise one once a row is measured")
-             + f"; \"at 95% it\" reads the row's own, once the row has {MIN_SEEDS} or more paired seeds (before: "
-             f"pending); "
+             + f"; \"at 95% it\" reads the row's own, once the row has its planned paired seeds (at least "
+             f"{MIN_SEEDS}; before: pending); "
              f"{_correlation_line(ctx)}; {provenance.summary(ctx, 'cpu-long')}; time: predicted step speedup over "
              f"Megatron-LM's all-`tp` step (its backward all-reduces hidden behind the weight-gradient GEMMs), "
              f"{GPU_SHAPE} at tp {GPU_TP}, and in brackets [low, high] over the declared ranges of its assumptions "
@@ -306,7 +301,7 @@ def answer_summary(ctx):
     if base is None:
         return no_results("cpu-long")
     loss, along = base["val_loss_mean"], _along(ctx)
-    measured = {n: p for n, p in pen.items() if p[1] is not None and p[2] >= MIN_SEEDS and n in answer_labels()}
+    measured = {n: p for n, p in pen.items() if p[1] is not None and n in answer_labels()}  # none pending
     costs = [n for n, p in measured.items() if side_of(*p[:2]) == "worse"]
     gains = [n for n, p in measured.items() if side_of(*p[:2]) == "better"]
     held = sorted((p[0] + p[1], n, p[1]) for n, p in measured.items() if n not in costs + gains)
