@@ -45,7 +45,7 @@ import torch
 
 from tpcomm.errors import ConfigError
 from tpcomm.configuration import configure, exit_on_config_error
-from tpcomm.bench.bench_config import (DEFAULTS, combinations, pattern_label, sync_options, validate,
+from tpcomm.bench.bench_config import (defaults, combinations, pattern_label, sync_options, validate,
                                        validate_pipeline, variant_name)
 from tpcomm.figures import command_figures
 from tpcomm.train.build import build_model
@@ -136,7 +136,7 @@ def describe_counts(per_step):
 
 @exit_on_config_error
 def main(argv):
-    cfg = configure(DEFAULTS, argv)
+    cfg = configure(defaults(), argv)
     validate(cfg)  # every option, the models included (tpcomm/bench/bench_config.py)
     pp = cfg["pp_size"] if cfg["mode"] == "pipeline" else 1
     if pp < 1:

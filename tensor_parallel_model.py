@@ -1,5 +1,5 @@
 """
-DistributedGPT: GPT-2 whose blocks are, per layer, one of the block types of tpcomm/model/blocks.py: Megatron
+DistributedGPT: GPT-2 whose blocks are, per layer, one of the block types of tpcomm/model/block_types/: Megatron
 tensor-parallel ('tp', 2 forward all-reduces), Sync-Point Drop ('spd', 1), fully 'parallel' (0), Ladder Residual
 ('ladder', 2, delayed) or partial-channel sync ('caat', 2 of a fraction of the channels). docs/model.md has the
 equations, the sharding and the dropout rules; this file is the model around the blocks: embedding, the stream's
@@ -18,10 +18,10 @@ from model import GPT, GPTConfig, LayerNorm, lm_head_and_loss, positions
 from tpcomm.tp.dropout import EMBED, DropoutKey, KeyedDropout
 from tpcomm.model.interface import ModelInterface, clip_to_norm_, grad_sq_sums, local, whole
 from tpcomm.model.blocks import block_class
-from tpcomm.model.block_types import BLOCK_TYPES
+from tpcomm.model.block_types.registry import BLOCK_TYPES
 from tpcomm.tp.sharding import TPSharding, is_block_replicated, padded_vocab
 from tpcomm.tp.compress.compression import make_codec
-from tpcomm.model.options import TPConfig, private_head
+from tpcomm.model.options import TPConfig, private_head, tp_config
 from tpcomm.tp.collectives import copy_to_tp_region, keep_dtype, reduce_from_tp_region, tp_group
 from tpcomm.tp.counting import FINAL_SYNC, VOCAB_EMBED, VOCAB_HEAD
 from tpcomm.tp.sequence_parallel import (gather_from_sequence_region, reduce_scatter_from_tp_region,
@@ -85,9 +85,9 @@ class DistributedGPT(ModelInterface, GPT):
 
     @classmethod
     def from_gpt(cls, gpt, tp_size, block_types=None, *, pd=None, loss_parallel=False, **options):
-        """options: TP_COMM_OPTIONS (tp_overlap, sequence_parallel, ...)."""
-        config = TPConfig(**{k: getattr(gpt.config, k) for k in GPTConfig.__dataclass_fields__},
-                          tp_size=tp_size, block_types=block_types, loss_parallel=loss_parallel, **options)
+        """options: TP_COMM_OPTIONS (tp_overlap, ...) and block types' options by key (caat_sync_fraction)."""
+        config = tp_config(**{k: getattr(gpt.config, k) for k in GPTConfig.__dataclass_fields__},
+                           tp_size=tp_size, block_types=block_types, loss_parallel=loss_parallel, **options)
         model = cls(config, pd=pd)
         model.load_gpt_state_dict(gpt.state_dict())
         return model

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tpcomm.train.build import build_model
-from tpcomm.train.train_config import DEFAULTS
+from tpcomm.train.train_config import defaults
 from tpcomm.configuration import configure
 from model import GPT, GPTConfig
 from tpcomm.model.options import validate_tp_args
@@ -32,7 +32,7 @@ BUDGET_KEYS = ("batch_size", "block_size", "gradient_accumulation_steps", "max_i
 
 
 def load(path):
-    return configure(DEFAULTS, [path])
+    return configure(defaults(), [path])
 
 
 def model_args(cfg, vocab_size):

@@ -256,8 +256,8 @@ def test_one_validator_for_the_model_options():
     messages = []
     for check in (lambda: options.TPConfig(**bad),
                   lambda: build_model("distributed_gpt", bad),
-                  lambda: train_config.check_offline(dict(train_config.DEFAULTS, model_type="distributed_gpt", **bad)),
-                  lambda: bench_config.validate(dict(bench_config.DEFAULTS, model_type="distributed_gpt", **bad))):
+                  lambda: train_config.check_offline(dict(train_config.defaults(), model_type="distributed_gpt", **bad)),
+                  lambda: bench_config.validate(dict(bench_config.defaults(), model_type="distributed_gpt", **bad))):
         with pytest.raises(ConfigError) as e:
             check()
         messages.append(str(e.value))

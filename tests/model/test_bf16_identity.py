@@ -16,7 +16,7 @@ import torch
 
 from model import GPT, GPTConfig
 from tensor_parallel_model import DistributedGPT
-from tpcomm.model.block_types import BLOCK_TYPES
+from tpcomm.model.block_types.registry import BLOCK_TYPES
 
 SIZES = dict(block_size=16, vocab_size=64, n_layer=4, n_head=8, n_embd=64, bias=True, dropout=0.0)
 

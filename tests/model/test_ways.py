@@ -103,7 +103,7 @@ def test_the_table_names_each_way_once():
         if w.seeds:
             row = dict(n_layer=12, block_pattern=compact_list(w.blocks(12)), tp_comm_dtype=w.sync.get("tp_comm_dtype"),
                        tp_comm_exchange=w.sync.get("tp_comm_exchange"),
-                       caat_sync_fraction=w.sync.get("caat_sync_fraction"))
+                       type_options={k: v for k, v in w.sync.items() if k == "caat_sync_fraction"})
             assert readings.pattern_name(row) == w.key
     with pytest.raises(KeyError, match="no way 'nope'"):
         ways.way("nope")

@@ -18,7 +18,7 @@ from test_tensor_parallel import reference_forward as per_shard_forward  # docs/
 from torch.nn import functional as F
 
 import tpcomm.model.blocks as blocks
-from tpcomm.model.block_types import BLOCK_TYPES
+from tpcomm.model.block_types.registry import BLOCK_TYPES
 from tpcomm.errors import ConfigError
 from model import KVCache
 from tensor_parallel_model import DistributedGPT

@@ -1,4 +1,4 @@
-"""Partial-channel sync ('caat' blocks, CAAT-Net; tpcomm/tp/partial_sync.py, docs/model.md): the simulated model against a
+"""Partial-channel sync ('caat' blocks, CAAT-Net; tpcomm/model/block_types/caat.py, docs/model.md): the simulated model against a
 per-shard reference written here from the equations, GPT at tp 1, all 'tp' at p = 1, real TP against the simulation
 (tests/workers/caat_worker.py), its measured bytes, and its options refused in one line."""
 
@@ -10,7 +10,7 @@ import torch
 from conftest import ROOT, run_script, shared_launch
 from tpcomm.errors import ConfigError
 from tensor_parallel_model import DistributedGPT
-from tpcomm.model.options import TPConfig
+from tpcomm.model.options import model_config
 from test_tensor_parallel import (N_LAYER, TOL, VOCAB, assert_same, attn_shard, batch, layer_norm, make_gpt, mlp_shard,
                                   run_keyed, with_dropout)
 from test_tensor_parallel import run as run_model
@@ -163,7 +163,7 @@ def test_real_matches_simulation(caat_results):
 def test_bad_options_refused_in_one_line(options, words):
     kw = {**dict(n_layer=4, n_head=8, n_embd=32, block_types=["caat"] * 4, tp_size=1), **options}
     with pytest.raises(ConfigError) as e:
-        TPConfig(**kw)
+        model_config("distributed_gpt", kw)
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
@@ -177,7 +177,7 @@ def test_cost_model_prices_p_of_the_bytes():
     t = lambda nbytes: cm.allreduce_time(nbytes, 8, alpha=link.alpha, busbw=link.busbw)  # noqa: E731
     for p in (0.5, 0.25, 1.0):
         v = cm.train_variants(shape, tp=8, link=link, tokens=tokens, seq_len=1024, mfu=0.4,
-                              opts=cm.Options(caat_fraction=p))
+                              opts=cm.Options(block_options={"caat_sync_fraction": p}))
         L = shape.n_layer
         assert v["partial sync"][1] == pytest.approx(4 * L * t(p * n) + t(n))
         assert v["tracks/4"][1] == pytest.approx(2 * (L // 4) * t(n))  # one sync every 4 blocks, each way
@@ -192,7 +192,7 @@ def test_checkpoint_keeps_the_fraction():
     args, options = model_spec("distributed_gpt", model)
     back = build_model_from_checkpoint(dict(model=model.gpt_state_dict(), model_args=args,
                                             model_type="distributed_gpt", model_options=options))
-    assert back.config.caat_sync_fraction == 0.25
+    assert back.config.type_options["caat"].sync_fraction == 0.25
     idx, tgt = batch()
     assert_same(run(back, idx, tgt), run(model, idx, tgt), rtol=0, atol=0)
 

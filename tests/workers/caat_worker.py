@@ -1,5 +1,5 @@
 """
-Partial-channel sync ('caat' blocks, tpcomm/tp/partial_sync.py) under real tensor parallelism (one shard per process,
+Partial-channel sync ('caat' blocks, tpcomm/model/block_types/caat.py) under real tensor parallelism (one shard per process,
 gloo) against the simulation, run by tests/tp/test_partial_sync.py in a shared launch (conftest.shared_launch):
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/workers/caat_worker.py out.json
 Logits, loss and every gradient, fp32 and fp64, without and with dropout; comparisons reported as

@@ -13,14 +13,13 @@ from tpcomm.train.output_path import check_output_file, written_by
 from tpcomm.parallel.parallel_dims import world_size
 from tpcomm.parallel.pipeline_config import validate_pp_layout
 from tpcomm.train.runtime import check_dtype
-from tpcomm.train.train_config import DEFAULTS as TRAIN_DEFAULTS
+from tpcomm.train.train_config import DEFAULTS as TRAIN_DEFAULTS, with_type_options
 
 DEFAULTS = dict(
     model_type=TRAIN_DEFAULTS["model_type"],
     tp_size=TP_DEFAULTS["tp_size"],
     block_types=TP_DEFAULTS["block_types"],
-    # 'caat' blocks: the fraction of channels each sync all-reduces (as train.py takes it)
-    caat_sync_fraction=TP_DEFAULTS["caat_sync_fraction"],
+    # here too (defaults()): each block type's own options, as train.py takes them (caat_sync_fraction)
     patterns=None,  # distributed_gpt: a list of block_types values to time in one run, instead of block_types
     # distributed_gpt: several ways to move the syncs in one run, a list of dicts of tp_overlap / sequence_parallel /
     # tp_comm_dtype / tp_comm_block / tp_comm_exchange over the flags below, each timed with every pattern ({}: the
@@ -71,6 +70,11 @@ DEFAULTS = dict(
     backend=TRAIN_DEFAULTS["backend"],
     seed=TRAIN_DEFAULTS["seed"],
 )
+
+
+def defaults():
+    """bench.py's options and their defaults: DEFAULTS and the block types' own options."""
+    return with_type_options(DEFAULTS)
 
 
 POSITIVE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "vocab_size", "iters")

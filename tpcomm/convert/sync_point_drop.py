@@ -29,7 +29,7 @@ from tpcomm.errors import ConfigError
 from tpcomm.configuration import configure, exit_on_config_error
 from model import GPTConfig
 from tensor_parallel_model import DistributedGPT
-from tpcomm.model.block_types import BLOCK_TYPES
+from tpcomm.model.block_types.registry import BLOCK_TYPES
 from tpcomm.model.options import TPConfig, validate_tp_args
 
 DEFAULTS = dict(

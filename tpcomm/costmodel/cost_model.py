@@ -25,10 +25,10 @@ $ python comm_model.py validate --calibration=calibration.json  # measured vs pr
 
 import math
 from collections import Counter
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from tpcomm.errors import ConfigError
-from tpcomm.model.block_types import CAATType, block_type
+from tpcomm.model.block_types.registry import block_type, synced_share
 from tpcomm.costmodel.collective_matmul_cost import BF16, gpt_collective_matmul, torchtitan_checks
 from tpcomm.model import ways
 
@@ -366,7 +366,7 @@ class Options(NamedTuple):
     comp: Compression = INT8
     launch: float = const("kernel_launch")  # s per extra kernel (quantize, dequantize-and-sum)
     hbm_bw: float = const("h100_hbm_bw")
-    caat_fraction: float = CAATType.default_fraction  # 'caat': the channels each sync all-reduces
+    block_options: Optional[dict] = None  # the block types' own options by config key (default: each one's default)
 
 
 # tp_comm_dtype on the wire (docs/compression.md): 'bf16' is a plain cast, no scales (under bf16 autocast the same
@@ -430,8 +430,9 @@ def train_variants(shape, *, tp, link, tokens, seq_len, mfu, opts=Options(), pea
              # SP's collectives as rings beside partial GEMMs, forward and backward (collective_matmul_cost.py)
              "collective matmul": lambda w: gpt_collective_matmul(L, shape.n_embd, tp=tp, link=link, tokens=tokens,
                                                                   peak=peak, mfu=mfu, efficiency=eta),
-             "partial sync": lambda w: partial_sync_comm(t, allreduce_time(w.sync.get(
-                 "caat_sync_fraction", opts.caat_fraction) * n, tp, alpha=link.alpha, busbw=link.busbw), wgrad, eta)}
+             "partial sync": lambda w: partial_sync_comm(t, allreduce_time(synced_share(
+                 {**(opts.block_options or {}), **w.sync}, w.blocks(L), n_embd=shape.n_embd, tp_size=tp) * n, tp,
+                 alpha=link.alpha, busbw=link.busbw), wgrad, eta)}
     comm = {}
     for way in ways.WAYS:  # one term per priced way, under its label (two ways may share one: all tp)
         if way.price and way.price.label.format(chunks=opts.chunks) not in comm:
@@ -440,8 +441,8 @@ def train_variants(shape, *, tp, link, tokens, seq_len, mfu, opts=Options(), pea
 
 
 def partial_sync_comm(t, t_p, wgrad, efficiency=1.0):
-    """Exposed communication of all 'caat' (tpcomm/tp/partial_sync.py): each module's forward all-reduce and its f's
-    backward one move p of the channels (t_p each; the backward one behind its wgrad GEMM as the baseline's), plus
+    """Exposed communication of all 'caat' (tpcomm/model/block_types/caat.py): each module's forward all-reduce and
+    its f's backward one move p of the channels (t_p each; the backward one behind its wgrad GEMM as the baseline's), plus
     the embedding's fan-out in the backward (t, a full sync). No final sync: the head is vocabulary-parallel, its
     loss's collectives three scalars a token (not priced)."""
     return (len(wgrad) * t_p + async_grad_exposed([t_p] * len(wgrad), wgrad, efficiency=efficiency)

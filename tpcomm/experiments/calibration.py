@@ -55,7 +55,7 @@ def measure(cfg):
     for key, least in (("procs", 2), ("reps", 1)):
         if type(cfg[key]) is not int or cfg[key] < least:
             raise ConfigError(f"{key} must be an int >= {least}, got {cfg[key]!r}")
-    bench_config.validate(dict(bench_config.DEFAULTS, **{k: cfg[k] for k in BENCH_KEYS}))  # before minutes of measuring
+    bench_config.validate(dict(bench_config.defaults(), **{k: cfg[k] for k in BENCH_KEYS}))  # before minutes of measuring
     sizes = cfg["sizes"] if cfg["sizes"] is not None else [1024 * 4 ** k for k in range(9)]
     if not isinstance(sizes, list) or not sizes or any(type(n) is not int or n < 4 or n % 4 for n in sizes):
         raise ConfigError(f"sizes must be a non-empty list of byte counts, multiples of 4 (float32), got {sizes!r}")
@@ -108,9 +108,9 @@ def cpu_sweep_patterns():
     """The block_types of the CPU sweep's budget configs (experiment.py's 'cpu' runs, 24 down to 1 forward syncs;
     not its delayed or compressed variants of them)."""
     from tpcomm.experiments.sweep_plan import SWEEPS
-    from tpcomm.train.train_config import DEFAULTS
+    from tpcomm.train.train_config import defaults
 
-    return [configure(DEFAULTS, [os.path.join(ROOT, run.config)])["block_types"] for run in SWEEPS["cpu"]
+    return [configure(defaults(), [os.path.join(ROOT, run.config)])["block_types"] for run in SWEEPS["cpu"]
             if not run.overrides]
 
 

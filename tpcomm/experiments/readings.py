@@ -6,7 +6,7 @@ cost or gain with its interval).
 
 import math
 
-from tpcomm.model.block_types import CAATType
+from tpcomm.model.block_types.registry import option_fields
 from tpcomm.model.options import compact_list
 from tpcomm.experiments import pairing, results
 from tpcomm.model import ways
@@ -36,8 +36,9 @@ def pattern_name(row):
     after it when its syncs were compressed."""
     name = next((p for p, f in ways.patterns().items() if compact_list(f(row["n_layer"])) ==
                  row["block_pattern"]), row["block_pattern"])
-    p = row.get("caat_sync_fraction")
-    name += f"-p{p:g}" if p is not None and p != CAATType.default_fraction else ""
+    for key, value in row.get("type_options", {}).items():  # an option off its default: '-p0.25' ('caat')
+        f = option_fields()[key][1]
+        name += f"-{f.metadata.get('short', key)}{value:g}" if value != f.default else ""
     return name + (f"-{comm_dtype_label(row).replace(' ', '-')}" if row.get("tp_comm_dtype") else "")
 
 

@@ -9,6 +9,10 @@ import math
 import os
 import re
 
+from tpcomm.errors import ConfigError
+from tpcomm.model.block_types.registry import type_options
+from tpcomm.model.options import expand_block_types
+
 RUN_FILE = re.compile(r"(.+)-seed(\d+)\.json")  # a sweep's runs/<run>-seed<S>.json
 LOSS_MAX = 100.0  # nats: a uniform guess over GPT-2's vocabulary is ln(50304) = 10.8; far above is a broken file
 NODE_WAY_FIELDS = ("ms_per_iter", "tokens_per_s", "in_collectives_ms", "exposed_ms")
@@ -64,12 +68,20 @@ def check_result(path, record, *, sweep=None):
                                 and isinstance(git.get("dirty", False), bool)):
         raise ResultsError(f"{path}: 'git' must name its commit (a string) and whether the tree was dirty, got "
                            f"{git!r}")
-    p = record["config"].get("caat_sync_fraction")
-    if p is not None:
-        _in_range(path, "config caat_sync_fraction", p, 0.0, 1.0, low_open=True)
+    check_type_options(path, record["config"])
     for key in ("step_ms", "wall_s", "tokens_per_s"):
         if record["timing"].get(key) is not None:
             _in_range(path, f"timing {key}", record["timing"][key], 0.0, low_open=True)
+
+
+def check_type_options(path, cfg):
+    """The block types' own options in a run's config (caat_sync_fraction), as train.py checks them."""
+    kinds = expand_block_types(cfg.get("block_types"), cfg.get("n_layer")) \
+        if cfg.get("model_type") == "distributed_gpt" else []
+    try:
+        type_options(cfg, kinds, n_embd=cfg.get("n_embd"), tp_size=cfg.get("tp_size", 1))
+    except (ConfigError, ValueError, TypeError) as e:
+        raise ResultsError(f"{path}: config {e}") from None
 
 
 def check_node_result(path, record, *, shape):

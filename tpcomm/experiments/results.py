@@ -25,7 +25,7 @@ import time
 from tpcomm import ROOT
 from data.sources import FALLBACK_SHA256
 from tpcomm.configuration import read_json_object
-from tpcomm.model.block_types import BLOCK_TYPES
+from tpcomm.model.block_types.registry import BLOCK_TYPES, option_fields
 from tpcomm.model.options import compact_list, expand_block_types
 from tpcomm.experiments.result_check import ResultsError, check_result
 
@@ -48,11 +48,18 @@ def block_pattern(cfg):
 
 
 def has_fact(cfg, fact):
-    """A DistributedGPT run with a block type whose class has `fact` (tpcomm/model/block_types.py)."""
+    """A DistributedGPT run with a block type whose class has `fact` (tpcomm/model/block_types/)."""
     if cfg.get("model_type", "gpt") != "distributed_gpt":
         return False
     return any(getattr(BLOCK_TYPES[k], fact) for k in expand_block_types(cfg.get("block_types"), cfg["n_layer"])
                if k in BLOCK_TYPES)
+
+
+def run_type_options(cfg):
+    """{config key: value} of the run's block types' own options (caat_sync_fraction for a run with 'caat')."""
+    kinds = set(expand_block_types(cfg.get("block_types"), cfg["n_layer"])) \
+        if cfg.get("model_type", "gpt") == "distributed_gpt" else set()
+    return {k: cfg.get(k, f.default) for k, (kind, f) in option_fields().items() if kind in kinds}
 
 
 def delays_syncs(cfg):
@@ -333,7 +340,7 @@ def _row(label, recs):
         config=label, config_file=first.get("config_file", ""), block_pattern=block_pattern(cfg), delayed=delays_syncs(cfg),
         tp_comm_dtype=cfg.get("tp_comm_dtype"), tp_comm_exchange=cfg.get("tp_comm_exchange", "one_shot")
         if cfg.get("tp_comm_dtype") else None, tp_overlap=cfg.get("tp_overlap", 1),
-        caat_sync_fraction=cfg.get("caat_sync_fraction") if has_fact(cfg, "channel_fraction") else None,
+        type_options=run_type_options(cfg),
         sequence_parallel=cfg.get("sequence_parallel", False), tp_size=cfg.get("tp_size"), tp_mode=cfg.get("tp_mode"), n_layer=cfg.get("n_layer"),
         n_embd=cfg.get("n_embd"), n_head=cfg.get("n_head"), params_non_embedding=first["params"].get("non_embedding"),
         params_total=first["params"].get("total"), fwd_allreduces=first["comm"].get("fwd_allreduces"),

@@ -84,7 +84,7 @@ def plan(runs, *, sweep_dir, seeds, overrides=(), nproc=None, check_data=True, s
     """Resolve every run's train.py config and check the sweep before any work: configs load, data exists,
     processes fit the layout, and the runs of one model size train on the same number of tokens. A run with a home
     lives in homes[run.home] (default: sweep_dir too); seed-major order."""
-    from tpcomm.train.train_config import DEFAULTS
+    from tpcomm.train.train_config import defaults
 
     jobs, scopes = [], {}  # each config file run once
     for seed in seeds:  # seed-major: an unfinished sweep holds whole seeds of every config
@@ -96,7 +96,7 @@ def plan(runs, *, sweep_dir, seeds, overrides=(), nproc=None, check_data=True, s
             args = [os.path.join(ROOT, run.config), *run.overrides, f"--seed={seed}", f"--out_dir={out_dir}",
                     f"--wandb_run_name={os.path.basename(run_dir)}-{run.name}-seed{seed}", *overrides]
             try:
-                cfg = configure(DEFAULTS, args, scopes=scopes)
+                cfg = configure(defaults(), args, scopes=scopes)
                 check_train_config(cfg)
             except ConfigError as e:
                 raise SweepError(f"{run.name}: {e}") from None

@@ -6,7 +6,7 @@ docs/gpu.md.
 import json
 import os
 
-from tpcomm.model.block_types import BLOCK_TYPES
+from tpcomm.model.block_types.registry import BLOCK_TYPES
 
 # the block types the GPU check runs (tpcomm/gpu/gpu_check.py): every registered type that runs each of its option
 # cases, int8 compression among them ('caat' moves a channel slice, not blocks; its class says so: compressible)

@@ -1,48 +1,104 @@
 """
-DistributedGPT's block types (tensor_parallel_model.py builds one per layer): Megatron tensor-parallel ('tp', 2
-forward all-reduces), Sync-Point Drop ('spd', arXiv 2502.20727, 1), fully 'parallel' (0), Ladder Residual ('ladder',
-arXiv 2501.06589, 2, delayed) and partial-channel sync ('caat', arXiv 2506.19645, 2 of a fraction of the channels).
-docs/model.md has the equations, the sharding and the dropout rules; this file is them in code.
-
-Each type is one class, whose class attributes include its facts (tpcomm/model/block_types.py lists them:
-syncs, whether it leaves the stream desynced or its outputs pending, which execution strategies it runs under,
-whether it is GPT's block at tp 1; a built-in type inherits them from its facts class there, which the torch-free
-cost model reads), and one `register` call. Every other place (the validator in tpcomm/model/options.py, the cost
-model, the pipeline's cuts, the GPU report) reads the facts from block_types.BLOCK_TYPES, never a type's name.
+What every block type's forward runs on (tpcomm/model/block_types/ has the types, one module each): the sharded
+attention and MLP, their layer norms, the dropout masks, f and g and the other collectives, and the stream's pieces.
+DistributedGPT builds each layer as block_class(kind): the type's class mixed with ShardedBlock, so a type's module
+holds its equations and needs no torch.
 
 In the blocks the stream is flat over tokens: synced (N, C), per shard (L, N, C), N = B*T, L the shards this process
 holds (tp simulated, 1 real). All communication goes through f and g (counted).
 """
+
+import functools
 
 import torch
 import torch.nn as nn
 
 from tpcomm.errors import ConfigError
 from model import LayerNorm
-from tpcomm.model.block_types import BLOCK_TYPES, BlockType, CAATType, LadderType, ParallelType, SPDType, TPType, add
+from tpcomm.model.block_types.registry import block_type
 from tpcomm.tp.async_grad import ColumnInput
 from tpcomm.tp.collective_matmul import collective_matmul_block
-from tpcomm.tp.collectives import copy_to_tp_region, reduce_from_tp_region, reduce_from_tp_region_async
+from tpcomm.tp.collectives import (copy_to_tp_region, fan_out_stream, reduce_from_tp_region,
+                                   reduce_from_tp_region_async)
 from tpcomm.tp.dropout import ATTN_OUT, ATTN_PROBS, MLP_OUT, mask_or_none
-from tpcomm.tp.partial_sync import PartialSync
 from tpcomm.tp.sequence_parallel import gather_to_tp_region, reduce_scatter_from_tp_region
 from tpcomm.tp.sharded_layers import (Pending, Reduced, ShardedAttention, ShardedMLP, SPStream, add_pending, full,
                                       join, layer_norm, stream_parts, synced_layer_norm)
 
+# a module's output dropout site (tpcomm/tp/dropout.py) by the module's name, as the types name them
+OUT_SITES = {"attn": ATTN_OUT, "mlp": MLP_OUT}
 
-class ShardedBlock(BlockType, nn.Module):
-    """What every block type shares: the sharded attention and MLP, their layer norms, and the dropout masks.
+
+class BlockOps:
+    """The operations a type's forward uses beyond its modules, so that its module needs no torch: collectives on
+    the block's group at its sites, and the stream's pieces (ShardedBlock holds the rest)."""
+
+    layer_norm = staticmethod(layer_norm)
+    join = staticmethod(join)  # the K chunks' (n, C) outputs as the batch's (N, C)
+    full = staticmethod(full)
+    stream_parts = staticmethod(stream_parts)
+    sp_stream = staticmethod(SPStream)  # sequence parallel, desynced: (token shard, the gathered stream)
+
+    @staticmethod
+    def cat(tensors, dim=0):
+        return torch.cat(tensors, dim=dim)
+
+    @staticmethod
+    def is_pending(p):
+        """Whether p is a ladder output whose all-reduce may still run (not a pipeline cut's stand-in)."""
+        return isinstance(p, Pending)
+
+    def all_reduce(self, partials, site):
+        """g: the sum over shards of partials (L, N, k), waited for."""
+        return reduce_from_tp_region(partials, self.group, site=self.sites[site])
+
+    def reduce_scatter(self, partials, site):
+        """Sequence parallelism's g: the sum over shards of partials, this rank's token shard of it."""
+        return reduce_scatter_from_tp_region(partials, self.group, site=self.sites[site])
+
+    def fan_out_stream(self, x, site):
+        """f of the synced x: each shard's copy (L, N, k), its backward all-reduced."""
+        return fan_out_stream(x, self.group, self.sites[site])
+
+    def collective_matmul_block(self, x, T, kv):
+        """The block under sequence parallelism with its collectives as rings beside partial GEMMs
+        (tpcomm/tp/collective_matmul.py; a type whose fact collective_matmul allows it)."""
+        return collective_matmul_block(self, x, T, kv)
+
+    def issue(self, partials, linear, mask, site):
+        """Pending: the all-reduce of partials (L, N, C), issued, and the bias to add after it. The bias is a copy:
+        it is used after this forward returns, when FSDP has freed the block's gathered parameters."""
+        reduction = reduce_from_tp_region_async(partials, self.group, site=self.sites[site])
+        b = self.synced_bias(linear, mask)
+        return Pending(reduction, reduction.value, None if b is None else b.clone())
+
+    def defers_waits_with(self, block):
+        """Whether this block and the next may defer their backward waits to nodes made in each other's forward:
+        in real eager training, and neither sharded by FSDP2 (which gathers block's LayerNorm, whose gradient the
+        deferred wait gives, only in block's forward, and reduces block's gradients when block's inputs have
+        theirs)."""
+        if not (self.group.real and not torch.compiler.is_compiling()):
+            return False
+        from torch.distributed.fsdp import FSDPModule
+        return not isinstance(self, FSDPModule) and not isinstance(block, FSDPModule)
+
+
+class ShardedBlock(BlockOps, nn.Module):
+    """What every block type's forward runs on: the sharded attention and MLP, their layer norms, the dropout masks,
+    f, g and the other collectives. A built block is block_class(kind): the type's class (its facts and forward)
+    before this one.
 
     The stream contract: forward(xbar, r, T, kv) -> (xbar, r). xbar (N, C) is the last synced value of the residual
     stream; r (L, N, C) holds each shard's stream r_i = xbar + d_i while it is desynced, else None. d_i = r_i - xbar
     is formed only where a sync needs it. T: tokens per sequence (attention is causal within each); kv: this
     layer's KV cache (model.LayerKV) when generating, else None. The model passes blocks a third part, `pending`:
-    the outputs of a ladder block's modules not yet added to the synced stream (see step, LadderBlock).
+    the outputs of a ladder block's modules not yet added to the synced stream (see step, block_types/ladder.py).
 
     Dropout (docs/model.md): an output added to the synced stream after its all-reduce is dropped with the
     replica's mask (the same on every shard); one added to a shard's own stream with that shard's mask. Each
     dropped output includes its bias share, as GPT drops c_proj(y) with its bias. Masks are drawn in GPT's order
-    (attention probabilities, attention output, MLP output), so at tp_size 1 a block whose gpt_at_tp1 is GPT's block."""
+    (attention probabilities, attention output, MLP output), so at tp_size 1 a block whose gpt_at_tp1 is GPT's block.
+    A mask's site is the module's name, 'attn' or 'mlp'."""
 
     def __init__(self, config, group, key, layer):
         super().__init__()
@@ -50,8 +106,9 @@ class ShardedBlock(BlockType, nn.Module):
         self.overlap = config.tp_overlap  # K: chunks of the batch, each chunk's all-reduce overlapping the next chunk
         self.async_grad = config.tp_async_grad  # f's backward all-reduce asynchronous (docs/overlap.md)
         self.rings = config.tp_collective_matmul  # SP's collectives as rings beside partial GEMMs
+        self.options = config.type_options[self.kind]  # its type's Options
         # where this block's collectives run, for their trace labels (counting.traced): (layer, block type, site)
-        self.sites = {site: (layer, self.kind or type(self).__name__, site) for site in ("attn", "mlp")}
+        self.sites = {site: (layer, self.kind, site) for site in ("attn", "mlp")}
         self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
         self.attn = ShardedAttention(config, group.local)
         self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
@@ -71,13 +128,13 @@ class ShardedBlock(BlockType, nn.Module):
     def shard_mask(self, like, site, n0=0):
         """Keep-mask (L, N, C) for an output added to the shards' own streams, or None without dropout; n0: the
         first token (a batch chunk's), the masks being the whole batch's rows from there."""
-        return mask_or_none(like, self.p, self.key, training=self.training, layer=self.layer, site=site,
+        return mask_or_none(like, self.p, self.key, training=self.training, layer=self.layer, site=OUT_SITES[site],
                             streams=self.streams, offset=n0 * like.shape[-1])
 
     def replica_mask(self, like, site, n0=0):
         """Keep-mask (N, C) for an output added to the synced stream after its all-reduce, or None; n0 as above (a
         batch chunk's or a token shard's first token)."""
-        return mask_or_none(like, self.p, self.key, training=self.training, layer=self.layer, site=site,
+        return mask_or_none(like, self.p, self.key, training=self.training, layer=self.layer, site=OUT_SITES[site],
                             offset=n0 * like.shape[-1])
 
     def chunks(self, xbar, r, T, kv):
@@ -187,9 +244,9 @@ class ShardedBlock(BlockType, nn.Module):
         else:
             y = self.attn.heads(layer_norm(self.ln_1, r), T, drop, kv)
         if r is None:
-            R1 = None if sequence_parallel else self.replica_mask(xbar, ATTN_OUT, n0)
+            R1 = None if sequence_parallel else self.replica_mask(xbar, "attn", n0)
             return self.attn.out(y, mask=R1), R1
-        R1 = self.replica_mask(r[0] if sequence_parallel else xbar, ATTN_OUT, n0)
+        R1 = self.replica_mask(r[0] if sequence_parallel else xbar, "attn", n0)
         d = xbar.delta(r) if sequence_parallel else self.group.delta(r, xbar)
         return self.attn.out(y, acc=d, own_acc=not sequence_parallel, mask=R1), R1
 
@@ -200,7 +257,7 @@ class ShardedBlock(BlockType, nn.Module):
         h = (self.fan_in(self.ln_2, x, "mlp", sequence_parallel=sequence_parallel) if r is None
              else layer_norm(self.ln_2, r))
         u = self.mlp.hidden(h)
-        R2 = None if sequence_parallel else self.replica_mask(x, MLP_OUT, n0)
+        R2 = None if sequence_parallel else self.replica_mask(x, "mlp", n0)
         return self.mlp.out(u, mask=R2), R2
 
     def fused_mlp_partials(self, src, n0=0):
@@ -212,225 +269,28 @@ class ShardedBlock(BlockType, nn.Module):
         resid = len(src.parts) > 1 or src.link is not None
         out = src.project(*self.mlp.fc_weight(), norm="before", resid=resid, site=self.sites["mlp"])
         x, pre = out if resid else (src.parts[0], out)
-        R2 = self.replica_mask(x, MLP_OUT, n0)
+        R2 = self.replica_mask(x, "mlp", n0)
         return x, self.mlp.out(self.mlp.gelu(pre), mask=R2), R2
 
     def step(self, xbar, r, pending, T, kv=None, *, sequence_parallel=False, next_block=None):
         """The model's stream through this block, (xbar, r, pending) -> (xbar, r, pending): outputs still pending
         (from a ladder block before it) are added first, then the block runs; it leaves nothing pending.
-        sequence_parallel: xbar is this rank's token shard of the synced stream (docs/overlap.md). next_block:
-        the block after this one in the same module (None at the end or at a pipeline cut; see LadderBlock)."""
+        sequence_parallel: xbar is this rank's token shard of the synced stream (docs/overlap.md). next_block: the
+        block after this one in the same module (None at the end or at a pipeline cut; see block_types/ladder.py)."""
         return (*self(add_pending(xbar, pending), r, T, kv, sequence_parallel=sequence_parallel), ())
 
 
-class TPBlock(TPType, ShardedBlock):
-    """Megatron's block, 2 forward all-reduces; output synced:
-    x' = xbar + sum_i d_i + R1 * (sum_i A_i(LN1(r_i)) + b_A);  x'' = x' + R2 * (sum_i M_i(LN2(x')) + b_M).
-    tp_overlap = K: the batch in K chunks; chunk k's all-reduce is issued (not waited for) before chunk k+1 computes."""
-
-
-    def forward(self, xbar, r, T, kv=None, *, sequence_parallel=False):
-        if sequence_parallel:
-            return self.forward_sp(xbar, r, T, kv)
-        chunks = self.chunks(xbar, r, T, kv)
-        overlap = len(chunks) > 1
-        fused = self.fused_f()  # tp_async_grad: f fused with its projection, the backward all-reduce asynchronous
-        # with K chunks, every chunk's backward wait is a node made before any chunk computes, so each chunk's
-        # backward all-reduce runs while the other chunks' backward computes (ColumnInput)
-        srcs = [self.column_input((x,), self.ln_1, defer=overlap) if fused and rk is None else None
-                for _, x, rk in chunks]
-        attn = []  # every chunk's attention, each chunk's all-reduce issued before the next chunk computes
-        for (n0, x, rk), src in zip(chunks, srcs):
-            a, R1 = self.attn_partials(x, rk, T, kv, n0, src=src)  # a desynced input's d_i join this all-reduce
-            attn.append((self.g(a, "attn", overlap=overlap), R1))
-        if fused:  # x' = x + the attention's sum + its bias, as parts: the MLP's ColumnInputs, made before any MLP
-            srcs = [self.column_input((x, reduced.value, self.synced_bias(self.attn.c_proj, R1)), self.ln_2,
-                                      defer=overlap) for (_, x, _), (reduced, R1) in zip(chunks, attn)]
-        mlp = []  # then per chunk: wait for its attention's sum, its MLP, issue (the previous chunk's runs meanwhile)
-        for k, ((n0, x, _), (reduced, R1)) in enumerate(zip(chunks, attn)):
-            if fused:
-                reduced.wait()
-                x, m, R2 = self.fused_mlp_partials(srcs[k], n0)
-            else:
-                x = self.add_synced_bias(x + reduced.wait(), self.attn.c_proj, R1)
-                m, R2 = self.mlp_partials(x, n0=n0)
-            mlp.append((x, self.g(m, "mlp", overlap=overlap), R2))
-        return join([self.add_synced_bias(x + reduced.wait(), self.mlp.c_proj, R2) for x, reduced, R2 in mlp]), None
-
-    def forward_sp(self, x, r, T, kv):
-        """Sequence parallelism: x (N/tp, C) this rank's token shard of the synced stream (simulated: all of them,
-        (N, C)); LN1, LN2, the biases and the replica dropout run on it; f is an all-gather, g a reduce-scatter.
-        Desynced input (r, after 'parallel'; x an SPStream): the reduce-scatter of d_i + R1 * A_i, d_i = r_i - base,
-        onto the token shard, R1 applied before the reduce-scatter (it must not drop the d_i)."""
-        group, sites = self.group, self.sites
-        if self.rings:  # tp_collective_matmul: the collectives as rings beside partial GEMMs
-            return collective_matmul_block(self, x, T, kv), None
-        a, _ = self.attn_partials(x, r, T, kv, sequence_parallel=True)
-        x = self.sp_close(x if r is None else x.shard, reduce_scatter_from_tp_region(a, group, site=sites["attn"]),
-                          self.attn.c_proj, ATTN_OUT, masked=r is not None)
-        m, _ = self.mlp_partials(x, sequence_parallel=True)
-        return self.sp_close(x, reduce_scatter_from_tp_region(m, group, site=sites["mlp"]), self.mlp.c_proj, MLP_OUT,
-                             masked=False), None
-
-
-class SPDBlock(SPDType, ShardedBlock):
-    """Sync-Point Drop: the all-reduce after attention is dropped, 1 forward all-reduce; output synced:
-    a_i = D_i * (A_i(LN1(r_i)) + b_A/tp);  y_i = r_i + a_i + b_A (tp-1)/tp stays local;
-    x' = xbar + sum_i [d_i + a_i] + R * (sum_i M_i(LN2(y_i)) + b_M).
-    tp_overlap = K: the batch in K chunks, chunk k's all-reduce overlapping chunk k+1's compute."""
-
-
-    def forward(self, xbar, r, T, kv=None, *, sequence_parallel=False):
-        # sum_i [d_i + a_i + R * M_i] reduce-scattered onto the token shard (desynced: xbar an SPStream)
-        if sequence_parallel:
-            s, _ = self.partials(xbar, r, T, kv, sequence_parallel=True)
-            reduced = reduce_scatter_from_tp_region(s, self.group, site=self.sites["mlp"])
-            shard = xbar if r is None else xbar.shard
-            return self.sp_close(shard, reduced, self.mlp.c_proj, MLP_OUT, masked=True), None
-        chunks = self.chunks(xbar, r, T, kv)
-        # tp_async_grad: f fused with LN1 and c_attn; with K chunks, each chunk's backward wait made before any
-        # chunk computes (see TPBlock)
-        srcs = [self.column_input((x,), self.ln_1, synced=False, defer=len(chunks) > 1)
-                if self.fused_f() and rk is None else None for _, x, rk in chunks]
-        issued = []
-        for (n0, x, rk), src in zip(chunks, srcs):
-            s, R = self.partials(x, rk, T, kv, n0, src=src)
-            issued.append((x, self.g(s, "mlp", overlap=len(chunks) > 1), R))
-        return join([self.add_synced_bias(x + reduced.wait(), self.mlp.c_proj, R) for x, reduced, R in issued]), None
-
-    def partials(self, xbar, r, T, kv, n0=0, *, sequence_parallel=False, src=None):
-        """(s (L, N, C), R): the summands d_i + a_i + R * M_i(LN2(y_i)) of the block's one all-reduce (sequence parallel: its
-        reduce-scatter; a desynced xbar is an SPStream, d_i = r_i - its base) and the replica mask R. n0: a batch
-        chunk's first token (its masks' rows)."""
-        group, tp, proj = self.group, self.group.tp, self.attn.c_proj
-        synced = r is None  # every r_i is xbar: d_i = 0
-        r, heads = self.shard_heads(xbar, r, T, kv, n0, sequence_parallel=sequence_parallel, src=src)
-        D = self.shard_mask(r, ATTN_OUT, n0)
-        if synced:  # the summands a_i + R * M_i, a_i = D_i * (A_i + b_A/tp) kept as it is, not as (r_i + a_i) - xbar
-            a = self.attn.out(heads, bias=self.bias_share(proj, 1 / tp), mask=D)  # (L, N, C), fresh
-            y = r + a if tp == 1 or proj.bias is None else r + a + self.bias_share(proj, (tp - 1) / tp)
-            R = self.replica_mask(r[0], MLP_OUT, n0)
-            return self.mlp.out(self.mlp.hidden(layer_norm(self.ln_2, y)), acc=a, own_acc=True, mask=R), R
-        if D is None:  # y_i = r_i + A_i + b_A in one step
-            y = self.attn.out(heads, acc=r, bias=proj.bias)
-        else:
-            y = self.attn.out(heads, acc=r, bias=self.bias_share(proj, 1 / tp), mask=D)
-            if tp > 1 and proj.bias is not None:
-                y = y + self.bias_share(proj, (tp - 1) / tp)
-        acc = xbar.delta(y) if sequence_parallel else group.delta(y, xbar)  # d_i + a_i + b_A (tp-1)/tp
-        if tp > 1 and proj.bias is not None:
-            acc = acc - self.bias_share(proj, (tp - 1) / tp)
-        u = self.mlp.hidden(layer_norm(self.ln_2, y))
-        R = self.replica_mask(r[0], MLP_OUT, n0)
-        return self.mlp.out(u, acc=acc, own_acc=acc is not y, mask=R), R
-
-
-class ParallelBlock(ParallelType, ShardedBlock):
-    """No communication; each shard updates its own stream, output desynced:
-    r_i += D_i * (A_i(LN1(r_i)) + b_A/tp);  r_i += E_i * (M_i(LN2(r_i)) + b_M/tp).
-    tp_overlap does not apply (nothing to overlap); sequence parallel: a synced input is all-gathered."""
-
-
-    def forward(self, xbar, r, T, kv=None, *, sequence_parallel=False):
-        tp, synced = self.group.tp, r is None
-        src = self.column_input((xbar,), self.ln_1, synced=False) if self.fused_f() and synced else None
-        r, y = self.shard_heads(xbar, r, T, kv, sequence_parallel=sequence_parallel, src=src)
-        if sequence_parallel and synced:  # the token shard and the gathered stream the r_i start from (see SPStream)
-            xbar = SPStream(xbar, r)
-        r = self.attn.out(y, acc=r, bias=self.bias_share(self.attn.c_proj, 1 / tp), mask=self.shard_mask(r, ATTN_OUT))
-        u = self.mlp.hidden(layer_norm(self.ln_2, r))
-        r = self.mlp.out(u, acc=r, bias=self.bias_share(self.mlp.c_proj, 1 / tp), mask=self.shard_mask(r, MLP_OUT))
-        return xbar, r
-
-
-class LadderBlock(LadderType, ShardedBlock):
-    """Ladder Residual: each module reads the stream from before the previous module's output is added, so that
-    output's all-reduce runs while this module computes. 2 forward all-reduces, both issued asynchronously; output
-    synced, with this block's two reduced outputs pending. With P_A, P_M attention l-1's and MLP l-1's pending
-    outputs (absent after a non-ladder block):
-    u = xbar + P_A (through attention l-1);  P_A' = sum_i [d_i + R1 * A_i(LN1(u_i))] + R1 b_A  (issued, not waited)
-    x' = u + P_M (through MLP l-1);          P_M' = R2 * (sum_i M_i(LN2(x'_i)) + b_M)          (issued, not waited)
-    -> (x', None, (P_A', P_M')). Synced input: u_i = u, x'_i = x', d_i = 0; desynced (after 'parallel', nothing
-    pending): u_i = x'_i = r_i, the d_i join attention's all-reduce."""
-
-
-    def step(self, xbar, r, pending, T, kv=None, *, sequence_parallel=False, next_block=None):
-        assert not sequence_parallel, "validate_sync_options refuses sequence_parallel with this block type (its facts)"
-        return self(xbar, r, T, kv, pending=pending, next_block=next_block)
-
-    def forward(self, xbar, r, T, kv=None, pending=(), next_block=None):
-        if self.fused_f() and r is None:
-            return self.forward_async_grad(xbar, T, kv, pending, next_block)
-        P_A, P_M = pending or (None, None)  # a ladder block's two outputs, or nothing after another block type
-        u = xbar if P_A is None else P_A.add_to(xbar)  # waits for attention l-1's all-reduce (MLP l-1 ran meanwhile)
-        a, R1 = self.attn_partials(u, r, T, kv)
-        P_A = self.issue(a, self.attn.c_proj, R1, "attn")
-        x = u if P_M is None else P_M.add_to(u)  # waits for MLP l-1's all-reduce (attention l ran meanwhile)
-        m, R2 = self.mlp_partials(x, r)
-        return x, None, (P_A, self.issue(m, self.mlp.c_proj, R2, "mlp"))
-
-    def forward_async_grad(self, xbar, T, kv, pending, next_block):
-        """forward on a synced stream with tp_async_grad: f fused with LN1 and c_attn, and with LN2 and c_fc, each
-        backward all-reduce asynchronous, waited for in a node made before the module the ladder lets it overlap:
-        the MLP's wait before attention computes (MLP l's backward all-reduce runs while attention l's backward
-        computes), and, when the next block is a ladder block this one can hand its input to (hands_over_to), the
-        next attention's wait before this MLP computes (attention l+1's runs while MLP l's backward computes)."""
-        P_A, P_M, *handed = pending or (None, None)  # handed: this attention's ColumnInput, made by the block before
-        src = handed[0] if handed else self.column_input(full(stream_parts(xbar, P_A), xbar), self.ln_1)
-        if len(src.parts) > 1:
-            P_A.reduction.wait()  # attention l-1's all-reduce (MLP l-1 ran meanwhile)
-        u = src.stream()  # formed apart from attention's projection, whose backward then need not wait for the MLP's
-        x_parts = full(stream_parts(u, P_M), u)  # x = u + P_M, summed in the MLP's (and next attention's) projection
-        # the MLP's wait made before all of attention (its projection included), so it runs after attention's backward
-        mlp_src = self.column_input(x_parts, self.ln_2, defer=True)
-        a, R1 = self.attn_partials(xbar, None, T, kv, src=src)
-        P_A = self.issue(a, self.attn.c_proj, R1, "attn")
-        # the next attention reads x + P_A: its ColumnInput, its wait's node, made before MLP l computes
-        handed = (next_block.column_input(full((*x_parts, P_A.value, P_A.bias), u), next_block.ln_1, defer=True),) \
-            if self.hands_over_to(next_block) else ()
-        if isinstance(P_M, Pending):
-            P_M.reduction.wait()  # MLP l-1's all-reduce (attention l ran meanwhile)
-        x, m, R2 = self.fused_mlp_partials(mlp_src)
-        return x, None, (P_A, self.issue(m, self.mlp.c_proj, R2, "mlp"), *handed)
-
-    def hands_over_to(self, block):
-        """Whether this block makes the next block's first ColumnInput (forward_async_grad): block is a ladder block
-        taking the fused path, in real eager training (where waits are deferred), and neither block is sharded by
-        FSDP2 (which gathers block's LayerNorm, whose gradient the deferred wait gives, only in block's forward, and
-        reduces block's gradients when block's inputs have theirs)."""
-        if not (isinstance(block, LadderBlock) and block.fused_f() and self.group.real
-                and not torch.compiler.is_compiling()):
-            return False
-        from torch.distributed.fsdp import FSDPModule
-        return not isinstance(self, FSDPModule) and not isinstance(block, FSDPModule)
-
-    def issue(self, partials, linear, mask, site):
-        """Pending: the all-reduce of partials (L, N, C), issued, and the bias to add after it. The bias is a copy:
-        it is used after this forward returns, when FSDP has freed the block's gathered parameters."""
-        reduction = reduce_from_tp_region_async(partials, self.group, site=self.sites[site])
-        b = self.synced_bias(linear, mask)
-        return Pending(reduction, reduction.value, None if b is None else b.clone())
-
-
-class CAATBlock(PartialSync, CAATType, ShardedBlock):
-    """Partial-channel sync: its forward is PartialSync's (tpcomm/tp/partial_sync.py)."""
-
-
-def register(kind, cls):
-    """Make cls (a ShardedBlock) the block type `kind`: block_types accepts it, DistributedGPT builds it, and every
-    place reads its facts (block_types.BLOCK_TYPES)."""
-    if not (isinstance(cls, type) and issubclass(cls, ShardedBlock)):
-        raise TypeError(f"block type {kind!r}: {cls!r} is not a ShardedBlock")
-    return add(kind, cls)
-
-
-for _kind, _cls in (("tp", TPBlock), ("spd", SPDBlock), ("parallel", ParallelBlock), ("ladder", LadderBlock),
-                    ("caat", CAATBlock)):
-    register(_kind, _cls)
-
-
 def block_class(kind):
-    """The block class of a registered type (a name the validator accepted)."""
-    cls = BLOCK_TYPES[kind]
-    assert issubclass(cls, ShardedBlock), f"block type {kind!r} has facts but no code: register its ShardedBlock"
-    return cls
+    """The nn.Module class of a registered type (a name the validator accepted): its class, whose forward holds its
+    equations, mixed with ShardedBlock, which that forward runs on."""
+    return composed(block_type(kind))
+
+
+@functools.cache
+def composed(cls):
+    shadowed = sorted({k for c in cls.__mro__ for k in vars(c) if not k.startswith("_")}
+                      & (set(vars(ShardedBlock)) | set(vars(BlockOps))) - {"step", "forward"})
+    if shadowed:  # a fact or method of the type would hide what its forward runs on
+        raise TypeError(f"block type {cls.kind!r}: {shadowed} would hide ShardedBlock's own; name them otherwise")
+    return type(cls.__name__ + "Block", (cls, ShardedBlock), {"__module__": cls.__module__,
+                                                               "__qualname__": cls.__qualname__ + "Block"})

@@ -12,7 +12,7 @@ from typing import Optional
 from tpcomm.errors import ConfigError
 from model import GELU_FORMS, GPTConfig
 from tpcomm.tp.compress.compression import validate_compression
-from tpcomm.model.block_types import BLOCK_TYPES, CAATType, block_type
+from tpcomm.model.block_types.registry import BLOCK_TYPES, block_type, option_fields, quoted, type_options
 
 MODEL_TYPES = ("gpt", "distributed_gpt")
 # The TPConfig keys that set how syncs move (build_model and train.py pass them through as they are)
@@ -21,20 +21,15 @@ TP_COMM_OPTIONS = ("tp_overlap", "tp_async_grad", "sequence_parallel", "tp_comm_
 # the sync options that change the model's function (lossy compression of g's partial sums), not only its schedule
 FUNCTION_SYNC_OPTIONS = ("tp_comm_dtype", "tp_comm_block", "tp_comm_exchange")
 # what makes a DistributedGPT out of a GPT: given to model_type='gpt', each one is refused
-TP_KEYS = ("tp_size", "block_types", "caat_sync_fraction", "loss_parallel", *TP_COMM_OPTIONS)
+# (and the block types' own options: registry.option_fields, e.g. caat_sync_fraction)
+TP_KEYS = ("tp_size", "block_types", "loss_parallel", *TP_COMM_OPTIONS)
 
 
 def block_types_with(fact, block_types=None):
     """The block types (of block_types, else of every registered one) whose class has `fact`
-    (tpcomm/model/block_types.py), in order, each once: block_types_with('overlaps') == ['tp', 'spd']."""
+    (tpcomm/model/block_types/), in order, each once: block_types_with('overlaps') == ['tp', 'spd']."""
     kinds = BLOCK_TYPES if block_types is None else dict.fromkeys(block_types)
     return [k for k in kinds if getattr(block_type(k), fact)]
-
-
-def quoted(kinds):
-    """Block type names for a message: 'tp' and 'spd'."""
-    q = [f"'{k}'" for k in kinds]
-    return " and ".join([", ".join(q[:-1]), q[-1]] if len(q) > 1 else q)
 
 
 def private_head(block_types, tp_size):
@@ -122,22 +117,8 @@ def validate_collective_matmul(*, tp_collective_matmul, sequence_parallel, block
         raise ConfigError(f"tp_collective_matmul=True runs {rings} blocks only, got block_types={block_types}")
 
 
-def validate_partial_sync(*, caat_sync_fraction, n_embd, block_types, tp_comm_dtype=None, tp_size=2):
-    """caat_sync_fraction p, the channels the syncs of a channel_fraction block type ('caat') all-reduce
-    (tpcomm/tp/partial_sync.py), and tp_comm_dtype against block types that are not compressible: ConfigError
-    naming the key and value. block_types is the expanded list."""
-    p = caat_sync_fraction
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
-        raise ConfigError(f"caat_sync_fraction must be a number in (0, 1], got {p!r}")
-    if abs(p * n_embd - round(p * n_embd)) > 1e-9:
-        raise ConfigError(f"caat_sync_fraction={p!r} times n_embd ({n_embd}) must be a whole number of channels")
-    if not block_types_with("channel_fraction", block_types) and p != TPConfig.caat_sync_fraction:
-        owners = quoted(block_types_with("channel_fraction"))
-        raise ConfigError(f"caat_sync_fraction={p!r} has no effect without {owners} blocks (block_types="
-                          f"{block_types}): leave it at {TPConfig.caat_sync_fraction}")
-    if tp_size == 1 and p != TPConfig.caat_sync_fraction:  # one shard: every channel is the one stream's
-        raise ConfigError(f"caat_sync_fraction={p!r} needs tp_size > 1, got tp_size=1: one shard syncs nothing, so "
-                          f"every fraction is the same model as all 'tp'")
+def validate_compressible(*, tp_comm_dtype, block_types):
+    """tp_comm_dtype against block types that are not compressible: ConfigError naming the key and value."""
     whole_rows = [k for k in dict.fromkeys(block_types) if not block_type(k).compressible]
     if tp_comm_dtype and whole_rows:
         raise ConfigError(f"tp_comm_dtype={tp_comm_dtype!r} does not run with {quoted(whole_rows)} blocks "
@@ -156,7 +137,8 @@ class TPConfig(GPTConfig):
     tp_size: int = 1
     block_types: Optional[list] = None  # one block type (tpcomm/model/block_types.BLOCK_TYPES) per layer, or
     # one for all layers; None = all 'tp'
-    caat_sync_fraction: float = CAATType.default_fraction  # 'caat' blocks: the fraction p of channels each sync all-reduces
+    # the block types' own options by config key (registry.option_fields: caat_sync_fraction); missing: defaults
+    block_options: Optional[dict] = None
     # shard the tied wte/lm_head by vocabulary and compute the loss from the sharded logits (vocab-parallel
     # cross-entropy), never gathering a token's full vocabulary of logits on one rank
     loss_parallel: bool = False
@@ -176,13 +158,22 @@ class TPConfig(GPTConfig):
         validate_sync_options(tp_overlap=self.tp_overlap, sequence_parallel=self.sequence_parallel,
                               block_types=self.block_types, tp_size=self.tp_size, tp_async_grad=self.tp_async_grad,
                               tp_collective_matmul=self.tp_collective_matmul)
-        validate_partial_sync(caat_sync_fraction=self.caat_sync_fraction, n_embd=self.n_embd,
-                              block_types=self.block_types, tp_comm_dtype=self.tp_comm_dtype, tp_size=self.tp_size)
+        # {kind: its Options}, one per type of the model, each checked
+        self.type_options = type_options(self.block_options or {}, self.block_types, n_embd=self.n_embd,
+                                         tp_size=self.tp_size)
+        validate_compressible(tp_comm_dtype=self.tp_comm_dtype, block_types=self.block_types)
         check_compression_block(tp_comm_dtype=self.tp_comm_dtype, tp_comm_block=self.tp_comm_block,
                                 n_embd=self.n_embd)
         validate_compression(tp_comm_dtype=self.tp_comm_dtype, tp_comm_block=self.tp_comm_block, n_embd=self.n_embd,
                              tp_size=self.tp_size, sequence_parallel=self.sequence_parallel,
                              tp_comm_exchange=self.tp_comm_exchange)
+
+
+def tp_config(**kw):
+    """TPConfig of keyword arguments that may hold the block types' options by their config keys
+    (caat_sync_fraction=0.25), which go to its block_options."""
+    own = {**(kw.pop("block_options", None) or {}), **{k: kw.pop(k) for k in list(kw) if k in option_fields()}}
+    return TPConfig(**kw, block_options=own)
 
 
 TP_DEFAULTS = {f.name: f.default for f in fields(TPConfig) if f.name in TP_KEYS}
@@ -206,7 +197,8 @@ def model_config(model_type, args, *, tp_mode="simulated"):
         if tp.get("tp_comm_dtype") == "bf16" and block != TP_DEFAULTS["tp_comm_block"]:  # likewise
             raise ConfigError(f"tp_comm_block={block!r} has no effect with tp_comm_dtype='bf16' (bf16 moves no "
                               f"scales, so no blocks): leave tp_comm_block at {TP_DEFAULTS['tp_comm_block']}")
-        return TPConfig(**gpt, **dict(tp, loss_parallel=bool(tp.get("loss_parallel", False))))
+        return TPConfig(**gpt, **dict(tp, loss_parallel=bool(tp.get("loss_parallel", False))),
+                        block_options={k: args[k] for k in option_fields() if k in args})
     check_heads(n_embd=gpt.get("n_embd", GPTConfig.n_embd), n_head=gpt.get("n_head", GPTConfig.n_head))
     if tp_mode != "simulated" or args.get("tp_size", 1) != 1 or args.get("block_types") is not None:
         raise ConfigError(f"tp_size/block_types/tp_mode need model_type='distributed_gpt', "
@@ -215,7 +207,8 @@ def model_config(model_type, args, *, tp_mode="simulated"):
     if args.get("loss_parallel"):
         raise ConfigError(f"loss_parallel=True needs model_type='distributed_gpt' (it shards wte/lm_head over the "
                           f"tensor-parallel shards), got model_type={model_type!r}")
-    changed = {k: args[k] for k in (*TP_COMM_OPTIONS, "caat_sync_fraction") if k in args and args[k] != TP_DEFAULTS[k]}
+    defaults = {**TP_DEFAULTS, **{k: f.default for k, (_, f) in option_fields().items()}}
+    changed = {k: args[k] for k in (*TP_COMM_OPTIONS, *option_fields()) if k in args and args[k] != defaults[k]}
     if changed:
         raise ConfigError(f"{', '.join(f'{k}={v!r}' for k, v in changed.items())} needs "
                           f"model_type='distributed_gpt', got model_type={model_type!r}")
@@ -223,8 +216,9 @@ def model_config(model_type, args, *, tp_mode="simulated"):
 
 
 def gpt_args(args):
-    """args without the TP keys: the same sizes as a plain GPT (bench.py's comparison)."""
-    return {k: v for k, v in args.items() if k not in TP_KEYS}
+    """args without the TP keys and the block types' options: the same sizes as a plain GPT (bench.py's
+    comparison)."""
+    return {k: v for k, v in args.items() if k not in TP_KEYS and k not in option_fields()}
 
 
 def check_batch(config, *, batch_size, block_size):

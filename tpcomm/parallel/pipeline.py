@@ -46,7 +46,7 @@ from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleIn
 from torch.nn import functional as F
 
 from model import GPT, configure_adamw, positions
-from tpcomm.model.block_types import BLOCK_TYPES
+from tpcomm.model.block_types.registry import BLOCK_TYPES
 from tpcomm.model.interface import clip_to_norm_
 from tpcomm.parallel.pipeline_config import SCHEDULE_NAMES, stage_layers
 from tpcomm.parallel.pipeline_layout import GPTLayout, stage_named_parameters

@@ -22,7 +22,6 @@ import torch
 import torch.distributed as dist
 
 from tpcomm.tp.collectives import in_autocast_dtype
-from tpcomm.tp.dropout import ATTN_OUT, MLP_OUT
 from tpcomm.tp.sharded_layers import layer_norm
 from tpcomm.tp.counting import P2P, SP_LABEL, Timing, count_sp, direction_now, nbytes, traced
 
@@ -179,14 +178,14 @@ def matmul_reduce_scatter(y, w, group, *, site=None):
 
 
 def collective_matmul_block(block, x, T, kv):
-    """A 'tp' block (tpcomm/model/blocks.TPBlock) under sequence parallelism with each all-gather fused with the
-    GEMM after it and each reduce-scatter with the GEMM before it (TPBlock.forward_sp's synced path, its LN, bias
+    """A 'tp' block (tpcomm/model/block_types/tp.py) under sequence parallelism with each all-gather fused with the
+    GEMM after it and each reduce-scatter with the GEMM before it (TP.forward_sp's synced path, its LN, bias
     and dropout as there): x (N/tp, C) this rank's token shard (simulated: (N, C)) -> the block's output shard."""
     group, sites, attn, mlp = block.group, block.sites, block.attn, block.mlp
     qkv = all_gather_matmul(layer_norm(block.ln_1, x), *attn.qkv_weight(), group, site=sites["attn"])
     y = attn.attend(qkv, T, block.probs_dropout(), kv)
     a = matmul_reduce_scatter(y, attn.proj_weight(), group, site=sites["attn"])
-    x = block.sp_close(x, a, attn.c_proj, ATTN_OUT, masked=False)
+    x = block.sp_close(x, a, attn.c_proj, "attn", masked=False)
     u = mlp.gelu(all_gather_matmul(layer_norm(block.ln_2, x), *mlp.fc_weight(), group, site=sites["mlp"]))
     m = matmul_reduce_scatter(u, mlp.proj_weight(), group, site=sites["mlp"])
-    return block.sp_close(x, m, mlp.c_proj, MLP_OUT, masked=False)
+    return block.sp_close(x, m, mlp.c_proj, "mlp", masked=False)

@@ -16,8 +16,9 @@ import torch
 from tpcomm.errors import ConfigError
 from model import GPT, NANOGPT_ARGS, GPTConfig
 from tpcomm.train.build import build_model
+from tpcomm.model.block_types.registry import option_fields, option_values
 from tpcomm.model.options import (FUNCTION_SYNC_OPTIONS, MODEL_TYPES, TP_COMM_OPTIONS, block_types_with,
-                             expand_block_types)
+                                  expand_block_types)
 from tpcomm.train.runtime import RunError
 
 # out_dir/ckpt.pt is a dict:
@@ -27,7 +28,8 @@ from tpcomm.train.runtime import RunError
 #   model_options         {gelu_approximate} and, for distributed_gpt, {tp_size, block_types (one per layer)} and
 #                         loss_parallel: True when the run sharded wte/lm_head by vocabulary (absent: False; a
 #                         training choice like tp_size: the weights are GPT-layout either way);
-#                         caat_sync_fraction when a block is 'caat' (tpcomm/tp/partial_sync.py)
+#                         the options of the model's block types (their function), by config key:
+#                         caat_sync_fraction when a block is 'caat' (tpcomm/model/block_types/caat.py)
 #   iter_num, best_val_loss, config (the run's resolved configuration)
 #   rng_state             CPU RNG; cuda_rng_state when the model was on CUDA; scaler (GradScaler state dict)
 # Also read: nanoGPT's own checkpoints (no model_type/model_options/rng_state/scaler: a GPT with the exact GELU) and
@@ -45,8 +47,7 @@ def model_spec(model_type, model):
         model_options.update(tp_size=c.tp_size, block_types=list(c.block_types))
         if getattr(c, "loss_parallel", False):
             model_options["loss_parallel"] = True
-        if block_types_with("channel_fraction", c.block_types):  # the model's function: 'caat' syncs p of C
-            model_options["caat_sync_fraction"] = c.caat_sync_fraction
+        model_options.update(option_values(c.type_options))  # the model's function: 'caat' syncs p of C
     return model_args, model_options
 
 
@@ -92,8 +93,7 @@ def checkpoint_model(checkpoint):
         spec["tp_size"] = options.get("tp_size", 1)
         spec["block_types"] = expand_block_types(options.get("block_types"), spec["n_layer"])
         spec["loss_parallel"] = bool(options.get("loss_parallel", False))
-        if "caat_sync_fraction" in options:
-            spec["caat_sync_fraction"] = options["caat_sync_fraction"]
+        spec.update({k: options[k] for k in option_fields() if k in options})
     return model_type, spec
 
 

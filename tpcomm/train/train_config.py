@@ -18,6 +18,7 @@ from tpcomm.train.checkpoint import (CHECKPOINT_NAME, RESUME_FIELDS, check_field
                                      checkpoint_sync_options, load_checkpoint)
 from tpcomm.parallel.data_parallel import DATA_PARALLEL, INIT_DEVICES
 from tpcomm.train.output_path import check_output_file, json_with, written_by
+from tpcomm.model.block_types.registry import option_defaults, option_fields
 from tpcomm.model.options import (FUNCTION_SYNC_OPTIONS, MODEL_TYPES, TP_DEFAULTS, check_batch, expand_block_types,
                                   model_config, private_head)
 from tpcomm.parallel.parallel_dims import check_backend, check_dp_shard, check_layout
@@ -57,10 +58,9 @@ DEFAULTS = dict(
     bias=False,
     gelu_approximate="none",  # 'none' (exact, nanoGPT's) | 'tanh' (GPT-2's; forced by init_from=gpt2*)
     tp_size=TP_DEFAULTS["tp_size"],  # shards per layer (DistributedGPT)
-    # 'tp' | 'spd' | 'parallel' | 'ladder' per layer (a list), or one for every layer; None = all 'tp'
+    # 'tp' | 'spd' | 'parallel' | 'ladder' | 'caat' per layer (a list), or one for every layer; None = all 'tp'
     block_types=TP_DEFAULTS["block_types"],
-    # 'caat' blocks: the fraction of channels each sync all-reduces (CAAT-Net; docs/model.md)
-    caat_sync_fraction=TP_DEFAULTS["caat_sync_fraction"],
+    # here too (defaults()): each block type's own options, e.g. caat_sync_fraction (tpcomm/model/block_types/)
     tp_mode="simulated",  # 'simulated' (one process holds every shard) | 'real' (torchrun, one shard per rank)
     # distributed_gpt: wte/lm_head sharded by vocabulary, vocab-parallel cross-entropy
     loss_parallel=TP_DEFAULTS["loss_parallel"],
@@ -111,8 +111,26 @@ DEFAULTS = dict(
 
 # what a checkpoint (or GPT-2) fixes about the model, and a command line may not contradict on resume
 CHECKPOINT_FORMATS = ("full", "sharded")
-MODEL_KEYS = ("model_type", "n_layer", "n_head", "n_embd", "bias", "gelu_approximate", "block_types",
-              "caat_sync_fraction")  # the last only in a checkpoint with 'caat' blocks (the model's function)
+# (and the block types' options, in a checkpoint of a model with such a type: its function; model_keys)
+MODEL_KEYS = ("model_type", "n_layer", "n_head", "n_embd", "bias", "gelu_approximate", "block_types")
+
+
+def with_type_options(defaults):
+    """defaults with every registered block type's options (their config keys) after block_types: the keys of a
+    type registered after this module was imported (a plug-in) included."""
+    keys = list(defaults)
+    at = keys.index("block_types") + 1
+    extra = option_defaults()
+    return {**{k: defaults[k] for k in keys[:at]}, **extra, **{k: defaults[k] for k in keys[at:]}}
+
+
+def defaults():
+    """train.py's options and their defaults: DEFAULTS and the block types' own options."""
+    return with_type_options(DEFAULTS)
+
+
+def model_keys():
+    return (*MODEL_KEYS, *option_fields())
 
 
 @dataclass
@@ -135,7 +153,8 @@ def explicit_keys(cfg, argv):
     """The keys the user set: every --key=value on the command line, and every key a config file changed from its
     default (a file that sets a key to its default value is not told apart from leaving it alone)."""
     given = {arg[2:].split("=", 1)[0] for arg in argv if arg.startswith("--") and "=" in arg}
-    return given | {k for k in cfg if cfg[k] != DEFAULTS[k]}
+    known = defaults()
+    return given | {k for k in cfg if cfg[k] != known[k]}
 
 
 FLOAT32_MAX = 3.4028234663852886e38
@@ -227,7 +246,7 @@ def adopt_model(cfg, explicit, *, source, model_type, spec):
     explicitly to another value is an error naming the key and both values."""
     given = dict(cfg, block_types=expand_block_types(cfg["block_types"], cfg["n_layer"]))
     wanted = dict(spec, model_type=model_type or cfg["model_type"])
-    for key in MODEL_KEYS:
+    for key in model_keys():
         if key not in wanted or (key == "block_types" and wanted["model_type"] != "distributed_gpt"):
             continue
         if key in explicit and given[key] != wanted[key]:
@@ -332,7 +351,7 @@ def load_pretrained(name, *, dropout):
 
 def prepare(argv):
     """(cfg, Setup): the configuration resolved and checked. Reads the checkpoint (resume) or GPT-2's weights."""
-    cfg = configure(DEFAULTS, argv)
+    cfg = configure(defaults(), argv)
     explicit = explicit_keys(cfg, argv)
     check_train_settings(cfg)
     device, device_type, dtype = pick_device_and_dtype(cfg["device"], cfg["dtype"])
@@ -393,7 +412,7 @@ def check_offline(cfg):
     override (--eval_interval=0) stops before its first run. What happens to a checkpoint left in a run directory is
     the sweep's choice, not a reason to refuse: the out_dir check is skipped. Raises ConfigError naming key and
     value."""
-    for key, default in DEFAULTS.items():  # configure() lets None through for any key (--batch_size=None)
+    for key, default in defaults().items():  # configure() lets None through for any key (--batch_size=None)
         if isinstance(default, (int, float)) and not isinstance(default, bool) and \
                 (not isinstance(cfg[key], (int, float)) or isinstance(cfg[key], bool)):
             raise ConfigError(f"{key} must be a number, got {cfg[key]!r}")
