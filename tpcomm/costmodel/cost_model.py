@@ -30,7 +30,7 @@ from typing import NamedTuple, Optional
 from tpcomm.errors import ConfigError
 from tpcomm.model.block_types.registry import block_type, synced_share
 from tpcomm.costmodel.collective_matmul_cost import BF16, gpt_collective_matmul, torchtitan_checks
-from tpcomm.model import ways
+from tpcomm.experiments import ways
 
 
 class Constant(NamedTuple):
@@ -378,7 +378,7 @@ BASELINES = ("megatron", "blocking")  # what "all tp" means: with Megatron's asy
 
 def train_variants(shape, *, tp, link, tokens, seq_len, mfu, opts=Options(), peak=None, async_grad=False):
     """{variant: (compute s, exposed communication s)} of one training micro-step, one per priced way of
-    tpcomm/model/ways.py, keyed by its Price.label and computed by its Price.term. The baseline 'all tp': 2L forward
+    tpcomm/experiments/ways.py, keyed by its Price.label and computed by its Price.term. The baseline 'all tp': 2L forward
     all-reduces, blocking, and 2L backward ones (one per f), blocking, or with async_grad (Megatron-LM's default)
     each hidden behind its column-parallel layer's weight-gradient GEMM. The others, each with the same backward
     rule for the all-reduces it keeps (async_grad: every backward f all-reduce can hide behind its own wgrad GEMM):
@@ -570,7 +570,7 @@ def published_checks(cfg, opts):
 
 
 def figure_variants(chunks=2):
-    """{way key: its train_variants key} of every way the cost model prices but the baselines (tpcomm/model/ways.py):
+    """{way key: its train_variants key} of every way the cost model prices but the baselines (tpcomm/experiments/ways.py):
     the trade-off figure's and the answer's; the tp_overlap way named by the chunks assumed ('tp_overlap=4' at 4)."""
     return {w.key.replace("tp_overlap=2", f"tp_overlap={chunks}"): w.price.label.format(chunks=chunks)
             for w in ways.WAYS if w.price and w.category != "baseline"}

@@ -8,7 +8,7 @@ from tpcomm.costmodel.collective_matmul_cost import BF16
 from tpcomm.costmodel.cost_model import (BASELINES, CONSTANTS, LINKS, LLAMA_70B, TABLE_SHAPES, activation_bytes,
                                          check_config, const, decode_modules, decode_variants, error, options,
                                          predicted_speedups, published_checks, speedup, train_variants)
-from tpcomm.model import ways
+from tpcomm.experiments import ways
 
 
 def predict(cfg):
@@ -58,7 +58,7 @@ BASELINE_WORDS = {
 
 def grid_ways():
     """The grid's variants: every way gpu-node times and the cost model prices, all 'tp' aside, in the table of ways'
-    order (tpcomm/model/ways.py): a new way with a price and a gpu-node row is a new column."""
+    order (tpcomm/experiments/ways.py): a new way with a price and a gpu-node row is a new column."""
     return [w for w in ways.WAYS if w.price and w.node and w.price.term != "baseline"]
 
 
@@ -76,7 +76,7 @@ def print_training(cfg, opts):
     print(f"Baseline (--baseline={base}): {BASELINE_WORDS[base]}. Speedup = baseline step / the variant's step, "
           f"each variant as tpcomm/costmodel/cost_model.py prices it (overlap: tp_overlap={K} on every module, "
           "forward and backward; compressed syncs: forward reductions quantized, backward bf16). Columns, from the "
-          f"table of ways (tpcomm/model/ways.py): {legend}.\n")
+          f"table of ways (tpcomm/experiments/ways.py): {legend}.\n")
     names = column_names(K)
     print("| model | params | tp | network | compute ms | blocking step ms | megatron step ms | comm share | "
           + " | ".join(names) + " |")

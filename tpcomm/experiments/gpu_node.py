@@ -1,6 +1,6 @@
 """
 `python experiment.py gpu-node`: what giving up a sync saves under real tensor parallelism on one GPU node (tp 8,
-NCCL). Every way of giving one up with a gpu-node row in tpcomm/model/ways.py (drop, hide, delay, shrink; timed_ways)
+NCCL). Every way of giving one up with a gpu-node row in tpcomm/experiments/ways.py (drop, hide, delay, shrink; timed_ways)
 is timed on GPT-2 124M and on a 1.3B shape, all the ways of a shape interleaved in rounds in one torchrun launch (as
 bench.py interleaves; best round kept): ms/iter, tokens/s, the time in collectives and its exposed part, measured
 counts; then the cost model's prediction for the same runs (tpcomm.costmodel.cost_model.train_variants, NVLink)
@@ -34,7 +34,7 @@ import time
 from tpcomm.errors import ConfigError
 from tpcomm.configuration import parse_flag
 from tpcomm import ROOT
-from tpcomm.model import ways
+from tpcomm.experiments import ways
 from tpcomm.train.output_path import check_output_dir
 
 
@@ -42,7 +42,7 @@ from tpcomm.train.output_path import check_output_dir
 def timed_ways():
     """[(name, what it does, block_types for n layers, TP_COMM_OPTIONS, the cost model's train_variants key or None
     (priced with every sync blocking: step_seconds), priced with the asynchronous backward where the options say
-    tp_async_grad)]: every way of tpcomm/model/ways.py with a gpu-node row (Way.node), both baselines among them."""
+    tp_async_grad)]: every way of tpcomm/experiments/ways.py with a gpu-node row (Way.node), both baselines among them."""
     return [(w.node.name, w.node.what, w.blocks, w.sync if w.node.sync is None else w.node.sync,
              None if w.node.blocking else w.price.label.format(chunks=2)) for w in ways.WAYS if w.node]
 

@@ -13,7 +13,7 @@ import textwrap
 from tpcomm.figures import plot_labels, png, way_styles
 from tpcomm.experiments.pairing import has_pairs, over_training, paired, paired_markdown
 from tpcomm.experiments.readings import pattern_name, planned_seeds
-from tpcomm.model import ways
+from tpcomm.experiments import ways
 from tpcomm.experiments.results import SCATTER_LIMIT, group_key, size_label, sizes_vary, varies
 
 PLOTS = ("val_loss_vs_allreduces.png", "val_loss_curves.png", "tokens_per_s_vs_allreduces.png")

@@ -9,7 +9,7 @@ import math
 from tpcomm.model.block_types.registry import option_fields
 from tpcomm.model.options import compact_list
 from tpcomm.experiments import pairing, results
-from tpcomm.model import ways
+from tpcomm.experiments import ways
 
 
 def no_results(*names):
@@ -93,7 +93,7 @@ MIN_SEEDS = 3
 
 
 def planned_seeds(key):
-    """The paired seeds a way's row is read at: its planned seeds (tpcomm/model/ways.py), at least MIN_SEEDS;
+    """The paired seeds a way's row is read at: its planned seeds (tpcomm/experiments/ways.py), at least MIN_SEEDS;
     before, the row is pending (its runs still being trained)."""
     return max(MIN_SEEDS, next((w.seeds for w in ways.WAYS if w.key == key), 0))
 

@@ -7,7 +7,7 @@ result files they leave. A run's name names its directory and result file (exper
 
 from dataclasses import dataclass, replace
 
-from tpcomm.model import ways
+from tpcomm.experiments import ways
 from tpcomm.model.options import compact_list
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ def comm_runs(pattern, budgets, *, overrides=(), nproc=1):
 
 
 def one_change(key, n_layer=12):
-    """A way's one change to an all-'tp' config of n_layer layers (tpcomm/model/ways.py): its sync options where it
+    """A way's one change to an all-'tp' config of n_layer layers (tpcomm/experiments/ways.py): its sync options where it
     sets any, else its block pattern."""
     way = ways.way(key)
     if way.sync:
@@ -52,7 +52,7 @@ AXES_SIZE, AXES_STEPS, AXES_SEEDS = (12, 64, 8), 5000, (1337, 1338, 1339)
 # cpu-long's resolved patterns get ten seeds, all spd and its baseline eleven: the power calculation in docs/axes.md
 # ("Seeds for a 0.010 half-width")
 RESOLVED_SEEDS = tuple(range(1337, 1348))
-PATTERNS = ways.patterns()  # {name: block pattern of n layers}, the ways' (tpcomm/model/ways.py)
+PATTERNS = ways.patterns()  # {name: block pattern of n layers}, the ways' (tpcomm/experiments/ways.py)
 TP_AXIS_PATTERNS = ("all-spd", "parallel-spd", "all-parallel", "all-ladder", "ladder-upper")
 # (n_layer, n_embd, n_head): max_iters. Tokens per parameter fixed (docs/axes.md, "The size axis"): steps =
 # 3,840,000 / 591,424 non-embedding parameters (the 12 x 64 model at 5000 steps: 6.49 tokens/param) x the size's
@@ -63,7 +63,7 @@ CONVERGENCE_STEPS = 20000  # docs/axes.md: planned from the old cpu-long curve; 
 
 
 def axes_run(pattern, *, tp=4, size=AXES_SIZE, steps=AXES_STEPS, home=None, seeds=None):
-    """A run of the axes model with one thing changed: `pattern` a way's key (tpcomm/model/ways.py: its block
+    """A run of the axes model with one thing changed: `pattern` a way's key (tpcomm/experiments/ways.py: its block
     pattern and sync options, e.g. 'all-tp-int8-2shot'), named by it. The schedule scales with the steps: warmup 1%,
     cosine decay to the last step, an eval every 5% (5000 steps: warmup 50, eval every 250, as
     config/sweep_axes.py)."""
@@ -119,7 +119,7 @@ SWEEPS = {
     "cpu-real": comm_runs("config/train_shakespeare_char_{}comm.py", (24, 18, 16, 12, 8, 6, 4, 3, 2, 1),
                           overrides=("--tp_size=2", "--tp_mode=real"), nproc=2),
     # past the early phase: the axes model (cpu's 12 x 64 with 8 heads), 10x longer than "cpu", in every way
-    # tpcomm/model/ways.py trains (Way.seeds: the resolved ones with RESOLVED_SEEDS or ten of them, the rest 3)
+    # tpcomm/experiments/ways.py trains (Way.seeds: the resolved ones with RESOLVED_SEEDS or ten of them, the rest 3)
     "cpu-long": cpu_long_runs(),
     # the tp degree: 2, 4 (cpu-long's runs) and 8; all-tp once at tp 4, and for seed 1337 at tp 2 and 8 to show it
     # is the same model at every degree

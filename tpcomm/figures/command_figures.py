@@ -13,7 +13,7 @@ import os
 import textwrap
 
 from tpcomm.figures import plot_labels, png, way_styles
-from tpcomm.model import ways
+from tpcomm.experiments import ways
 from tpcomm.model.options import compact_list
 
 DATA_SUFFIX = ".data.json"
@@ -76,7 +76,7 @@ def decode_data(rows, *, cfg, device, prompt_len, host=None):
 
 
 def way_of_pattern(label):
-    """The key of the way (tpcomm/model/ways.py; one with a figure style and no sync option) whose block pattern a
+    """The key of the way (tpcomm/experiments/ways.py; one with a figure style and no sync option) whose block pattern a
     bench.py row's label names ('spd' for every layer, "['parallel','spd']*6" at any depth), else the label itself."""
     for w in ways.WAYS:
         if w.sync or not w.style:

@@ -1,6 +1,6 @@
 """
 One name, one colour and one marker per way of giving up a sync, for every figure (tpcomm/experiments/plots.py and the
-answer's figure), all from the table of ways (tpcomm/model/ways.py: Way.name, Way.style). Keyed by a way's key: the
+answer's figure), all from the table of ways (tpcomm/experiments/ways.py: Way.name, Way.style). Keyed by a way's key: the
 sweeps' pattern names (readings.pattern_name: 'all-spd', 'all-tp-int8') and the ways that only the cost model prices
 ('tp_overlap=2'). A pattern that is no way (a sweep's other budgets, e.g. "['tp','spd']*6") is named by its block
 pattern, coloured by its forward all-reduces on a grey ramp and given a marker by its name, the same in every
@@ -10,7 +10,7 @@ figure.
 import zlib
 from dataclasses import dataclass
 
-from tpcomm.model import ways
+from tpcomm.experiments import ways
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,11 @@ from tpcomm.costmodel import cost_bands
 from tpcomm.experiments import pairing, provenance
 from tpcomm.experiments.readings import (MIN_SEEDS, bound, claim, data_warning, decimals, host_cell, no_results,
                                          interval_text, penalties, planned_seeds, side_of)
-from tpcomm.model import ways
+from tpcomm.experiments import ways
 
 
 def way_rows():
-    """The README table's rows, one per way of giving up a sync (tpcomm/model/ways.py, Way.answer): (category, what,
+    """The README table's rows, one per way of giving up a sync (tpcomm/experiments/ways.py, Way.answer): (category, what,
     cpu-long run name or None (not trained: the math is all tp's, 0 by construction), the GPU variant or None (not
     modelled)); the GPU variants are cost_model.predicted_speedups' names. Read when called."""
     return [(w.category, w.what, w.key if w.seeds else None, w.key if w.price else None)

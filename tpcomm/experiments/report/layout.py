@@ -22,6 +22,7 @@ LAYERS = (
     ("tensor_parallel_model.py",),
     ("parallel",),
     ("train",),
+    ("experiments/ways",),  # the table of ways: what the experiments train and the cost model prices
     ("costmodel", "figures"),
     ("convert", "bench"),
     ("gpu",),
@@ -42,6 +43,8 @@ def unit_of(module, root=ROOT):
         return "script" if os.path.isfile(os.path.join(root, f"{parts[0]}.py")) else None
     if parts[1:3] == ["experiments", "report"]:
         return "experiments/report"
+    if parts[1:3] == ["experiments", "ways"]:
+        return "experiments/ways"
     if len(parts) > 1 and os.path.isdir(os.path.join(root, "tpcomm", parts[1])):
         return parts[1]
     return "tpcomm"
@@ -114,7 +117,8 @@ def docstring_of(path):
 
 def label(unit):
     """How the diagram names a unit: its file, or its folder."""
-    return {"tpcomm": "tpcomm/__init__.py", "tp": "tpcomm/tp/ (with compress/)"}.get(
+    return {"tpcomm": "tpcomm/__init__.py", "tp": "tpcomm/tp/ (with compress/)",
+            "experiments/ways": "tpcomm/experiments/ways.py"}.get(
         unit, unit if unit.endswith(".py") else f"tpcomm/{unit}/")
 
 

@@ -1,4 +1,4 @@
-"""The one table of ways (tpcomm/model/ways.py): adding a way is one entry. A throwaway way, monkeypatched into the
+"""The one table of ways (tpcomm/experiments/ways.py): adding a way is one entry. A throwaway way, monkeypatched into the
 table, is found in the sweep plan (a cpu-long run with its pattern and seeds), in the cost model's prediction (priced
 by its term, in the figure's speedups and their bands), in gpu-node's timed ways and predictions, in the figures'
 styles, and in the README answer's rows and figure as pending (no result file); before it is added, every one of
@@ -12,7 +12,7 @@ from tpcomm.experiments import gpu_node, readings, sweep_plan
 from tpcomm.experiments.report import answer as ans
 from tpcomm.experiments.report import report
 from tpcomm.figures import way_styles
-from tpcomm.model import ways
+from tpcomm.experiments import ways
 from tpcomm.model.options import compact_list
 
 
