@@ -1,6 +1,7 @@
-"""The fourth hostile pass (docs/reliability.md): 126 inputs on the newest surface (the published caat's options,
-resume and sample of caat checkpoints, --jobs, JSON config files, prepare --source, gpu-scale's options, the
-report's readers of result files), each printed with its exit status and last stderr line. The report cases plant
+"""The fourth and fifth hostile passes (docs/reliability.md): 147 inputs on the newest surface (the published caat's
+options, resume and sample of caat checkpoints, --jobs, JSON config files, prepare --source, gpu-scale's options,
+the report's readers of result files; then, named 'registry: ...', the block types' options as config keys and as
+a checkpoint holds them), each printed with its exit status and last stderr line. The report cases plant
 changed result files in a clone, never in the checkout.
 
     OMP_NUM_THREADS=1 python tests/support/hostile_pass_new_surface.py . [CASE-SUBSTRING ...]   # ~5 min
@@ -49,6 +50,16 @@ for name, extra in (("gpt", []), ("caat", [*D2, "--block_types=caat"]),
                     ("caat25", [*D2, "--block_types=caat", "--caat_sync_fraction=0.25"])):
     r = run(train(name, *extra))
     assert r["rc"] == 0, r["err"]
+
+# caat checkpoints whose caat_sync_fraction a hand changed (a block type's option as a checkpoint holds it)
+import torch  # noqa: E402
+TAMPERED = {"half": "half", "zero": 0.0, "tiny": 1e-300, "list": [0.5], "unknown key": None}
+for name, value in TAMPERED.items():
+    shutil.copytree(f"{W}/caat", f"{W}/caat-{name}")
+    ck = torch.load(f"{W}/caat-{name}/ckpt.pt", weights_only=True)
+    ck["model_options"].update({"toy_gain": 2.0} if value is None else {"caat_sync_fraction": value})
+    torch.save(ck, f"{W}/caat-{name}/ckpt.pt")
+BENCH = ["bench.py", "--device=cpu", *D2, "--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16", "--iters=1"]
 
 # a result-file clone for the report's readers
 CLONE = f"{W}/clone"
@@ -135,6 +146,23 @@ CASES = [
     ("train resume caat25 tp_size=1", train("caat25", "--init_from=resume", "--max_iters=4", "--tp_size=1")),
     ("train resume block_size 16", train("gpt", "--init_from=resume", "--max_iters=4", "--block_size=16")),
     ("train fresh over a checkpoint", train("gpt")),
+    # the block types' options (the registry, tpcomm/model/block_types/): as config keys and in checkpoints
+    ("registry: train caat p=1e-300 (0 channels)", train("o", *D2, "--block_types=caat", "--caat_sync_fraction=1e-300")),
+    ("registry: train caat p=1 (legit: every channel)", train("o", *D2, "--block_types=caat", "--caat_sync_fraction=1")),
+    ("registry: train caat p=nan", train("o", *D2, "--block_types=caat", "--caat_sync_fraction=nan")),
+    ("registry: train caat p=inf", train("o", *D2, "--block_types=caat", "--caat_sync_fraction=inf")),
+    ("registry: train caat p=[0.5]", train("o", *D2, "--block_types=caat", "--caat_sync_fraction=[0.5]")),
+    ("registry: train key typo caat_sync_frac", train("o", *D2, "--block_types=caat", "--caat_sync_frac=0.25")),
+    ("registry: train another type's prefix", train("o", *D2, "--tp_sync_fraction=0.25")),
+    ("registry: bench caat p=0.3", [*BENCH, "--block_types=caat", "--caat_sync_fraction=0.3"]),
+    ("registry: bench p=0.25 without caat", [*BENCH, "--caat_sync_fraction=0.25"]),
+    ("registry: bench patterns caat,tp p=0.25 (legit: skips tp)", [*BENCH, "--patterns=['caat','tp']",
+                                                                  "--caat_sync_fraction=0.25"]),
+    ("registry: sample --caat_sync_fraction", ["sample.py", f"--out_dir={W}/caat", "--caat_sync_fraction=0.25"]),
+    *((f"registry: {script} checkpoint p={name}", train(f"caat-{name}", "--init_from=resume", "--max_iters=4")
+       if script == "resume" else ["sample.py", f"--out_dir={W}/caat-{name}", "--num_samples=1",
+                                   "--max_new_tokens=5", "--device=cpu"])
+      for name in TAMPERED for script in ("resume", "sample")),
     # experiment.py: the runner's new and old options
     ("sweep --jobs=0", ["experiment.py", "cpu", "--jobs=0", "--dry-run"]),
     ("sweep --jobs=abc", ["experiment.py", "cpu", "--jobs=abc", "--dry-run"]),

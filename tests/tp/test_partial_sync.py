@@ -156,6 +156,8 @@ def test_real_matches_simulation(caat_results):
     (dict(caat_sync_fraction=1.5), "caat_sync_fraction must be a number in (0, 1], got 1.5"),
     (dict(caat_sync_fraction="half"), "caat_sync_fraction must be a number in (0, 1], got 'half'"),
     (dict(caat_sync_fraction=0.3), "caat_sync_fraction=0.3 times n_embd (32) must be a whole number of channels"),
+    (dict(caat_sync_fraction=1e-300, tp_size=2), "caat_sync_fraction=1e-300 times n_embd (32) must be a whole number "
+                                                 "of channels, at least 1"),  # once accepted: 0 channels synced
     (dict(caat_sync_fraction=0.25, block_types=["tp"] * 4), "caat_sync_fraction=0.25 has no effect without 'caat'"),
     (dict(sequence_parallel=True, tp_size=2), "sequence_parallel=True does not run with 'caat' blocks"),
     (dict(tp_comm_dtype="int8", tp_size=2), "tp_comm_dtype='int8' does not run with 'caat' blocks"),

@@ -26,8 +26,9 @@ class CAATOptions:
         p = self.sync_fraction
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
             raise ConfigError(f"caat_sync_fraction must be a number in (0, 1], got {p!r}")
-        if abs(p * n_embd - round(p * n_embd)) > 1e-9:
-            raise ConfigError(f"caat_sync_fraction={p!r} times n_embd ({n_embd}) must be a whole number of channels")
+        if abs(p * n_embd - round(p * n_embd)) > 1e-9 or round(p * n_embd) < 1:
+            raise ConfigError(f"caat_sync_fraction={p!r} times n_embd ({n_embd}) must be a whole number of channels, "
+                              f"at least 1")
         if tp_size == 1 and p != CAATOptions.sync_fraction:  # one shard: every channel is the one stream's
             raise ConfigError(f"caat_sync_fraction={p!r} needs tp_size > 1, got tp_size=1: one shard syncs nothing, "
                               f"so every fraction is the same model as all 'tp'")
