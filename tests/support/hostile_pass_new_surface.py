@@ -147,8 +147,10 @@ CASES = [
     ("train resume block_size 16", train("gpt", "--init_from=resume", "--max_iters=4", "--block_size=16")),
     ("train fresh over a checkpoint", train("gpt")),
     # the block types' options (the registry, tpcomm/model/block_types/): as config keys and in checkpoints
-    ("registry: train caat p=1e-300 (0 channels)", train("o", *D2, "--block_types=caat", "--caat_sync_fraction=1e-300")),
-    ("registry: train caat p=1 (legit: every channel)", train("o", *D2, "--block_types=caat", "--caat_sync_fraction=1")),
+    ("registry: train caat p=1e-300 (0 channels)", train("o", *D2, "--block_types=caat",
+                                                         "--caat_sync_fraction=1e-300")),
+    ("registry: train caat p=1 (legit: every channel)", train("o", *D2, "--block_types=caat",
+                                                              "--caat_sync_fraction=1")),
     ("registry: train caat p=nan", train("o", *D2, "--block_types=caat", "--caat_sync_fraction=nan")),
     ("registry: train caat p=inf", train("o", *D2, "--block_types=caat", "--caat_sync_fraction=inf")),
     ("registry: train caat p=[0.5]", train("o", *D2, "--block_types=caat", "--caat_sync_fraction=[0.5]")),
