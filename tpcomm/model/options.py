@@ -12,7 +12,8 @@ from typing import Optional
 from tpcomm.errors import ConfigError
 from model import GELU_FORMS, GPTConfig
 from tpcomm.tp.compress.compression import validate_compression
-from tpcomm.model.block_types.registry import BLOCK_TYPES, block_type, option_fields, quoted, type_options
+from tpcomm.model.block_types.registry import (BLOCK_TYPES, block_type, option_defaults, option_fields, quoted,
+                                                type_options)
 
 MODEL_TYPES = ("gpt", "distributed_gpt")
 # The TPConfig keys that set how syncs move (build_model and train.py pass them through as they are)
@@ -197,8 +198,8 @@ def model_config(model_type, args, *, tp_mode="simulated"):
         if tp.get("tp_comm_dtype") == "bf16" and block != TP_DEFAULTS["tp_comm_block"]:  # likewise
             raise ConfigError(f"tp_comm_block={block!r} has no effect with tp_comm_dtype='bf16' (bf16 moves no "
                               f"scales, so no blocks): leave tp_comm_block at {TP_DEFAULTS['tp_comm_block']}")
-        return TPConfig(**gpt, **dict(tp, loss_parallel=bool(tp.get("loss_parallel", False))),
-                        block_options={k: args[k] for k in option_fields() if k in args})
+        own = {k: args[k] for k in option_fields() if k in args}  # the block types' options (caat_sync_fraction)
+        return tp_config(**gpt, **dict(tp, loss_parallel=bool(tp.get("loss_parallel", False))), **own)
     check_heads(n_embd=gpt.get("n_embd", GPTConfig.n_embd), n_head=gpt.get("n_head", GPTConfig.n_head))
     if tp_mode != "simulated" or args.get("tp_size", 1) != 1 or args.get("block_types") is not None:
         raise ConfigError(f"tp_size/block_types/tp_mode need model_type='distributed_gpt', "
@@ -207,7 +208,7 @@ def model_config(model_type, args, *, tp_mode="simulated"):
     if args.get("loss_parallel"):
         raise ConfigError(f"loss_parallel=True needs model_type='distributed_gpt' (it shards wte/lm_head over the "
                           f"tensor-parallel shards), got model_type={model_type!r}")
-    defaults = {**TP_DEFAULTS, **{k: f.default for k, (_, f) in option_fields().items()}}
+    defaults = {**TP_DEFAULTS, **option_defaults()}
     changed = {k: args[k] for k in (*TP_COMM_OPTIONS, *option_fields()) if k in args and args[k] != defaults[k]}
     if changed:
         raise ConfigError(f"{', '.join(f'{k}={v!r}' for k, v in changed.items())} needs "
