@@ -74,12 +74,17 @@ def check_result(path, record, *, sweep=None):
             _in_range(path, f"timing {key}", record["timing"][key], 0.0, low_open=True)
 
 
+def run_kinds(cfg):
+    """The block types of a run's config, one per layer ([] for a GPT)."""
+    if cfg.get("model_type", "gpt") != "distributed_gpt":
+        return []
+    return expand_block_types(cfg.get("block_types"), cfg.get("n_layer"))
+
+
 def check_type_options(path, cfg):
     """The block types' own options in a run's config (caat_sync_fraction), as train.py checks them."""
-    kinds = expand_block_types(cfg.get("block_types"), cfg.get("n_layer")) \
-        if cfg.get("model_type") == "distributed_gpt" else []
     try:
-        type_options(cfg, kinds, n_embd=cfg.get("n_embd"), tp_size=cfg.get("tp_size", 1))
+        type_options(cfg, run_kinds(cfg), n_embd=cfg.get("n_embd"), tp_size=cfg.get("tp_size", 1))
     except (ConfigError, ValueError, TypeError) as e:
         raise ResultsError(f"{path}: config {e}") from None
 

@@ -26,8 +26,8 @@ from tpcomm import ROOT
 from data.sources import FALLBACK_SHA256
 from tpcomm.configuration import read_json_object
 from tpcomm.model.block_types.registry import BLOCK_TYPES, option_fields
-from tpcomm.model.options import compact_list, expand_block_types
-from tpcomm.experiments.result_check import ResultsError, check_result
+from tpcomm.model.options import compact_list
+from tpcomm.experiments.result_check import ResultsError, check_result, run_kinds
 
 SKIP_TRAIN_RECORDS = 2  # the first logged steps of each process include start-up and warm-up: not steady state
 SCATTER_LIMIT = 1.5  # a run whose 90th-percentile step time exceeds its median by this factor was disturbed
@@ -49,16 +49,12 @@ def block_pattern(cfg):
 
 def has_fact(cfg, fact):
     """A DistributedGPT run with a block type whose class has `fact` (tpcomm/model/block_types/)."""
-    if cfg.get("model_type", "gpt") != "distributed_gpt":
-        return False
-    return any(getattr(BLOCK_TYPES[k], fact) for k in expand_block_types(cfg.get("block_types"), cfg["n_layer"])
-               if k in BLOCK_TYPES)
+    return any(getattr(BLOCK_TYPES[k], fact) for k in run_kinds(cfg) if k in BLOCK_TYPES)
 
 
 def run_type_options(cfg):
     """{config key: value} of the run's block types' own options (caat_sync_fraction for a run with 'caat')."""
-    kinds = set(expand_block_types(cfg.get("block_types"), cfg["n_layer"])) \
-        if cfg.get("model_type", "gpt") == "distributed_gpt" else set()
+    kinds = set(run_kinds(cfg))
     return {k: cfg.get(k, f.default) for k, (kind, f) in option_fields().items() if kind in kinds}
 
 

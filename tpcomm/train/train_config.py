@@ -17,7 +17,7 @@ from tpcomm.train.batches import check_data
 from tpcomm.train.checkpoint import (CHECKPOINT_NAME, RESUME_FIELDS, check_fields, checkpoint_model,
                                      checkpoint_sync_options, load_checkpoint)
 from tpcomm.parallel.data_parallel import DATA_PARALLEL, INIT_DEVICES
-from tpcomm.train.output_path import check_output_file, json_with, written_by
+from tpcomm.train.output_path import check_output_file, written_by
 from tpcomm.model.block_types.registry import option_defaults, option_fields
 from tpcomm.model.options import (FUNCTION_SYNC_OPTIONS, MODEL_TYPES, TP_DEFAULTS, check_batch, expand_block_types,
                                   model_config, private_head)
