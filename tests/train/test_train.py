@@ -6,6 +6,8 @@ import os
 import pytest
 
 from conftest import TINY, run_script
+from model import GPTConfig
+from tpcomm.train.train_config import cpu_eval_iters
 
 
 def losses(out_dir):
@@ -95,3 +97,16 @@ def test_nan_loss_stops_and_keeps_checkpoint(tmp_path, char_data):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "loss is" in r.stderr and "Traceback" not in r.stderr
     assert (out / "ckpt.pt").read_bytes() == before
+
+
+@pytest.mark.parametrize("argv, kept", [([], False), (["--eval_iters=200"], True)])
+def test_gpu_recipe_evaluates_briefly_on_cpu(argv, kept, capsys):
+    """nanoGPT's GPU recipe on a CPU: its 200 evaluation batches of 64 x 256 (about 20 minutes here) are cut with
+    one line unless the command line sets eval_iters; a small model's are never cut."""
+    cfg = dict(batch_size=64, block_size=256, eval_iters=200)
+    cpu_eval_iters(cfg, GPTConfig(n_layer=6, n_embd=384, vocab_size=84), argv)
+    assert cfg["eval_iters"] == (200 if kept else 2)
+    assert ("eval_iters=200 -> 2 on CPU" in capsys.readouterr().out) != kept
+    small = dict(batch_size=12, block_size=64, eval_iters=200)
+    cpu_eval_iters(small, GPTConfig(n_layer=4, n_embd=128, vocab_size=84), [])
+    assert small["eval_iters"] == 200

@@ -152,9 +152,30 @@ class Setup:
 def explicit_keys(cfg, argv):
     """The keys the user set: every --key=value on the command line, and every key a config file changed from its
     default (a file that sets a key to its default value is not told apart from leaving it alone)."""
-    given = {arg[2:].split("=", 1)[0] for arg in argv if arg.startswith("--") and "=" in arg}
     known = defaults()
-    return given | {k for k in cfg if cfg[k] != known[k]}
+    return command_line_keys(argv) | {k for k in cfg if cfg[k] != known[k]}
+
+
+def command_line_keys(argv):
+    """The keys given as --key=value on the command line."""
+    return {arg[2:].split("=", 1)[0] for arg in argv if arg.startswith("--") and "=" in arg}
+
+
+CPU_EVAL_FLOPS = 1e12  # an evaluation's forward FLOPs per split on a CPU before eval_iters is cut (seconds)
+
+
+def cpu_eval_iters(cfg, config, argv):
+    """On a CPU, a recipe's eval_iters (one written for GPUs: config/train_shakespeare_char.py's 200 batches of
+    64 x 256 take about 20 minutes an evaluation here) is cut to what CPU_EVAL_FLOPS allows, with one line saying
+    so, unless the command line sets it, as nanoGPT's own CPU recipe passes --eval_iters=20."""
+    tokens = cfg["batch_size"] * cfg["block_size"]
+    flops = 2 * tokens * (12 * config.n_layer * config.n_embd ** 2 + config.vocab_size * config.n_embd)
+    fits = max(1, int(CPU_EVAL_FLOPS // flops))
+    if cfg["eval_iters"] > fits and "eval_iters" not in command_line_keys(argv):
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"eval_iters={cfg['eval_iters']} -> {fits} on CPU ({flops * cfg['eval_iters']:.1e} FLOPs an "
+                  f"evaluation of each split would take minutes); --eval_iters={cfg['eval_iters']} to keep it")
+        cfg["eval_iters"] = fits
 
 
 FLOAT32_MAX = 3.4028234663852886e38
@@ -383,6 +404,8 @@ def prepare(argv):
         vocab_size = meta_vocab if meta_vocab is not None else GPTConfig.vocab_size  # GPT-2's 50257 padded
     config = check_model(cfg, vocab_size=vocab_size, block_size=spec["block_size"] if cfg["init_from"] != "scratch"
                          else cfg["block_size"])
+    if device_type == "cpu":
+        cpu_eval_iters(cfg, config, argv)
     dp, tp = check_layout(tp_size=cfg["tp_size"], tp_mode=cfg["tp_mode"], pp_size=cfg["pp_size"])
     if checkpoint is not None and "layout" in checkpoint:  # a sharded checkpoint loads into its own tp layout only
         sharded_checkpoint.check_resumable(checkpoint["layout"], dict(
