@@ -248,7 +248,8 @@ def shared_launch(request, launches):
     errors = sorted(mine.glob("error.rank*.txt"))
     log = (mine / "launch").read_text()
     if errors or not (mine / "done").exists():
-        detail = "".join(f"--- {e.name}\n{e.read_text()}" for e in errors) or "the job did not finish"
+        detail = "".join(f"--- {e.name}\n{e.read_text()}" for e in errors) or (
+            "the job did not finish (not run when an earlier job of the launch ended it: see the log)")
         raise AssertionError(f"{' '.join(argv)} in {os.path.basename(log)} failed:\n{detail}\n--- launch log tail\n"
                              + open(log).read()[-5000:])
     return mine

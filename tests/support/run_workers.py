@@ -9,10 +9,13 @@ torchrun (runpy, as __main__, with sys.argv set), in order, on the process group
 - before each job the global RNGs are reseeded as at process start and torch.compile's caches and counters are
   reset, so a job sees the state a launch of its own would;
 - a job that raises on some rank leaves DIR/error.rank<r>.txt (its traceback) and the launch goes on with the next
-  job; a finished job leaves DIR/done (written by rank 0 after a barrier). A job whose ranks disagree (one raised
-  inside a collective) can hang the launch: conftest's timeout ends it and every unfinished job is reported.
+  job; a finished job leaves DIR/done (written by rank 0 after a barrier);
+- a rank whose job raised waits PEER_WAIT_S (env TPCOMM_PEER_WAIT_S) for the other ranks to finish it too; a rank
+  that has not (waiting in a collective the raising rank will never join) would hang the launch, so the raising
+  rank says so in its error file and exits, torchrun ends the others, and the jobs not run are reported as such.
 """
 
+import glob
 import json
 import os
 import random
@@ -28,6 +31,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workers"))  # workers
 # import each other (real_tp_worker), as a worker run on its own does from its folder
 
+PEER_WAIT_S = float(os.environ.get("TPCOMM_PEER_WAIT_S", "120"))
 _init, _destroy = dist.init_process_group, dist.destroy_process_group
 
 
@@ -64,17 +68,34 @@ def main(jobs_path):
             torch.set_num_threads(threads)
             start, argv = time.time(), sys.argv
             sys.argv = list(job["argv"])
+            failed = False
             try:
                 runpy.run_path(job["argv"][0], run_name="__main__")
             except BaseException as e:  # noqa: B902 (SystemExit(0) is a finished job)
-                if not (isinstance(e, SystemExit) and e.code in (0, None)):
+                failed = not (isinstance(e, SystemExit) and e.code in (0, None))
+                if failed:
                     with open(os.path.join(job["dir"], f"error.rank{rank}.txt"), "w") as f:
                         f.write(traceback.format_exc())
             finally:
                 sys.argv = argv
+            open(os.path.join(job["dir"], f"finished.rank{rank}"), "w").close()
+            if failed:
+                wait_for_peers(job["dir"], rank)
             finish_job(job["dir"], rank, time.time() - start)
     finally:
         _destroy()
+
+
+def wait_for_peers(job_dir, rank):
+    """After this rank's job raised: return once every rank has finished the job, else end the launch."""
+    world, deadline = dist.get_world_size(), time.time() + PEER_WAIT_S
+    while len(glob.glob(os.path.join(job_dir, "finished.rank*"))) < world:
+        if time.time() > deadline:
+            with open(os.path.join(job_dir, f"error.rank{rank}.txt"), "a") as f:
+                f.write(f"\nthe other ranks had not finished this job {PEER_WAIT_S:.0f} s after this rank's error "
+                        "(waiting in a collective this rank left): the launch ends here\n")
+            os._exit(1)
+        time.sleep(0.2)
 
 
 def finish_job(job_dir, rank, seconds):

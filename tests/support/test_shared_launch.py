@@ -3,11 +3,12 @@ tests that read it, with its traceback; the jobs around it run on the same proce
 RNG state of a fresh process."""
 
 import json
+import time
 
 import pytest
 import torch
 
-from conftest import shared_launch
+from conftest import TORCHRUN, run_script, shared_launch
 
 WORKER = "tests/workers/shared_launch_worker.py"
 SHARED_LAUNCHES = {
@@ -38,6 +39,24 @@ def test_a_failing_job_reports_its_traceback_on_every_rank(failing):
 
 def test_the_other_jobs_run_on_the_process_group(failing, healthy):
     assert healthy["world"] == 2 and healthy["sum"] == 1 + 2  # a real all-reduce over both ranks
+
+
+def test_a_job_failing_on_one_rank_ends_its_launch_instead_of_hanging(tmp_path):
+    """Rank 1 raises while rank 0 waits in an all-reduce it will never finish: after TPCOMM_PEER_WAIT_S the launch
+    ends, the error file says why, and the job after it is not run (before: the launch hung until conftest's
+    timeout of 300 s a job)."""
+    dirs = [tmp_path / "raise-one", tmp_path / "after"]
+    jobs = [dict(dir=str(d), argv=[WORKER, mode, str(d / "results.json")]) for d, mode in zip(dirs, ("raise-one", "ok"))]
+    for d in dirs:
+        d.mkdir()
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    start = time.time()
+    r = run_script(*TORCHRUN, "--nproc_per_node=2", "tests/support/run_workers.py", str(tmp_path / "jobs.json"),
+                   env=dict(TPCOMM_PEER_WAIT_S="2"), timeout=120)
+    assert r.returncode != 0 and time.time() - start < 100, r.stdout + r.stderr
+    error = (dirs[0] / "error.rank1.txt").read_text()
+    assert "fails on rank 1 alone" in error and "the launch ends here" in error
+    assert not (dirs[1] / "done").exists()
 
 
 def test_each_job_starts_from_a_fresh_processes_rng(healthy):
