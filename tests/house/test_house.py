@@ -389,6 +389,16 @@ def test_experiment_out_must_be_a_directory(tmp_path, extra):
     assert out.read_text() == "mine" and os.listdir(tmp_path) == ["a-file"]
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc (Linux)")
+def test_experiment_dry_run_refuses_a_folder_that_cannot_be_made(tmp_path):
+    """/proc/x: as root /proc reads writable, yet nothing can be made in it; a new folder under tmp_path plans and
+    is not made (the comparison can fail)."""
+    line = one_line_error(run_script("experiment.py", "cpu", "--out=/proc/x", "--dry-run", timeout=300))
+    assert "--out" in line and "/proc" in line, line
+    r = run_script("experiment.py", "cpu", f"--out={tmp_path}/new/deeper", "--dry-run", timeout=300)
+    assert r.returncode == 0 and "run   python train.py" in r.stdout and os.listdir(tmp_path) == [], r.stderr
+
+
 def test_report_only_into_an_empty_directory_leaves_nothing_behind(tmp_path):
     line = one_line_error(run_script("experiment.py", "cpu", "--report-only", f"--out={tmp_path}", timeout=300))
     assert str(tmp_path) in line and "no finished runs" in line, line

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from conftest import TINY, one_line_error, run_script
+from tpcomm.errors import ConfigError
+from tpcomm.train.checkpoint import load_checkpoint
 
 SPD = ["--model_type=distributed_gpt", "--tp_size=2", "--block_types=['spd','parallel']"]
 TP = ["--model_type=distributed_gpt", "--tp_size=2", "--block_types=tp", "--bias=True", "--gelu_approximate=tanh"]
@@ -327,3 +329,19 @@ def test_a_planted_dcp_metadata_pickle_runs_nothing(char_data, tmp_path):
     convert = run_script("-m", "tpcomm.train.sharded_checkpoint", str(out))
     assert "nothing of it run" in one_line_error(convert)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("value, words", [(1e-300, "whole number of channels"), ("half", "caat_sync_fraction")])
+def test_a_checkpoints_bad_option_is_refused_naming_the_checkpoint(runs, tmp_path, value, words):
+    """A hand-changed block type option in a checkpoint: refused in the option's own words and the checkpoint's
+    path, before anything is built (the same option from the command line: tests/tp/test_partial_sync.py)."""
+    ckpt = load(runs("tp"))
+    n_layer = ckpt["model_args"]["n_layer"]
+    ckpt["model_options"].update(block_types=["caat"] * n_layer, caat_sync_fraction=value)
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    with pytest.raises(ConfigError) as e:
+        load_checkpoint(str(tmp_path))
+    assert str(tmp_path / "ckpt.pt") in str(e.value) and words in str(e.value), e.value
+    ckpt["model_options"]["caat_sync_fraction"] = 0.5
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    load_checkpoint(str(tmp_path))  # the comparison can fail: a good fraction loads

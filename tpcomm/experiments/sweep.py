@@ -1,8 +1,7 @@
 """
 The sweeps: train one config per point (a communication budget, a tp degree, a model size); each finished run
 leaves a small result file that is committed to git, and every table and plot is computed from those files alone
-(tpcomm/experiments/results.py; the docs' tables and plots: tpcomm/experiments/report/report.py). The commands:
-`python experiment.py --help`.
+(tpcomm/experiments/results.py; the docs': tpcomm/experiments/report/report.py); `python experiment.py --help`.
 
 A run works in experiments/<sweep>[+overrides]/<run>-seed<S>/ (ignored by git: config.json, metrics.jsonl,
 train.log, and done.json once train.py finished); the runner then writes its committed result file
@@ -34,6 +33,7 @@ from tpcomm import ROOT, git_state
 from tpcomm.experiments import pairing, plots, results
 from tpcomm.experiments.gpu_claim import GPUClaim, node_gpus
 from tpcomm.experiments.result_check import ResultsError
+from tpcomm.train.output_path import check_makeable
 from tpcomm.experiments.sweep_plan import SWEEP_REMARKS, SWEEP_SEEDS, SWEEPS, Run, runs_named
 from tpcomm.experiments.sweep_records import (SCRATCH_DIR, DirtyTreeError, finished_seeds, read_done,
                                               record_job, refuse_dirty, rows_of, run_dir_finished, same_config,
@@ -463,8 +463,8 @@ def parse_args(argv):
                 raise SweepError(f"--{key} must be >= 1, got {opts[key]}")
     if "out" in opts and (opts["out"] is True or not opts["out"]):
         raise SweepError("--out takes a directory: --out=DIR")
-    if "out" in opts and os.path.exists(opts["out"]) and not os.path.isdir(opts["out"]):
-        raise SweepError(f"--out={opts['out']} is a file, not a directory")
+    if "out" in opts:  # a file, or a folder that cannot be made (/proc/x): refused before any planning
+        check_makeable(opts["out"], key="--out")
     if "seed" in {o[2:].split("=", 1)[0] for o in overrides}:
         raise SweepError("use --seeds=S1,S2 (the runner's option) rather than --seed")
     return sweep, opts, overrides

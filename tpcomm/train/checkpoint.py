@@ -16,7 +16,7 @@ import torch
 from tpcomm.errors import ConfigError
 from model import GPT, NANOGPT_ARGS, GPTConfig
 from tpcomm.train.build import build_model
-from tpcomm.model.block_types.registry import option_fields, option_values
+from tpcomm.model.block_types.registry import BLOCK_TYPES, option_fields, option_values, type_options
 from tpcomm.model.options import (FUNCTION_SYNC_OPTIONS, MODEL_TYPES, TP_COMM_OPTIONS, block_types_with,
                                   expand_block_types)
 from tpcomm.train.runtime import RunError
@@ -213,9 +213,22 @@ def load_checkpoint(out_dir, map_location="cpu"):
         checkpoint_model(checkpoint)
     except (KeyError, ValueError, TypeError, AttributeError) as e:
         raise ConfigError(f"checkpoint {path} is not a training checkpoint ({type(e).__name__}: {e})") from None
+    check_type_options(checkpoint, path)
     check_weights(checkpoint, path)
     check_fields(checkpoint, path)
     return checkpoint
+
+
+def check_type_options(checkpoint, path):
+    """A checkpoint's block types' options, checked as the command line's are: a ConfigError naming the path and the
+    option. A type no longer registered is left to the model's check, which names it."""
+    model_type, spec = checkpoint_model(checkpoint)
+    if model_type != "distributed_gpt" or not all(kind in BLOCK_TYPES for kind in spec["block_types"]):
+        return
+    try:
+        type_options(spec, spec["block_types"], n_embd=spec["n_embd"], tp_size=spec["tp_size"])
+    except ConfigError as e:
+        raise ConfigError(f"checkpoint {path}: {e}; refusing to load it") from None
 
 
 RESUME_FIELDS = ("iter_num", "best_val_loss", "optimizer")  # what a resume reads beside the weights

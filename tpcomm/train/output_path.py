@@ -78,6 +78,19 @@ def check_folder(folder, *, key, value):
                           f"{key}={value!r})") from None
 
 
+def check_makeable(path, *, key):
+    """A folder that exists or can be made: not a file, and its nearest existing ancestor a folder a file can be
+    created in (tried, so /proc refuses); nothing is made."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{key}={path} is a file, not a directory")
+    folder = os.path.abspath(path)
+    while not os.path.lexists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise ConfigError(f"{key}={path}: {folder!r} is a file, not a directory")
+    check_folder(folder, key=key, value=path)
+
+
 def check_output_file(path, *, key, own=None, suffixes=(), overwrite=False):
     """Refuse, before any work, an output file path that is empty or not a string, lacks one of `suffixes`, is a
     directory, lies in a folder that is missing or unwritable, or names an existing file that is not this command's

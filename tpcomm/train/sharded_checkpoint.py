@@ -160,7 +160,7 @@ def load_sharded_meta(out_dir):
     """meta.pt of OUT_DIR/ckpt_sharded (weights_only), once the folder is checked whole: meta.pt readable, DCP's
     .metadata readable and every file it points into long enough. A ConfigError naming the folder otherwise: none
     there, or a corrupt or incomplete one."""
-    from tpcomm.train.checkpoint import check_fields, checkpoint_model
+    from tpcomm.train.checkpoint import check_fields, check_type_options, checkpoint_model
 
     folder = sharded_path(out_dir)
     if not os.path.lexists(folder):
@@ -178,6 +178,7 @@ def load_sharded_meta(out_dir):
         checkpoint_model(meta)
     except Exception as e:  # truncated zip, junk bytes, a foreign file: torch reports these with many types
         raise corrupt(out_dir, f"{META_NAME} does not load ({type(e).__name__})") from None
+    check_type_options(meta, path)
     check_fields(meta, path, need=("iter_num", "best_val_loss"))
     check_dcp_files(out_dir)
     return meta
