@@ -7,6 +7,7 @@ from torch.nn import functional as F
 
 import tensor_parallel_model
 import tpcomm.model.blocks
+import tpcomm.model.strategies
 from tpcomm.tp import collectives
 from model import GPT, GPTConfig
 from tpcomm.model.interface import PlainGPT
@@ -241,7 +242,7 @@ def test_autocast_all_reduces_bf16_and_stays_close_to_fp32(block_types, monkeypa
     model = DistributedGPT.from_gpt(gpt, 2, block_types)
     seen = []
     g = collectives.reduce_from_tp_region
-    for module in (tpcomm.model.blocks, tensor_parallel_model):  # the blocks' syncs, the final sync
+    for module in (tpcomm.model.blocks, tpcomm.model.strategies, tensor_parallel_model):  # the syncs, the final one
         monkeypatch.setattr(module, "reduce_from_tp_region",
                             lambda x, group, **kw: seen.append(g(x, group, **kw).dtype) or g(x, group, **kw))
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
 
-import tpcomm.model.blocks as blocks  # noqa: E402
+import tpcomm.model.strategies as strategies  # noqa: E402
 from ladder_worker import log_async  # noqa: E402
 from real_tp_worker import TOL, batch, held_by, local_grads, make_gpt, name, ratio, simulated  # noqa: E402
 from real_tp_worker import with_dropout, worst  # noqa: E402
@@ -101,10 +101,10 @@ def check_can_fail(pd, gpt, results, sims):
 
 def check_async(pd, gpt, results):
     """tp_overlap=2, all 'tp': the order of issues and waits of one forward pass, each issue in flight."""
-    issue = blocks.reduce_from_tp_region_async
+    issue = strategies.reduce_from_tp_region_async
 
     def patch(fn):
-        blocks.reduce_from_tp_region_async = fn
+        strategies.reduce_from_tp_region_async = fn
 
     try:
         log = log_async(patch)

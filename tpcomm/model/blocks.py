@@ -13,16 +13,15 @@ import functools
 import torch
 import torch.nn as nn
 
-from tpcomm.errors import ConfigError
 from model import LayerNorm
 from tpcomm.model.block_types.registry import block_type
-from tpcomm.tp.async_grad import ColumnInput
+from tpcomm.model.strategies import Strategies
 from tpcomm.tp.collective_matmul import collective_matmul_block
 from tpcomm.tp.collectives import (copy_to_tp_region, fan_out_stream, reduce_from_tp_region,
                                    reduce_from_tp_region_async)
 from tpcomm.tp.dropout import ATTN_OUT, ATTN_PROBS, MLP_OUT, mask_or_none
 from tpcomm.tp.sequence_parallel import gather_to_tp_region, reduce_scatter_from_tp_region
-from tpcomm.tp.sharded_layers import (Pending, Reduced, ShardedAttention, ShardedMLP, SPStream, add_pending, full,
+from tpcomm.tp.sharded_layers import (Pending, ShardedAttention, ShardedMLP, SPStream, add_pending, full,
                                       join, layer_norm, stream_parts, synced_layer_norm)
 
 # a module's output dropout site (tpcomm/tp/dropout.py) by the module's name, as the types name them
@@ -83,7 +82,7 @@ class BlockOps:
         return not isinstance(self, FSDPModule) and not isinstance(block, FSDPModule)
 
 
-class ShardedBlock(BlockOps, nn.Module):
+class ShardedBlock(Strategies, BlockOps, nn.Module):
     """What every block type's forward runs on: the sharded attention and MLP, their layer norms, the dropout masks,
     f, g and the other collectives. A built block is block_class(kind): the type's class (its facts and forward)
     before this one.
@@ -136,53 +135,6 @@ class ShardedBlock(BlockOps, nn.Module):
         batch chunk's or a token shard's first token)."""
         return mask_or_none(like, self.p, self.key, training=self.training, layer=self.layer, site=OUT_SITES[site],
                             offset=n0 * like.shape[-1])
-
-    def chunks(self, xbar, r, T, kv):
-        """[(n0, xbar_k, r_k)]: the batch in tp_overlap = K chunks of whole sequences, n0 each one's first token
-        (views, no copy); one chunk when K = 1, with a KV cache (decoding), or outside training when the batch does
-        not split (generation of one sequence)."""
-        N, K = xbar.shape[0], self.overlap
-        B = N // T
-        if K == 1 or kv is not None or (B % K and not self.training):
-            return [(0, xbar, r)]
-        if B % K:
-            raise ConfigError(f"tp_overlap={K} needs a batch of whole sequences divisible by it, got batch {B}")
-        n = N // K
-        rs = [None] * K if r is None else r.split(n, dim=1)
-        return [(k * n, x, rk) for k, (x, rk) in enumerate(zip(xbar.split(n), rs))]
-
-    def fused_f(self):
-        """Whether f runs fused with its projection, its backward all-reduce asynchronous (tp_async_grad; in
-        training passes: a pass without gradients has no backward)."""
-        return self.async_grad and torch.is_grad_enabled()
-
-    def column_input(self, parts, ln, *, synced=True, defer=False):
-        """ColumnInput of the synced stream parts[0] + parts[1] + ... and the LayerNorm ln on it (synced: the
-        replica's, used on the synced stream; else each shard's own, used after f). defer: its backward wait is a
-        node made now (real mode), so what is computed from here to its projection runs backward meanwhile."""
-        g = self.group
-        b = None if ln.bias is None else g.synced(ln.bias) if synced else ln.bias
-        w = g.synced(ln.weight) if synced else ln.weight
-        return ColumnInput(g, [p for p in parts if p is not None], w, b, defer=defer)
-
-    def g(self, partials, site, *, overlap):
-        """g of the (L, N, C) partials: waited for at once (Reduced) or, overlap, issued asynchronously."""
-        if overlap:
-            return reduce_from_tp_region_async(partials, self.group, site=self.sites[site])
-        return Reduced(reduce_from_tp_region(partials, self.group, site=self.sites[site]))
-
-    def sp_close(self, x, reduced, linear, site, *, masked):
-        """Sequence parallelism, on the token shard x (N/tp, C): x + R ⊙ (reduced + b), R this shard's rows of the
-        replica mask (Megatron's bias-dropout-add); masked: reduced already holds R ⊙ its sum (applied before the
-        reduce-scatter), so only b is dropped here. b is used plainly: each rank's gradient of it is partial (its
-        tokens), summed over the tp group with the block-replicated gradients."""
-        R = self.replica_mask(x, site, n0=self.group.token_offset(x.shape[0]))
-        b = linear.bias
-        if not masked:
-            y = reduced if b is None else reduced + b
-            return x + (y if R is None else y * R.to(y.dtype))
-        x = x + reduced
-        return x if b is None else x + (b if R is None else b * R.to(b.dtype))
 
     def synced_bias(self, linear, mask):
         """A c_proj bias to add once to the synced stream (after g), dropped with the replica mask; None without."""
@@ -288,8 +240,8 @@ def block_class(kind):
 
 @functools.cache
 def composed(cls):
-    shadowed = sorted({k for c in cls.__mro__ for k in vars(c) if not k.startswith("_")}
-                      & (set(vars(ShardedBlock)) | set(vars(BlockOps))) - {"step", "forward"})
+    own = {k for c in ShardedBlock.__mro__ if c not in nn.Module.__mro__ for k in vars(c)}
+    shadowed = sorted({k for c in cls.__mro__ for k in vars(c) if not k.startswith("_")} & own - {"step", "forward"})
     if shadowed:  # a fact or method of the type would hide what its forward runs on
         raise TypeError(f"block type {cls.kind!r}: {shadowed} would hide ShardedBlock's own; name them otherwise")
     return type(cls.__name__ + "Block", (cls, ShardedBlock), {"__module__": cls.__module__,

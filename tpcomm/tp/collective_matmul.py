@@ -179,8 +179,8 @@ def matmul_reduce_scatter(y, w, group, *, site=None):
 
 def collective_matmul_block(block, x, T, kv):
     """A 'tp' block (tpcomm/model/block_types/tp.py) under sequence parallelism with each all-gather fused with the
-    GEMM after it and each reduce-scatter with the GEMM before it (TP.forward_sp's synced path, its LN, bias
-    and dropout as there): x (N/tp, C) this rank's token shard (simulated: (N, C)) -> the block's output shard."""
+    GEMM after it and each reduce-scatter with the GEMM before it (TP.equations' synced path under sequence
+    parallelism, its LN, bias and dropout as there): x (N/tp, C) this rank's token shard (simulated: (N, C)) -> the block's output shard."""
     group, sites, attn, mlp = block.group, block.sites, block.attn, block.mlp
     qkv = all_gather_matmul(layer_norm(block.ln_1, x), *attn.qkv_weight(), group, site=sites["attn"])
     y = attn.attend(qkv, T, block.probs_dropout(), kv)

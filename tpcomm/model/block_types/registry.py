@@ -38,6 +38,8 @@ class BlockType:
     gpt_at_tp1 = True  # at tp_size 1 it is GPT's block
     tp_dependent = False  # its function changes with tp_size (at tp >= 2 another model than at tp 1)
     private_head = False  # as the last block: no final sync, each shard's ln_f and vocabulary slice read its stream
+    norm_before_f = True  # a type written as `equations`: its first module reads LN1 of the synced stream through f
+    #                       ('tp'), rather than each shard's LN1 of the stream f fanned out ('spd')
     Options = NoOptions
 
     @staticmethod

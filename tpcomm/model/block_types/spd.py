@@ -9,27 +9,15 @@ from tpcomm.model.block_types.registry import BlockType, register
 
 
 class SPD(BlockType):
-    """Sync-Point Drop. tp_overlap = K: the batch in K chunks, chunk k's all-reduce overlapping chunk k+1's
-    compute."""
+    """Sync-Point Drop, written as its one sync (`equations`; the strategies as for 'tp'). f fans the synced stream
+    out before each shard's LN1 (its attention's output stays on the shard's own stream)."""
     forward_syncs, backward_syncs = 1, (1, 0)  # backward: the fan-out of a synced input
     overlaps = tp_dependent = True
+    norm_before_f = False
 
-    def forward(self, xbar, r, T, kv=None, *, sequence_parallel=False):
-        if sequence_parallel:  # sum_i [d_i + a_i + R * M_i] reduce-scattered onto the token shard
-            s, _ = self.partials(xbar, r, T, kv, sequence_parallel=True)
-            shard = xbar if r is None else xbar.shard  # desynced: xbar an SPStream
-            return self.sp_close(shard, self.reduce_scatter(s, "mlp"), self.mlp.c_proj, "mlp", masked=True), None
-        chunks = self.chunks(xbar, r, T, kv)
-        # tp_async_grad: f fused with LN1 and c_attn; with K chunks, each chunk's backward wait made before any
-        # chunk computes (as in 'tp')
-        srcs = [self.column_input((x,), self.ln_1, synced=False, defer=len(chunks) > 1)
-                if self.fused_f() and rk is None else None for _, x, rk in chunks]
-        issued = []
-        for (n0, x, rk), src in zip(chunks, srcs):
-            s, R = self.partials(x, rk, T, kv, n0, src=src)
-            issued.append((x, self.g(s, "mlp", overlap=len(chunks) > 1), R))
-        return self.join([self.add_synced_bias(x + reduced.wait(), self.mlp.c_proj, R)
-                          for x, reduced, R in issued]), None
+    def equations(self, x, r, T, kv, at):
+        s, R = self.partials(x, r, T, kv, **at)
+        yield self.sync(s, "mlp", x, R, masked=True)  # the block's output
 
     def partials(self, xbar, r, T, kv, n0=0, *, sequence_parallel=False, src=None):
         """(s (L, N, C), R): the summands d_i + a_i + R * M_i(LN2(y_i)) of the block's one all-reduce (sequence
