@@ -1,6 +1,7 @@
 """
-The communication cost model: predict GPU step and decode times, or calibrate and validate it on this machine (the
-equations: tpcomm/costmodel/cost_model.py; the tables: tpcomm/costmodel/cost_tables.py; the measurements: tpcomm/experiments/calibration.py; docs/cost_model.md).
+The communication cost model: predict GPU step and decode times, or calibrate and validate it on this machine
+(the equations: tpcomm/costmodel/cost_model.py; the tables: tpcomm/costmodel/cost_tables.py; the measurements:
+tpcomm/experiments/calibration.py; docs/cost_model.md).
 
 $ python comm_model.py predict                                   # published-figure checks, then the GPU tables
 $ python comm_model.py --tp_overlap=4 --efficiency=0.8           # other overlap assumptions
@@ -13,7 +14,8 @@ import sys
 
 from tpcomm.errors import ConfigError
 from tpcomm.configuration import configure, exit_in_one_line, exit_on_config_error
-from tpcomm.experiments.calibration import MEASURE_DEFAULTS, VALIDATE_DEFAULTS, MeasureError, measure, validate
+from tpcomm.experiments.calibration import (MEASURE_DEFAULTS, VALIDATE_DEFAULTS, MeasureError, measure,
+                                            validate)
 from tpcomm.costmodel.cost_model import PREDICT_DEFAULTS
 from tpcomm.costmodel.cost_tables import predict
 

@@ -1,6 +1,6 @@
 """
-The communication sweep, this repository's main experiment (the machinery: tpcomm/experiments/sweep.py, results.py,
-plots.py, report.py).
+The communication sweep, this repository's main experiment (the machinery: tpcomm/experiments/sweep.py,
+results.py, plots.py, report.py).
 
 $ python experiment.py cpu                          # Shakespeare-char, one run per communication budget
 $ python experiment.py cpu --seeds=1337,1338,1339   # more seeds (finished runs are skipped)
@@ -24,7 +24,8 @@ if __name__ == "__main__":
         from tpcomm.experiments.gpu_node import cli as gpu_node_cli
 
         gpu_node_cli(sys.argv[2:])
-    elif sys.argv[1:2] == ["gpu-scale"]:  # the sweep machinery plus a time budget: tpcomm/experiments/gpu_scale.py
+    # the sweep machinery plus a time budget: tpcomm/experiments/gpu_scale.py
+    elif sys.argv[1:2] == ["gpu-scale"]:
         from tpcomm.experiments.gpu_scale import cli as gpu_scale_cli
 
         gpu_scale_cli(sys.argv[2:])

@@ -1,6 +1,6 @@
 """
-The single-device reference GPT (GPT-2 architecture), after nanoGPT: config, LayerNorm, attention (with a KV cache
-for generation), MLP, Block, GPT with generate, from_pretrained, configure_optimizers and estimate_mfu.
+The single-device reference GPT (GPT-2 architecture), after nanoGPT: config, LayerNorm, attention (with a KV
+cache for generation), MLP, Block, GPT with generate, from_pretrained, configure_optimizers and estimate_mfu.
 Holds no parallelism: every parallel path in this repository is tested against it.
 """
 
@@ -23,20 +23,21 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True  # True: biases in Linears and LayerNorms, like GPT-2
     # GELU form: 'none' is the exact erf GELU (nanoGPT's); 'tanh' is the approximation GPT-2 was trained with
-    # (Hugging Face's 'gelu_new'). from_pretrained sets 'tanh'. Same values as torch's F.gelu(approximate=...).
+    # (Hugging Face's 'gelu_new'). from_pretrained sets 'tanh'. Same values as torch's
+    # F.gelu(approximate=...).
     gelu_approximate: str = "none"
 
 
 GELU_FORMS = ("none", "tanh")
-# GPTConfig fields that nanoGPT's own GPTConfig has: a checkpoint's model_args holds exactly these, so nanoGPT's
-# scripts read checkpoints written here and the other way round.
+# GPTConfig fields that nanoGPT's own GPTConfig has: a checkpoint's model_args holds exactly these, so
+# nanoGPT's scripts read checkpoints written here and the other way round.
 NANOGPT_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")
 
 
 class KVCache:
     """Keys and values of the tokens seen so far, one entry per layer, so that generation feeds only the new
-    tokens. Each layer stores them in its own attention layout (DistributedGPT: each shard's own heads), for up to
-    `size` positions (the model's block_size: absolute position embeddings cannot slide)."""
+    tokens. Each layer stores them in its own attention layout (DistributedGPT: each shard's own heads), for
+    up to `size` positions (the model's block_size: absolute position embeddings cannot slide)."""
 
     def __init__(self, n_layer, size):
         self.pos, self.size = 0, size  # tokens already in the cache
@@ -99,9 +100,10 @@ class CausalSelfAttention(nn.Module):
 
 
 def causal_attention(q, k, v, drop=None):
-    """Causal attention of (B, nh, Tq, hs) queries on (B, nh, Tk, hs) keys/values. Tk > Tq when a KV cache holds
-    earlier tokens: the queries are the last Tq positions. With `drop` (a dropout module for the attention
-    probabilities) they are computed explicitly, as nanoGPT's non-flash path, so that its mask is the module's."""
+    """Causal attention of (B, nh, Tq, hs) queries on (B, nh, Tk, hs) keys/values. Tk > Tq when a KV
+    cache holds earlier tokens: the queries are the last Tq positions. With `drop` (a dropout module
+    for the attention probabilities) they are computed explicitly, as nanoGPT's non-flash path, so
+    that its mask is the module's."""
     Tq, Tk = q.size(-2), k.size(-2)
     if Tk > Tq:  # cached generation (eval): query i sits at position Tk - Tq + i
         mask = None if Tq == 1 else torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq)
@@ -225,8 +227,8 @@ class GPT(nn.Module):
         return configure_adamw(self, weight_decay, learning_rate, betas, device_type)
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, *, device=None, n_devices=1, dtype=None):
-        """Model FLOPs utilization: achieved FLOP/s over the peak of the actual device(s) the model runs on, for
-        the training dtype ('bfloat16', 'float16', 'float32'); None where that peak is unknown."""
+        """Model FLOPs utilization: achieved FLOP/s over the peak of the actual device(s) the model runs on,
+        for the training dtype ('bfloat16', 'float16', 'float32'); None where that peak is unknown."""
         return estimate_mfu(self, fwdbwd_per_iter, dt, device=device, n_devices=n_devices, dtype=dtype)
 
     @torch.no_grad()
@@ -292,13 +294,15 @@ def configure_adamw(model, weight_decay, learning_rate, betas, device_type):
 
 # Dense (no sparsity) peak FLOP/s per GPU, from the vendors' data sheets, by the exact name
 # torch.cuda.get_device_name reports and by the training dtype: bf16/fp16 are the tensor-core rates with fp32
-# accumulation (what autocast's matmuls use); float32 is TF32's (train.py and bench.py allow TF32 matmuls on CUDA),
-# or the fp32 CUDA-core rate where there is no TF32 (V100, T4). Variants of one chip differ (H100 SXM 989, NVL 835,
-# PCIe 756 bf16 TFLOP/s), so names are never matched by substring: an unknown name gives no MFU, not another's.
+# accumulation (what autocast's matmuls use); float32 is TF32's (train.py and bench.py allow TF32 matmuls on
+# CUDA), or the fp32 CUDA-core rate where there is no TF32 (V100, T4). Variants of one chip differ (H100 SXM
+# 989, NVL 835, PCIe 756 bf16 TFLOP/s), so names are never matched by substring: an unknown name gives no MFU,
+# not another's.
 _H100_SXM = dict(bfloat16=989e12, float16=989e12, float32=495e12)  # H100 SXM5, H200 SXM, GH200
 _NVL = dict(bfloat16=835e12, float16=835e12, float32=418e12)  # H100 NVL, H200 NVL (per GPU)
 _A100 = dict(bfloat16=312e12, float16=312e12, float32=156e12)  # every A100 form factor
-_V100_SXM2, _V100_PCIE = dict(float16=125e12, float32=15.7e12), dict(float16=112e12, float32=14e12)  # no bf16, TF32
+# no bf16, TF32
+_V100_SXM2, _V100_PCIE = dict(float16=125e12, float32=15.7e12), dict(float16=112e12, float32=14e12)
 PEAK_FLOPS = {
     "NVIDIA H100 80GB HBM3": _H100_SXM,
     "NVIDIA H100 PCIe": dict(bfloat16=756e12, float16=756e12, float32=378e12),
@@ -321,8 +325,8 @@ PEAK_FLOPS = {
 
 
 def device_peak_flops(device, dtype):
-    """Peak FLOP/s of the device the model runs on for the training dtype ('float32', 'bfloat16', 'float16'); None
-    when not known (CPU, a GPU or dtype missing from PEAK_FLOPS, no dtype)."""
+    """Peak FLOP/s of the device the model runs on for the training dtype ('float32', 'bfloat16', 'float16');
+    None when not known (CPU, a GPU or dtype missing from PEAK_FLOPS, no dtype)."""
     device = torch.device(device)
     if device.type != "cuda" or dtype is None:
         return None
@@ -344,9 +348,10 @@ def estimate_mfu(model, fwdbwd_per_iter, dt, *, device=None, n_devices=1, dtype=
 
 @torch.no_grad()
 def generate(model, idx, max_new_tokens, *, temperature=1.0, top_k=None, use_cache=True):
-    """Autoregressive sampling from a (b, t) index tensor; works for any model with the GPT forward API. With the
-    KV cache each step feeds only the new token; once the sequence outgrows block_size the context window slides,
-    which absolute position embeddings cannot do from a cache, so from then on each step recomputes the window."""
+    """Autoregressive sampling from a (b, t) index tensor; works for any model with the GPT forward API.
+    With the KV cache each step feeds only the new token; once the sequence outgrows block_size the
+    context window slides, which absolute position embeddings cannot do from a cache, so from then on
+    each step recomputes the window."""
     block_size = model.config.block_size
     cache = KVCache(model.config.n_layer, block_size) if use_cache else None
     for _ in range(max_new_tokens):

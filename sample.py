@@ -1,10 +1,12 @@
 """
-Sample from a trained model: a checkpoint in out_dir (GPT or DistributedGPT, rebuilt with the checkpoint's own
-tp_size and block_types; nanoGPT's checkpoints too) or a pretrained GPT-2. Generation uses a KV cache (kv_cache=True).
+Sample from a trained model: a checkpoint in out_dir (GPT or DistributedGPT, rebuilt with the
+checkpoint's own tp_size and block_types; nanoGPT's checkpoints too) or a pretrained GPT-2. Generation
+uses a KV cache (kv_cache=True).
 $ python sample.py --out_dir=out-shakespeare-char
 $ python sample.py --init_from=gpt2-xl --start="What is the answer to life?" --num_samples=3
 $ python sample.py --out_dir=out-gpt2 --start=FILE:prompt.txt
-Real tensor parallelism, one shard per process (torchrun takes --start for its own --start-method: use --prompt):
+Real tensor parallelism, one shard per process (torchrun takes --start for its own
+--start-method: use --prompt):
 $ torchrun --standalone --nproc_per_node=2 sample.py --out_dir=out-shakespeare-char-spd --tp_mode=real --prompt="ROMEO:"
 """
 
@@ -23,7 +25,8 @@ from tpcomm.model.interface import PlainGPT
 from tpcomm.parallel.parallel_dims import check_layout, init_parallel, shutdown
 
 DEFAULTS = dict(
-    init_from="resume",  # 'resume' (from out_dir) or a GPT-2 variant: 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl'
+    # 'resume' (from out_dir) or a GPT-2 variant: 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl'
+    init_from="resume",
     out_dir="out",
     start="\n",  # the prompt, or "FILE:path.txt" (UTF-8)
     prompt=None,  # the same as start, under a name torchrun does not take for one of its own options
@@ -32,9 +35,11 @@ DEFAULTS = dict(
     temperature=0.8,  # 1.0 = no change, < 1.0 = less random
     top_k=200,  # keep only the top_k most likely tokens (None: all)
     seed=1337,
-    kv_cache=True,  # feed only each new token, keys and values of the earlier ones cached (same tokens either way)
+    # feed only each new token, keys and values of the earlier ones cached (same tokens either way)
+    kv_cache=True,
     tp_size=None,  # distributed_gpt: shards per layer (None: the checkpoint's); checkpoints are GPT-layout
-    tp_mode="simulated",  # 'simulated' (one process) | 'real' (torchrun, one shard per process, world = tp_size)
+    # 'simulated' (one process) | 'real' (torchrun, one shard per process, world = tp_size)
+    tp_mode="simulated",
     backend=None,  # real mode: None picks 'nccl' on CUDA, 'gloo' on CPU
     device="auto",
     dtype="auto",
@@ -45,7 +50,8 @@ DEFAULTS = dict(
 def check_sample_settings(cfg):
     """Every check of the sampling settings, before anything is loaded."""
     if cfg["init_from"] != "resume" and cfg["init_from"] not in PRETRAINED_SIZES:
-        raise ConfigError(f"init_from must be 'resume' or one of {list(PRETRAINED_SIZES)}, got {cfg['init_from']!r}")
+        raise ConfigError(f"init_from must be 'resume' or one of {list(PRETRAINED_SIZES)}, got "
+                          f"{cfg['init_from']!r}")
     if not cfg["temperature"] > 0:
         raise ConfigError(f"temperature must be > 0, got {cfg['temperature']}")
     if cfg["top_k"] is not None and (not isinstance(cfg["top_k"], int) or cfg["top_k"] < 1):
@@ -96,8 +102,8 @@ def load_model(cfg, pd=None):
     data_dir = trained.get("data_dir") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
                                                         str(trained.get("dataset", "")))
     chars = checkpoint.get("vocab_chars")  # the vocabulary it trained on, saved with it since it records one
-    vocab = (dict(stoi={c: i for i, c in enumerate(chars)}, itos=dict(enumerate(chars))) if chars is not None else
-             load_vocab(data_dir) if trained.get("dataset") and os.path.isdir(data_dir) else None)
+    vocab = (dict(stoi={c: i for i, c in enumerate(chars)}, itos=dict(enumerate(chars))) if chars is not None
+             else load_vocab(data_dir) if trained.get("dataset") and os.path.isdir(data_dir) else None)
     if vocab is not None:
         if pd is None or pd.is_master:
             print(f"loading {data_dir}'s vocabulary" if chars is None else
@@ -108,8 +114,9 @@ def load_model(cfg, pd=None):
             raise ConfigError(f"start has characters not in the dataset's vocabulary: {unknown!r}")
         return model, (lambda s: [stoi[c] for c in s]), (lambda ids: "".join(itos[i] for i in ids))
     if model.config.vocab_size < 50257:
-        raise ConfigError(f"the checkpoint's vocab_size is {model.config.vocab_size}, smaller than GPT-2's, and its "
-                          f"dataset's vocabulary (meta.json or meta.pkl in {data_dir}) is not there")
+        raise ConfigError(f"the checkpoint's vocab_size is {model.config.vocab_size}, smaller than GPT-2's, "
+                          "and its " f"dataset's vocabulary (meta.json or meta.pkl in {data_dir}) is not "
+                          "there")
     return (model, *gpt2_codec())
 
 
@@ -131,7 +138,8 @@ def main(argv):
         cfg["tp_size"] = cfg["tp_size"] or from_checkpoint
     dp, tp = check_layout(tp_size=cfg["tp_size"] or 1, tp_mode=cfg["tp_mode"])
     if dp != 1:
-        raise ConfigError(f"sample.py runs one model replica: launch tp_size ({cfg['tp_size']}) processes, not {dp * tp}")
+        raise ConfigError(f"sample.py runs one model replica: launch tp_size ({cfg['tp_size']}) processes, "
+                          f"not {dp * tp}")
     pd = init_parallel(dp=dp, tp=tp, device_type=device_type, backend=cfg["backend"])
     try:
         if pd.distributed and device_type == "cuda":
@@ -150,12 +158,14 @@ def checkpoint_tp_size(cfg):
                           f"got init_from={cfg['init_from']!r}")
     model_type, spec = checkpoint_model(load_checkpoint(cfg["out_dir"]))
     if model_type != "distributed_gpt":
-        raise ConfigError(f"tp_mode='real' needs a distributed_gpt checkpoint, {cfg['out_dir']!r} holds {model_type!r}")
+        raise ConfigError(f"tp_mode='real' needs a distributed_gpt checkpoint, {cfg['out_dir']!r} holds "
+                          f"{model_type!r}")
     return spec["tp_size"]
 
 
 def sample(cfg, pd, device, device_type, dtype):
-    """num_samples samples; every tp rank generates the same tokens (same seed, identical logits), rank 0 prints."""
+    """num_samples samples; every tp rank generates the same tokens (same seed,
+    identical logits), rank 0 prints."""
     model, encode, decode = load_model(cfg, pd)
     setup_runtime(device_type, cfg["seed"])
     model.eval().to(device)

@@ -1,10 +1,10 @@
 """
 Converting a trained checkpoint's blocks to cheaper-to-communicate ones, the block type chosen by --block:
 
---block=spd (the default): Sync-Point Drop (arXiv 2502.20727): per-block sensitivity, distillation, the converted
-model (the machinery: tpcomm/convert/sync_point_drop.py).
---block=ladder: Ladder Residual (arXiv 2501.06589): the upper half of the blocks 'ladder', zero-shot, then a short
-retraining (tpcomm/convert/ladder_conversion.py).
+--block=spd (the default): Sync-Point Drop (arXiv 2502.20727): per-block sensitivity, distillation, the
+converted model (the machinery: tpcomm/convert/sync_point_drop.py). --block=ladder: Ladder Residual (arXiv
+2501.06589): the upper half of the blocks 'ladder', zero-shot, then a short retraining
+(tpcomm/convert/ladder_conversion.py).
 
 $ python spd.py --out_dir=out-shakespeare-char --tp_size=4
 $ python sample.py --out_dir=out-shakespeare-char/spd       # the converted model
@@ -24,7 +24,8 @@ CONVERSIONS = {"spd": (sync_point_drop.DEFAULTS, sync_point_drop.main),
 
 
 def split_block(argv):
-    """(the --block given, default 'spd'; the last one wins, the other arguments): the conversion's own keys."""
+    """(the --block given, default 'spd'; the last one wins, the other arguments):
+    the conversion's own keys."""
     blocks = [a.split("=", 1)[1] for a in argv if a.startswith("--block=")]
     block = blocks[-1] if blocks else "spd"
     if block not in CONVERSIONS:

@@ -62,7 +62,8 @@ def test_one_token_budget(group):
     assert len(set(budgets.values())) == 1, budgets
 
 
-@pytest.mark.parametrize("group, base", [(GPT2_COMM, "sweep_gpt2.py"), (CHAR_COMM, "sweep_shakespeare_char.py")],
+@pytest.mark.parametrize("group, base", [(GPT2_COMM, "sweep_gpt2.py"),
+                                         (CHAR_COMM, "sweep_shakespeare_char.py")],
                          ids=["gpt2", "shakespeare_char"])
 def test_comm_configs_are_their_base_plus_name_and_block_types(group, base):
     base_cfg = load(os.path.join(ROOT, "config", base))
@@ -82,10 +83,10 @@ def gpt2_params():
 
 @pytest.mark.parametrize("path", GPT2_COMM, ids=os.path.basename)
 def test_gpt2_config_builds_124m_and_measures_its_name(path, gpt2_params):
-    """The config's model is GPT-2 124M (built on the meta device: the count needs no weights), and a forward pass
-    of its blocks makes the all-reduces its name says: the same pattern and layer count at a width of 4 per head,
-    since the count depends on the blocks, not on their width (test_char_config_measures_its_name: the whole
-    model)."""
+    """The config's model is GPT-2 124M (built on the meta device: the count needs no weights), and a
+    forward pass of its blocks makes the all-reduces its name says: the same pattern and layer count at a
+    width of 4 per head, since the count depends on the blocks, not on their width
+    (test_char_config_measures_its_name: the whole model)."""
     cfg = load(path)
     with torch.device("meta"):
         n = build_model(cfg["model_type"], model_args(cfg, 50304)).get_num_params()

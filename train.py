@@ -6,24 +6,25 @@ $ torchrun --standalone --nproc_per_node=4 train.py config/train_gpt2.py
 Real tensor parallel (dp=2 x tp=2 on CPU; the global micro-batches split over the 2 replicas):
 $ torchrun --standalone --nproc_per_node=4 train.py config/train_shakespeare_char_spd.py --tp_mode=real \
       --gradient_accumulation_steps=2
-Multi-node: torchrun --nnodes=2 --node_rank=0 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 ...
-Pipeline stages (pp x dp x tp; here pp 2 x dp 2 x tp 2 real, 1F1B over gradient_accumulation_steps/dp micro-batches):
+Multi-node: torchrun --nnodes=2 --node_rank=0 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 ... Pipeline
+stages (pp x dp x tp; here pp 2 x dp 2 x tp 2 real, 1F1B over gradient_accumulation_steps/dp micro-batches):
 $ torchrun --standalone --nproc_per_node=8 train.py config/train_shakespeare_char_spd.py --tp_mode=real --tp_size=2 \
       --pp_size=2 --pp_schedule=1f1b --gradient_accumulation_steps=8 --compile=False
-FSDP instead of DDP over the data-parallel ranks (parameters, gradients and AdamW state sharded over dp; composes
-with real tp), building on the meta device so no rank ever holds the whole model, vocabulary-parallel loss:
+FSDP instead of DDP over the data-parallel ranks (parameters, gradients and AdamW state sharded over dp;
+composes with real tp), building on the meta device so no rank ever holds the whole model,
+vocabulary-parallel loss:
 $ torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2.py --model_type=distributed_gpt \
       --tp_size=2 --tp_mode=real --data_parallel=fsdp --init_device=meta --loss_parallel=True
-Two nodes of 8 GPUs, hybrid sharding (HSDP): FSDP within each node (dp_shard = GPUs per node / tp), replicas across
-the nodes, so only the gradient all-reduce between the two replicas crosses the network:
+Two nodes of 8 GPUs, hybrid sharding (HSDP): FSDP within each node (dp_shard = GPUs per node / tp), replicas
+across the nodes, so only the gradient all-reduce between the two replicas crosses the network:
 $ torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 train.py \
       config/train_gpt2.py --data_parallel=fsdp --dp_shard=8
 
-Resume (--init_from=resume) takes the model from out_dir/ckpt.pt: its type, sizes, GELU form and block pattern.
-A command line or config file that explicitly sets one of those to another value is refused; tp_size, tp_mode,
-the process layout, dropout, block_size (smaller only: the model is cropped) and the training settings may change
-(tp_size, dropout and block_size are the checkpoint's unless set).
-max_iters=N runs steps 0..N (N+1 steps), as nanoGPT does.
+Resume (--init_from=resume) takes the model from out_dir/ckpt.pt: its type, sizes, GELU form and block
+pattern. A command line or config file that explicitly sets one of those to another value is refused; tp_size,
+tp_mode, the process layout, dropout, block_size (smaller only: the model is cropped) and the training
+settings may change (tp_size, dropout and block_size are the checkpoint's unless set). max_iters=N runs steps
+0..N (N+1 steps), as nanoGPT does.
 """
 
 import contextlib
@@ -61,21 +62,25 @@ def get_lr(it, cfg):
 
 def train_step(training, *, report=True):
     """One optimizer step over the global batch. Returns (the loss: its micro-steps' parts, read by read_loss;
-    collectives report, or None when not `report`: reading it waits for the device's collectives, so the loop asks
-    for it at log steps only). Under pp the pipeline runs the step (Pipeline.pipelined_step)."""
+    collectives report, or None when not `report`: reading it waits for the device's collectives, so the loop
+    asks for it at log steps only). Under pp the pipeline runs the step (Pipeline.pipelined_step)."""
     cfg, raw_model = training.cfg, training.raw_model
     if training.pipe is not None:
         first = training.micro_offset
-        batches = [training.batches.get("train", training.iter_num, first + j) for j in range(training.grad_accum)]
-        lossf, comm = training.pipe.pipelined_step(batches, training.optimizer, dropout_key=(cfg["seed"], training.iter_num,
-                                          training.micro_offset), ctx=training.ctx, grad_clip=cfg["grad_clip"],
-                                          tokens=cfg["batch_size"] * cfg["block_size"])
+        batches = [training.batches.get("train", training.iter_num, first + j)
+                   for j in range(training.grad_accum)]
+        lossf, comm = training.pipe.pipelined_step(batches, training.optimizer,
+                                                   dropout_key=(cfg["seed"], training.iter_num,
+                                                                training.micro_offset), ctx=training.ctx,
+                                                   grad_clip=cfg["grad_clip"], tokens=cfg["batch_size"]
+                                                   * cfg["block_size"])
         return lossf, comm
     raw_model.reset_comm_counts()
     # forward backward update, with gradient accumulation; DDP/FSDP sync gradients on the last micro-step only
     loss_parts = []  # each micro-step's loss, on the device: no sync per micro-step
     for micro_step in range(training.grad_accum):
-        micro = training.micro_offset + micro_step  # global micro-batch index: keys the batch and the dropout masks
+        # global micro-batch index: keys the batch and the dropout masks
+        micro = training.micro_offset + micro_step
         X, Y = training.batches.get("train", training.iter_num, micro)
         raw_model.seed_dropout(cfg["seed"], training.iter_num, micro)
         set_gradient_sync(training.sync_module, enabled=micro_step == training.grad_accum - 1)
@@ -99,9 +104,9 @@ def train_step(training, *, report=True):
 
 
 def read_loss(training, loss):
-    """The step's mean loss as a float, the same on every rank: the micro-steps' parts summed in order (as float64,
-    so the number is the one a per-micro-step .item() would give), then averaged over the dp ranks (a collective:
-    every rank calls it at the same steps). Under pp the pipeline has read it already."""
+    """The step's mean loss as a float, the same on every rank: the micro-steps' parts summed in order (as
+    float64, so the number is the one a per-micro-step .item() would give), then averaged over the dp ranks (a
+    collective: every rank calls it at the same steps). Under pp the pipeline has read it already."""
     if isinstance(loss, float):
         return loss
     total = 0.0
@@ -113,15 +118,16 @@ def read_loss(training, loss):
 def stop_if_not_finite(training, what, value):
     """A non-finite loss stops the run before anything is saved: the last good checkpoint stays as it is."""
     if not math.isfinite(value):
-        raise RunError(f"{what} loss is {value} at iter {training.iter_num}; stopping. The last good checkpoint "
-                       f"(if any) is kept in {training.cfg['out_dir']}")
+        raise RunError(f"{what} loss is {value} at iter {training.iter_num}; stopping. The last good "
+                       "checkpoint " f"(if any) is kept in {training.cfg['out_dir']}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # the loop
 
 def start_wandb(cfg, master):
-    """wandb's run on the master rank when wandb_log is on (None otherwise); its own errors end in one line."""
+    """wandb's run on the master rank when wandb_log is on (None otherwise); its
+    own errors end in one line."""
     if not (cfg["wandb_log"] and master):
         return None
     import wandb
@@ -136,14 +142,15 @@ def start_wandb(cfg, master):
 
 
 def evaluate_and_save(training, lr, wandb, running_mfu, *, stepped):
-    """Evaluate the loss on train/val and write a checkpoint when it is the best (or always_save_checkpoint), never
-    a non-finite model, and only once this process has trained a step (`stepped`): a resume writes nothing
-    before it has shown it can step. Returns the losses."""
+    """Evaluate the loss on train/val and write a checkpoint when it is the best (or always_save_checkpoint),
+    never a non-finite model, and only once this process has trained a step (`stepped`): a resume writes
+    nothing before it has shown it can step. Returns the losses."""
     cfg = training.cfg
     losses = evaluate(training)
     if training.pd.is_master:
         print(f"step {training.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-        training.metrics.write(iter=training.iter_num, train_loss=losses["train"], val_loss=losses["val"], lr=lr)
+        training.metrics.write(iter=training.iter_num, train_loss=losses["train"], val_loss=losses["val"],
+                               lr=lr)
         if wandb is not None:
             wandb.log({"iter": training.iter_num, "train/loss": losses["train"], "val/loss": losses["val"],
                        "lr": lr, "mfu": running_mfu * 100})
@@ -163,12 +170,12 @@ def evals_left(iter_num, cfg):
 
 
 def log_step(training, *, lossf, dt, lr, comm, running_mfu, steps_here, first_iter, loop_start, evals):
-    """The master's log line and metrics row for a log step; returns the running MFU (nanoGPT's smoothing, from
-    the sixth step of this process on)."""
+    """The master's log line and metrics row for a log step; returns the running MFU (nanoGPT's smoothing,
+    from the sixth step of this process on)."""
     cfg = training.cfg
     if steps_here >= 5:  # let the training loop settle a bit
-        mfu = training.raw_model.estimate_mfu(cfg["batch_size"] * training.grad_accum, dt, device=training.device,
-                                              dtype=training.dtype)
+        mfu = training.raw_model.estimate_mfu(cfg["batch_size"] * training.grad_accum, dt,
+                                              device=training.device, dtype=training.dtype)
         if mfu is not None:
             mfu /= training.pd.pp  # a replica runs on pp times the devices of one stage group
             running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
@@ -195,10 +202,11 @@ def train(training):
     cfg, master = training.cfg, training.pd.is_master
     wandb = start_wandb(cfg, master)
     local_iter_num, running_mfu = 0, -1.0
-    first_iter, last_eval, evals = training.iter_num, None, (0, 0.0)  # (iteration, losses) of the last evaluation
+    # (iteration, losses) of the last evaluation
+    first_iter, last_eval, evals = training.iter_num, None, (0, 0.0)
     loop_start = time.perf_counter()
-    # ms/iter, tokens/s and MFU: the device-synchronised time since the last log line, evaluation and saving left
-    # out, over the steps since: queued work counts where it ran, and the host syncs at log steps only
+    # ms/iter, tokens/s and MFU: the device-synchronised time since the last log line, evaluation and saving
+    # left out, over the steps since: queued work counts where it ran, and the host syncs at log steps only
     clock = DeviceClock(training.device)
     interval_start, interval_steps = clock.now(), 0
     while True:
@@ -211,8 +219,8 @@ def train(training):
         # eval_interval is
         if training.iter_num % cfg["eval_interval"] == 0 or training.iter_num == cfg["max_iters"]:
             if last_eval is None and master:  # so a long first evaluation is not taken for a hang
-                print(f"evaluating: {cfg['eval_iters']} batches of {cfg['batch_size']} x {cfg['block_size']} tokens "
-                      "from each of train and val (eval_iters sets how many)")
+                print(f"evaluating: {cfg['eval_iters']} batches of {cfg['batch_size']} x {cfg['block_size']} "
+                      "tokens " "from each of train and val (eval_iters sets how many)")
             paused, host = clock.now(), time.perf_counter()
             last_eval = (training.iter_num, evaluate_and_save(training, lr, wandb, running_mfu,
                                                               stepped=training.iter_num > first_iter))
@@ -221,7 +229,8 @@ def train(training):
         if cfg["eval_only"]:
             break
 
-        # one training step: forward/backward with gradient accumulation, clip, update (no host sync but a log step's)
+        # one training step: forward/backward with gradient accumulation, clip, update (no host sync but a log
+        # step's)
         traced = cfg["trace"] is not None and training.iter_num == cfg["trace_iter"]
         trace = comm_trace.rank_path(cfg["trace"], training.pd.rank) if traced else None
         logged = training.iter_num % cfg["log_interval"] == 0
@@ -239,9 +248,9 @@ def train(training):
             lossf = read_loss(training, loss)
             stop_if_not_finite(training, "training", lossf)
             if master:
-                running_mfu = log_step(training, lossf=lossf, dt=dt, lr=lr, comm=comm, running_mfu=running_mfu,
-                                       steps_here=local_iter_num, first_iter=first_iter, loop_start=loop_start,
-                                       evals=evals)
+                running_mfu = log_step(training, lossf=lossf, dt=dt, lr=lr, comm=comm,
+                                       running_mfu=running_mfu, steps_here=local_iter_num,
+                                       first_iter=first_iter, loop_start=loop_start, evals=evals)
             interval_start, interval_steps = clock.now(), 0
         training.iter_num += 1
         local_iter_num += 1
@@ -259,11 +268,12 @@ def train(training):
 @exit_on_run_error
 def main(argv):
     cfg, setup = prepare(argv)
-    pd = init_parallel(dp=setup.dp, tp=setup.tp, pp=setup.pp, dp_shard=setup.dp_shard, device_type=setup.device_type,
-                       backend=cfg["backend"])
+    pd = init_parallel(dp=setup.dp, tp=setup.tp, pp=setup.pp, dp_shard=setup.dp_shard,
+                       device_type=setup.device_type, backend=cfg["backend"])
     finished = False
     try:
-        # one run per out_dir: the master holds the directory's lock for the whole run, before writing anything
+        # one run per out_dir: the master holds the directory's lock for the whole run, before writing
+        # anything
         lock = RunLock(cfg["out_dir"], what="train.py run") if pd.is_master else contextlib.nullcontext()
         with lock:
             train(start_run(cfg, setup, pd))

@@ -1,8 +1,9 @@
 # The gpu-scale sweep's model (python experiment.py gpu-scale; docs/gpu.md "gpu-scale"): the axes model of
-# config/sweep_axes.py (12 x 64, 8 heads, tp 4, 5000 steps, an eval every 250 on 50 batches, a checkpoint at every
-# eval so a run cut off by the end of a GPU window resumes) on the Linux kernel's C source (data/linux/prepare.py),
-# bf16 autocast and torch.compile on a CUDA GPU (dtype 'auto'). The sweep sets each size's layers, width, batch
-# and learning rate, and the block pattern, on the command line (tpcomm/experiments/sweep_plan.py, SCALE_SIZES).
+# config/sweep_axes.py (12 x 64, 8 heads, tp 4, 5000 steps, an eval every 250 on 50 batches, a checkpoint at
+# every eval so a run cut off by the end of a GPU window resumes) on the Linux kernel's C source
+# (data/linux/prepare.py), bf16 autocast and torch.compile on a CUDA GPU (dtype 'auto'). The sweep sets each
+# size's layers, width, batch and learning rate, and the block pattern, on the command line
+# (tpcomm/experiments/sweep_plan.py, SCALE_SIZES).
 # $ python train.py config/gpu_scale.py --block_types="['spd']*12"
 out_dir = 'out-gpu-scale'
 dataset = 'linux'

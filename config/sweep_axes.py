@@ -1,7 +1,8 @@
-# The axes sweeps' model (experiment.py cpu-long, tp-axis, size-axis, convergence; docs/axes.md): the cpu sweep's
-# 12 x 64 model with 8 heads (so tp_size 8 divides them), trained 10x longer than `cpu`, evaluated every 250 steps
-# on 50 batches, checkpointed at every eval so an interrupted run resumes. The sweeps set block_types, tp_size and,
-# for the size and convergence axes, the size and the steps on the command line. On its own: all-'tp' at tp 4.
+# The axes sweeps' model (experiment.py cpu-long, tp-axis, size-axis, convergence; docs/axes.md): the cpu
+# sweep's 12 x 64 model with 8 heads (so tp_size 8 divides them), trained 10x longer than `cpu`, evaluated
+# every 250 steps on 50 batches, checkpointed at every eval so an interrupted run resumes. The sweeps set
+# block_types, tp_size and, for the size and convergence axes, the size and the steps on the command line. On
+# its own: all-'tp' at tp 4.
 # $ python train.py config/sweep_axes.py --block_types="['spd']*12"
 out_dir = 'out-axes'
 dataset = 'shakespeare_char'

@@ -1,5 +1,5 @@
-# nanoGPT's baby Shakespeare-char GPT as a DistributedGPT: parallel blocks, no communication but one final sync.
-# The CPU recipe in the README runs this file with smaller sizes on the command line.
+# nanoGPT's baby Shakespeare-char GPT as a DistributedGPT: parallel blocks, no communication but one final
+# sync. The CPU recipe in the README runs this file with smaller sizes on the command line.
 out_dir = 'out-shakespeare-char-parallel'
 eval_interval = 250
 eval_iters = 200

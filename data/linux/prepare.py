@@ -1,9 +1,10 @@
 """
 Prepare the Linux kernel's C source for character-level language modeling (the corpus of char-rnn's Linux
-experiment), from Debian's pinned linux-source package, offline. The files, their order, the split and the fixed
-97-character vocabulary: data/linux_corpus.py; sizes and why: docs/data.md. Writes train.bin, val.bin (uint16 ids),
-meta.json/meta.pkl and source.json (package, version, the tarball's sha256, the text's sha256); with --compact also
-linux-char.tar.xz (~30 MB), the form that travels to a GPU machine; --unpack turns that back into the .bin files.
+experiment), from Debian's pinned linux-source package, offline. The files, their order, the split and the
+fixed 97-character vocabulary: data/linux_corpus.py; sizes and why: docs/data.md. Writes train.bin, val.bin
+(uint16 ids), meta.json/meta.pkl and source.json (package, version, the tarball's sha256, the text's sha256);
+with --compact also linux-char.tar.xz (~30 MB), the form that travels to a GPU machine; --unpack turns that
+back into the .bin files.
 
   apt-get update && apt-get install -y linux-source-6.12     # /usr/src/linux-source-6.12.tar.xz, ~150 MB
   python data/linux/prepare.py --compact                     # ~5 min on 2 cores; 300M train, 5M val tokens
@@ -53,19 +54,21 @@ def main(argv=None):
             return
         if args.input:
             files, n, source = lc.local_files(args.input), len(args.input), dict(source=[os.path.abspath(p)
-                                                                                          for p in args.input])
+                                                                                         for p in args.input])
         else:
             files, n = lc.tarball_files(args.tarball), None
-            source = dict(source=f"debian:{lc.PACKAGE}={lc.VERSION} {lc.TARBALL}", tarball_sha256=lc.TARBALL_SHA256,
-                          files="*.c, *.h whose characters are all in the vocabulary")
+            source = dict(source=f"debian:{lc.PACKAGE}={lc.VERSION} {lc.TARBALL}",
+                          tarball_sha256=lc.TARBALL_SHA256, files="*.c, *.h whose characters are all in the "
+                          "vocabulary")
         compact = os.path.join(args.out_dir, lc.COMPACT) if args.compact else None
         info = lc.prepare(files, args.out_dir, source, n_files=n, val_tokens=args.val_tokens,
                           train_tokens=args.train_tokens, compact=compact)
     except ValueError as e:  # too little usable text, a corrupt compact form
         parser.error(str(e))
-    print(f"{info['files']:,} files ({info['files_left_out']:,} left out: characters outside the vocabulary); "
-          f"train.bin {info['train_tokens']:,} tokens, val.bin {info['val_tokens']:,} tokens, vocabulary "
-          f"{info['vocab_size']}; in {args.out_dir}" + (f"; compact form {compact}" if compact else ""))
+    print(f"{info['files']:,} files ({info['files_left_out']:,} left out: characters outside the "
+          "vocabulary); " f"train.bin {info['train_tokens']:,} tokens, val.bin {info['val_tokens']:,} "
+          "tokens, vocabulary " f"{info['vocab_size']}; in {args.out_dir}"
+          + (f"; compact form {compact}" if compact else ""))
 
 
 if __name__ == "__main__":

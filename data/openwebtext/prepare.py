@@ -22,7 +22,8 @@ from data.tokenizer import gpt2_encoding
 
 def main():
     parser = ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument("--input", nargs="+", help="local text files (default: OpenWebText from the Hugging Face hub)")
+    parser.add_argument("--input", nargs="+", help="local text files (default: OpenWebText from the Hugging "
+                        "Face hub)")
     parser.add_argument("--num_proc", type=int, default=min(8, os.cpu_count()),
                         help="workers for loading and tokenizing; good is about half the CPU cores")
     parser.add_argument("--out_dir", default=os.path.dirname(os.path.abspath(__file__)))
@@ -30,13 +31,15 @@ def main():
     if args.num_proc < 1:
         parser.error(f"--num_proc {args.num_proc}: must be at least 1")
     check_args(parser, args)
-    from datasets import load_dataset  # huggingface datasets: 2-3 s to import, so after the arguments are checked
+    # huggingface datasets: 2-3 s to import, so after the arguments are checked
+    from datasets import load_dataset
 
     if args.input:
         dataset = load_dataset("text", data_files=args.input, sample_by="paragraph")
         if dataset["train"].num_rows < 2:  # the val split takes one document and leaves the rest to train
-            parser.error(f"--input {' '.join(args.input)}: {dataset['train'].num_rows} document(s); a train and "
-                         f"a val split need at least 2 (documents are paragraphs: text between blank lines)")
+            parser.error(f"--input {' '.join(args.input)}: {dataset['train'].num_rows} document(s); a train "
+                         "and " f"a val split need at least 2 (documents are paragraphs: text between blank "
+                         "lines)")
     else:
         # takes 54GB in the huggingface cache dir, about 8M documents (8,013,769).
         # datasets >= 4 refuses the hub's loading script for openwebtext (see nanoGPT issue #633)
@@ -48,8 +51,8 @@ def main():
         except ConnectionError as e:  # the hub answered, the dataset did not come (or offline and not cached)
             problem = str(e)
         if problem is not None:
-            print(f"{parser.prog}: error: cannot get OpenWebText from the Hugging Face hub ({problem}); to prepare "
-                  f"local text offline, use --input FILE [FILE ...]", file=sys.stderr)
+            print(f"{parser.prog}: error: cannot get OpenWebText from the Hugging Face hub ({problem}); to "
+                  "prepare " f"local text offline, use --input FILE [FILE ...]", file=sys.stderr)
             sys.exit(2)
 
     # owt by default only contains the 'train' split, so create a test split
@@ -79,7 +82,8 @@ def main():
         idx = 0
         for batch_idx in tqdm(range(total_batches), desc=f"writing {filename}"):
             # batch together samples for faster write
-            batch = dset.shard(num_shards=total_batches, index=batch_idx, contiguous=True).with_format("numpy")
+            batch = dset.shard(num_shards=total_batches, index=batch_idx,
+                               contiguous=True).with_format("numpy")
             arr_batch = np.concatenate(batch["ids"])
             # write into mmap
             arr[idx: idx + len(arr_batch)] = arr_batch

@@ -17,7 +17,8 @@ from data.tokenizer import gpt2_encoding
 
 
 def main():
-    args, data, source = shakespeare_cli(__doc__.strip().splitlines()[0], os.path.dirname(os.path.abspath(__file__)))
+    args, data, source = shakespeare_cli(__doc__.strip().splitlines()[0],
+                                         os.path.dirname(os.path.abspath(__file__)))
     n = len(data)
     train_data = data[:int(n * 0.9)]
     val_data = data[int(n * 0.9):]

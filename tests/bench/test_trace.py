@@ -1,6 +1,7 @@
-"""A trace of every collective (comm_trace.py, bench.py --trace): each collective f and g run is one labelled span in
-a Chrome trace, and the spans of each step are exactly the collectives the model counts (comm_report), in the order
-and at the sites docs/model.md gives, simulated and under real TP (torchrun, gloo); the timeline plot's command."""
+"""A trace of every collective (comm_trace.py, bench.py --trace): each collective f and g run is one
+labelled span in a Chrome trace, and the spans of each step are exactly the collectives the model counts
+(comm_report), in the order and at the sites docs/model.md gives, simulated and under real TP (torchrun,
+gloo); the timeline plot's command."""
 
 import contextlib
 import io
@@ -21,13 +22,14 @@ BATCH, STEPS = 2, 2
 TINY = ["--device=cpu", "--dtype=float32", *(f"--{k}={v}" for k, v in SIZES.items()), f"--batch_size={BATCH}",
         "--iters=1", "--warmup=0", "--compare=False", f"--trace_steps={STEPS}"]
 PATTERNS = {"tp": ["tp"] * 4, "spd": ["spd"] * 4, "parallel": ["parallel"] * 4,
-            "mix": ["parallel", "tp", "spd", "parallel"]}  # a desynced stream into 'tp' and 'spd', ends desynced
+            # a desynced stream into 'tp' and 'spd', ends desynced
+            "mix": ["parallel", "tp", "spd", "parallel"]}
 STREAM_BYTES = BATCH * SIZES["block_size"] * SIZES["n_embd"] * 4  # one all-reduce of the (N, C) stream, fp32
 
 
 def expected_sites(pattern):
-    """docs/model.md: (layer, block, site) of the forward all-reduces (g) in order, and of the backward ones (f's
-    backward) in the order backward runs them."""
+    """docs/model.md: (layer, block, site) of the forward all-reduces (g) in order, and of the backward ones
+    (f's backward) in the order backward runs them."""
     fwd, f_sites, synced = [], [], True
     for i, kind in enumerate(pattern):
         if synced:  # a synced stream enters the shards through f
@@ -76,14 +78,16 @@ def check_trace(path, pattern, report, *, mode, steps=STEPS):
 
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
-    """bench.py --trace on the four patterns in one simulated run: {pattern name: trace file}, and what it printed."""
+    """bench.py --trace on the four patterns in one simulated run: {pattern name: trace
+    file}, and what it printed."""
     d = tmp_path_factory.mktemp("trace_sim")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        bench.main([*TINY, "--model_type=distributed_gpt", "--tp_size=2", f"--patterns={list(PATTERNS.values())}",
-                    f"--trace={d / 'trace.json'}"])
+        bench.main([*TINY, "--model_type=distributed_gpt", "--tp_size=2",
+                    f"--patterns={list(PATTERNS.values())}", f"--trace={d / 'trace.json'}"])
     # one file per pattern, named by its forward all-reduces (spd and mix both have 4: the second gets -2)
-    files = dict(zip(PATTERNS, ["trace-8comm.json", "trace-4comm.json", "trace-1comm.json", "trace-4comm-2.json"]))
+    files = dict(zip(PATTERNS, ["trace-8comm.json", "trace-4comm.json", "trace-1comm.json",
+                                "trace-4comm-2.json"]))
     return {name: str(d / f) for name, f in files.items()}, out.getvalue()
 
 
@@ -105,7 +109,8 @@ def test_the_comparison_can_fail(simulated, tmp_path):
     with pytest.raises(AssertionError):
         check_trace(files["tp"], PATTERNS["spd"], measured(PATTERNS["spd"]), mode="sim")
     with pytest.raises(AssertionError):
-        check_trace(files["mix"], PATTERNS["spd"], measured(PATTERNS["spd"]), mode="sim")  # same counts, other sites
+        # same counts, other sites
+        check_trace(files["mix"], PATTERNS["spd"], measured(PATTERNS["spd"]), mode="sim")
     with pytest.raises(AssertionError):
         check_trace(files["tp"], PATTERNS["tp"], measured(PATTERNS["tp"]), mode="real")
     with open(files["spd"]) as f:
@@ -117,7 +122,8 @@ def test_the_comparison_can_fail(simulated, tmp_path):
 
 
 def test_nothing_is_labelled_without_a_profiler(monkeypatch):
-    """No profiler: no span and no label is made (the hot path reads one flag); with one, every collective is."""
+    """No profiler: no span and no label is made (the hot path reads one flag); with
+    one, every collective is."""
     calls = []
     monkeypatch.setattr(torch.profiler, "record_function", lambda name: calls.append(name) or
                         contextlib.nullcontext())
@@ -132,8 +138,8 @@ def test_nothing_is_labelled_without_a_profiler(monkeypatch):
 
 def test_loss_parallel_collectives_are_traced(tmp_path):
     path = tmp_path / "vocab.json"
-    bench.main([*TINY, "--model_type=distributed_gpt", "--tp_size=2", "--block_types=['spd']*4", "--loss_parallel=True",
-                f"--trace={path}"])
+    bench.main([*TINY, "--model_type=distributed_gpt", "--tp_size=2", "--block_types=['spd']*4",
+                "--loss_parallel=True", f"--trace={path}"])
     report = measured(PATTERNS["spd"], loss_parallel=True)
     events = check_trace(str(path), PATTERNS["spd"], report, mode="sim")
     vocab = [ev for ev in events if ev["category"] == "vocab" and ev["step"] == 0]
@@ -172,7 +178,8 @@ def test_real_tp_trace_per_rank(tmp_path):
             events = check_trace(path, pattern, report, mode="real")
             grad = [ev for ev in events if ev["category"] == "grad"]
             assert [(ev["site"], ev["step"]) for ev in grad] == [("grad_sync", 0), ("grad_sync", 1)]
-            assert all(ev["bytes"] == SIZES["n_layer"] * 2 * SIZES["n_embd"] * 4 for ev in grad)  # ln_1, ln_2 weights
+            # ln_1, ln_2 weights
+            assert all(ev["bytes"] == SIZES["n_layer"] * 2 * SIZES["n_embd"] * 4 for ev in grad)
             with open(path) as f:
                 gloo = [e["ts"] for e in json.load(f)["traceEvents"] if e.get("name") == "gloo:all_reduce"]
             assert sorted(sum(ev["ts"] <= t <= ev["ts"] + ev["dur"] for t in gloo) for ev in events) == \
@@ -187,11 +194,13 @@ def test_plot_command(simulated, tmp_path):
     assert r.returncode == 0, r.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
     assert "Traceback" not in r.stderr
-    from tpcomm.figures import command_figures, png  # the plotted numbers beside it, their digest inside (report --check)
+    # the plotted numbers beside it, their digest inside (report --check)
+    from tpcomm.figures import command_figures, png
 
     data, _ = command_figures.load(str(out))
     assert png.png_digest(str(out)) == png.data_digest(data) and len(data["rows"]) == 2
-    line = one_line_error(run_script("-m", "tpcomm.bench.trace", "plot", str(out), str(tmp_path / "missing.json")))
+    line = one_line_error(run_script("-m", "tpcomm.bench.trace", "plot", str(out),
+                                     str(tmp_path / "missing.json")))
     assert "no trace file" in line and "missing.json" in line
 
 
@@ -238,9 +247,9 @@ def test_trace_paths():
 
 
 def test_train_py_traces_one_step_with_the_logged_counts(tmp_path, char_data):
-    """train.py --trace: step trace_iter is traced; its collectives are the counts train.py logs for that step (2
-    micro-batches: twice the per-pass counts). Under pp 2 each rank traces its own stages: together they make the
-    whole model's counts."""
+    """train.py --trace: step trace_iter is traced; its collectives are the counts train.py logs for that step
+    (2 micro-batches: twice the per-pass counts). Under pp 2 each rank traces its own stages: together they
+    make the whole model's counts."""
     common = ["config/train_shakespeare_char_spd.py", *TRAIN_TINY[1:], "--n_layer=4",
               "--block_types=['tp','spd','parallel','spd']", "--max_iters=3", "--eval_interval=3",
               "--gradient_accumulation_steps=2", "--trace_iter=2"]

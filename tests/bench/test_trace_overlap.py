@@ -1,7 +1,7 @@
-"""`python -m tpcomm.bench.trace summary` per direction (issue 35.3): the time in collectives, the exposed part and the
-part that ran beside compute, from the host spans (an asynchronous collective runs from its issue span to the end
-of its 'wait ' span); on a GPU trace, the NCCL kernels' time beside other kernels. Synthetic traces with known
-answers (exact: sums of the given microseconds)."""
+"""`python -m tpcomm.bench.trace summary` per direction (issue 35.3): the time in collectives, the exposed
+part and the part that ran beside compute, from the host spans (an asynchronous collective runs from its issue
+span to the end of its 'wait ' span); on a GPU trace, the NCCL kernels' time beside other kernels. Synthetic
+traces with known answers (exact: sums of the given microseconds)."""
 
 import pytest
 
@@ -22,7 +22,8 @@ def trace(extra=()):
         span("aten::mm", 3300, 2000, cat="cpu_op"),  # ... compute meanwhile ...
         span("wait " + ASYNC, 6000, 500),  # ... waited until 6.5 ms: 3.5 ms in it, 0.7 exposed
         span("allreduce f bwd L0 tp attn 2048B real", 10000, 2000),  # backward, blocking
-        span("allreduce sum bwd grad_sync 512B real", 15000, 1000),  # the gradient sync: backward, as labelled
+        # the gradient sync: backward, as labelled
+        span("allreduce sum bwd grad_sync 512B real", 15000, 1000),
         *extra]}
 
 
@@ -36,8 +37,8 @@ def test_overlap_by_direction():
 
 def test_summary_prints_the_overlap_share_per_direction(capsys):
     lines = summary(trace())
-    assert lines[1] == ("step 0 overlap: fwd 4.50 ms in collectives, 1.70 exposed, 2.80 beside compute (62%); "
-                        "bwd 3.00 ms in collectives, 3.00 exposed, 0.00 beside compute (0%)")
+    assert lines[1] == ("step 0 overlap: fwd 4.50 ms in collectives, 1.70 exposed, 2.80 beside compute "
+                        "(62%); " "bwd 3.00 ms in collectives, 3.00 exposed, 0.00 beside compute (0%)")
     gpu = trace([span("ncclDevKernel_AllReduce_Sum_f32", 2000, 1000, cat="kernel"),
                  span("ampere_sgemm_128x64", 2500, 1000, cat="kernel"),
                  span("elementwise_kernel", 2800, 1000, cat="kernel")])
@@ -55,8 +56,9 @@ def test_summary_cli(tmp_path, capsys):
 
 
 def test_collective_matmul_ring_transfers_pair_with_their_waits():
-    """Issue 48: a ring transfer's issue span and its 'wait ring_p2p ...' span are one collective, in flight from
-    the issue to the end of the wait, the GEMM between them beside it; the summary counts the transfers."""
+    """Issue 48: a ring transfer's issue span and its 'wait ring_p2p ...' span are one
+    collective, in flight from the issue to the end of the wait, the GEMM between them beside it;
+    the summary counts the transfers."""
     ring = "ring_p2p ag fwd L0 tp attn 1024B real"
     t = {"traceEvents": [span("ProfilerStep#0", 0, 10000), span(ring, 1000, 100),
                          span("aten::mm", 1100, 800, cat="cpu_op"), span("wait " + ring, 1900, 100)]}

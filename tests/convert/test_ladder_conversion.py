@@ -1,5 +1,5 @@
-"""spd.py --block=ladder: Ladder Residual conversion of a trained GPT (tpcomm/convert/ladder_conversion.py): the pattern,
-the zero-shot model, the retraining, the conversion written, bad input."""
+"""spd.py --block=ladder: Ladder Residual conversion of a trained GPT (tpcomm/convert/ladder_conversion.py):
+the pattern, the zero-shot model, the retraining, the conversion written, bad input."""
 
 import json
 import os
@@ -12,8 +12,8 @@ from tpcomm.convert.ladder_conversion import convert, ladder_pattern, retrain
 from tpcomm.convert.sync_point_drop import distributed, mean_loss
 from test_spd import batches, tiny_gpt
 
-# fp32, tiny model: a reordered sum differs from GPT's by ~1e-7 relative; 1e-5 leaves room and is far below the
-# effect of the ladder's shifted reads (checked > 1e-3 below)
+# fp32, tiny model: a reordered sum differs from GPT's by ~1e-7 relative; 1e-5 leaves room and is far below
+# the effect of the ladder's shifted reads (checked > 1e-3 below)
 TOL = 1e-5
 
 
@@ -25,8 +25,9 @@ def test_ladder_pattern_is_the_upper_half_or_the_top_k():
 
 
 def test_zero_shot_rows_are_gpt_and_the_ladder_model():
-    """The original row is GPT's loss, the zero-shot row the ladder model's on GPT's weights, which is another
-    function (not vacuous); counts measured: the ladder keeps the all-reduces but issues its own asynchronously."""
+    """The original row is GPT's loss, the zero-shot row the ladder model's on GPT's weights,
+    which is another function (not vacuous); counts measured: the ladder keeps the all-reduces
+    but issues its own asynchronously."""
     gpt = tiny_gpt(n_layer=4)
     X, Y = batches(1)
     cfg = dict(tp_size=2, ladder_layers=-1, retrain_lr=1e-3, control=True)
@@ -49,7 +50,8 @@ def test_retraining_lowers_the_loss_it_trains_on_and_the_control_keeps_gpt():
     train = (X.repeat(15, 1, 1), Y.repeat(15, 1, 1))
     pattern = ladder_pattern(2, -1)
     before = mean_loss(distributed(gpt, gpt.state_dict(), 2, pattern), X, Y)
-    after = mean_loss(distributed(gpt, retrain(gpt, gpt.state_dict(), 2, pattern, train, lr=3e-3), 2, pattern), X, Y)
+    after = mean_loss(distributed(gpt, retrain(gpt, gpt.state_dict(), 2, pattern, train, lr=3e-3), 2,
+                                  pattern), X, Y)
     assert after < before - 0.05, (before, after)
     rows, final = convert(dict(tp_size=2, ladder_layers=-1, retrain_lr=3e-3, control=True), gpt, X, Y, train,
                           X[0][:1, :8])
@@ -78,9 +80,11 @@ def test_ladder_conversion_end_to_end(tiny_run):
         assert os.path.getsize(os.path.join(out, name)) > 0, name
     result = json.load(open(os.path.join(out, "ladder.json")))
     rows = {row["model"]: row for row in result["rows"]}
-    assert list(rows) == ["original", "ladder, zero-shot", "ladder, retrained", "original, retrained (control)"]
+    assert list(rows) == ["original", "ladder, zero-shot", "ladder, retrained", "original, retrained "
+                          "(control)"]
     assert rows["ladder, zero-shot"]["pattern"] == ["tp", "ladder"]  # n_layer 2: the upper half is block 1
-    assert [(r["fwd_allreduces"], r["async_allreduces"]) for r in result["rows"]] == [(4, 0), (4, 2), (4, 2), (4, 0)]
+    assert [(r["fwd_allreduces"], r["async_allreduces"]) for r in result["rows"]] == [(4, 0), (4, 2), (4, 2),
+                                                                                      (4, 0)]
     assert "| ladder, retrained | TL | 4 (2) | 10 |" in r.stdout, r.stdout
     ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
     assert ckpt["model_type"] == "distributed_gpt"

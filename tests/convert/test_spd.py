@@ -1,4 +1,5 @@
-"""spd.py: Sync-Point Drop of a trained GPT (sensitivity, head grouping, distillation, the conversion written)."""
+"""spd.py: Sync-Point Drop of a trained GPT (sensitivity, head grouping,
+distillation, the conversion written)."""
 
 import json
 import os
@@ -11,16 +12,17 @@ from conftest import TINY, run_script
 from model import GPT, GPTConfig
 from tpcomm.errors import ConfigError
 from tpcomm.convert.head_grouping import group_heads, head_grouping, permute_heads_and_units
-from tpcomm.convert.sync_point_drop import (Evaluator, distill_block, distill_kl, distributed, mean_loss, read_latencies,
-                                            sensitivities, spd_pattern)
+from tpcomm.convert.sync_point_drop import (Evaluator, distill_block, distill_kl, distributed, mean_loss,
+                                            read_latencies, sensitivities, spd_pattern)
 
-# fp32, tiny model: a reordered sum differs from GPT's by ~1e-7 relative; 1e-5 leaves room and is far below the
-# effect of dropping a sync (checked > 1e-3 below)
+# fp32, tiny model: a reordered sum differs from GPT's by ~1e-7 relative; 1e-5 leaves room and is far below
+# the effect of dropping a sync (checked > 1e-3 below)
 TOL = 1e-5
 
 
 def tiny_gpt(seed=0, n_layer=2, n_head=4, n_embd=32):
-    """A GPT whose weights are large enough that its blocks matter (GPT-2 init is near-uniform at this size)."""
+    """A GPT whose weights are large enough that its blocks matter (GPT-2 init is
+    near-uniform at this size)."""
     torch.manual_seed(seed)
     gpt = GPT(GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=16, vocab_size=40))
     with torch.no_grad():
@@ -73,7 +75,8 @@ def test_head_and_unit_permutation():
     units = torch.randperm(128, generator=torch.Generator().manual_seed(0)).tolist()
     perms = {0: ([0, 2, 1, 3], units), 1: ([3, 1, 0, 2], None)}
     permuted = permute_heads_and_units(state, perms, n_head=4)
-    assert not torch.equal(permuted["transformer.h.0.attn.c_attn.weight"], state["transformer.h.0.attn.c_attn.weight"])
+    assert not torch.equal(permuted["transformer.h.0.attn.c_attn.weight"],
+                           state["transformer.h.0.attn.c_attn.weight"])
     # GPT and every all-'tp' model: the same function (sums reordered only)
     other = GPT(gpt.config)
     other.load_state_dict(permuted)
@@ -85,13 +88,15 @@ def test_head_and_unit_permutation():
     spd = mean_loss(distributed(gpt, state, 2, ["spd", "tp"]), X, Y)
     assert abs(mean_loss(distributed(gpt, permuted, 2, ["spd", "tp"]), X, Y) - spd) > 1e-4
     # swapping the two shards whole (heads and units together) only relabels the devices: unchanged
-    swap = permute_heads_and_units(state, {0: ([2, 3, 0, 1], list(range(64, 128)) + list(range(64)))}, n_head=4)
+    swap = permute_heads_and_units(state, {0: ([2, 3, 0, 1], list(range(64, 128)) + list(range(64)))},
+                                   n_head=4)
     assert mean_loss(distributed(gpt, swap, 2, ["spd", "tp"]), X, Y) == pytest.approx(spd, abs=TOL)
 
 
 def test_group_heads_separates_similar_heads():
     # heads 0, 1 attend alike, and 2, 3: each device should get one of each pair
-    sim = torch.tensor([[1.0, 0.9, 0.1, 0.2], [0.9, 1.0, 0.2, 0.1], [0.1, 0.2, 1.0, 0.8], [0.2, 0.1, 0.8, 1.0]])
+    sim = torch.tensor([[1.0, 0.9, 0.1, 0.2], [0.9, 1.0, 0.2, 0.1], [0.1, 0.2, 1.0, 0.8],
+                        [0.2, 0.1, 0.8, 1.0]])
     groups = group_heads(sim, 2)
     assert sorted(len(g) for g in groups) == [2, 2]
     assert all({0, 1} - set(g) and {2, 3} - set(g) for g in groups), groups
@@ -141,11 +146,13 @@ def test_spd_end_to_end(tiny_run):
         assert os.path.getsize(os.path.join(spd_dir, name)) > 0, name
     from tpcomm.figures import command_figures, png
 
-    data, _ = command_figures.load(os.path.join(spd_dir, "spd.png"))  # the figure's numbers, its digest inside
+    # the figure's numbers, its digest inside
+    data, _ = command_figures.load(os.path.join(spd_dir, "spd.png"))
     assert png.png_digest(os.path.join(spd_dir, "spd.png")) == png.data_digest(data)
     assert data["kl"] is not None and data["kl"][0] == 2  # the KL-recovered point is drawn
     result = json.load(open(os.path.join(spd_dir, "spd.json")))
-    assert [row["fwd_allreduces"] for row in result["curve"]] == [4, 3, 2]  # measured: 2 a 'tp' block, 1 an 'spd'
+    # measured: 2 a 'tp' block, 1 an 'spd'
+    assert [row["fwd_allreduces"] for row in result["curve"]] == [4, 3, 2]
     assert [b["class"] for b in result["blocks"]] == ["ESB", "ESB"]
     # distilled weights are kept only where they lowered the held-out block MSE
     assert all(b["b2b_kept"] == (b["mse_after"] < b["mse_before"]) for b in result["blocks"])
@@ -153,7 +160,8 @@ def test_spd_end_to_end(tiny_run):
     ckpt = torch.load(os.path.join(spd_dir, "ckpt.pt"), weights_only=True)
     assert ckpt["model_type"] == "distributed_gpt"
     assert ckpt["model_options"]["tp_size"] == 2 and ckpt["model_options"]["block_types"] == ["spd", "spd"]
-    r = run_script("sample.py", f"--out_dir={spd_dir}", "--device=cpu", "--num_samples=1", "--max_new_tokens=10")
+    r = run_script("sample.py", f"--out_dir={spd_dir}", "--device=cpu", "--num_samples=1",
+                   "--max_new_tokens=10")
     assert r.returncode == 0, r.stderr
     # a converted (not all-'tp') checkpoint is not an input
     r = run_script("spd.py", f"--out_dir={spd_dir}", "--tp_size=2")

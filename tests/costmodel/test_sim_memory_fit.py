@@ -1,7 +1,7 @@
-"""The scaling behind docs/gpu.md's simulated-tp-8 memory table (tpcomm/costmodel/activation_memory.py main): per token and
-layer a pass saves a * n_embd bytes of activations plus autocast's bf16 weight copies, and the fit separates the two:
-the copies come out at 2 bytes a parameter (bf16) whatever the widths fitted, and the activations' a predicts a
-third width's measurement."""
+"""The scaling behind docs/gpu.md's simulated-tp-8 memory table (tpcomm/costmodel/activation_memory.py main):
+per token and layer a pass saves a * n_embd bytes of activations plus autocast's bf16 weight copies, and the
+fit separates the two: the copies come out at 2 bytes a parameter (bf16) whatever the widths fitted, and the
+activations' a predicts a third width's measurement."""
 
 import pytest
 

@@ -1,7 +1,8 @@
-"""Clean data and stated statistics (issue 47, points 3-4): every committed result file names its code, the sweep
-refuses to write one from a dirty tree (--allow-dirty writes scratch files the report refuses), the report prints
-each row's commits and flags rows from dirty trees, mixing code states or paired across them (a rerun check clears
-a flag); and the answer's family-wise intervals, the t quantiles under them and the shared baseline's correlation."""
+"""Clean data and stated statistics (issue 47, points 3-4): every committed result file names its code,
+the sweep refuses to write one from a dirty tree (--allow-dirty writes scratch files the report refuses),
+the report prints each row's commits and flags rows from dirty trees, mixing code states or paired across
+them (a rerun check clears a flag); and the answer's family-wise intervals, the t quantiles under them
+and the shared baseline's correlation."""
 
 import glob
 import json
@@ -27,8 +28,8 @@ CLEAN = dict(commit="b" * 40, dirty=False)
 
 def committed_job(seed=99999):
     """A cpu-long job whose result file, experiments/cpu-long/runs/all-tp-seed<seed>.json, git would track."""
-    job, = sweeps.plan(sweep_plan.runs_named("cpu-long", "all-tp"), sweep_dir="experiments/cpu-long", seeds=[seed],
-                       sweep="cpu-long", check_data=False)
+    job, = sweeps.plan(sweep_plan.runs_named("cpu-long", "all-tp"), sweep_dir="experiments/cpu-long",
+                       seeds=[seed], sweep="cpu-long", check_data=False)
     return job
 
 
@@ -43,22 +44,27 @@ def test_the_sweep_refuses_a_committed_file_from_a_dirty_tree(monkeypatch, capsy
     assert e.value.code == 2 and "\n" not in err and "uncommitted changes" in err and "--allow-dirty" in err, err
     job = committed_job()
     assert sweep_records.committed(job.result_path)
-    with pytest.raises(sweep_records.DirtyTreeError, match="would be committed"):  # and again at each run's start
+    # and again at each run's start
+    with pytest.raises(sweep_records.DirtyTreeError, match="would be committed"):
         sweeps.finish_job(job, progress=None, say=print)
     assert not os.path.exists(job.result_path)
     # the refusal can fail to fire: a clean tree, or a result file git ignores (a quick try's directory)
     sweep_records.refuse_dirty(job, CLEAN)
-    quick, = sweeps.plan(sweep_plan.runs_named("cpu-long", "all-tp"), sweep_dir="experiments/cpu-long+max_iters=9",
-                         seeds=[99999], sweep="cpu-long", check_data=False)
+    quick, = sweeps.plan(sweep_plan.runs_named("cpu-long", "all-tp"),
+                         sweep_dir="experiments/cpu-long+max_iters=9", seeds=[99999], sweep="cpu-long",
+                         check_data=False)
     assert not sweep_records.committed(quick.result_path)
     sweep_records.refuse_dirty(quick, DIRTY)
 
 
-@pytest.mark.parametrize("path", [sorted(glob.glob(os.path.join(ROOT, "experiments", "cpu-long", "runs", "*.json")))[0],
-                                  os.path.join(ROOT, "docs", "gpu.json"), os.path.join(ROOT, "docs", "gpu.md")])
+@pytest.mark.parametrize("path", [sorted(glob.glob(os.path.join(ROOT, "experiments", "cpu-long", "runs",
+                                                                "*.json")))[0], os.path.join(ROOT, "docs",
+                                                                                             "gpu.json"),
+                                  os.path.join(ROOT, "docs", "gpu.md")])
 def test_result_files_are_not_code(path):
-    """A sweep replacing its own committed result files, or gpu_check its docs/gpu.json and docs/gpu.md, leaves the
-    tree clean: git_state looks outside them. Any other tracked file makes it dirty (the comparison can fail)."""
+    """A sweep replacing its own committed result files, or gpu_check its docs/gpu.json and
+    docs/gpu.md, leaves the tree clean: git_state looks outside them. Any other tracked file makes
+    it dirty (the comparison can fail)."""
     before = git_state()
     if before is None:
         pytest.fail("the tests run in a git checkout")
@@ -95,7 +101,8 @@ def test_allow_dirty_writes_scratch_files_the_report_refuses(monkeypatch, capsys
     with pytest.raises(ResultsError, match=re.escape(str(path)) + ".*scratch"):
         report.Results(root=str(tmp_path), say=lambda *a: None).rows("cpu-long")
     # its own sweep's tables read it in experiments/scratch/; without the mark the report reads it
-    sweep_records.check_code_state(record, os.path.join(ROOT, sweep_records.SCRATCH_DIR, "cpu-long", "runs", "a.json"))
+    sweep_records.check_code_state(record, os.path.join(ROOT, sweep_records.SCRATCH_DIR, "cpu-long", "runs",
+                                                        "a.json"))
     record["git"].pop("scratch")
     results.write_record(record, str(path))
     assert report.Results(root=str(tmp_path), say=lambda *a: None).rows("cpu-long")
@@ -146,7 +153,8 @@ def test_the_report_prints_commits_and_rerun_checks(tmp_path):
     assert "aaaaaaa+dirty (1)" in row["all-parallel"] and "**from unnamed code until rerun**" in row["all-parallel"]
     assert "No rerun checks yet" in table
     n = len(SWEEPS["cpu-long"])  # every planned row has fake files here
-    assert f"code: {n - 2} of {n} rows from one named code state, 2 flagged" in provenance.summary(ctx, "cpu-long")
+    assert f"code: {n - 2} of {n} rows from one named code state, 2 flagged" in provenance.summary(ctx,
+                                                                                                   "cpu-long")
     # a rerun of all-spd seed 1339 at bbbbbbb, equal to 4 decimals, clears the mixed flag
     with open(os.path.join(root, "experiments", "cpu-long", "runs", "all-spd-seed1339.json")) as f:
         record = json.load(f)
@@ -170,14 +178,15 @@ def test_the_report_prints_commits_and_rerun_checks(tmp_path):
 
 
 def test_a_rerun_check_git_ignores_is_refused(tmp_path):
-    """A rerun check only a local checkout has (git ignores it, so a clean clone's report differs) is refused by
-    name; the same file, un-ignored, is read."""
+    """A rerun check only a local checkout has (git ignores it, so a clean clone's report differs) is refused
+    by name; the same file, un-ignored, is read."""
     root = str(tmp_path)
     fake_results(root, "cpu-long", seeds=(1337,))
     _set_git(root, "cpu-long", "*.json", CLEAN)
     with open(os.path.join(root, "experiments", "cpu-long", "runs", "all-tp-seed1337.json")) as f:
         record = json.load(f)
-    results.write_record(record, os.path.join(root, "experiments", "cpu-long", "reruns", "all-tp-seed1337.json"))
+    results.write_record(record, os.path.join(root, "experiments", "cpu-long", "reruns",
+                                              "all-tp-seed1337.json"))
     subprocess.run(["git", "init", "-q", root], check=True)
     with open(os.path.join(root, ".gitignore"), "w") as f:
         f.write("experiments/**\n!experiments/*/\n!experiments/*/runs/\n!experiments/*/runs/*.json\n")
@@ -217,8 +226,8 @@ def test_t_quantile():
 
 
 def test_familywise_intervals_hold_together():
-    """Bonferroni over m rows: all m intervals cover their true means together in >= 95% of simulated families,
-    where the per-row 95% intervals together cover far less often (so the comparison can fail)."""
+    """Bonferroni over m rows: all m intervals cover their true means together in >= 95% of simulated
+    families, where the per-row 95% intervals together cover far less often (so the comparison can fail)."""
     rng = random.Random(47)
     m, n, trials, fam, own = 10, 10, 1500, 0, 0
     for _ in range(trials):
@@ -235,14 +244,16 @@ def test_familywise_intervals_hold_together():
 
 
 def test_shared_baseline_correlation():
-    """Rows paired with one baseline inherit its seed noise: r near 1 when the baseline's noise dominates, near 0
-    when it is absent; pairs of rows with fewer than CORRELATION_MIN_SEEDS common seeds are left out."""
+    """Rows paired with one baseline inherit its seed noise: r near 1 when the baseline's noise
+    dominates, near 0 when it is absent; pairs of rows with fewer than CORRELATION_MIN_SEEDS
+    common seeds are left out."""
     rng = random.Random(1)
     seeds = list(range(40))
 
     def pairs(base_sd):
         base = {s: rng.gauss(0, base_sd) for s in seeds}
-        return {k: dict(seeds=seeds, final=(0, 0, [rng.gauss(0, 0.1) - base[s] for s in seeds])) for k in "abc"}
+        return {k: dict(seeds=seeds, final=(0, 0, [rng.gauss(0, 0.1) - base[s] for s in seeds]))
+                for k in "abc"}
     assert min(pairing.shared_baseline_correlation(pairs(1.0))) > 0.9
     assert max(abs(r) for r in pairing.shared_baseline_correlation(pairs(0.0))) < 0.5
     short = {k: dict(p, seeds=seeds[:3], final=(0, 0, p["final"][2][:3])) for k, p in pairs(1.0).items()}
@@ -255,7 +266,8 @@ def test_the_answer_table_states_its_family_wise_intervals():
     table = answer.answer_details(ctx)
     family, m = answer._familywise(ctx)
     assert f"Bonferroni over the {m} measured rows" in table and f"family-wise [95%, Bonferroni over {m}]" in table
-    assert re.search(r"Pearson r between two rows' per-seed differences from -?0\.\d\d to -?0\.\d\d", table)  # r < 0 too
+    # r < 0 too
+    assert re.search(r"Pearson r between two rows' per-seed differences from -?0\.\d\d to -?0\.\d\d", table)
     pen, _ = answer._long_penalties(ctx)
     for run, (mean, hw) in family.items():
         assert hw > pen[run][1]  # wider than the row's own
@@ -265,8 +277,8 @@ def test_the_answer_table_states_its_family_wise_intervals():
 
 
 def test_a_table_of_runs_on_other_shakespeare_bytes_says_so():
-    """Runs on Shakespeare-char whose data is not the committed results' corpus (tiny shakespeare, say) are marked
-    above their table; the committed files are not (the check can fail both ways)."""
+    """Runs on Shakespeare-char whose data is not the committed results' corpus (tiny shakespeare, say) are
+    marked above their table; the committed files are not (the check can fail both ways)."""
     from tpcomm.experiments import results
     from tpcomm.experiments.report import report
 

@@ -24,13 +24,15 @@ from tpcomm.configuration import _literal
 from conftest import ROOT, TINY, fork_server_for_children, run_script
 from tpcomm.experiments.sweep_plan import SCALE_CONFIG
 
-TINY_SWEEP = [a for a in TINY if not a.startswith(("--n_layer", "--log_interval", "--gradient_accumulation_steps"))]
+TINY_SWEEP = [a for a in TINY if not a.startswith(("--n_layer", "--log_interval",
+                                                   "--gradient_accumulation_steps"))]
 TINY_SWEEP += ["--max_iters=6", "--lr_decay_iters=6", "--eval_interval=3", "--log_interval=1"]
 
 
 @pytest.fixture(autouse=True)
 def forked_train_runs(monkeypatch):
-    """The sweeps' train.py runs, forked as run_script's are (a fresh interpreter took ~5 s of a 1 s tiny run)."""
+    """The sweeps' train.py runs, forked as run_script's are (a fresh interpreter
+    took ~5 s of a 1 s tiny run)."""
     fork_server_for_children(monkeypatch, experiment)
 
 
@@ -54,7 +56,8 @@ def test_sweep_runs_skips_finished_and_redoes_interrupted(tmp_path, char_data, c
     jobs = experiment.plan(tiny_runs(tmp_path), sweep_dir=sweep_dir, seeds=[7],
                            overrides=[*TINY_SWEEP, f"--data_dir={char_data}"])
     assert [j.label for j in jobs] == ["tp-seed7", "par-seed7"]
-    assert [j.result_path for j in jobs] == [os.path.join(sweep_dir, "runs", f"{n}-seed7.json") for n in ("tp", "par")]
+    assert [j.result_path for j in jobs] == [os.path.join(sweep_dir, "runs", f"{n}-seed7.json")
+                                             for n in ("tp", "par")]
     experiment.run_sweep(jobs)
     assert all(experiment.is_finished(j) for j in jobs)
     first = [metrics_mtime(j) for j in jobs]
@@ -109,8 +112,8 @@ def test_sweep_runs_skips_finished_and_redoes_interrupted(tmp_path, char_data, c
 
 
 def test_result_file_holds_what_the_tables_need(tmp_path, char_data):
-    """One run's result file: config, git state, parameter counts, tokens and epochs, the val curve, measured comm
-    counts, robust timing, the machine; a few KB."""
+    """One run's result file: config, git state, parameter counts, tokens and epochs, the val curve, measured
+    comm counts, robust timing, the machine; a few KB."""
     job, = experiment.plan(tiny_runs(tmp_path)[:1], sweep_dir=str(tmp_path / "sweep"), seeds=[7],
                            overrides=[*TINY_SWEEP, f"--data_dir={char_data}"], sweep="tiny")
     experiment.run_sweep([job])
@@ -184,8 +187,12 @@ def test_defined_sweeps_share_one_budget_and_name_their_configs():
             # <n>comm runs its <n>comm config, <n>comm-<change> that config with one change
             assert j.run.config.endswith(f"_{j.run.name.split('-')[0]}.py") or \
                 j.run.config in (sweep_plan.AXES_CONFIG, SCALE_CONFIG)  # the axes and gpu-scale: one config each
-    assert [r.name for r in sweep_plan.SWEEPS["cpu"]] == [f"{n}comm" for n in (24, 18, 16, 12, 8, 6, 4, 3, 2, 1)] + [
-        "24comm-ladder", "24comm-ladder-upper", "24comm-bf16", "24comm-fp8", "24comm-int8", "12comm-int8"]
+    assert [r.name for r in sweep_plan.SWEEPS["cpu"]] == [f"{n}comm"
+                                                          for n in (24, 18, 16, 12, 8, 6, 4, 3, 2,
+                                                                    1)] + ["24comm-ladder",
+                                                                           "24comm-ladder-upper",
+                                                                           "24comm-bf16", "24comm-fp8",
+                                                                           "24comm-int8", "12comm-int8"]
     assert [r.name for r in sweep_plan.SWEEPS["gpt2"]] == [f"{n}comm" for n in (24, 18, 16, 12, 8, 6)] + [
         "24comm-ladder", "24comm-ladder-upper", "24comm-bf16", "24comm-fp8", "24comm-int8", "12comm-int8",
         "24comm-int8-2shot"]  # cpu-long's delay and shrink variants
@@ -198,22 +205,28 @@ def axes_jobs(name, seeds=None):
 
 
 def test_axes_sweeps_as_docs_axes_md_states():
-    """cpu-long is the axes model (12 x 64, 8 heads, tp 4, 5000 steps, checkpointing); tp-axis and size-axis share
-    its runs (same files, same configs) rather than duplicating them; seed-major, 3 seeds, and for the resolved
-    patterns 10 (all tp and all spd 11: the power calculation in docs/axes.md)."""
+    """cpu-long is the axes model (12 x 64, 8 heads, tp 4, 5000 steps, checkpointing); tp-axis and size-axis
+    share its runs (same files, same configs) rather than duplicating them; seed-major, 3 seeds, and for the
+    resolved patterns 10 (all tp and all spd 11: the power calculation in docs/axes.md)."""
     long = axes_jobs("cpu-long")
     cfg = long[0].cfg
-    assert (cfg["n_layer"], cfg["n_embd"], cfg["n_head"], cfg["tp_size"], cfg["block_size"], cfg["batch_size"]) == \
+    assert (cfg["n_layer"], cfg["n_embd"], cfg["n_head"], cfg["tp_size"], cfg["block_size"],
+            cfg["batch_size"]) == \
         (12, 64, 8, 4, 64, 12)
-    assert (cfg["max_iters"], cfg["lr_decay_iters"], cfg["eval_interval"], cfg["eval_iters"]) == (5000, 5000, 250, 50)
+    assert (cfg["max_iters"], cfg["lr_decay_iters"], cfg["eval_interval"], cfg["eval_iters"]) == (5000, 5000,
+                                                                                                  250, 50)
     assert all(j.cfg["always_save_checkpoint"] and j.cfg["dataset"] == "shakespeare_char" for j in long)
-    resolved = [s for seed in range(1340, 1347) for s in [seed] * 10]  # the 10 resolved patterns, seeds 4 to 10
-    assert [j.seed for j in long] == [1337] * 17 + [1338] * 17 + [1339] * 17 + resolved + [1347] * 2  # seed-major
-    assert [j.run.name for j in long[-12:]] == ["all-tp", "all-spd", "parallel-spd", "all-parallel", "all-ladder",
-                                                "all-tp-int8", "all-spd-int8", "all-tp-int8-2shot", "all-caat",
-                                                "parallel3-spd", "all-tp", "all-spd"]
-    assert [results.block_pattern(j.cfg) for j in long[:6]] == [
-        "['tp']*12", "['spd']*12", "['parallel','spd']*6", "['parallel']*12", "['ladder']*12", "['tp']*6+['ladder']*6"]
+    # the 10 resolved patterns, seeds 4 to 10
+    resolved = [s for seed in range(1340, 1347) for s in [seed] * 10]
+    # seed-major
+    assert [j.seed for j in long] == [1337] * 17 + [1338] * 17 + [1339] * 17 + resolved + [1347] * 2
+    assert [j.run.name for j in long[-12:]] == ["all-tp", "all-spd", "parallel-spd", "all-parallel",
+                                                "all-ladder", "all-tp-int8", "all-spd-int8",
+                                                "all-tp-int8-2shot", "all-caat", "parallel3-spd", "all-tp",
+                                                "all-spd"]
+    assert [results.block_pattern(j.cfg) for j in long[:6]] == ["['tp']*12", "['spd']*12",
+                                                                "['parallel','spd']*6", "['parallel']*12",
+                                                                "['ladder']*12", "['tp']*6+['ladder']*6"]
     by_path = {j.result_path: j.cfg for j in long}
     counts = {}
     for name in ("tp-axis", "size-axis", "convergence"):
@@ -222,7 +235,8 @@ def test_axes_sweeps_as_docs_axes_md_states():
         for j in jobs:  # a shared run: cpu-long's file and exactly cpu-long's config
             assert j.result_path not in by_path or by_path[j.result_path] == j.cfg
             assert (j.sweep == "cpu-long") == (j.result_path in by_path)
-    assert [j.cfg["tp_comm_dtype"] for j in long[6:11]] == ["bf16", "fp8", "int8", "int8", "int8"]  # shrunk syncs
+    # shrunk syncs
+    assert [j.cfg["tp_comm_dtype"] for j in long[6:11]] == ["bf16", "fp8", "int8", "int8", "int8"]
     assert [j.cfg["tp_comm_exchange"] for j in long[8:11]] == ["one_shot", "one_shot", "two_shot"]
     assert counts == {"tp-axis": (3 * 16 + 2, 18), "size-axis": (27, 9), "convergence": (15, 0)}
     tp_axis = axes_jobs("tp-axis")
@@ -245,7 +259,8 @@ def test_size_axis_follows_its_tokens_per_parameter_rule():
         assert steps == 20 * round(per_param * n[experiment.model_size(j.cfg)] / 768 / 20), j.run.name
         assert (j.cfg["lr_decay_iters"], j.cfg["eval_interval"], j.cfg["warmup_iters"]) == (
             steps, steps // 20, steps // 100)
-    assert n[sweep_plan.AXES_SIZE] == 591_424  # the axes model: 12 x (12 x 64^2) + 2 x 12 x 64 + 64 layer norms
+    # the axes model: 12 x (12 x 64^2) + 2 x 12 x 64 + 64 layer norms
+    assert n[sweep_plan.AXES_SIZE] == 591_424
 
 
 def test_cli_dry_run_and_bad_input():
@@ -261,8 +276,9 @@ def test_cli_dry_run_and_bad_input():
         assert r.returncode == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
-@pytest.mark.parametrize("types", [["tp"] * 12, ["parallel", "spd", "spd"] * 4, (["parallel"] * 5 + ["spd"]) * 2,
-                                   ["tp", "spd"] * 6, ["spd", "tp", "tp", "parallel"], ["parallel"] * 3 + ["tp"]])
+@pytest.mark.parametrize("types", [["tp"] * 12, ["parallel", "spd", "spd"] * 4,
+                                   (["parallel"] * 5 + ["spd"]) * 2, ["tp", "spd"] * 6,
+                                   ["spd", "tp", "tp", "parallel"], ["parallel"] * 3 + ["tp"]])
 def test_block_pattern_is_compact_and_evaluates_back(types):
     expr = options.compact_list(types)
     assert _literal(expr) == types and len(expr) <= 40, expr
@@ -283,8 +299,8 @@ def fake_run(root, name, *, seed, fwd, val_losses, tok_s, wall_s):
             for i in range(20 * k, min(20 * k + 20, 41), 10):
                 f.write(json.dumps(dict(iter=i, loss=loss, lr=1e-3, dt_ms=16_000 / tok_s[i // 10],
                                         tokens_per_s=tok_s[i // 10], mfu=None, fwd_allreduces=fwd,
-                                        bwd_allreduces=fwd, grad_sync_allreduces=4, comm_bytes_per_token=64.0 * fwd,
-                                        comm_seconds=0.0)) + "\n")
+                                        bwd_allreduces=fwd, grad_sync_allreduces=4,
+                                        comm_bytes_per_token=64.0 * fwd, comm_seconds=0.0)) + "\n")
     return str(d)
 
 
@@ -297,8 +313,8 @@ def test_writers_use_the_measured_numbers(tmp_path):
     # the labels claim other counts than measured: the table must show the measured ones
     base = [fake_run(tmp_path, "99comm", seed=s, fwd=8, val_losses=[4.0, 2.5, v], tok_s=[1, 2, 100, 300, 200],
                      wall_s=10.0 + s) for s, v in ((1, 2.0), (2, 2.2))]
-    low = [fake_run(tmp_path, "98comm", seed=1, fwd=3, val_losses=[4.0, 2.6, 2.35], tok_s=[1, 5, 400, 500, 600],
-                    wall_s=9.0)]
+    low = [fake_run(tmp_path, "98comm", seed=1, fwd=3, val_losses=[4.0, 2.6, 2.35],
+                    tok_s=[1, 5, 400, 500, 600], wall_s=9.0)]
     rows = results.summarize([("99comm", [record(d) for d in base]), ("98comm", [record(d) for d in low])])
     md, csv_path, json_path = results.write_tables(rows, str(tmp_path))
     pngs = plots.write_plots(rows, str(tmp_path), title="synthetic")
@@ -307,15 +323,15 @@ def test_writers_use_the_measured_numbers(tmp_path):
     assert (b["fwd_allreduces"], lo["fwd_allreduces"]) == (8, 3) and b["baseline"] == "99comm"
     assert b["val_loss_mean"] == pytest.approx(2.1) and b["val_loss_std"] == pytest.approx(statistics.stdev([2, 2.2]))
     assert lo["gap_to_baseline"] == pytest.approx(0.35)  # over seed 1, the one both ran: 2.35 - 2.0
-    assert b["tokens_per_s"] == 200 and lo["tokens_per_s"] == 500  # median step of records after the first two
+    # median step of records after the first two
+    assert b["tokens_per_s"] == 200 and lo["tokens_per_s"] == 500
     # steady step times 160, 53.3, 80 ms: median 80, p90 (inclusive) 80 + 0.8 * (160 - 80) = 144, ratio 1.8
     assert b["step_ms"] == 80 and b["p90_over_median"] == pytest.approx(1.8) and b["scattered"]
     assert b["wall_s"] == pytest.approx(11.5) and b["tokens"] == 2 * 8 * 40
     text = open(md).read()
-    for cell in ("| cfg_99comm.py | `['parallel','spd']*2` | 8 | 8 | 2.1000 ± 0.1414 | 2.0000–2.2000 | 2 | +0.0000 "
-                 "| 80.0 | 200 | 1.80 scattered | 11.5 |",
-                 "| cfg_98comm.py | `['parallel','spd']*2` | 3 | 3 | 2.3500 | — | 1 | +0.3500 | 32.0 | 500 | 1.20 | "
-                 "9.0 |"):
+    for cell in ("| cfg_99comm.py | `['parallel','spd']*2` | 8 | 8 | 2.1000 ± 0.1414 | 2.0000–2.2000 | 2 | "
+                 "+0.0000 " "| 80.0 | 200 | 1.80 scattered | 11.5 |", "| cfg_98comm.py | "
+                 "`['parallel','spd']*2` | 3 | 3 | 2.3500 | — | 1 | +0.3500 | 32.0 | 500 | 1.20 | " "9.0 |"):
         assert cell in text, text
     with open(csv_path) as f:
         got = list(csv.DictReader(f))
@@ -329,15 +345,17 @@ def test_writers_use_the_measured_numbers(tmp_path):
 
 
 def test_the_interval_uses_students_t_at_every_seed_count():
-    """mean_ci's half-width is t(n-1) * sd / sqrt(n): Student's t from the table to 30 degrees of freedom, then a
-    series within 2e-4 of the exact quantile; never the normal's 1.96 at 12 seeds (t(11) = 2.201, 12% wider)."""
-    exact = {1: 12.706, 4: 2.776, 10: 2.228, 11: 2.201, 20: 2.086, 30: 2.042, 31: 2.0395, 40: 2.0211, 60: 2.0003,
-             120: 1.9799}
+    """mean_ci's half-width is t(n-1) * sd / sqrt(n): Student's t from the table to 30 degrees of
+    freedom, then a series within 2e-4 of the exact quantile; never the normal's 1.96 at 12 seeds
+    (t(11) = 2.201, 12% wider)."""
+    exact = {1: 12.706, 4: 2.776, 10: 2.228, 11: 2.201, 20: 2.086, 30: 2.042, 31: 2.0395, 40: 2.0211,
+             60: 2.0003, 120: 1.9799}
     for df, t in exact.items():
         assert pairing.t_975(df) == pytest.approx(t, abs=2e-4), df
     xs = [0.01 * i for i in range(12)]
     mean, half = pairing.mean_ci(xs)
-    assert mean == pytest.approx(0.055) and half == pytest.approx(2.201 * statistics.stdev(xs) / 12 ** 0.5, rel=1e-4)
+    assert mean == pytest.approx(0.055) and half == pytest.approx(2.201 * statistics.stdev(xs) / 12 ** 0.5,
+                                                                  rel=1e-4)
     assert pairing.mean_ci([0.3]) == (0.3, None)
 
 
@@ -347,7 +365,8 @@ def test_the_gap_pairs_seeds_and_falls_back_to_the_means():
         pytest.approx(0.1)  # (2.5 - 2.4 + 2.1 - 2.0) / 2: seeds matched by number, not by position
     assert results.gap(dict(seeds=[1, 4], val_loss_per_seed=[2.1, 9.0], val_loss_mean=5.55), base) == \
         pytest.approx(0.1)  # seed 4 has no partner: left out (the means' difference would be 3.35)
-    assert results.gap(dict(seeds=[7], val_loss_per_seed=[2.5], val_loss_mean=2.5), base) == pytest.approx(0.3)
+    assert results.gap(dict(seeds=[7], val_loss_per_seed=[2.5], val_loss_mean=2.5),
+                       base) == pytest.approx(0.3)
 
 
 def test_a_count_that_changes_mid_run_is_an_error(tmp_path):
@@ -364,8 +383,10 @@ def test_counts_are_measured_per_config():
     rows = [line.split("|")[1:-1] for line in r.stdout.splitlines() if line.startswith("| train_")]
     assert len(rows) == 16
     changed = {cells[0].strip(): [int(c.strip().replace(",", "")) for c in cells[3:6]] for cells in rows[10:]}
-    # delayed: the same syncs and bytes; compressed (n_embd 64 in blocks of 32): 1.125 B/value forward, 4 backward
-    assert changed["train_shakespeare_char_24comm.py --block_types=['ladder']*12"] == [24, 24, 24 * 2 * 64 * 4]
+    # delayed: the same syncs and bytes; compressed (n_embd 64 in blocks of 32): 1.125 B/value forward, 4
+    # backward
+    assert changed["train_shakespeare_char_24comm.py --block_types=['ladder']*12"] == [24, 24,
+                                                                                       24 * 2 * 64 * 4]
     assert changed["train_shakespeare_char_24comm.py --tp_comm_dtype=int8"] == [24, 24, 24 * 64 * (1.125 + 4)]
     for cells in rows[:10]:
         name, fwd, bwd, fp32, bf16 = cells[0].strip(), *(int(c.strip().replace(",", "")) for c in cells[3:7])
@@ -379,33 +400,40 @@ def test_counts_refuse_a_model_without_communication(tmp_path):
     path.write_text("model_type = 'gpt'\nn_layer = 2\n")
     jobs = experiment.plan([sweep_plan.Run("gpt", str(path))], sweep_dir=str(tmp_path / "s"), seeds=[1],
                            overrides=TINY_SWEEP, check_data=False)
-    with pytest.raises(experiment.SweepError, match=r"gpt: model_type='gpt' has no tensor-parallel communication"):
+    with pytest.raises(experiment.SweepError, match=r"gpt: model_type='gpt' has no tensor-parallel "
+                       r"communication"):
         experiment.comm_counts(jobs)
     assert "| 4 | 4 |" in experiment.comm_counts(experiment.plan(  # anti-vacuity: a TP config is counted
-        tiny_runs(tmp_path)[:1], sweep_dir=str(tmp_path / "s"), seeds=[1], overrides=TINY_SWEEP, check_data=False))
+        tiny_runs(tmp_path)[:1], sweep_dir=str(tmp_path / "s"), seeds=[1], overrides=TINY_SWEEP,
+                                                                 check_data=False))
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--eval_interval=0"], "eval_interval must be >= 1, got 0"),
-    (["--batch_size=0"], "batch_size must be >= 1, got 0"),
-    (["--log_interval=-1"], "log_interval must be >= 1, got -1"),
-    (["--max_iters=-5"], "max_iters must be >= 0, got -5"),
-    (["--dropout=1.5"], "dropout must be in [0, 1), got 1.5"),
-    (["--gradient_accumulation_steps=None"], "gradient_accumulation_steps: expected int (default 40), got None"),
-    (["--tp_mode=fake"], "tp_mode must be 'simulated' or 'real', got 'fake'"),
-    (["--init_from=resume"], "runner starts every run from scratch"),
-    (["--nproc=0"], "--nproc must be >= 1, got 0"),
-    (["--nproc=two"], "--nproc takes an integer"),
-    (["--seeds="], "--seeds takes distinct integers >= 0"),
-    (["--seeds"], "--seeds takes distinct integers >= 0"),
-    (["--seeds=-3"], "got '-3'"),
-    (["--seeds=1,1"], "got '1,1'"),
-    (["--out="], "--out takes a directory"),
-])
+@pytest.mark.parametrize("args, words", [(["--eval_interval=0"], "eval_interval must be >= 1, got 0"),
+                                         (["--batch_size=0"], "batch_size must be >= 1, got 0"),
+                                         (["--log_interval=-1"], "log_interval must be >= 1, got -1"),
+                                         (["--max_iters=-5"], "max_iters must be >= 0, got -5"),
+                                         (["--dropout=1.5"], "dropout must be in [0, 1), got 1.5"),
+                                         (["--gradient_accumulation_steps=None"],
+                                          "gradient_accumulation_steps: expected int (default 40), got None"),
+                                         (["--tp_mode=fake"], "tp_mode must be 'simulated' or 'real', got "
+                                          "'fake'"), (["--init_from=resume"], "runner starts every run from "
+                                                      "scratch"), (["--nproc=0"], "--nproc must be >= 1, got "
+                                                                   "0"), (["--nproc=two"], "--nproc takes an "
+                                                                          "integer"), (["--seeds="],
+                                                                                       "--seeds takes "
+                                                                                       "distinct integers >= "
+                                                                                       "0"), (["--seeds"],
+                                                                                              "--seeds takes "
+                                                                                              "distinct "
+                                                                                              "integers >= "
+                                                                                              "0"),
+                                         (["--seeds=-3"], "got '-3'"), (["--seeds=1,1"], "got '1,1'"),
+                                         (["--out="], "--out takes a directory"),])
 def test_bad_runner_options_and_overrides_stop_before_any_work(tmp_path, args, words):
     out = tmp_path / "sweep"
     with pytest.raises(experiment.SweepError) as e:
-        experiment.main(["cpu", "--dry-run", f"--out={out}", *args] if args[0] != "--out=" else ["cpu", *args])
+        experiment.main(["cpu", "--dry-run", f"--out={out}", *args] if args[0] != "--out="
+                        else ["cpu", *args])
     assert words in str(e.value) and "\n" not in str(e.value)
     assert not out.exists()
 
@@ -420,17 +448,19 @@ def finished_job(tmp_path, *, sweep_dir=None, runs=None, seed=7, overrides=TINY_
     """A job (of tiny_runs by default) whose out_dir holds what a finished run leaves: config.json,
     metrics.jsonl, done.json; made-up numbers."""
     sweep_dir = sweep_dir or str(tmp_path / "sweep")
-    job = experiment.plan(runs or tiny_runs(tmp_path)[:1], sweep_dir=sweep_dir, seeds=[seed], overrides=overrides,
-                          check_data=False)[0]
+    job = experiment.plan(runs or tiny_runs(tmp_path)[:1], sweep_dir=sweep_dir, seeds=[seed],
+                          overrides=overrides, check_data=False)[0]
     os.makedirs(job.out_dir, exist_ok=True)
     with open(os.path.join(job.out_dir, "config.json"), "w") as f:
         json.dump(job.cfg, f)
     with open(os.path.join(job.out_dir, "metrics.jsonl"), "w") as f:
         for i in range(7):
             if i % 3 == 0:
-                f.write(json.dumps(dict(iter=i, train_loss=4.0 - i / 10, val_loss=4.1 - i / 10, lr=1e-3)) + "\n")
-            f.write(json.dumps(dict(iter=i, loss=4.0, tokens_per_s=100.0 + i, fwd_allreduces=4, bwd_allreduces=4,
-                                    grad_sync_allreduces=0, comm_bytes_per_token=128.0, comm_seconds=0.0)) + "\n")
+                f.write(json.dumps(dict(iter=i, train_loss=4.0 - i / 10, val_loss=4.1 - i / 10, lr=1e-3))
+                        + "\n")
+            f.write(json.dumps(dict(iter=i, loss=4.0, tokens_per_s=100.0 + i, fwd_allreduces=4,
+                                    bwd_allreduces=4, grad_sync_allreduces=0, comm_bytes_per_token=128.0,
+                                    comm_seconds=0.0)) + "\n")
     with open(os.path.join(job.out_dir, "done.json"), "w") as f:
         json.dump(dict(config=job.cfg, config_file="tiny_tp.py", wall_s=1.5), f)
     return job
@@ -462,14 +492,15 @@ def test_a_corrupt_done_json_means_not_finished(tmp_path, content, capsys, monke
     assert f"redo {job.label}: " in out and f"done {job.label}: " in out and experiment.is_finished(job)
 
 
-@pytest.mark.parametrize("line, words", [
-    ('{"iter": 7, "loss": 3.9, "tokens_p', "line 11: not JSON"),
-    ('{"iter": "7", "loss": 3.9}', "line 11: 'iter' must be an int >= 0, got '7'"),
-    ('{"iter": 9, "val_loss": null}', "line 11: 'val_loss' must be a number, got None"),
-    ('{"iter": 8, "loss": 3.9, "tokens_per_s": "fast"}', "line 11: 'tokens_per_s' must be a number, got 'fast'"),
-    ('{"iter": 8, "loss": 3.9, "fwd_allreduces": 4.5}', "line 11: 'fwd_allreduces' must be an int, got 4.5"),
-    ("[1, 2]", "line 11: expected a JSON object, got list"),
-])
+@pytest.mark.parametrize("line, words", [('{"iter": 7, "loss": 3.9, "tokens_p', "line 11: not JSON"),
+                                         ('{"iter": "7", "loss": 3.9}', "line 11: 'iter' must be an int >= "
+                                          "0, got '7'"), ('{"iter": 9, "val_loss": null}', "line 11: "
+                                                          "'val_loss' must be a number, got None"),
+                                         ('{"iter": 8, "loss": 3.9, "tokens_per_s": "fast"}', "line 11: "
+                                          "'tokens_per_s' must be a number, got 'fast'"),
+                                         ('{"iter": 8, "loss": 3.9, "fwd_allreduces": 4.5}', "line 11: "
+                                          "'fwd_allreduces' must be an int, got 4.5"),
+                                         ("[1, 2]", "line 11: expected a JSON object, got list"),])
 def test_a_corrupt_metrics_file_of_a_finished_run_is_one_line_naming_it(tmp_path, line, words):
     job = finished_job(tmp_path)
     experiment.record_finished([job])  # anti-vacuity: the intact run is recorded
@@ -483,11 +514,12 @@ def test_a_corrupt_metrics_file_of_a_finished_run_is_one_line_naming_it(tmp_path
     assert "\n" not in str(e.value) and not os.path.exists(job.result_path)
 
 
-@pytest.mark.parametrize("edit, words", [
-    (lambda text: text[:len(text) // 2], "not readable as JSON"),
-    (lambda text: text.replace('"val_loss": ', '"val_loss": "low", "x": ', 1), "'val_loss' must be a number"),
-    (lambda text: text.replace('"val_curve": [', '"val_curve": [[1, 2], ', 1), "'val_curve' must be a non-empty"),
-])
+@pytest.mark.parametrize("edit, words", [(lambda text: text[:len(text) // 2], "not readable as JSON"),
+                                         (lambda text: text.replace('"val_loss": ', '"val_loss": "low", "x": '
+                                                                    '', 1), "'val_loss' must be a number"),
+                                         (lambda text: text.replace('"val_curve": [', '"val_curve": [[1, 2], '
+                                                                    '', 1), "'val_curve' must be a "
+                                          "non-empty"),])
 def test_a_corrupt_result_file_is_redone_by_a_sweep_and_named_by_a_report(tmp_path, edit, words, capsys,
                                                                           monkeypatch):
     job = finished_job(tmp_path)
@@ -524,7 +556,8 @@ def test_corrupt_json_files_are_named(tmp_path, name, content, words):
 
 def test_report_only_cli_names_a_corrupt_metrics_file(tmp_path):
     sweep_dir = str(tmp_path / "cpu")
-    job = finished_job(tmp_path, sweep_dir=sweep_dir, runs=sweep_plan.SWEEPS["cpu"][:1], seed=1337, overrides=())
+    job = finished_job(tmp_path, sweep_dir=sweep_dir, runs=sweep_plan.SWEEPS["cpu"][:1], seed=1337,
+                       overrides=())
     path = os.path.join(job.out_dir, "metrics.jsonl")
     with open(path, "a") as f:
         f.write('{"iter": 7, "lo')  # truncated
@@ -535,9 +568,10 @@ def test_report_only_cli_names_a_corrupt_metrics_file(tmp_path):
 
 
 def test_two_sweep_processes_share_the_runs(tmp_path, monkeypatch, capsys):
-    """A sweep locks each run while it trains it (experiment.job_lock, an OS lock): a second sweep process over the
-    same runs skips a locked run ("busy", returned) and trains the others, so the same command started twice
-    trains two runs at a time; a run that another process finished while this one waited is not trained again."""
+    """A sweep locks each run while it trains it (experiment.job_lock, an OS lock): a second sweep
+    process over the same runs skips a locked run ("busy", returned) and trains the others, so the same
+    command started twice trains two runs at a time; a run that another process finished while this one
+    waited is not trained again."""
     jobs = [finished_job(tmp_path, seed=s) for s in (7, 8, 9)]
     for j in jobs:
         os.remove(os.path.join(j.out_dir, "done.json"))
@@ -644,12 +678,13 @@ def test_a_resumed_runs_repeated_records_do_not_distort_rates_or_curves(tmp_path
 
     evals, train = results.read_metrics(str(d))
     assert [r["iter"] for r in train] == list(range(6)) and [r["iter"] for r in evals] == [0, 2, 4]
-    assert [r["tokens_per_s"] for r in train] == [1.0, 1.0, 2.0, 2.0, 100.0, 100.0]  # the latest record per iter
+    # the latest record per iter
+    assert [r["tokens_per_s"] for r in train] == [1.0, 1.0, 2.0, 2.0, 100.0, 100.0]
     run = results.run_record(str(d), sweep="s", run="r", params=False)
     assert run["val_curve"] == [[0, 0, 4.0], [2, 32, 3.7], [4, 64, 3.5]]
     assert (run["val_loss"], run["final_iter"]) == (3.5, 4)
-    # the resumed process's start-up steps (iters 2, 3) are left out like the first one's (iters 0, 1): skipping
-    # only the first two records of the file would give the median of [2, 2, 100, 100] = 51
+    # the resumed process's start-up steps (iters 2, 3) are left out like the first one's (iters 0, 1):
+    # skipping only the first two records of the file would give the median of [2, 2, 100, 100] = 51
     assert run["timing"]["tokens_per_s"] == 100.0
 
     # killed right after the eval record and checkpoint at iter 4: the resume repeats only that eval record
@@ -663,10 +698,10 @@ def test_a_resumed_runs_repeated_records_do_not_distort_rates_or_curves(tmp_path
 
 
 def test_paired_differences_confidence_intervals_and_ordering(tmp_path):
-    """Hand-computed: per-seed differences to the baseline -0.1 and -0.3 at the end (mean -0.2, 95% CI half-width
-    12.706 * stdev / sqrt(2) = 12.706 * 0.1414 / 1.414 = 1.2706); at iter 20 the differences are -0.1 and -0.1
-    (CI of zero width: 'lower'), so the ordering reads lower at 20, tied at 40. The baseline's last fifth (iter 40
-    vs the first eval at or after 0.8 * 40 = 32, i.e. 40 itself) changed 0%: flat."""
+    """Hand-computed: per-seed differences to the baseline -0.1 and -0.3 at the end (mean -0.2, 95% CI
+    half-width 12.706 * stdev / sqrt(2) = 12.706 * 0.1414 / 1.414 = 1.2706); at iter 20 the differences are
+    -0.1 and -0.1 (CI of zero width: 'lower'), so the ordering reads lower at 20, tied at 40. The baseline's
+    last fifth (iter 40 vs the first eval at or after 0.8 * 40 = 32, i.e. 40 itself) changed 0%: flat."""
     base = [fake_run(tmp_path, "8comm", seed=s, fwd=8, val_losses=[4.0, 2.5, 2.0], tok_s=[1] * 5, wall_s=1.0)
             for s in (1, 2)]
     low = [fake_run(tmp_path, "3comm", seed=s, fwd=3, val_losses=[4.0, 2.4, v], tok_s=[1] * 5, wall_s=1.0)
@@ -692,8 +727,8 @@ def test_paired_differences_confidence_intervals_and_ordering(tmp_path):
 
 
 def test_an_interrupted_checkpointing_run_resumes_from_its_checkpoint(tmp_path, char_data):
-    """A sweep with always_save_checkpoint (like cpu-long): a run killed after a checkpoint goes on from it (its
-    metrics up to the checkpoint kept) and ends as the uninterrupted run does."""
+    """A sweep with always_save_checkpoint (like cpu-long): a run killed after a checkpoint goes on from it
+    (its metrics up to the checkpoint kept) and ends as the uninterrupted run does."""
     runs = [sweep_plan.Run("tp", "config/train_shakespeare_char_24comm.py",
                            ("--n_layer=2", "--block_types=['tp']*2", "--always_save_checkpoint=True"))]
     overrides = [*TINY_SWEEP, f"--data_dir={char_data}", "--max_iters=6", "--eval_interval=3"]
@@ -720,8 +755,8 @@ def test_an_interrupted_checkpointing_run_resumes_from_its_checkpoint(tmp_path, 
 
 # ---------- `python experiment.py report`: docs tables and plots from the result files alone ----------
 
-PATTERN_LOSS = {"all-tp": 0.0, "all-spd": 0.002, "parallel-spd": 0.004, "all-parallel": 0.016, "all-ladder": 0.001,
-                "ladder-upper": 0.001, "all-caat": 0.003, "parallel3-spd": 0.012,
+PATTERN_LOSS = {"all-tp": 0.0, "all-spd": 0.002, "parallel-spd": 0.004, "all-parallel": 0.016,
+                "all-ladder": 0.001, "ladder-upper": 0.001, "all-caat": 0.003, "parallel3-spd": 0.012,
                 "parallel2-spd": 0.008, "parallel5-spd": 0.014}
 
 
@@ -729,23 +764,29 @@ FAKE_PARAMS = {}
 
 
 def fake_record(job, *, final):
-    """A result record as run_record writes it, for a planned job, with made-up losses and times (no training)."""
+    """A result record as run_record writes it, for a planned job, with made-up
+    losses and times (no training)."""
     cfg, per_iter = job.cfg, results.tokens_per_iter(job.cfg)
     steps, every = cfg["max_iters"], cfg["eval_interval"]
     types = cfg["block_types"] if isinstance(cfg["block_types"], list) else ["tp"] * cfg["n_layer"]
     fwd = sum({"tp": 2, "spd": 1, "parallel": 0, "ladder": 2, "caat": 2}[t] for t in types) + \
         (types[-1] == "parallel")
     shape = tuple(cfg.get(k) for k in ("model_type", "n_layer", "n_embd", "n_head", "block_size", "bias"))
-    if shape not in FAKE_PARAMS:  # a model built per shape, not per record: the block types share the parameters
+    # a model built per shape, not per record: the block types share the parameters
+    if shape not in FAKE_PARAMS:
         FAKE_PARAMS[shape] = results.count_params(cfg, 65)
     total, non_embedding = FAKE_PARAMS[shape]
-    return dict(schema=1, sweep=job.sweep, run=job.run.name, seed=job.seed, config_file="sweep_axes.py", config=cfg,
-                git=None, params=dict(total=total, non_embedding=non_embedding), tokens_per_iter=per_iter,
-                tokens=per_iter * steps, data=dict(train_tokens=4_000_000, epochs=per_iter * steps / 4e6),
-                val_curve=[[i, i * per_iter, final + 2.0 * (1 - i / steps) ** 2] for i in range(0, steps + 1, every)],
-                val_loss=final, final_iter=steps, comm=dict(fwd_allreduces=fwd, bwd_allreduces=fwd),
-                timing=dict(step_ms=80.0 + job.seed % 7, tokens_per_s=9600.0, p90_over_median=1.1, scattered=False,
-                            wall_s=400.0), machine=None)
+    return dict(schema=1, sweep=job.sweep, run=job.run.name, seed=job.seed, config_file="sweep_axes.py",
+                config=cfg, git=None, params=dict(total=total, non_embedding=non_embedding),
+                tokens_per_iter=per_iter, tokens=per_iter * steps, data=dict(train_tokens=4_000_000,
+                                                                             epochs=per_iter * steps / 4e6),
+                val_curve=[[i, i * per_iter, final + 2.0 * (1 - i / steps) ** 2]
+                           for i in range(0, steps + 1, every)], val_loss=final, final_iter=steps,
+                comm=dict(fwd_allreduces=fwd, bwd_allreduces=fwd), timing=dict(step_ms=80.0 + job.seed % 7,
+                                                                               tokens_per_s=9600.0,
+                                                                               p90_over_median=1.1,
+                                                                               scattered=False, wall_s=400.0),
+                machine=None)
 
 
 def fake_results(root, name, seeds=None):
@@ -776,7 +817,8 @@ def test_report_check_passes_on_the_committed_files(capsys):
     result files give."""
     from tpcomm.experiments.report import report
 
-    # in this process, where the cost bands are computed once (the command's own path: test_report_cli_bad_input...)
+    # in this process, where the cost bands are computed once (the command's own path:
+    # test_report_cli_bad_input...)
     assert report.main(check=True) == 0, capsys.readouterr().out
 
 
@@ -790,9 +832,9 @@ def test_report_regenerates_tables_and_plots_and_check_catches_an_edit(docs_copy
     assert "<!-- report:tp-axis-penalty -->" in axes_md.read_text()
     assert report.main(root=root) == 0
     text = axes_md.read_text()
-    # paired by seed: every all-spd run is 0.002 + 0.001 * (seed % 3) above its all-tp run: seeds 1337-1339 give
-    # +0.004, +0.002, +0.003: mean +0.003, CI 4.303 * 0.001 / sqrt(3) = 0.0025; at tp 4 (cpu-long's runs) the 11
-    # seeds 1337-1347 give the same mean, CI 2.228 * 0.00089 / sqrt(11) = 0.0006
+    # paired by seed: every all-spd run is 0.002 + 0.001 * (seed % 3) above its all-tp run: seeds 1337-1339
+    # give +0.004, +0.002, +0.003: mean +0.003, CI 4.303 * 0.001 / sqrt(3) = 0.0025; at tp 4 (cpu-long's runs)
+    # the 11 seeds 1337-1347 give the same mean, CI 2.228 * 0.00089 / sqrt(11) = 0.0006
     assert "| `['spd']*12` | 12 | +0.0030 [+0.0005, +0.0055] (3) | +0.0030 [+0.0024, +0.0036] (11) | " \
         "+0.0030 [+0.0005, +0.0055] (3) |" in text, text
     assert "| 2 x 32, 4 heads | 24,736 |" in text and "| 4 x 48, 4 heads | 111,024 |" in text
@@ -803,8 +845,8 @@ def test_report_regenerates_tables_and_plots_and_check_catches_an_edit(docs_copy
     # the README's answer from the same numbers: each pattern's paired difference and what it says at 95% (all
     # spd is 0.002 + 0.001 * (seed % 3) above all tp on 11 seeds: an interval above 0, so a cost, not a bound)
     readme = (docs_copy / "docs" / "answer.md").read_text()  # the README's table with its fine print
-    # beside each row's own interval the family-wise one (Bonferroni over the 12 measured rows: wider); a bound rounded
-    # up, no finer than a tenth of the half-width
+    # beside each row's own interval the family-wise one (Bonferroni over the 12 measured rows: wider); a
+    # bound rounded up, no finer than a tenth of the half-width
     assert "| drop | all `spd` | +0.0030 [+0.0024, +0.0036] (11) | [+0.0020, +0.0040] | costs +0.0030 [+0.0024, " \
         "+0.0036] nats (0.2%) |" in readme  # an interval off 0: its ends as they are (no bound to round up)
     assert "| delay | `ladder` in the upper half | +0.002 [-0.000, +0.005] (3) | [-0.007, +0.011] | costs at most " \
@@ -812,7 +854,8 @@ def test_report_regenerates_tables_and_plots_and_check_catches_an_edit(docs_copy
     assert png.png_digest(str(docs_copy / "docs" / "answer_tradeoff.png")) is not None
     capsys.readouterr()
     assert report.main(check=True, root=root) == 0
-    assert capsys.readouterr().out.startswith("report --check: every marked table and report figure equals")  # one line
+    # one line
+    assert capsys.readouterr().out.startswith("report --check: every marked table and report figure equals")
 
     # the run directories were never there: the report read the result files alone. Now edit one number ...
     axes_md.write_text(text.replace("+0.0030 [+0.0005, +0.0055] (3)", "+0.0031 [+0.0005, +0.0055] (3)", 1))
@@ -832,8 +875,9 @@ def test_report_regenerates_tables_and_plots_and_check_catches_an_edit(docs_copy
 
 
 def test_alltp_table_says_how_long_the_degrees_agree(tmp_path):
-    """tp-axis-alltp: all-tp at tp 2 and 8 against tp 4, same seed: agreement up to rounding (1e-4) through which
-    eval, the drift after it against the seed spread; a curve apart from the first eval is NOT the same model."""
+    """tp-axis-alltp: all-tp at tp 2 and 8 against tp 4, same seed: agreement up to rounding (1e-4)
+    through which eval, the drift after it against the seed spread; a curve apart from the first
+    eval is NOT the same model."""
     from tpcomm.experiments.report import report
 
     root = str(tmp_path)
@@ -873,7 +917,8 @@ def test_report_without_result_files_notes_them_and_refuses_bad_markers(docs_cop
 
 
 def test_report_cli_bad_input_is_one_line():
-    for args, words in ((["report", "nosuch"], "report: sweep must be one of"), (["report", "--fix"], "--fix")):
+    for args, words in ((["report", "nosuch"], "report: sweep must be one of"),
+                        (["report", "--fix"], "--fix")):
         r = run_script("experiment.py", *args)
         assert r.returncode == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
@@ -892,7 +937,8 @@ def test_result_files_are_committed_and_run_directories_ignored():
 
 
 def test_on_a_terminal_the_run_progress_goes_into_the_one_sweep_bar():
-    """run_job advances RunProgress (n, total, refresh) as it advanced its own bar; it shows in the sweep bar."""
+    """run_job advances RunProgress (n, total, refresh) as it advanced its own
+    bar; it shows in the sweep bar."""
     import io
 
     from tqdm import tqdm

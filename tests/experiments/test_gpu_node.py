@@ -1,6 +1,7 @@
-"""`python experiment.py gpu-node` (tpcomm/experiments/gpu_node.py): its CPU rehearsal runs the GPU node's code path (torchrun,
-real TP, every way of giving up a sync interleaved, the 64 MiB all-reduce check, the result file, the report with
-the cost model's predictions) on gloo with 2 processes and a tiny model; resume, dry-run and bad input."""
+"""`python experiment.py gpu-node` (tpcomm/experiments/gpu_node.py): its CPU rehearsal runs the GPU
+node's code path (torchrun, real TP, every way of giving up a sync interleaved, the 64 MiB all-reduce
+check, the result file, the report with the cost model's predictions) on gloo with 2 processes and a tiny
+model; resume, dry-run and bad input."""
 
 import json
 
@@ -11,8 +12,8 @@ from tpcomm.experiments import gpu_node
 
 # forward collectives of each way at tp 2 on the tiny shape (4 layers), measured by the model's counters
 FWD = {"all tp": 8, "all tp async": 8, "all spd": 4, "parallel/spd": 2, "all parallel": 1, "tp overlap2": 16,
-       "tp +sp": 0, "tp +sp ring": 0, "all ladder": 8, "all ladder async": 8, "tp bf16": 8, "tp fp8": 8, "tp int8": 8,
-       "tp int8 2shot": 8, "spd int8": 4, "tracks/4": 1, "all caat": 8}
+       "tp +sp": 0, "tp +sp ring": 0, "all ladder": 8, "all ladder async": 8, "tp bf16": 8, "tp fp8": 8, "tp "
+       "int8": 8, "tp int8 2shot": 8, "spd int8": 4, "tracks/4": 1, "all caat": 8}
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,8 @@ def test_finished_launch_is_skipped_and_reported_again(rehearsal):
     r = run_script("experiment.py", "gpu-node", "--rehearsal", f"--out={out}", "--report-only", timeout=120)
     assert r.returncode == 0 and "| all ladder |" in r.stdout
     # another config (more steps) makes the file stale: planned again
-    r = run_script("experiment.py", "gpu-node", "--rehearsal", f"--out={out}", "--iters=3", "--dry-run", timeout=120)
+    r = run_script("experiment.py", "gpu-node", "--rehearsal", f"--out={out}", "--iters=3", "--dry-run",
+                   timeout=120)
     assert "run   tiny" in r.stdout
 
 
@@ -71,7 +73,8 @@ def test_predictions_follow_the_syncs():
     assert pred["tp overlap2"][1] < base_comm and pred["all ladder"][1] < base_comm  # hidden, delayed
     # (int8 one-shot is predicted slower than bf16 on NVLink at tp 8: it all-gathers 7 compressed partials)
     assert pred["tp int8"][1] > base_comm
-    assert pred["tracks/4"][1] < pred["all spd"][1] and pred["all caat"][1] < base_comm  # 6 syncs; half the bytes
+    # 6 syncs; half the bytes
+    assert pred["tracks/4"][1] < pred["all spd"][1] and pred["all caat"][1] < base_comm
     assert base - base_comm == pytest.approx(pred["all spd"][0] - pred["all spd"][1])  # the same compute
     assert pred["all tp async"][1] < base_comm  # Megatron's baseline hides the backward all-reduces
     assert pred["all ladder async"][1] < pred["all ladder"][1]  # the backward delayed too
@@ -94,7 +97,8 @@ def test_bad_input_names_key_and_value(args, key):
 
 def test_bad_input_is_one_line(tmp_path):
     missing = tmp_path / "missing"
-    line = one_line_error(run_script("experiment.py", "gpu-node", "--report-only", f"--out={missing}", timeout=120))
+    line = one_line_error(run_script("experiment.py", "gpu-node", "--report-only", f"--out={missing}",
+                                     timeout=120))
     assert line == f"error: no result files in {missing}/runs"
     assert not missing.exists()  # nothing written
 
@@ -113,9 +117,9 @@ def test_gpt2_sweep_real_tp_dry_run_states_gpu_hours():
 
 
 def test_one_rank_failing_in_one_way_loses_only_that_way(tmp_path):
-    """Rank 1 raises inside 'all spd' (tests/workers/gpu_node_fail_worker.py): the ranks agree on it at the way's end
-    (gpu_node.agree_on_failure), every other way is timed on both ranks in step, and the result file records the
-    failed way with rank 1's error; the launch ends well inside its time box."""
+    """Rank 1 raises inside 'all spd' (tests/workers/gpu_node_fail_worker.py): the ranks agree on it at the
+    way's end (gpu_node.agree_on_failure), every other way is timed on both ranks in step, and the result file
+    records the failed way with rank 1's error; the launch ends well inside its time box."""
     config = gpu_node.run_config("tiny", gpu_node.REHEARSAL)
     out = tmp_path / "tiny.json"
     r = run_script(*TORCHRUN, "--nproc_per_node=2", "tests/workers/gpu_node_fail_worker.py",

@@ -1,5 +1,6 @@
-"""The gpu-scale sweep (issue 52): the Linux corpus (data/linux/prepare.py, data/linux_corpus.py), the sweep's sizes,
-its CPU rehearsal (the GPU path with device cpu, fp32, eager, tiny sizes), and the scale axis in the report."""
+"""The gpu-scale sweep (issue 52): the Linux corpus (data/linux/prepare.py, data/linux_corpus.py),
+the sweep's sizes, its CPU rehearsal (the GPU path with device cpu, fp32, eager, tiny sizes), and
+the scale axis in the report."""
 
 import hashlib
 import json
@@ -14,11 +15,12 @@ from conftest import ROOT, one_line_error, run_script
 from data import linux_corpus as lc
 from tpcomm.experiments import results
 from tpcomm.experiments.report import scale_report
-from tpcomm.experiments.sweep_plan import (AXES_SIZE, AXES_STEPS, PATTERNS, SCALE_PATTERNS, SCALE_SEEDS, SCALE_SIZES, SWEEPS,
-                               scale_runs)
+from tpcomm.experiments.sweep_plan import (AXES_SIZE, AXES_STEPS, PATTERNS, SCALE_PATTERNS, SCALE_SEEDS,
+                                           SCALE_SIZES, SWEEPS, scale_runs)
 
 PREPARE = os.path.join("data", "linux", "prepare.py")
-C_WORDS = ["int", "return", "static", "void", "struct", "if", "(", ")", "{", "}", ";", "x", "0", "\n", "\t", " ", "*"]
+C_WORDS = ["int", "return", "static", "void", "struct", "if", "(", ")", "{", "}", ";", "x", "0", "\n", "\t",
+           " ", "*"]
 
 
 def c_file(path, n, seed):
@@ -166,7 +168,8 @@ def test_real_plan_dry_run_states_gpu_minutes():
     r = scale("--dry-run", "--budget-minutes=8")
     assert r.returncode == 0, r.stderr
     planned = [line for line in r.stdout.splitlines() if line.startswith(("run ", "skip "))]
-    assert len(planned) == len(SCALE_PATTERNS) * len(SCALE_SIZES) * len(SCALE_SEEDS) + 1, r.stdout  # + GPT once
+    # + GPT once
+    assert len(planned) == len(SCALE_PATTERNS) * len(SCALE_SIZES) * len(SCALE_SEEDS) + 1, r.stdout
     assert "GPU-minutes still to run" in r.stdout and "453" not in r.stdout  # the rate, converted, not pasted
     assert "103,680,000 tokens" in r.stdout
 
@@ -214,11 +217,12 @@ class FakeResults:
 def record(run, size, seed, loss, *, step_ms=10.0, model_type="distributed_gpt"):
     (n_layer, n_embd, n_head), batch = size, SCALE_SIZES[size]
     pattern = run.rsplit("-", 1)[0]
-    cfg = dict(n_layer=n_layer, n_embd=n_embd, n_head=n_head, tp_size=4, model_type=model_type, max_iters=5000,
-               block_types=None if model_type == "gpt" else PATTERNS[pattern](n_layer))
+    cfg = dict(n_layer=n_layer, n_embd=n_embd, n_head=n_head, tp_size=4, model_type=model_type,
+               max_iters=5000, block_types=None if model_type == "gpt" else PATTERNS[pattern](n_layer))
     fwd = {"all-tp": 2, "all-spd": 1, "all-parallel": 0, "all-ladder": 2}.get(pattern, 0) * n_layer
-    return dict(config=cfg, seed=seed, val_loss=loss, val_curve=[[5000, 5000 * batch * 64, loss]], final_iter=5000,
-                tokens=5000 * batch * 64, tokens_per_iter=batch * 64, params=dict(total=1, non_embedding=n_layer * n_embd ** 2 * 12),
+    return dict(config=cfg, seed=seed, val_loss=loss, val_curve=[[5000, 5000 * batch * 64, loss]],
+                final_iter=5000, tokens=5000 * batch * 64, tokens_per_iter=batch * 64,
+                params=dict(total=1, non_embedding=n_layer * n_embd ** 2 * 12),
                 comm=dict(fwd_allreduces=None if model_type == "gpt" else fwd, bwd_allreduces=0),
                 timing=dict(step_ms=step_ms, wall_s=60.0), data={})
 
@@ -235,7 +239,8 @@ def rows_of(costs, *, with_gpt=True):
                 groups.setdefault(run, []).append(record(run, size, seed, base + costs.get(p, lambda i: 0)(k)
                                                          + noise, step_ms=12.0 if p == "all-spd" else 11.0))
             if with_gpt and k == 2 and seed == SCALE_SEEDS[0]:
-                groups["gpt-36x192"] = [record("gpt-36x192", size, seed, base, step_ms=10.0, model_type="gpt")]
+                groups["gpt-36x192"] = [record("gpt-36x192", size, seed, base, step_ms=10.0,
+                                               model_type="gpt")]
     return results.summarize(list(groups.items()))
 
 
@@ -251,7 +256,8 @@ def test_scale_axis_says_grows_shrinks_or_holds():
     flat = scale_report.scale_axis(FakeResults(rows_of({"all-spd": lambda k: 0.01})))
     assert "grows" not in flat
     data, draw = scale_report.scale_plot(FakeResults(rows))
-    assert [len(s["points"]) for s in data] == [3] * (len(SCALE_PATTERNS) - 1)  # every pattern but the baseline
+    # every pattern but the baseline
+    assert [len(s["points"]) for s in data] == [3] * (len(SCALE_PATTERNS) - 1)
 
 
 def test_scale_axis_is_pending_without_result_files():
@@ -261,11 +267,12 @@ def test_scale_axis_is_pending_without_result_files():
 
 
 def test_a_baseline_alone_names_no_figure():
-    """The first GPU chunk may leave only all `tp` files: the table shows their loss, and the page links no figure
-    that scale_plot (no paired cost yet) does not draw (a broken image in the README, 2026-11-27)."""
+    """The first GPU chunk may leave only all `tp` files: the table shows their loss, and the page links no
+    figure that scale_plot (no paired cost yet) does not draw (a broken image in the README, 2026-11-27)."""
     rows = [r for r in rows_of({}, with_gpt=False) if r["config"] == r["baseline"]]
     text = scale_report.scale_axis(FakeResults(rows))
-    assert text.startswith("_The scale axis has begun: 9 `gpu-scale` run(s)") and "all-tp-12x64 1.50" in text, text
+    assert text.startswith("_The scale axis has begun: 9 `gpu-scale` "
+                           "run(s)") and "all-tp-12x64 1.50" in text, text
     assert scale_report.PLOT not in text
     assert scale_report.scale_plot(FakeResults(rows)) is None
     assert scale_report.PLOT in scale_report.scale_axis(FakeResults(rows_of({})))  # with pairs it is linked
@@ -280,9 +287,9 @@ def test_report_registers_the_axis():
 
 @pytest.mark.slow
 def test_concurrent_workers_share_one_chunk(tmp_path):
-    """--concurrent=2: two copies of the command, each run trained once, by one of them (the job locks share them
-    out). How many runs fit depends on how fast the first ones finish (a finished run's time replaces the estimate):
-    at least the two the estimates fit."""
+    """--concurrent=2: two copies of the command, each run trained once, by one of them (the job locks share
+    them out). How many runs fit depends on how fast the first ones finish (a finished run's time replaces the
+    estimate): at least the two the estimates fit."""
     data = tmp_path / "data"
     r = run_script(PREPARE, "--input", c_file(tmp_path / "a.c", 4000, 3), "--out_dir", str(data))
     assert r.returncode == 0, r.stderr

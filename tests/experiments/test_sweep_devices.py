@@ -1,6 +1,7 @@
-"""Sweep processes run side by side on a GPU machine each get GPUs of their own (CUDA_VISIBLE_DEVICES in the env
-of the train.py they start), the gpt2 sweep runs one process per GPU of the node, and its config does not ask
-wandb for a login it cannot get. No GPU needed: the GPUs torch sees are faked and train.py is not started."""
+"""Sweep processes run side by side on a GPU machine each get GPUs of their own
+(CUDA_VISIBLE_DEVICES in the env of the train.py they start), the gpt2 sweep runs one process per
+GPU of the node, and its config does not ask wandb for a login it cannot get. No GPU needed: the
+GPUs torch sees are faked and train.py is not started."""
 
 import os
 import subprocess
@@ -71,7 +72,8 @@ def test_a_claim_waits_for_free_gpus_and_respects_the_users_choice(eight_gpus, m
             time.sleep(0.01)
         assert t.is_alive() and said and "waiting for 2 free GPU(s)" in said[0]  # only "6" is free
     t.join(5)
-    assert len(got) == 1 and len(set(got[0])) == 2 and set(got[0]) <= {"4", "5", "6"}  # any two of the user's three:
+    # any two of the user's three:
+    assert len(got) == 1 and len(set(got[0])) == 2 and set(got[0]) <= {"4", "5", "6"}
     # the first claim frees "4" and "5" one after the other, so a poll between the two may take "5" and "6"
     waiting.__exit__(None, None, None)
     with pytest.raises(RuntimeError, match="needs 4 GPUs, this sweep sees 3"):
@@ -98,7 +100,8 @@ def test_no_gpus_no_pinning(monkeypatch, tmp_path):
 
 
 def test_gpt2_sweep_uses_the_nodes_gpus_and_no_wandb(eight_gpus, tmp_path):
-    jobs = sweep.plan(sweep_plan.SWEEPS["gpt2"], sweep_dir=str(tmp_path / "gpt2"), seeds=[1337], check_data=False)
+    jobs = sweep.plan(sweep_plan.SWEEPS["gpt2"], sweep_dir=str(tmp_path / "gpt2"), seeds=[1337],
+                      check_data=False)
     assert {j.nproc for j in jobs} == {8}
     assert all(sweep.command(j)[1:4] == ["-m", "torch.distributed.run", "--standalone"] for j in jobs)
     assert not any(j.cfg["wandb_log"] for j in jobs)  # a login it cannot ask for in a subprocess

@@ -1,7 +1,8 @@
-"""Every figure reads at a glance: each way has one name (the answer table's), one colour and one marker in every
-figure (tpcomm/figures/way_styles.py); no two legend entries read the same; no two texts overprint (their drawn boxes,
-plot_labels.overlapping); the headline figure keeps every point at its true x and its text readable at the README's
-width. The figures are the report's (report.plot_specs), drawn from the committed result files, as committed."""
+"""Every figure reads at a glance: each way has one name (the answer table's), one colour and one marker in
+every figure (tpcomm/figures/way_styles.py); no two legend entries read the same; no two texts overprint
+(their drawn boxes, plot_labels.overlapping); the headline figure keeps every point at its true x and its text
+readable at the README's width. The figures are the report's (report.plot_specs), drawn from the committed
+result files, as committed."""
 
 import os
 
@@ -78,7 +79,8 @@ def titles(fig):
 
 
 def test_every_title_is_at_most_two_lines(figures):
-    """A figure carries its message at a glance: no title (figure or panel) over 2 lines; the rest is in the docs."""
+    """A figure carries its message at a glance: no title (figure or panel) over 2
+    lines; the rest is in the docs."""
     long = {rel: t for rel, (_, fig) in figures.items() for t in titles(fig) if t.count("\n") > 1}
     assert long == {}, long
     plt = png.pyplot()
@@ -90,7 +92,8 @@ def test_every_title_is_at_most_two_lines(figures):
 
 def test_a_loss_curve_panel_has_at_most_six_lines(figures):
     _, fig = figures["docs/val_loss_curves.png"]
-    assert len(fig.axes) > 1 and all(len(ax.lines) <= 6 for ax in fig.axes), [len(ax.lines) for ax in fig.axes]
+    assert len(fig.axes) > 1 and all(len(ax.lines) <= 6 for ax in fig.axes), [len(ax.lines)
+                                                                              for ax in fig.axes]
 
 
 def test_the_ways_are_named_as_the_answer_table_names_them():
@@ -149,7 +152,8 @@ def test_no_text_is_cut_off(figures):
 def test_separate_moves_labels_off_each_other():
     plt = png.pyplot()
     fig, ax = plt.subplots()
-    labels = [ax.annotate(f"label {k}", (0.5, 0.5), xytext=(5, 0), textcoords="offset points") for k in range(4)]
+    labels = [ax.annotate(f"label {k}", (0.5, 0.5), xytext=(5, 0), textcoords="offset points")
+              for k in range(4)]
     assert len(plot_labels.overlapping(fig)) == 6
     plot_labels.separate(fig, labels)
     assert plot_labels.overlapping(fig) == []
@@ -158,8 +162,8 @@ def test_separate_moves_labels_off_each_other():
 
 
 def test_the_headline_figure_reads_at_the_readme_width(figures):
-    """Labelled directly at each point's true x (no footer key), log scale said, only drawn legend entries, the ways
-    left out named, the 1% line labelled, every text at least 11 px at the README's width."""
+    """Labelled directly at each point's true x (no footer key), log scale said, only drawn legend entries,
+    the ways left out named, the 1% line labelled, every text at least 11 px at the README's width."""
     data, fig = figures["docs/answer_tradeoff.png"]
     axes = fig.axes
     assert len(axes) == len(data["links"]) == 2
@@ -197,7 +201,8 @@ def test_the_headline_figure_draws_a_speedup_band_where_the_data_has_one(figures
 
 
 def test_the_budget_sweep_is_one_line_and_its_variants_markers(figures):
-    """No vertical segment joins unrelated configs at one x; the early-training figure says so, with its seeds."""
+    """No vertical segment joins unrelated configs at one x; the early-training
+    figure says so, with its seeds."""
     data, fig = figures["docs/val_loss_vs_allreduces.png"]
     ax = fig.axes[0]
     (line,) = [ln for ln in ax.lines if len(ln.get_xdata()) > 1]
@@ -236,9 +241,9 @@ def test_the_axes_figures_draw_no_trend_and_say_seeds_and_tokens(figures):
 
 
 def test_the_missing_figures_are_drawn_from_their_data_and_linked(figures):
-    """The cost model beside each published figure (every check, its error as cost_model.error gives it) and all
-    parallel's paired difference during training in each sweep that ran it, ending at the sweep's final paired
-    difference; both registered with the report (digest-checked) and linked from their docs page."""
+    """The cost model beside each published figure (every check, its error as cost_model.error gives it) and
+    all parallel's paired difference during training in each sweep that ran it, ending at the sweep's final
+    paired difference; both registered with the report (digest-checked) and linked from their docs page."""
     from tpcomm.costmodel import cost_model as cm
     from tpcomm.experiments import pairing
 
@@ -265,19 +270,24 @@ def test_the_missing_figures_are_drawn_from_their_data_and_linked(figures):
 
 
 SPD = dict(kind="spd", tp_size=4, base_loss=1.87, tau_isb=0.01, tau_esb=0.1, kl=[6, 1.88], kl_steps=200,
-           curve=[[12, 1.87, 1.87], [11, 1.876, 1.876], [10, 1.885, 1.885], [9, 1.89, 1.89], [8, 1.897, 1.897],
+           curve=[[12, 1.87, 1.87], [11, 1.876, 1.876], [10, 1.885, 1.885], [9, 1.89, 1.89],
+                  [8, 1.897, 1.897],
                   [7, 1.91, 1.90], [6, 2.52, 1.907]],
-           blocks=[[0, "ESB", 0.6, 0.6], [1, "ISB", 0.005, 0.004], [2, "ISB", 0.007, 0.006], [3, "SB", 0.02, 0.019],
-                   [4, "ISB", 0.003, 0.0025], [5, "ISB", 0.004, 0.004]])  # made-up, the shape of docs/spd.md's
+           blocks=[[0, "ESB", 0.6, 0.6], [1, "ISB", 0.005, 0.004], [2, "ISB", 0.007, 0.006],
+                   [3, "SB", 0.02, 0.019],
+                   # made-up, the shape of docs/spd.md's
+                   [4, "ISB", 0.003, 0.0025], [5, "ISB", 0.004, 0.004]])
 DECODE = dict(kind="decode", model="12 layers x 128 wide, 8 heads, vocab 65", tp="tp 2 real", device="cpu",
-              prompt_len=32, new_tokens=32, rows=[[p, f, b, 2.0 + f + b / 8, 1.0 + f / 2] for p, f in
-                                                  (("tp", 24), ("spd", 12), ("parallel", 1)) for b in (1, 4, 16)])
+              prompt_len=32, new_tokens=32, rows=[[p, f, b, 2.0 + f + b / 8, 1.0 + f / 2] for p,
+                                                  f in (("tp", 24), ("spd", 12), ("parallel", 1))
+                                                  for b in (1, 4, 16)])
 
 
 def test_the_command_figures_carry_their_data_and_report_check_sees_a_stale_one(tmp_path, capsys):
-    """The decode and SPD figures: the zero-shot point off the axis is named, not squashing the rest; the
-    KL-recovered point drawn; the thresholds and B2B named; the decode title names the model, prompt and tokens.
-    Written with their data file, a committed copy is compared by `report --check`: a changed number fails it."""
+    """The decode and SPD figures: the zero-shot point off the axis is named, not squashing the
+    rest; the KL-recovered point drawn; the thresholds and B2B named; the decode title names the
+    model, prompt and tokens. Written with their data file, a committed copy is compared by `report
+    --check`: a changed number fails it."""
     from tpcomm.figures import command_figures as cf
 
     def texts_of(fig):
@@ -315,9 +325,9 @@ def test_the_command_figures_carry_their_data_and_report_check_sees_a_stale_one(
 
 
 def test_report_check_fails_on_a_figure_without_its_data(tmp_path):
-    """A committed docs/ PNG that carries no checkable digest fails `report --check`: a command's figure without its
-    data file, a figure nothing registers, a data file that no longer draws; the same files pass once written by
-    command_figures.write (anti-vacuity: the check is not failing on everything)."""
+    """A committed docs/ PNG that carries no checkable digest fails `report --check`: a command's figure
+    without its data file, a figure nothing registers, a data file that no longer draws; the same files pass
+    once written by command_figures.write (anti-vacuity: the check is not failing on everything)."""
     from tpcomm.figures import command_figures as cf
 
     (tmp_path / "docs").mkdir()
@@ -329,8 +339,9 @@ def test_report_check_fails_on_a_figure_without_its_data(tmp_path):
 
     decode = str(tmp_path / "docs" / "decode_latency_cpu_real.png")
     png.save_png(cf.DRAW["decode"](DECODE), decode, DECODE)  # a digest, but no data file beside it
-    assert check() == ["docs/decode_latency_cpu_real.png: has no data file (decode_latency_cpu_real.data.json) "
-                       "beside it: draw it with the command its docs page shows"]
+    assert check() == ["docs/decode_latency_cpu_real.png: has no data file "
+                       "(decode_latency_cpu_real.data.json) " "beside it: draw it with the command its docs "
+                       "page shows"]
     cf.write(cf.DRAW["decode"](DECODE), decode, DECODE)
     assert check() == []
     stray = tmp_path / "docs" / "hand_drawn.png"
@@ -346,8 +357,8 @@ def test_report_check_fails_on_a_figure_without_its_data(tmp_path):
 
 
 def test_every_committed_figure_carries_its_data_digest():
-    """Each docs/*.png is registered with the report and carries a digest; a command's figure has its data file,
-    whose digest is the one in the PNG (what `report --check` compares, without the result files)."""
+    """Each docs/*.png is registered with the report and carries a digest; a command's figure has its data
+    file, whose digest is the one in the PNG (what `report --check` compares, without the result files)."""
     from tpcomm.figures import command_figures as cf
 
     assert report.unregistered_pngs(ROOT) == []
@@ -365,13 +376,17 @@ def test_the_step_breakdown_names_each_row_as_a_way_with_its_family():
     """bench.py's rows ('spd +int8/32') read as the answer table's ways, with drop / hide / delay / shrink."""
     from tpcomm.figures import command_figures as cf
 
-    names = {row: (name, families) for row in ("tp", "tp +overlap2", "tp +sp", "tp +int8/32", "spd", "spd +int8/32",
-                                                "['parallel','spd']*6 +overlap2", "ladder", "ladder +int8/32")
-             for name, _, families in [cf.step_label(row)]}
-    assert names == {"tp": ("all tp", []), "tp +overlap2": ("tp_overlap=2", ["hide"]),
-                     "tp +sp": ("sequence parallelism", ["hide"]), "tp +int8/32": ("int8", ["shrink"]),
+    names = {row: (name, families) for row in ("tp", "tp +overlap2", "tp +sp", "tp +int8/32", "spd", "spd "
+                                               "+int8/32", "['parallel','spd']*6 +overlap2", "ladder",
+                                               "ladder +int8/32") for name, _,
+             families in [cf.step_label(row)]}
+    assert names == {"tp": ("all tp", []), "tp +overlap2": ("tp_overlap=2", ["hide"]), "tp "
+                     "+sp": ("sequence parallelism", ["hide"]), "tp +int8/32": ("int8", ["shrink"]),
                      "spd": ("all spd", ["drop"]), "spd +int8/32": ("all spd + int8", ["drop", "shrink"]),
-                     "['parallel','spd']*6 +overlap2": ("tracks D=2 ['parallel','spd']*6 + tp_overlap=2", ["drop", "hide"]),
-                     "ladder": ("all ladder", ["delay"]), "ladder +int8/32": ("all ladder + int8", ["delay", "shrink"])}
+                     "['parallel','spd']*6 +overlap2": ("tracks D=2 ['parallel','spd']*6 + tp_overlap=2",
+                                                        ["drop", "hide"]), "ladder": ("all ladder",
+                                                                                      ["delay"]), "ladder "
+                     "+int8/32": ("all ladder + int8", ["delay", "shrink"])}
     assert cf.step_label("spd +int8/32")[1] == way_styles.styles()["all-spd-int8"].color
-    assert cf.step_label("spd +overlap2")[1] not in {s.color for s in way_styles.styles().values()}  # no way's
+    # no way's
+    assert cf.step_label("spd +overlap2")[1] not in {s.color for s in way_styles.styles().values()}

@@ -1,4 +1,5 @@
-"""The zeroed-c_proj identity in training passes under bf16 autocast (issue 46 points 1-2; tpcomm/gpu/bf16_identity.py).
+"""The zeroed-c_proj identity in training passes under bf16 autocast (issue 46 points 1-2;
+tpcomm/gpu/bf16_identity.py).
 
 1. Every block's c_proj zeroed: each block must leave the stream as it came, so the loss is GPT's exactly (0, not a
    tolerance: nothing differs but the route) for 'tp', 'spd' and 'parallel' at tp 2, 4 and 8 simulated and at real
@@ -23,8 +24,8 @@ BF16 = dict(device_type="cpu", dtype=torch.bfloat16)
 
 
 def strict_layer_norm(monkeypatch):
-    """torch.native_layer_norm and its backward as CUDA's kernels take them: input, weight and bias in one dtype
-    (the fused path calls them directly; F.layer_norm's autocast rule covers the unfused path)."""
+    """torch.native_layer_norm and its backward as CUDA's kernels take them: input, weight and bias in one
+    dtype (the fused path calls them directly; F.layer_norm's autocast rule covers the unfused path)."""
     forward, backward = torch.native_layer_norm, torch.ops.aten.native_layer_norm_backward
     seen = []
 
@@ -55,7 +56,8 @@ def simulated_grid(tps, kinds=bi.KINDS, *, bias_nudge=0.0):
     def make(tp, block_types, options):
         model = DistributedGPT.from_gpt(base, tp, block_types, **options)
         with torch.no_grad():
-            model.transformer.h[1].mlp.c_proj.bias[0].add_(bias_nudge)  # one channel: ln_f undoes a shift of all
+            # one channel: ln_f undoes a shift of all
+            model.transformer.h[1].mlp.c_proj.bias[0].add_(bias_nudge)
         return model
 
     return bi.train_grid(make, want, idx, targets, ctx, n_layer=SIZES["n_layer"], tps=tps, kinds=kinds)
@@ -63,7 +65,8 @@ def simulated_grid(tps, kinds=bi.KINDS, *, bias_nudge=0.0):
 
 def test_option_sets_are_the_validators():
     assert bi.option_sets(["tp"] * 4, 2) == [{}, dict(tp_async_grad=True), dict(tp_overlap=2),
-                                              dict(sequence_parallel=True), dict(tp_async_grad=True, tp_overlap=2)]
+                                             dict(sequence_parallel=True), dict(tp_async_grad=True,
+                                                                                tp_overlap=2)]
     # nothing to overlap in 'parallel' blocks
     assert bi.option_sets(["parallel"] * 4, 8) == [{}, dict(tp_async_grad=True), dict(sequence_parallel=True)]
 
@@ -74,11 +77,13 @@ def test_zeroed_c_proj_loss_is_gpts_exactly_in_training(tp, monkeypatch):
     dev = simulated_grid((tp,))
     assert len(dev) == 13, sorted(dev)  # 5 option sets for 'tp' and 'spd', 3 for 'parallel'
     assert set(dev.values()) == {0.0}, {k: v for k, v in dev.items() if v}
-    assert torch.float32 in seen  # the fused path ran its LayerNorms (through the double), in fp32 under autocast
+    # the fused path ran its LayerNorms (through the double), in fp32 under autocast
+    assert torch.float32 in seen
 
 
 def test_train_identity_can_fail():
-    """Anti-vacuity: one c_proj bias element nudged by 0.05 moves every option's loss, and the grid sees it."""
+    """Anti-vacuity: one c_proj bias element nudged by 0.05 moves every option's
+    loss, and the grid sees it."""
     dev = simulated_grid((2,), ("parallel",), bias_nudge=0.05)
     assert len(dev) == 3 and min(dev.values()) > 0, dev
 
@@ -104,9 +109,9 @@ def _real_grid(rank, world):
         idx, targets = batch()
         ctx = torch.autocast(**BF16)
         want = bi.train_loss(base, idx, targets, ctx)
-        dev = bi.train_grid(lambda tp, block_types, options: DistributedGPT.from_gpt(base, tp, block_types, pd=pd,
-                                                                                    **options),
-                            want, idx, targets, ctx, n_layer=SIZES["n_layer"], tps=(world,))
+        dev = bi.train_grid(lambda tp, block_types, options: DistributedGPT.from_gpt(base, tp, block_types,
+                                                                                     pd=pd, **options), want,
+                            idx, targets, ctx, n_layer=SIZES["n_layer"], tps=(world,))
     finally:
         mp.undo()
     return dict(dev=dev, fused_ln=torch.float32 in seen)
@@ -134,16 +139,19 @@ def _fsdp_bf16_async(rank, world):
     seen = strict_layer_norm(mp)
     layer_norm = torch.nn.functional.layer_norm
 
-    def cuda_autocast_layer_norm(x, shape, weight=None, bias=None, eps=1e-5):  # as in tests/parallel/test_fsdp_precision.py:
+    # as in tests/parallel/test_fsdp_precision.py:
+    def cuda_autocast_layer_norm(x, shape, weight=None, bias=None, eps=1e-5):
         if torch.is_autocast_enabled("cpu"):  # CUDA autocast's fp32 list has layer_norm, CPU's has not
             x, weight, bias = (None if t is None else t.float() for t in (x, weight, bias))
         return layer_norm(x, shape, weight, bias, eps)
 
-    mp.setattr(torch.nn.functional, "layer_norm", cuda_autocast_layer_norm)  # the unfused LayerNorms (ln_f, ...)
+    # the unfused LayerNorms (ln_f, ...)
+    mp.setattr(torch.nn.functional, "layer_norm", cuda_autocast_layer_norm)
     try:
         torch.manual_seed(0)
         model = build_model("distributed_gpt", args)
-        run = apply_data_parallel(model, pd, kind="fsdp", device_type="cuda", dtype="bfloat16")  # CUDA's policy
+        # CUDA's policy
+        run = apply_data_parallel(model, pd, kind="fsdp", device_type="cuda", dtype="bfloat16")
         gathered = []
         model.transformer.h[0].register_forward_pre_hook(
             lambda m, a: gathered.append(str(m.ln_1.weight.dtype)))
@@ -158,6 +166,7 @@ def _fsdp_bf16_async(rank, world):
 
 def test_fsdp2_bf16_params_with_async_grad_give_layer_norm_one_dtype(tmp_path):
     for result in spawn_gloo(_fsdp_bf16_async, 2, tmp_path):
-        assert result["gathered"] == ["torch.bfloat16"], result  # the mix the double would refuse was on offer
+        # the mix the double would refuse was on offer
+        assert result["gathered"] == ["torch.bfloat16"], result
         assert result["dtypes"] == ["torch.float32"], result  # every fused LayerNorm ran, in one dtype
         assert 3.0 < result["loss"] < 6.0, result  # a real loss (log 65 ~ 4.2), not a NaN

@@ -1,6 +1,6 @@
-"""`make gpu-check` rehearsed on CPU (tpcomm/gpu/gpu_check.py --sizes=tiny): every section runs and reports the fields
-docs/gpu.md reads, the markdown's generated section replaces only itself, a failing or overrunning section is
-recorded while the others run, and bad options are one line with exit status 2."""
+"""`make gpu-check` rehearsed on CPU (tpcomm/gpu/gpu_check.py --sizes=tiny): every section runs and reports
+the fields docs/gpu.md reads, the markdown's generated section replaces only itself, a failing or overrunning
+section is recorded while the others run, and bad options are one line with exit status 2."""
 
 import json
 import time
@@ -14,10 +14,13 @@ from tpcomm.gpu import gpu_check, gpu_report
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """One CPU rehearsal (~20 s of CPU time; 2 processes for the real-TP section), into a temp dir, never docs/."""
+    """One CPU rehearsal (~20 s of CPU time; 2 processes for the real-TP section),
+    into a temp dir, never docs/."""
     out = tmp_path_factory.mktemp("gpu_check")
-    (out / "gpu.md").write_text(f"# GPUs\n\nhand-written guide\n\n{gpu_report.BEGIN}\nold\n{gpu_report.END}\n\ntail\n")
-    r = run_script("-m", "tpcomm.gpu.gpu_check", "--sizes=tiny", "--device=cpu", f"--out_dir={out}", timeout=600)
+    (out / "gpu.md").write_text(f"# GPUs\n\nhand-written "
+                                f"guide\n\n{gpu_report.BEGIN}\nold\n{gpu_report.END}\n\ntail\n")
+    r = run_script("-m", "tpcomm.gpu.gpu_check", "--sizes=tiny", "--device=cpu", f"--out_dir={out}",
+                   timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads((out / "gpu.json").read_text()), (out / "gpu.md").read_text(), r.stdout
 
@@ -66,13 +69,15 @@ def test_real_tp_equals_simulation_and_comm_time_is_sane(tiny):
 def test_identity_and_cost_model_fields(tiny):
     s = tiny[0]["sections"]
     dev = s["bf16_identity"]["max_deviation"]
-    # every block type at tp 2, 4, 8 and GPT, and two sequence-parallel patterns at each tp: all exactly 0 on CPU
-    # (issue 37.1's fix; tests/model/test_bf16_identity.py), reported on a GPU whatever they are
+    # every block type at tp 2, 4, 8 and GPT, and two sequence-parallel patterns at each tp: all exactly 0 on
+    # CPU (issue 37.1's fix; tests/model/test_bf16_identity.py), reported on a GPU whatever they are
     sp = [f"{p} tp{t} sequence parallel" for p in (["spd", "parallel", "tp", "parallel"],
                                                    ["parallel", "spd", "parallel", "tp"]) for t in (2, 4, 8)]
-    assert set(dev) == {"gpt"} | {f"{k} tp{t}" for k in gpu_report.COMPRESSIBLE_TYPES for t in (2, 4, 8)} | set(sp)
+    assert set(dev) == {"gpt"} | {f"{k} tp{t}" for k in gpu_report.COMPRESSIBLE_TYPES
+                                  for t in (2, 4, 8)} | set(sp)
     assert set(dev.values()) == {0.0} and s["bf16_identity"]["ok"] is True, dev
-    # and in training passes, gradients on, with each option the validator allows (tests/gpu/test_bf16_train_identity.py)
+    # and in training passes, gradients on, with each option the validator allows
+    # (tests/gpu/test_bf16_train_identity.py)
     train = s["bf16_identity"]["train_loss_deviation"]
     assert len(train) == 3 * 13 and set(train.values()) == {0.0}, train
     assert "parallel tp8 (tp_async_grad=True)" in train and "spd tp4 (tp_async_grad=True, tp_overlap=2)" in train
@@ -83,8 +88,8 @@ def test_markdown_replaces_only_its_section(tiny):
     _, md, _ = tiny
     assert md.startswith("# GPUs\n\nhand-written guide\n\n") and md.endswith("\n\ntail\n")
     assert "\nold\n" not in md and md.count(gpu_report.BEGIN) == 1 and md.count(gpu_report.END) == 1
-    for text in ("CPU (rehearsal)", "torch ", "| eager |", "| compiled |", "all `ladder`", "ms/token", "`real_tp`",
-                 "`comm_sanity`", "`bf16_identity`", "assumed MFU 40%"):
+    for text in ("CPU (rehearsal)", "torch ", "| eager |", "| compiled |", "all `ladder`", "ms/token",
+                 "`real_tp`", "`comm_sanity`", "`bf16_identity`", "assumed MFU 40%"):
         assert text in md, text
 
 
@@ -110,13 +115,15 @@ def test_a_failing_or_slow_section_is_recorded_and_the_rest_run(tmp_path, monkey
     assert s["cost_model"]["error"] is None and s["cost_model"]["measured_mfu"] is None
     md = (tmp_path / "gpu.md").read_text()
     assert "**failed** (RuntimeError: boom)" in md and md.startswith("# GPU check")
-    assert json.loads((tmp_path / "gpu.json").read_text())["sections"]["gpt_train"]["error"] == "RuntimeError: boom"
+    assert json.loads((tmp_path
+                       / "gpu.json").read_text())["sections"]["gpt_train"]["error"] == "RuntimeError: boom"
 
 
 def test_some_sections_rerun_replace_only_theirs(tmp_path, monkeypatch):
-    """A GPU lent briefly: after a fix, one section rerun replaces that section of the committed report (same device
-    name and sizes), the others stay, and the page says what was rerun, when and at which code state. On another
-    device's report (or none) a rerun into docs/ is refused in one line, so the figures never mix two GPUs."""
+    """A GPU lent briefly: after a fix, one section rerun replaces that section of the committed report
+    (same device name and sizes), the others stay, and the page says what was rerun, when and at which
+    code state. On another device's report (or none) a rerun into docs/ is refused in one line, so the
+    figures never mix two GPUs."""
     monkeypatch.setitem(gpu_check.RUNNERS, "cost_model", lambda st: dict(assumed_mfu=0.4, measured_mfu=None,
                                                                          measured_from=None))
     base = dict(schema=1, sizes="tiny", device="cuda", device_name="CPU (rehearsal)", torch="t", cuda=None,
@@ -153,20 +160,24 @@ def test_bad_option_is_one_line():
 
 def test_full_sizes_need_a_gpu(tmp_path):
     with pytest.raises(ConfigError, match="sizes='full' needs a CUDA GPU"):
-        gpu_check.run_check(dict(gpu_check.DEFAULTS, device="cpu", out_dir=str(tmp_path)), say=lambda *a: None)
+        gpu_check.run_check(dict(gpu_check.DEFAULTS, device="cpu", out_dir=str(tmp_path)),
+                            say=lambda *a: None)
     assert not (tmp_path / "gpu.json").exists()
 
 
 def test_cost_calibration_fields(tiny):
-    """Issue 48.4 rehearsed: the shard block eager and compiled (fwd, bwd, the model's terms, an efficiency), the
-    GEMMs whole and at 1/tp of the tokens, int8 and fp8 codecs beside the model's term; its line in gpu.md."""
+    """Issue 48.4 rehearsed: the shard block eager and compiled (fwd, bwd, the model's terms, an
+    efficiency), the GEMMs whole and at 1/tp of the tokens, int8 and fp8 codecs beside the model's
+    term; its line in gpu.md."""
     report, md, _ = tiny
     r = report["sections"]["cost_calibration"]
     assert [b["mode"] for b in r["blocks"]] == ["eager", "compiled"]
     for b in r["blocks"]:
-        assert b["fwd_ms"] > 0 and b["bwd_ms"] > 0 and b["model_bwd_ms"] == pytest.approx(2 * b["model_fwd_ms"])
+        assert b["fwd_ms"] > 0 and b["bwd_ms"] > 0 and b["model_bwd_ms"] == pytest.approx(2
+                                                                                          * b["model_fwd_ms"])
         assert 0 < b["gemm_efficiency"]
     tokens = r["shape"]["batch"] * r["shape"]["seq"]
     assert {g["m"] for g in r["gemms"]} == {tokens, tokens // r["shape"]["tp"]}
-    assert [k["codec"] for k in r["codecs"]] == ["int8", "fp8"] and all(k["model_ms"] > 0 for k in r["codecs"])
+    assert [k["codec"] for k in r["codecs"]] == ["int8", "fp8"] and all(k["model_ms"] > 0
+                                                                        for k in r["codecs"])
     assert "`cost_calibration`: one tp-8 shard block" in md

@@ -1,17 +1,17 @@
 """
-Every example command in README.md and docs/*.md names things that exist: the script or the
-`-m` module, the config files, and every `--key` the script accepts, with a value of the right type. Nothing is
-run: each script's own parser reads the arguments (configure() on the script's defaults, the sweep's and the
-trace's argument parsers with their work stubbed out, the prepare scripts' argparse options read from their
-source), so the whole file takes a few seconds.
+Every example command in README.md and docs/*.md names things that exist: the script or the `-m` module, the
+config files, and every `--key` the script accepts, with a value of the right type. Nothing is run: each
+script's own parser reads the arguments (configure() on the script's defaults, the sweep's and the trace's
+argument parsers with their work stubbed out, the prepare scripts' argparse options read from their source),
+so the whole file takes a few seconds.
 
-What counts as a command: a line inside a ``` code block, or an inline `...` code span, that (after a `$ ` prompt,
-shell keywords such as `do`, and environment assignments such as OMP_NUM_THREADS=1) starts with `python` or
-`torchrun`; a trailing backslash continues a code line; `&&`, `;` and `|` separate commands.
+What counts as a command: a line inside a ``` code block, or an inline `...` code span, that (after a `$ `
+prompt, shell keywords such as `do`, and environment assignments such as OMP_NUM_THREADS=1) starts with
+`python` or `torchrun`; a trailing backslash continues a code line; `&&`, `;` and `|` separate commands.
 
-The README's commands also run on a fresh clone, and twice (the test_readme_commands_run_on_a_fresh_clone... test):
-train.py with --overwrite=True, a command that reads an earlier one's output saying `# needs ...`, and no sweep
-training into a directory of committed result files.
+The README's commands also run on a fresh clone, and twice (the test_readme_commands_run_on_a_fresh_clone...
+test): train.py with --overwrite=True, a command that reads an earlier one's output saying `# needs ...`, and
+no sweep training into a directory of committed result files.
 
 Placeholders, the only things not checked: a token `...` (it stands for more arguments), and the value of an
 argument written `--key=...` or `--key=$VAR` (a shell variable): for those the key is still checked, the value
@@ -36,7 +36,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-DOC_FILES = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
+DOC_FILES = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs",
+                                                                                            "*.md")))
 PROGRAMS = ("python", "python3", "torchrun")
 SHELL_KEYWORDS = ("do", "then", "else", "time", "!")
 SEPARATORS = (";", "&&", "||", "|", "&", ";;", "(", ")")
@@ -224,7 +225,8 @@ def check_experiment(args):
     from tpcomm.train.train_config import DEFAULTS
 
     parse, keys_only = split_arguments(args)
-    parse = [os.path.relpath(a, ROOT) if os.path.isabs(a) else a for a in parse]  # the sweep's name, not a path
+    # the sweep's name, not a path
+    parse = [os.path.relpath(a, ROOT) if os.path.isabs(a) else a for a in parse]
     if parse[:1] == ["gpu-node"]:  # its own runner (tpcomm/experiments/gpu_node.py)
         from tpcomm.experiments import gpu_node
 
@@ -233,7 +235,8 @@ def check_experiment(args):
         except gpu_node.NodeError as e:
             return [str(e)]
         return [f"unknown key --{k}" for k in keys_only if k not in gpu_node.OPTIONS]
-    if parse[:1] == ["gpu-scale"]:  # its own options (tpcomm/experiments/gpu_scale.py), then train.py overrides
+    # its own options (tpcomm/experiments/gpu_scale.py), then train.py overrides
+    if parse[:1] == ["gpu-scale"]:
         from tpcomm.experiments import gpu_scale
 
         try:
@@ -242,7 +245,8 @@ def check_experiment(args):
             return [str(e)]
         return [f"unknown key --{k}" for k in keys_only if k not in gpu_scale.OPTIONS and k not in DEFAULTS] \
             + configure_check(DEFAULTS, overrides)
-    problems = [f"unknown key --{k}" for k in keys_only if k not in DEFAULTS and k not in sweep.RUNNER_OPTIONS]
+    problems = [f"unknown key --{k}" for k in keys_only if k not in DEFAULTS
+                and k not in sweep.RUNNER_OPTIONS]
     try:
         _, _, overrides = sweep.parse_args(parse)
     except sweep.SweepError as e:
@@ -311,7 +315,8 @@ def check_gpu_check(args):
 
 
 MODULE_CHECKS = {"tpcomm.bench.pipeline_demo": check_pipeline_demo, "tpcomm.bench.trace": check_trace,
-                 "tpcomm.train.sharded_checkpoint": check_sharded_checkpoint, "tpcomm.gpu.gpu_check": check_gpu_check}
+                 "tpcomm.train.sharded_checkpoint": check_sharded_checkpoint,
+                 "tpcomm.gpu.gpu_check": check_gpu_check}
 
 
 def module_problem(name):
@@ -386,8 +391,9 @@ def test_the_readme_shows_every_tool():
     for _, _, words in commands:
         rest = [w for w in words[1:] if not (w.startswith("--") or ENV_ASSIGNMENT.match(w) or w == "...")]
         targets.add(words[words.index("-m") + 1] if "-m" in words else rest[0] if rest else None)
-    for tool in ("train.py", "sample.py", "bench.py", "experiment.py", "spd.py", "export_hf.py", "comm_model.py",
-                 "tpcomm.bench.trace", "tpcomm.bench.pipeline_demo", "data/shakespeare_char/prepare.py"):
+    for tool in ("train.py", "sample.py", "bench.py", "experiment.py", "spd.py", "export_hf.py",
+                 "comm_model.py", "tpcomm.bench.trace", "tpcomm.bench.pipeline_demo",
+                 "data/shakespeare_char/prepare.py"):
         assert tool in targets, f"README.md has no command for {tool}; found {sorted(t for t in targets if t)}"
     assert len(commands) >= 20
 
@@ -481,8 +487,8 @@ def heading_anchors(path):
 
 
 def test_links_between_pages_resolve():
-    """Relative links and images in README.md and docs/*.md point at files of the repository (and at headings that
-    exist); every docs page is linked from the README."""
+    """Relative links and images in README.md and docs/*.md point at files of the repository (and at headings
+    that exist); every docs page is linked from the README."""
     link = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
     linked_from_readme = set()
     for doc in DOC_FILES:
@@ -492,7 +498,8 @@ def test_links_between_pages_resolve():
             if re.match(r"[a-z]+:", target):
                 continue
             file, _, anchor = target.partition("#")
-            path = os.path.normpath(os.path.join(ROOT, os.path.dirname(doc), file)) if file else os.path.join(ROOT, doc)
+            path = os.path.normpath(os.path.join(ROOT, os.path.dirname(doc),
+                                                 file)) if file else os.path.join(ROOT, doc)
             assert os.path.exists(path), f"{doc}: link to {target}: no such file"
             assert path.startswith(ROOT + os.sep), f"{doc}: link to {target} leaves the repository"
             if anchor and path.endswith(".md"):
@@ -518,16 +525,16 @@ def script_of(words):
     return (rest[1] if rest[:1] == ["-m"] else rest[0]) if rest else None, rest
 
 
-# sweeps whose README command exists to add the next chunk to the committed runs (finished runs are skipped, never
-# rewritten): gpu-scale, run a GPU window at a time
+# sweeps whose README command exists to add the next chunk to the committed runs (finished runs are skipped,
+# never rewritten): gpu-scale, run a GPU window at a time
 CONTINUES_COMMITTED = ("gpu-scale",)
 
 
 def fresh_clone_problems(text):
-    """A README command that would fail or touch committed results on a fresh clone, or the second time it runs:
-    a train.py run without --overwrite=True or --init_from=resume (refused once its out_dir holds a checkpoint);
-    a command reading another's output whose line does not say `needs ...`; a sweep training into a directory
-    that holds committed result files without its own --out."""
+    """A README command that would fail or touch committed results on a fresh clone, or the second time it
+    runs: a train.py run without --overwrite=True or --init_from=resume (refused once its out_dir holds a
+    checkpoint); a command reading another's output whose line does not say `needs ...`; a sweep training into
+    a directory that holds committed result files without its own --out."""
     lines, problems = text.split("\n"), []
     for line, command, words in extract_commands(text):
         script, rest = script_of(words)
@@ -535,11 +542,14 @@ def fresh_clone_problems(text):
         if script == "train.py" and not {"--overwrite=True", "--init_from=resume"} & set(rest):
             problems.append(f"README.md:{line}: train.py without --overwrite=True (a second run is refused)")
         if (script in READS_A_RUN or script == "tpcomm.bench.trace") and "needs" not in said:
-            problems.append(f"README.md:{line}: {script} reads an earlier command's output; say `# needs ...`")
-        if script == "experiment.py" and len(rest) > 1 and rest[1] not in ("report", *CONTINUES_COMMITTED) and \
+            problems.append(f"README.md:{line}: {script} reads an earlier command's output; say `# needs "
+                            "...`")
+        if script == "experiment.py" and len(rest) > 1 and rest[1] not in ("report",
+                                                                           *CONTINUES_COMMITTED) and \
                 not any(w.startswith("--out=") for w in rest) and \
                 glob.glob(os.path.join(ROOT, "experiments", rest[1], "runs", "*.json")):
-            problems.append(f"README.md:{line}: trains into experiments/{rest[1]}, which holds committed results")
+            problems.append(f"README.md:{line}: trains into experiments/{rest[1]}, which holds committed "
+                            "results")
     return problems
 
 
@@ -548,9 +558,9 @@ def test_readme_commands_run_on_a_fresh_clone_or_say_what_they_need():
         problems = fresh_clone_problems(f.read())
     assert not problems, "\n".join(problems)
     # anti-vacuity: each rule catches its case
-    bad = "\n".join(["```sh", "python train.py config/train_shakespeare_char_cpu.py",
-                     "python sample.py --out_dir=out-shakespeare-char", "python experiment.py cpu --seeds=1338",
-                     "python -m tpcomm.bench.trace summary /tmp/trace/t.json", "```"])
+    bad = "\n".join(["```sh", "python train.py config/train_shakespeare_char_cpu.py", "python sample.py "
+                     "--out_dir=out-shakespeare-char", "python experiment.py cpu --seeds=1338", "python -m "
+                     "tpcomm.bench.trace summary /tmp/trace/t.json", "```"])
     assert len(fresh_clone_problems(bad)) == 4, fresh_clone_problems(bad)
 
 
@@ -560,9 +570,10 @@ TRACKER_WORDS = re.compile(r"\b[Ii]ssue \d+|\bnew section\b")
 def test_no_doc_or_package_comment_speaks_the_trackers_words():
     """Docs and the package's comments say what and why; issue numbers and 'new section' belong to commit
     messages (tests may name the issue a case came from)."""
-    paths = DOC_FILES + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "tpcomm", "**", "*.py"),
-                                                                            recursive=True))
-    found = [f"{p}:{i}" for p in paths for i, line in enumerate(open(os.path.join(ROOT, p), encoding="utf-8"), 1)
-             if TRACKER_WORDS.search(line)]
+    paths = DOC_FILES + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "tpcomm", "**",
+                                                                                        "*.py"),
+                                                                           recursive=True))
+    found = [f"{p}:{i}" for p in paths for i, line in enumerate(open(os.path.join(ROOT, p), encoding="utf-8"),
+                                                                1) if TRACKER_WORDS.search(line)]
     assert found == [], found
     assert TRACKER_WORDS.search("## Collective matmul (issue 48; new section)")  # the check can fail

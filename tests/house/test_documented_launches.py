@@ -1,7 +1,8 @@
-"""Every documented train.py launch (README.md, docs/*.md, train.py's docstring) passes train.py's checks at the
-world size it states: torchrun's --nnodes x --nproc_per_node processes (1 for plain python). Nothing is launched:
-train.prepare runs as rank 0 of that world would run it (RANK/WORLD_SIZE set), with the data files and GPT-2's
-weights, which these machines lack, stubbed out. The commands are found by tests/house/test_docs.py's extractor."""
+"""Every documented train.py launch (README.md, docs/*.md, train.py's docstring) passes train.py's checks at
+the world size it states: torchrun's --nnodes x --nproc_per_node processes (1 for plain python). Nothing is
+launched: train.prepare runs as rank 0 of that world would run it (RANK/WORLD_SIZE set), with the data files
+and GPT-2's weights, which these machines lack, stubbed out. The commands are found by
+tests/house/test_docs.py's extractor."""
 
 import os
 
@@ -11,7 +12,8 @@ from test_docs import DOC_FILES, ROOT, extract_commands
 
 
 def torchrun_world(words):
-    """Processes of a launch: --nnodes x --nproc_per_node for torchrun (given as --opt=value), 1 for python."""
+    """Processes of a launch: --nnodes x --nproc_per_node for torchrun (given as
+    --opt=value), 1 for python."""
     if words[0] != "torchrun" and "torch.distributed.run" not in words:
         return 1
     opts = dict(w[2:].split("=", 1) for w in words if w.startswith("--") and "=" in w)
@@ -37,7 +39,8 @@ LAUNCHES = list(documented_launches())
 def test_the_launches_are_found():
     worlds = {p.id: p.values[0] for p in LAUNCHES}
     assert len(LAUNCHES) >= 15, worlds
-    assert 16 in {w for at, w in worlds.items() if at.startswith("docs/training.md:")}  # the 2-node GPT-2 recipe
+    # the 2-node GPT-2 recipe
+    assert 16 in {w for at, w in worlds.items() if at.startswith("docs/training.md:")}
     assert 32 in worlds.values()  # docs/pipeline.md's 4 nodes
 
 
@@ -62,7 +65,8 @@ def test_documented_launch_validates_at_its_world_size(world, args, monkeypatch,
 
 
 def test_the_check_sees_a_refused_launch(monkeypatch, tmp_path):
-    """Anti-vacuity: the 2-node recipe with the accumulation nanoGPT's config had (40 over dp 16) is refused."""
+    """Anti-vacuity: the 2-node recipe with the accumulation nanoGPT's config had
+    (40 over dp 16) is refused."""
     from tpcomm.train import train_config as train
     from tpcomm.errors import ConfigError
 

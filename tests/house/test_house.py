@@ -1,6 +1,6 @@
-"""The layout's rules (issue 34): the package never imports an entry script, no import cycles, no module over 600
-lines, train.py a short flat loop, one validator for the model options; and every hostile input the issue lists
-refused in one line with exit status 2, nothing written."""
+"""The layout's rules (issue 34): the package never imports an entry script, no import cycles, no module over
+600 lines, train.py a short flat loop, one validator for the model options; and every hostile input the issue
+lists refused in one line with exit status 2, nothing written."""
 
 import ast
 import functools
@@ -16,12 +16,13 @@ from tpcomm.errors import ConfigError
 from tpcomm.configuration import configure
 from conftest import ROOT, TINY, one_line_error, run_script
 
-ENTRY_SCRIPTS = {"train", "bench", "sample", "experiment", "spd", "export_hf", "comm_model", "test_20k_experiment"}
+ENTRY_SCRIPTS = {"train", "bench", "sample", "experiment", "spd", "export_hf", "comm_model",
+                 "test_20k_experiment"}
 
 
 def imported_modules(source):
-    """Every module a Python source imports, at any depth (inside functions too): 'a.b' for `import a.b` and for
-    `from a.b import c`, and 'a.b.c' too for the latter (c may be a module)."""
+    """Every module a Python source imports, at any depth (inside functions too): 'a.b' for `import a.b` and
+    for `from a.b import c`, and 'a.b.c' too for the latter (c may be a module)."""
     names = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -41,7 +42,8 @@ def test_the_detector_sees_an_entry_script_imported_anywhere():
     """Anti-vacuity: the check below would flag a package module that imports train, at the top or inside a
     function, in either import form."""
     assert entry_imports("import train\n") == ["train"]
-    assert entry_imports("def f():\n    from bench import pattern_label\n    return pattern_label\n") == ["bench"]
+    assert entry_imports("def f():\n    from bench import pattern_label\n    return "
+                         "pattern_label\n") == ["bench"]
     assert entry_imports("import os\nfrom tpcomm import results\nfrom model import GPT\n") == []
 
 
@@ -53,8 +55,8 @@ def test_the_package_never_imports_an_entry_script():
 
 
 def import_cycle(graph):
-    """One cycle of the module graph {module: modules it imports}, as a list that starts and ends with the same
-    module, or None."""
+    """One cycle of the module graph {module: modules it imports}, as a list that starts and ends with
+    the same module, or None."""
     state, path = {}, []
 
     def visit(m):
@@ -78,8 +80,8 @@ def test_the_cycle_detector_can_fail():
 
 
 def test_no_import_cycles():
-    """The repository's modules (top-level scripts and tpcomm/) import each other without a cycle, counting imports
-    inside functions too: each module sits on a floor below everything that imports it."""
+    """The repository's modules (top-level scripts and tpcomm/) import each other without a cycle, counting
+    imports inside functions too: each module sits on a floor below everything that imports it."""
     paths = glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "tpcomm", "**", "*.py"),
                                                               recursive=True)
     names = {os.path.relpath(p, ROOT)[:-3].replace(os.sep, ".").removesuffix(".__init__"): p for p in paths}
@@ -97,8 +99,8 @@ def test_no_module_over_600_lines_and_train_py_a_short_loop():
 
 
 def too_long(source, *, function=80, klass=200):
-    """(kind, name, lines) of every function over `function` lines and class over `klass` lines in a source, at any
-    depth (methods and nested functions too), decorators and docstrings counted."""
+    """(kind, name, lines) of every function over `function` lines and class over `klass` lines in a source,
+    at any depth (methods and nested functions too), decorators and docstrings counted."""
     out = []
     for node in ast.walk(ast.parse(source)):
         n = node.end_lineno - node.lineno + 1 if hasattr(node, "end_lineno") else 0
@@ -110,8 +112,8 @@ def too_long(source, *, function=80, klass=200):
 
 
 def test_no_function_over_80_lines_and_no_class_over_200():
-    """Every function and method at most 80 lines and every class at most 200, in the package, the entry scripts,
-    the tests and the data scripts (issue 51); the check finds a planted long function and class."""
+    """Every function and method at most 80 lines and every class at most 200, in the package, the entry
+    scripts, the tests and the data scripts (issue 51); the check finds a planted long function and class."""
     paths = [p for pattern in ("*.py", "tpcomm/**/*.py", "tests/**/*.py", "data/**/*.py")
              for p in glob.glob(os.path.join(ROOT, pattern), recursive=True)]
     assert len(paths) > 150
@@ -127,19 +129,22 @@ def literal_defaults(source, keys):
     """The keys among `keys` whose value a module's `DEFAULTS = dict(...)` writes as a literal."""
     call = next(node.value for node in ast.parse(source).body if isinstance(node, ast.Assign)
                 and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["DEFAULTS"])
-    return sorted(k.arg for k in call.keywords if k.arg in keys and isinstance(k.value, (ast.Constant, ast.List)))
+    return sorted(k.arg for k in call.keywords if k.arg in keys and isinstance(k.value,
+                                                                               (ast.Constant, ast.List)))
 
 
 def test_the_model_options_defaults_are_written_once():
-    """The TPConfig keys' defaults (the sync options, tp_size, block_types, caat_sync_fraction, loss_parallel) live
-    in TPConfig (options.TP_DEFAULTS); train.py's and bench.py's DEFAULTS read them, and bench.py's model and launch
-    keys read train.py's, so no default of one option is written in two places."""
+    """The TPConfig keys' defaults (the sync options, tp_size, block_types, caat_sync_fraction, loss_parallel)
+    live in TPConfig (options.TP_DEFAULTS); train.py's and bench.py's DEFAULTS read them, and bench.py's model
+    and launch keys read train.py's, so no default of one option is written in two places."""
     from tpcomm.bench import bench_config
     from tpcomm.model.options import TP_DEFAULTS
     from tpcomm.train import train_config
 
-    assert literal_defaults("DEFAULTS = dict(tp_overlap=1, seed=2)", TP_DEFAULTS) == ["tp_overlap"]  # can fail
-    shared = set(bench_config.DEFAULTS) & set(train_config.DEFAULTS) - {"compile", "trace", "pp_virtual_stages"}
+    # can fail
+    assert literal_defaults("DEFAULTS = dict(tp_overlap=1, seed=2)", TP_DEFAULTS) == ["tp_overlap"]
+    shared = set(bench_config.DEFAULTS) & set(train_config.DEFAULTS) - {"compile", "trace",
+                                                                        "pp_virtual_stages"}
     assert set(TP_DEFAULTS) <= shared and len(shared) > 20
     for module, keys in ((train_config, TP_DEFAULTS), (bench_config, shared)):
         assert literal_defaults(open(module.__file__).read(), keys) == [], module.__name__
@@ -149,8 +154,8 @@ def test_the_model_options_defaults_are_written_once():
 # ---------- every name imports from one path: no re-exports (issue 51) ----------
 
 def repository_sources(root=ROOT):
-    """{module name: source} of the entry scripts, the package and the tests (tests/<folder>/x.py is 'x', as they
-    import each other: conftest puts every tests/ folder on sys.path)."""
+    """{module name: source} of the entry scripts, the package and the tests (tests/<folder>/x.py is 'x', as
+    they import each other: conftest puts every tests/ folder on sys.path)."""
     names = {}
     for p in glob.glob(os.path.join(root, "*.py")) + glob.glob(os.path.join(root, "tpcomm", "**", "*.py"),
                                                                 recursive=True):
@@ -161,9 +166,9 @@ def repository_sources(root=ROOT):
 
 
 def reexports(sources):
-    """[(module, name, importer)]: a name that a repository module imports (rather than defines) and that another
-    module takes through it (`from module import name`, or `module.name` read through an imported module), so the
-    name has two paths. Whether the module uses the name itself does not matter."""
+    """[(module, name, importer)]: a name that a repository module imports (rather than defines) and that
+    another module takes through it (`from module import name`, or `module.name` read through an imported
+    module), so the name has two paths. Whether the module uses the name itself does not matter."""
     facts = {m: source_facts(src) for m, src in sources.items()}
     found = []
     for importer, (_, bindings, attributes, patched) in facts.items():
@@ -186,9 +191,10 @@ def reexports(sources):
 
 @functools.lru_cache(maxsize=None)
 def source_facts(source):
-    """What reexports needs of one source, parsed once per text (the detector's tests read ~175 sources three
-    times): the names its top level imports; its imports at any depth in ast.walk's order, `from M import N [as L]`
-    as (M, N, L) and `import M [as L]` as (M, None, L); every `L.attr` read; the names it patches (patched_names)."""
+    """What reexports needs of one source, parsed once per text (the detector's tests read ~175 sources
+    three times): the names its top level imports; its imports at any depth in ast.walk's order, `from M
+    import N [as L]` as (M, N, L) and `import M [as L]` as (M, None, L); every `L.attr` read; the names
+    it patches (patched_names)."""
     tree = ast.parse(source)
     top = frozenset((a.asname or a.name).split(".")[0] for node in tree.body
                     if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names)
@@ -204,23 +210,26 @@ def source_facts(source):
 
 
 def patched_names(tree):
-    """{(local module name, attribute)} a source replaces where it is looked up (`module.name = ...` or
-    `monkeypatch.setattr(module, "name", ...)`): reading the original there first is patching, not a second path."""
+    """{(local module name, attribute)} a source replaces where it is looked up (`module.name =
+    ...` or `monkeypatch.setattr(module, "name", ...)`): reading the original there first is
+    patching, not a second path."""
     out = set()
     for node in ast.walk(tree):
         targets = node.targets if isinstance(node, ast.Assign) else []
-        out |= {(t.value.id, t.attr) for t in targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)}
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "setattr"
-                and len(node.args) >= 2 and isinstance(node.args[0], ast.Name)
-                and isinstance(node.args[1], ast.Constant)):
+        out |= {(t.value.id, t.attr) for t in targets if isinstance(t, ast.Attribute)
+                and isinstance(t.value, ast.Name)}
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "setattr" and len(node.args) >= 2 and isinstance(node.args[0], ast.Name)
+            and isinstance(node.args[1], ast.Constant)):
             out.add((node.args[0].id, node.args[1].value))
     return out
 
 
 def test_the_reexport_detector_can_fail():
-    """Anti-vacuity: a re-export planted in the real sources (results hands on TPConfig, which two modules take from
-    it, in both import forms) is found, and only it; a name the module imports and uses, taken through it, is one
-    too; one no other module takes through it, or one a test patches where it is looked up, is not."""
+    """Anti-vacuity: a re-export planted in the real sources (results hands on TPConfig, which two
+    modules take from it, in both import forms) is found, and only it; a name the module imports and
+    uses, taken through it, is one too; one no other module takes through it, or one a test patches
+    where it is looked up, is not."""
     sources = repository_sources()
     planted = dict(sources)
     planted["tpcomm.experiments.results"] += "\nfrom tpcomm.model.options import TPConfig, TP_KEYS\n"
@@ -245,8 +254,8 @@ def test_no_module_reexports_a_name():
 
 
 def test_one_validator_for_the_model_options():
-    """train.py's checks, bench.py's, the sweeps', build_model and TPConfig are one function: the same refusal,
-    word for word, wherever the options enter."""
+    """train.py's checks, bench.py's, the sweeps', build_model and TPConfig are one function: the same
+    refusal, word for word, wherever the options enter."""
     from tpcomm.bench import bench_config
     from tpcomm.model import options
     from tpcomm.train import train_config
@@ -254,10 +263,11 @@ def test_one_validator_for_the_model_options():
 
     bad = dict(n_layer=2, n_head=4, n_embd=32, tp_size=1, tp_overlap=2)
     messages = []
-    for check in (lambda: options.TPConfig(**bad),
-                  lambda: build_model("distributed_gpt", bad),
-                  lambda: train_config.check_offline(dict(train_config.defaults(), model_type="distributed_gpt", **bad)),
-                  lambda: bench_config.validate(dict(bench_config.defaults(), model_type="distributed_gpt", **bad))):
+    for check in (lambda: options.TPConfig(**bad), lambda: build_model("distributed_gpt", bad),
+                  lambda: train_config.check_offline(dict(train_config.defaults(),
+                                                          model_type="distributed_gpt", **bad)),
+                  lambda: bench_config.validate(dict(bench_config.defaults(), model_type="distributed_gpt",
+                                                     **bad))):
         with pytest.raises(ConfigError) as e:
             check()
         messages.append(str(e.value))
@@ -269,9 +279,11 @@ def test_expand_block_types_is_the_one_expansion():
     from tpcomm.model.options import TPConfig, expand_block_types
 
     assert expand_block_types(None, 3) == ["tp"] * 3 and expand_block_types("spd", 2) == ["spd", "spd"]
-    assert TPConfig(n_layer=2, n_head=4, n_embd=32, tp_size=2, block_types="ladder").block_types == ["ladder"] * 2
-    ckpt = dict(model_type="distributed_gpt", model_args=dict(n_layer=3, n_head=4, n_embd=32, block_size=8, bias=False,
-                                                             vocab_size=65, dropout=0.0), model_options={})
+    assert TPConfig(n_layer=2, n_head=4, n_embd=32, tp_size=2,
+                    block_types="ladder").block_types == ["ladder"] * 2
+    ckpt = dict(model_type="distributed_gpt", model_args=dict(n_layer=3, n_head=4, n_embd=32, block_size=8,
+                                                              bias=False, vocab_size=65, dropout=0.0),
+                model_options={})
     assert checkpoint_model(ckpt)[1]["block_types"] == ["tp"] * 3
 
 
@@ -281,10 +293,11 @@ def test_bench_takes_every_model_key_as_a_flag():
     from tpcomm.train import train_config
     from tpcomm.model.options import TP_KEYS
 
-    model_keys = {"n_layer", "n_head", "n_embd", "block_size", "bias", "gelu_approximate", "model_type", *TP_KEYS}
+    model_keys = {"n_layer", "n_head", "n_embd", "block_size", "bias", "gelu_approximate", "model_type",
+                  *TP_KEYS}
     assert model_keys <= set(bench_config.DEFAULTS) and model_keys <= set(train_config.DEFAULTS)
-    cfg = configure(bench_config.DEFAULTS, ["--model_type=distributed_gpt", "--tp_size=2", "--n_layer=2", "--n_head=4",
-                                            "--n_embd=32", "--batch_size=4", "--tp_overlap=2",
+    cfg = configure(bench_config.DEFAULTS, ["--model_type=distributed_gpt", "--tp_size=2", "--n_layer=2",
+                                            "--n_head=4", "--n_embd=32", "--batch_size=4", "--tp_overlap=2",
                                             "--variants=[{}, {'tp_overlap': 1}]"])
     bench_config.validate(cfg)
     runs, _ = bench_config.combinations(cfg)
@@ -295,9 +308,10 @@ def test_bench_takes_every_model_key_as_a_flag():
 # ---------- train.py reads the loss at log steps only ----------
 
 def test_the_loss_is_not_read_every_micro_step(tmp_path, char_data, monkeypatch):
-    """No .item() (a device sync on a GPU) from this repo's code inside a training step (torch's CPU AdamW reads its
-    step counts with .item(), once per parameter and step); read_loss gives the number a per-micro-step .item()
-    summed in order would (float64 sum of the fp32 parts), so the logged losses are unchanged."""
+    """No .item() (a device sync on a GPU) from this repo's code inside a training step (torch's CPU
+    AdamW reads its step counts with .item(), once per parameter and step); read_loss gives the
+    number a per-micro-step .item() summed in order would (float64 sum of the fp32 parts), so the
+    logged losses are unchanged."""
     import traceback
 
     import train
@@ -311,8 +325,8 @@ def test_the_loss_is_not_read_every_micro_step(tmp_path, char_data, monkeypatch)
     training = start_run(cfg, setup, pd)
     reads = []
     item = torch.Tensor.item
-    monkeypatch.setattr(torch.Tensor, "item", lambda self: reads.append(traceback.extract_stack()[-2].filename)
-                        or item(self))
+    monkeypatch.setattr(torch.Tensor, "item",
+                        lambda self: reads.append(traceback.extract_stack()[-2].filename) or item(self))
     loss, _ = train.train_step(training)
     assert len(reads) > 0  # anti-vacuity: the counter sees .item() calls (AdamW's)
     assert [f for f in reads if f.startswith(ROOT + os.sep)] == [] and len(loss) == 3
@@ -327,12 +341,13 @@ def test_the_loss_is_not_read_every_micro_step(tmp_path, char_data, monkeypatch)
 
 # ---------- hostile input: one line, exit status 2, nothing written ----------
 
-@pytest.mark.parametrize("args, words", [
-    (["--tp_size=1", "--tp_overlap=2"], ["tp_overlap=2", "tp_size=1"]),
-    (["--tp_size=1", "--sequence_parallel=True"], ["sequence_parallel=True", "tp_size=1"]),
-    (["--tp_size=2", "--tp_comm_block=7"], ["tp_comm_block=7", "tp_comm_dtype=None"]),
-    (["--tp_size=2", "--tp_comm_dtype=bf16", "--tp_comm_block=7"], ["tp_comm_block=7", "'bf16'", "no scales"]),
-])
+@pytest.mark.parametrize("args, words", [(["--tp_size=1", "--tp_overlap=2"], ["tp_overlap=2", "tp_size=1"]),
+                                         (["--tp_size=1", "--sequence_parallel=True"],
+                                          ["sequence_parallel=True", "tp_size=1"]),
+                                         (["--tp_size=2", "--tp_comm_block=7"], ["tp_comm_block=7",
+                                                                                 "tp_comm_dtype=None"]),
+                                         (["--tp_size=2", "--tp_comm_dtype=bf16", "--tp_comm_block=7"],
+                                          ["tp_comm_block=7", "'bf16'", "no scales"]),])
 def test_train_refuses_sync_options_that_would_do_nothing(tmp_path, char_data, args, words):
     r = run_script("train.py", *TINY, "--model_type=distributed_gpt", f"--data_dir={char_data}",
                    f"--out_dir={tmp_path / 'out'}", *args, timeout=300)
@@ -347,16 +362,16 @@ def test_train_refuses_sync_options_that_would_do_nothing(tmp_path, char_data, a
 ])
 def test_bench_refuses_a_variant_that_runs_with_no_pattern(variants, words):
     r = run_script("bench.py", "--device=cpu", "--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16",
-                   "--vocab_size=65", "--iters=1", "--warmup=0", "--model_type=distributed_gpt", "--tp_size=2",
-                   f"--variants={variants}", timeout=300)
+                   "--vocab_size=65", "--iters=1", "--warmup=0", "--model_type=distributed_gpt",
+                   "--tp_size=2", f"--variants={variants}", timeout=300)
     line = one_line_error(r)
     assert all(w in line for w in words), line
 
 
 def test_bench_takes_tp_overlap_as_a_flag_and_refuses_it_at_tp_1():
     r = run_script("bench.py", "--device=cpu", "--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16",
-                   "--vocab_size=65", "--iters=1", "--model_type=distributed_gpt", "--tp_size=1", "--tp_overlap=2",
-                   timeout=300)
+                   "--vocab_size=65", "--iters=1", "--model_type=distributed_gpt", "--tp_size=1",
+                   "--tp_overlap=2", timeout=300)
     line = one_line_error(r)
     assert "tp_overlap=2" in line and "tp_size=1" in line and "unknown" not in line, line
 
@@ -391,8 +406,8 @@ def test_experiment_out_must_be_a_directory(tmp_path, extra):
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc (Linux)")
 def test_experiment_dry_run_refuses_a_folder_that_cannot_be_made(tmp_path):
-    """/proc/x: as root /proc reads writable, yet nothing can be made in it; a new folder under tmp_path plans and
-    is not made (the comparison can fail)."""
+    """/proc/x: as root /proc reads writable, yet nothing can be made in it; a new folder under tmp_path plans
+    and is not made (the comparison can fail)."""
     line = one_line_error(run_script("experiment.py", "cpu", "--out=/proc/x", "--dry-run", timeout=300))
     assert "--out" in line and "/proc" in line, line
     r = run_script("experiment.py", "cpu", f"--out={tmp_path}/new/deeper", "--dry-run", timeout=300)
@@ -400,15 +415,16 @@ def test_experiment_dry_run_refuses_a_folder_that_cannot_be_made(tmp_path):
 
 
 def test_report_only_into_an_empty_directory_leaves_nothing_behind(tmp_path):
-    line = one_line_error(run_script("experiment.py", "cpu", "--report-only", f"--out={tmp_path}", timeout=300))
+    line = one_line_error(run_script("experiment.py", "cpu", "--report-only", f"--out={tmp_path}",
+                                     timeout=300))
     assert str(tmp_path) in line and "no finished runs" in line, line
     assert os.listdir(tmp_path) == []  # no .lock
 
 
 @pytest.fixture(scope="module")
 def trained(char_data, tmp_path_factory):
-    """A trained run's out_dir/ckpt.pt (an untrained tiny GPT written as train.py writes checkpoints): what the
-    converters read."""
+    """A trained run's out_dir/ckpt.pt (an untrained tiny GPT written as train.py writes checkpoints):
+    what the converters read."""
     import pickle
 
     from tpcomm.train.build import build_model
@@ -416,11 +432,12 @@ def trained(char_data, tmp_path_factory):
 
     with open(os.path.join(char_data, "meta.pkl"), "rb") as f:
         vocab_size = pickle.load(f)["vocab_size"]
-    model = build_model("gpt", dict(n_layer=2, n_head=4, n_embd=32, block_size=32, vocab_size=vocab_size, bias=False,
-                                    dropout=0.0))
+    model = build_model("gpt", dict(n_layer=2, n_head=4, n_embd=32, block_size=32, vocab_size=vocab_size,
+                                    bias=False, dropout=0.0))
     optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
-    checkpoint = make_checkpoint(model, optimizer, torch.amp.GradScaler("cpu", enabled=False), model_type="gpt",
-                                 iter_num=1, best_val_loss=9.0, config=dict(dataset="chars", data_dir=char_data))
+    checkpoint = make_checkpoint(model, optimizer, torch.amp.GradScaler("cpu", enabled=False),
+                                 model_type="gpt", iter_num=1, best_val_loss=9.0,
+                                 config=dict(dataset="chars", data_dir=char_data))
     out = str(tmp_path_factory.mktemp("converters") / "run")
     os.makedirs(out)
     save_checkpoint(checkpoint, out)
@@ -430,7 +447,8 @@ def trained(char_data, tmp_path_factory):
 @pytest.mark.parametrize("args, kind", [(["--distill_steps=0"], "spd"),
                                         (["--block=ladder", "--retrain_steps=0"], "ladder")])
 def test_converters_refuse_to_replace_a_checkpoint_without_overwrite(trained, args, kind):
-    """A converted checkpoint (perhaps fine-tuned since: iter 5) is never replaced without --overwrite=True."""
+    """A converted checkpoint (perhaps fine-tuned since: iter 5) is never replaced
+    without --overwrite=True."""
     folder = os.path.join(trained, kind)
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
@@ -456,6 +474,8 @@ def test_ladder_layers_zero_is_refused_before_anything_is_written(tmp_path):
 
 
 def test_the_ladder_module_runs_as_a_script():
-    """python -m tpcomm.convert.ladder_conversion is spd.py --block=ladder (it used to exit 0 saying nothing)."""
-    line = one_line_error(run_script("-m", "tpcomm.convert.ladder_conversion", "--ladder_layers=0", timeout=300))
+    """python -m tpcomm.convert.ladder_conversion is spd.py --block=ladder (it
+    used to exit 0 saying nothing)."""
+    line = one_line_error(run_script("-m", "tpcomm.convert.ladder_conversion", "--ladder_layers=0",
+                                     timeout=300))
     assert "ladder_layers" in line, line

@@ -1,8 +1,8 @@
-"""The layering of tpcomm/ (issue 51 point 1): LAYERS (tpcomm/experiments/report/layout.py, the table docs/layout.md
-draws) orders the subpackages and the two model files; every import of the package (inside functions too) goes
-from a row to a lower one, so the subpackages' import graph has no cycle; a wrong-way import planted in a copy of the
-sources is found. And docs/layout.md, generated from the modules' docstrings, is current; the README's Layout
-points to it in at most 15 lines."""
+"""The layering of tpcomm/ (issue 51 point 1): LAYERS (tpcomm/experiments/report/layout.py, the table
+docs/layout.md draws) orders the subpackages and the two model files; every import of the package (inside
+functions too) goes from a row to a lower one, so the subpackages' import graph has no cycle; a wrong-way
+import planted in a copy of the sources is found. And docs/layout.md, generated from the modules' docstrings,
+is current; the README's Layout points to it in at most 15 lines."""
 
 import os
 import re
@@ -34,8 +34,8 @@ def test_every_unit_of_the_package_is_in_the_table(sources):
 
 
 def test_the_units_import_graph_has_no_cycle(sources):
-    """Read from the imports themselves, not from LAYERS: unit -> the units it imports, searched for a cycle (the
-    module-level detector of test_house.py)."""
+    """Read from the imports themselves, not from LAYERS: unit -> the units it imports, searched for a cycle
+    (the module-level detector of test_house.py)."""
     graph = {unit: set() for unit in LEVEL}
     for path, source in sources.items():
         here = unit_of(path[:-3].replace("/", ".").removesuffix(".__init__"))
@@ -59,16 +59,16 @@ def test_the_units_import_graph_has_no_cycle(sources):
     ("tpcomm/train/checkpoint.py", "from bench import main", "an entry script"),
 ])
 def test_a_planted_wrong_way_import_is_found(sources, path, line, why):
-    """Anti-vacuity: the check above fails on a copy of a module's source with one import against LAYERS added (at
-    the top, or inside a function; absolute or relative); the copy without it passes."""
+    """Anti-vacuity: the check above fails on a copy of a module's source with one import against LAYERS added
+    (at the top, or inside a function; absolute or relative); the copy without it passes."""
     assert wrong_way_imports({path: sources[path]}) == []
     found = wrong_way_imports({path: sources[path] + "\n" + line + "\n"})
     assert len(found) == 1 and found[0].startswith(f"{path}:") and why in found[0], found
 
 
 def test_docs_layout_is_generated_from_the_docstrings(sources):
-    """docs/layout.md's generated block is what `python experiment.py report` writes now (report --check compares
-    the same), and it names every module once."""
+    """docs/layout.md's generated block is what `python experiment.py report` writes now (report --check
+    compares the same), and it names every module once."""
     assert "layout" in report.blocks()
     with open(os.path.join(ROOT, "docs", "layout.md"), encoding="utf-8") as f:
         text = f.read()
@@ -81,7 +81,8 @@ def test_docs_layout_is_generated_from_the_docstrings(sources):
 
 def test_first_sentence():
     assert first_sentence("One. Two.") == "One."
-    assert first_sentence("A plan, e.g. this one, spans\nlines. Then more.") == "A plan, e.g. this one, spans lines."
+    assert first_sentence("A plan, e.g. this one, spans\nlines. Then "
+                          "more.") == "A plan, e.g. this one, spans lines."
     assert first_sentence("Only a paragraph\n\nand another.") == "Only a paragraph"
 
 
@@ -96,13 +97,15 @@ def test_the_readme_layout_is_short_and_points_to_docs_layout():
 
 
 def test_docs_tests_md_maps_every_test_file():
-    """docs/tests.md's table from each feature to its test files names every test file under tests/, and only files
-    that exist."""
+    """docs/tests.md's table from each feature to its test files names every test file under tests/,
+    and only files that exist."""
     with open(os.path.join(ROOT, "docs", "tests.md"), encoding="utf-8") as f:
         text = f.read()
     table = text.split("## Where each feature is tested", 1)[1].split("\n## ", 1)[0]
-    named = {p for row in table.splitlines() if row.startswith("| ") for p in re.findall(r"tests/[\w/]+\.py", row)}
-    on_disk = {os.path.relpath(os.path.join(d, f), ROOT) for d, _, files in os.walk(os.path.join(ROOT, "tests"))
+    named = {p for row in table.splitlines() if row.startswith("| ")
+             for p in re.findall(r"tests/[\w/]+\.py", row)}
+    on_disk = {os.path.relpath(os.path.join(d, f), ROOT) for d, _, files in os.walk(os.path.join(ROOT,
+                                                                                                 "tests"))
                for f in files if f.startswith("test_") and f.endswith(".py")}
     assert len(on_disk) > 50
     assert sorted(on_disk - named) == [], "test files docs/tests.md's table does not name"

@@ -1,6 +1,6 @@
-"""bf16 noise only where the blocks under study put it (issue 37.1). Under bf16 autocast the residual stream stays
-float32 through every block type's fan-out (collectives.keep_dtype), as in GPT: only what feeds or leaves a matmul
-moves in bf16.
+"""bf16 noise only where the blocks under study put it (issue 37.1). Under bf16 autocast the residual stream
+stays float32 through every block type's fan-out (collectives.keep_dtype), as in GPT: only what feeds or
+leaves a matmul moves in bf16.
 
 1. Identity: with every c_proj zeroed (weights and biases) each block must leave the stream unchanged, so the
    stream reaching ln_f is the embedding, bitwise, for every block type at tp 2, 4 and 8, simulated, with and
@@ -31,19 +31,20 @@ def gpt(seed=0, *, zero_proj=False, bias=True):
         for name, p in model.named_parameters():
             if zero_proj and "c_proj" in name:
                 p.zero_()
-        model.transformer.wpe.weight.mul_(100.0)  # |x| ~ 2-3, where bf16 rounds by ~1e-2 (wpe: not tied to lm_head)
+        # |x| ~ 2-3, where bf16 rounds by ~1e-2 (wpe: not tied to lm_head)
+        model.transformer.wpe.weight.mul_(100.0)
     return model
 
 
 def batch(seed=0):
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(SIZES["vocab_size"], (4, 16), generator=g), torch.randint(SIZES["vocab_size"], (4, 16),
-                                                                                   generator=g)
+    return torch.randint(SIZES["vocab_size"], (4, 16), generator=g), torch.randint(SIZES["vocab_size"],
+                                                                                   (4, 16), generator=g)
 
 
 def stream_before_ln_f(model, idx):
-    """The residual stream entering ln_f, under bf16 autocast; a private head's (each shard's own, (L, N, C)) as
-    one (B, T, C) when every shard's is the same (else as it is, which then fails the comparison)."""
+    """The residual stream entering ln_f, under bf16 autocast; a private head's (each shard's own, (L, N, C))
+    as one (B, T, C) when every shard's is the same (else as it is, which then fails the comparison)."""
     seen = []
     handle = model.transformer.ln_f.register_forward_hook(lambda m, inp, out: seen.append(inp[0].detach()))
     try:
@@ -65,7 +66,8 @@ def test_zeroed_c_proj_leaves_the_stream_unchanged(tp, loss_parallel):
     want = stream_before_ln_f(base, idx)
     assert want.dtype == torch.float32 and want.abs().max() > 1.0
     for kind in BLOCK_TYPES:
-        for pattern in ([kind] * 4, [kind, "tp", kind, "parallel"]):  # also after a desynced stream, then a final sync
+        # also after a desynced stream, then a final sync
+        for pattern in ([kind] * 4, [kind, "tp", kind, "parallel"]):
             model = DistributedGPT.from_gpt(base, tp, pattern, loss_parallel=loss_parallel).eval()
             got = stream_before_ln_f(model, idx)
             assert got.dtype == torch.float32
@@ -77,7 +79,8 @@ def test_zeroed_c_proj_leaves_the_stream_unchanged_sequence_parallel(tp):
     base = gpt(zero_proj=True).eval()
     idx, _ = batch()
     want = stream_before_ln_f(base, idx)
-    for pattern in (["spd"] * 4, ["parallel"] * 4, ["parallel", "spd", "parallel", "tp"], ["tp", "parallel"] * 2):
+    for pattern in (["spd"] * 4, ["parallel"] * 4, ["parallel", "spd", "parallel", "tp"],
+                    ["tp", "parallel"] * 2):
         model = DistributedGPT.from_gpt(base, tp, pattern, sequence_parallel=True).eval()
         got = stream_before_ln_f(model, idx)
         assert got.dtype == torch.float32
@@ -107,12 +110,12 @@ def stream_fp32(model, idx):
 @pytest.mark.parametrize("tp, kind, sp", [(2, "spd", False), (8, "spd", False), (4, "parallel", False),
                                          (2, "spd", True), (8, "spd", True), (4, "parallel", True)])
 def test_spd_bf16_noise_is_tp_bf16_noise(tp, kind, sp):
-    """The stream entering ln_f: ||bf16 - fp32|| summed over 3 seeds, all `kind` (sp: sequence parallel) against
-    itself in fp32, all 'tp' against GPT in fp32. Measured ratio 1.07-1.09 (tp 2-8); before the fix 115-465.
-    Sequence parallel 1.13-1.15 (its shards' streams start from the all-gathered bf16 stream); before its fix
-    171-565. Without biases: with them,
-    'spd' and 'parallel' carry their c_proj bias shares (b/tp per shard) in the bf16 partial sums of their one
-    all-reduce (the block's own math, not the fan-out), 3.5-5x the 'tp' stream noise with biases ~0.1."""
+    """The stream entering ln_f: ||bf16 - fp32|| summed over 3 seeds, all `kind` (sp: sequence parallel)
+    against itself in fp32, all 'tp' against GPT in fp32. Measured ratio 1.07-1.09 (tp 2-8); before the fix
+    115-465. Sequence parallel 1.13-1.15 (its shards' streams start from the all-gathered bf16 stream); before
+    its fix 171-565. Without biases: with them, 'spd' and 'parallel' carry their c_proj bias shares (b/tp per
+    shard) in the bf16 partial sums of their one all-reduce (the block's own math, not the fan-out), 3.5-5x
+    the 'tp' stream noise with biases ~0.1."""
     kind_noise = tp_noise = 0.0
     for seed in range(3):
         base = gpt(seed, bias=False).eval()

@@ -1,18 +1,20 @@
 """A block type is one class and one registry entry (tpcomm/model/block_types/registry.register): a toy type
-defined here alone, with an option of its own, runs through the validator (its option from the --key=value form),
-the cost model, a pipeline cut, train.py simulated and under real tp 2 (3 steps, a checkpoint, a resume), and real
-tp 2 against the simulation (this file is also its worker); an unregistered name is refused in one line, and every
-registered type's facts equal what its code does (the collectives it runs, GPT at tp 1, its function across
-tp_size, the stream it leaves, the options it runs under)."""
+defined here alone, with an option of its own, runs through the validator (its option from the --key=value
+form), the cost model, a pipeline cut, train.py simulated and under real tp 2 (3 steps, a checkpoint, a
+resume), and real tp 2 against the simulation (this file is also its worker); an unregistered name is refused
+in one line, and every registered type's facts equal what its code does (the collectives it runs, GPT at tp 1,
+its function across tp_size, the stream it leaves, the options it runs under)."""
 
 import json
 import os
 import sys
 from dataclasses import dataclass
 
-if __name__ == "__main__":  # the torchrun worker: the repository and tests/ on the path, as the other workers do
+# the torchrun worker: the repository and tests/ on the path, as the other workers do
+if __name__ == "__main__":
     HERE = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:0] = [os.path.dirname(os.path.dirname(HERE)), os.path.join(os.path.dirname(HERE), "workers"), HERE]
+    sys.path[:0] = [os.path.dirname(os.path.dirname(HERE)), os.path.join(os.path.dirname(HERE), "workers"),
+                    HERE]
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -41,9 +43,9 @@ class ToyOptions:
 
 
 class Toy(TP):
-    """A toy block type: 'tp''s equations under its own name, its output times its option `gain` (1: 'tp' exactly),
-    and one fact of its own: it claims no tp_collective_matmul (so the validator must read that from here, not from
-    the name 'tp')."""
+    """A toy block type: 'tp''s equations under its own name, its output times its option `gain` (1: 'tp'
+    exactly), and one fact of its own: it claims no tp_collective_matmul (so the validator must read that from
+    here, not from the name 'tp')."""
     collective_matmul = False
     Options = ToyOptions
 
@@ -71,18 +73,21 @@ def test_validator_accepts_the_toy_and_reads_its_facts(toy):
 
     for pattern in TOY_PATTERNS:
         assert config(block_types=pattern).block_types == pattern
-        run = dict(train_config.defaults(), model_type="distributed_gpt", **SIZES, tp_size=2, block_types=pattern)
+        run = dict(train_config.defaults(), model_type="distributed_gpt", **SIZES, tp_size=2,
+                   block_types=pattern)
         train_config.check_offline(run)  # train.py's checks of a run's options
     assert config(block_types="toy").block_types == ["toy"] * 4
     assert config(block_types="toy", tp_overlap=2).tp_overlap == 2  # it overlaps, as 'tp' does
     assert config(block_types="toy", sequence_parallel=True).sequence_parallel
-    with pytest.raises(ConfigError, match=r"tp_collective_matmul=True runs 'tp' blocks only, got block_types=\['toy'"):
+    with pytest.raises(ConfigError, match=r"tp_collective_matmul=True runs 'tp' blocks only, got "
+                       r"block_types=\['toy'"):
         config(block_types="toy", sequence_parallel=True, tp_collective_matmul=True)
 
 
 def test_the_toys_option_is_a_config_key(toy):
-    """toy_gain, the toy's option, is a --key=value of train.py and bench.py, checked by the toy's own check, refused
-    where nothing reads it; 1 (its default) is 'tp' exactly, 2 another model (so the comparison above can fail)."""
+    """toy_gain, the toy's option, is a --key=value of train.py and bench.py, checked by the toy's own
+    check, refused where nothing reads it; 1 (its default) is 'tp' exactly, 2 another model (so the
+    comparison above can fail)."""
     from tpcomm.bench import bench_config
     from tpcomm.configuration import configure
     from tpcomm.train import train_config
@@ -91,8 +96,9 @@ def test_the_toys_option_is_a_config_key(toy):
         assert configure(defaults, ["--toy_gain=2.0"])["toy_gain"] == 2.0
     assert config(block_types="toy", toy_gain=2.0).type_options["toy"].gain == 2.0
     for bad, words in ((dict(block_types="toy", toy_gain=0), "toy_gain must be a positive number, got 0"),
-                       (dict(block_types="toy", toy_gain="big"), "toy_gain must be a positive number, got 'big'"),
-                       (dict(block_types="tp", toy_gain=2.0), "toy_gain=2.0 has no effect without 'toy' blocks")):
+                       (dict(block_types="toy", toy_gain="big"), "toy_gain must be a positive number, got "
+                        "'big'"), (dict(block_types="tp", toy_gain=2.0), "toy_gain=2.0 has no effect without "
+                                   "'toy' blocks")):
         with pytest.raises(ConfigError, match=words):
             config(**bad)
     with pytest.raises(ConfigError, match="toy_gain=2.0 needs model_type='distributed_gpt'"):
@@ -101,18 +107,21 @@ def test_the_toys_option_is_a_config_key(toy):
     idx, tgt = batch(0)
     tp = DistributedGPT.from_gpt(gpt, 2, "tp")(idx, tgt)[0]
     assert torch.equal(DistributedGPT.from_gpt(gpt, 2, "toy", toy_gain=1.0)(idx, tgt)[0], tp)
-    assert not torch.allclose(DistributedGPT.from_gpt(gpt, 2, "toy", toy_gain=2.0)(idx, tgt)[0], tp, atol=1e-3)
+    assert not torch.allclose(DistributedGPT.from_gpt(gpt, 2, "toy", toy_gain=2.0)(idx, tgt)[0], tp,
+                              atol=1e-3)
 
 
 def test_train_py_trains_checkpoints_and_resumes_the_toy(toy, tmp_path, char_data):
-    """train.py, the toy registered by its launcher (this file): 3 steps simulated and under real tp 2 (gloo) with
-    toy_gain=2, the same losses; the checkpoint keeps the option, a resume continues from it, and a resume that
-    contradicts it is refused in one line. Each step counts the toy's syncs, as the cost model prices them."""
+    """train.py, the toy registered by its launcher (this file): 3 steps simulated and under real tp
+    2 (gloo) with toy_gain=2, the same losses; the checkpoint keeps the option, a resume continues
+    from it, and a resume that contradicts it is refused in one line. Each step counts the toy's
+    syncs, as the cost model prices them."""
     from conftest import TINY, TORCHRUN, assert_same, losses, metrics, one_line_error, run_script
 
     def launch(out, *extra, nproc=None):
-        args = ["tests/model/test_block_registry.py", "train", *TINY, f"--data_dir={char_data}", f"--out_dir={out}",
-                "--model_type=distributed_gpt", "--tp_size=2", "--block_types=toy", *extra]
+        args = ["tests/model/test_block_registry.py", "train", *TINY, f"--data_dir={char_data}",
+                f"--out_dir={out}", "--model_type=distributed_gpt", "--tp_size=2", "--block_types=toy",
+                *extra]
         return run_script(*([*TORCHRUN, f"--nproc_per_node={nproc}"] if nproc else []), *args, timeout=300)
 
     common = ("--toy_gain=2.0", "--max_iters=2", "--eval_interval=2", "--always_save_checkpoint=True")
@@ -137,8 +146,8 @@ def test_an_unregistered_type_is_refused_in_one_line():
     assert "toy" not in BLOCK_TYPES
     with pytest.raises(ConfigError) as e:
         config(block_types=["tp", "toy", "tp", "tp"])
-    assert str(e.value) == ("block_types: unknown block type(s) ['toy']; use ['tp', 'spd', 'parallel', 'ladder', "
-                            "'caat']")
+    assert str(e.value) == ("block_types: unknown block type(s) ['toy']; use ['tp', 'spd', 'parallel', "
+                            "'ladder', " "'caat']")
     with pytest.raises(ValueError, match=r"^unknown block type 'toy'; the registered types are \['tp'"):
         cm.forward_syncs(["tp", "toy"])  # the cost model prices no type it does not know (it once counted 0)
     with pytest.raises(TypeError, match="not a BlockType"):
@@ -183,7 +192,8 @@ def test_real_tp2_toy_equals_simulation(toy, tmp_path):
     from conftest import TORCHRUN, run_script
 
     out = tmp_path / "results.json"
-    r = run_script(*TORCHRUN, "--nproc_per_node=2", "tests/model/test_block_registry.py", str(out), timeout=600)
+    r = run_script(*TORCHRUN, "--nproc_per_node=2", "tests/model/test_block_registry.py", str(out),
+                   timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     results = json.loads(out.read_text())["results"]
     assert sorted(results) == sorted(f"fwd_bwd/float64/{name(p)}" for p in TOY_PATTERNS)
@@ -235,7 +245,8 @@ def test_facts_equal_the_code(kind):
     assert torch.allclose(at[2], at[1], **same) != cls.tp_dependent
     kw = dict(block_types=kind)
     assert cm.overlapped_syncs([kind] * 2) == (3 if cls.delays else 0)
-    for fact, option in (("overlaps", dict(tp_overlap=2)), ("sequence_parallel", dict(sequence_parallel=True)),
+    for fact, option in (("overlaps", dict(tp_overlap=2)), ("sequence_parallel",
+                                                            dict(sequence_parallel=True)),
                          ("compressible", dict(tp_comm_dtype="int8"))):
         try:
             config(**kw, **option)

@@ -1,9 +1,10 @@
-"""torch.compile traces the models once: no recompile after warm-up (the dropout key is a tensor updated in place,
-never a Python value or a new torch.Generator dynamo would guard on), and compiled losses equal eager ones.
+"""torch.compile traces the models once: no recompile after warm-up (the dropout key is a
+tensor updated in place, never a Python value or a new torch.Generator dynamo would guard on),
+and compiled losses equal eager ones.
 
 Backends: 'aot_eager' traces exactly what inductor receives (dynamo's guards and recompiles are the backend's
-inputs, not its outputs) in seconds; one case compiles a masked branch with inductor to check the generated code's
-masks (the int64 hash) equal eager's."""
+inputs, not its outputs) in seconds; one case compiles a masked branch with inductor to check the generated
+code's masks (the int64 hash) equal eager's."""
 
 import json
 
@@ -17,20 +18,21 @@ from conftest import shared_launch
 from tpcomm.tp.dropout import ATTN_OUT, DropoutKey, keep_mask
 
 # aot_eager runs the same aten ops as eager: measured bitwise equal; 1e-6 leaves room for op reordering.
-# inductor fuses and reorders float reductions: ~1e-7 relative per op in fp32, measured < 2e-6 on these losses.
+# inductor fuses and reorders float reductions: ~1e-7 relative per op in fp32, measured < 2e-6 on these
+# losses.
 TOL = {"aot_eager": 1e-6, "inductor": 1e-5}
-# Hide, delay, shrink: every option in three models, compiled simulated (here) and real (the shared launch): the
-# chunked forward and asynchronous backward all-reduces with the ladder's delayed ones and int8 partial sums; sequence
-# parallelism's reduce-scatter / all-gather with the vocabulary-parallel loss; the two-shot int8 exchange.
+# Hide, delay, shrink: every option in three models, compiled simulated (here) and real (the shared launch):
+# the chunked forward and asynchronous backward all-reduces with the ladder's delayed ones and int8 partial
+# sums; sequence parallelism's reduce-scatter / all-gather with the vocabulary-parallel loss; the two-shot
+# int8 exchange.
 VARIANTS = [dict(tp_overlap=2, tp_comm_dtype="int8", tp_async_grad=True, block_types=["ladder", "tp"]),
             dict(sequence_parallel=True, loss_parallel=True),
             dict(tp_comm_dtype="int8", tp_comm_exchange="two_shot", block_types=["ladder", "tp"])]
 VARIANT_IDS = ["overlap2-int8-async-ladder", "sp-loss_parallel", "int8-2shot-ladder"]
 # tests/workers/compile_worker.py in the shared launch of 2 processes (conftest.shared_launch)
-SHARED_LAUNCHES = {
-    "real_plain": {None: (2, ["tests/workers/compile_worker.py", "{dir}/compile.json"])},
-    "real_variants": {None: (2, ["tests/workers/compile_worker.py", "{dir}/compile.json", json.dumps(VARIANTS)])},
-}
+SHARED_LAUNCHES = {"real_plain": {None: (2, ["tests/workers/compile_worker.py", "{dir}/compile.json"])},
+                   "real_variants": {None: (2, ["tests/workers/compile_worker.py", "{dir}/compile.json",
+                                                json.dumps(VARIANTS)])},}
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +61,8 @@ def test_compiled_traces_once_and_equals_eager(model_type):
 
 @pytest.mark.parametrize("extra", VARIANTS, ids=VARIANT_IDS)
 def test_hide_delay_shrink_compile_once_and_equal_eager(extra):
-    """Chunked overlap, the asynchronous backward, sequence parallelism, the vocabulary-parallel loss, compressed
-    reductions and the ladder block trace into one graph too (simulated)."""
+    """Chunked overlap, the asynchronous backward, sequence parallelism, the vocabulary-parallel loss,
+    compressed reductions and the ladder block trace into one graph too (simulated)."""
     r = run_steps("distributed_gpt", 0.1, extra=extra)
     assert not r["recompiled"] and r["graph_breaks"] == 0 and r["unique_graphs"] == 2
     assert len(r["compiled"]) == WARMUP + STEPS
@@ -82,7 +84,8 @@ def test_recompile_detection_can_fail():
     torch._dynamo.reset()
     run(torch.ones(2))
     m.step = 1
-    run(torch.ones(2))  # the first change specializes the int dynamically or recompiles once; allowed in warm-up
+    # the first change specializes the int dynamically or recompiles once; allowed in warm-up
+    run(torch.ones(2))
     torch._dynamo.config.error_on_recompile = True
     try:
         with pytest.raises(torch._dynamo.exc.RecompileError):
@@ -93,8 +96,8 @@ def test_recompile_detection_can_fail():
 
 
 def masked_branch(key):
-    """A residual branch as the blocks draw it: a keyed mask (tp shards' streams 1 and 2, a chunk's offset) on a
-    GELU of a matmul, returned beside the branch's output."""
+    """A residual branch as the blocks draw it: a keyed mask (tp shards' streams 1 and 2, a chunk's offset) on
+    a GELU of a matmul, returned beside the branch's output."""
     def branch(x, w):
         h = F.gelu(x @ w)
         mask = keep_mask(h.shape, 0.1, key.tensor, layer=3, site=ATTN_OUT, streams=(1, 2), device=x.device,
@@ -105,10 +108,11 @@ def masked_branch(key):
 
 @pytest.mark.slow
 def test_inductor_masks_equal_eager():
-    """inductor writes its own C++ for the int64 hash (aot_eager runs eager's ops): the masks it computes equal
-    eager's bit for bit, fused into a branch forward and backward, step after step with the key changed in place.
-    Only the hash: the model's other ops are inductor's own to lower, and on a cold cache each C++ kernel takes 4-6 s
-    to build (a whole 2-layer GPT's 29 kernels: 122 s; this branch's 4: 26 s; docs/tests.md)."""
+    """inductor writes its own C++ for the int64 hash (aot_eager runs eager's ops): the masks it
+    computes equal eager's bit for bit, fused into a branch forward and backward, step after step
+    with the key changed in place. Only the hash: the model's other ops are inductor's own to lower,
+    and on a cold cache each C++ kernel takes 4-6 s to build (a whole 2-layer GPT's 29 kernels: 122
+    s; this branch's 4: 26 s; docs/tests.md)."""
     key = DropoutKey()
     eager, compiled = masked_branch(key), torch.compile(masked_branch(key), backend="inductor")
     g = torch.Generator().manual_seed(0)
@@ -126,7 +130,8 @@ def test_inductor_masks_equal_eager():
         assert torch.equal(m_c, m_e)  # the hash: bit for bit
         # fp32 sums over 128 rows in another order: 1e-5 of each tensor's largest value
         for a, b in ((y_c, y_e), (gx_c, gx_e), (gw_c, gw_e)):
-            torch.testing.assert_close(a, b, rtol=TOL["inductor"], atol=TOL["inductor"] * b.abs().max().item())
+            torch.testing.assert_close(a, b, rtol=TOL["inductor"], atol=TOL["inductor"]
+                                       * b.abs().max().item())
         masks.append(m_e)
     # the masks are not vacuous: a tenth dropped, and each step's key draws other ones
     assert 0.08 < (masks[0] == 0).float().mean() < 0.12
@@ -135,15 +140,16 @@ def test_inductor_masks_equal_eager():
 
 def test_real_tp_compiled_traces_once_and_equals_eager(real_plain):
     [result] = real_plain
-    assert not result["recompiled"] and result["graph_breaks"] == 0  # the collectives are functional, in the graph
+    # the collectives are functional, in the graph
+    assert not result["recompiled"] and result["graph_breaks"] == 0
     assert result["compiled"] == pytest.approx(result["eager"], rel=TOL["aot_eager"])
     assert result["compiled_counts"] == result["eager_counts"]
 
 
 def test_real_tp_hide_delay_shrink_compiled_equal_eager(real_variants):
     """Real mode's asynchronous all-reduces (chunks, ladder, the asynchronous backward), compressed exchanges,
-    sequence parallelism's reduce-scatter / all-gather and the vocabulary-parallel loss: one graph, compiled ==
-    eager, no recompile, the same counts."""
+    sequence parallelism's reduce-scatter / all-gather and the vocabulary-parallel loss: one graph, compiled
+    == eager, no recompile, the same counts."""
     results = real_variants
     assert len(results) == len(VARIANTS)
     for result in results:
@@ -155,4 +161,5 @@ def test_real_tp_hide_delay_shrink_compiled_equal_eager(real_variants):
     assert (fwd, bwd) == (6, 6)  # ladder 2 + tp 2 modules x 2 chunks: the variant ran
     assert nbytes < 1024  # int8 forward partial sums: fewer bytes than the 1,024 B/token uncompressed
     assert results[1]["eager_counts"][0][:2] == [0, 0]  # sequence parallel: reduce-scatters, not all-reduces
-    assert results[1]["eager_counts"][0][3:] == [3, 5]  # reduce-scatters; the vocabulary-parallel loss's all-reduces
+    # reduce-scatters; the vocabulary-parallel loss's all-reduces
+    assert results[1]["eager_counts"][0][3:] == [3, 5]

@@ -1,5 +1,5 @@
-"""Generation with a KV cache against recomputing the whole prefix, for GPT and DistributedGPT (every block type,
-tp_size 1/2/4, simulated): the logits of every step and the greedy tokens."""
+"""Generation with a KV cache against recomputing the whole prefix, for GPT and DistributedGPT (every block
+type, tp_size 1/2/4, simulated): the logits of every step and the greedy tokens."""
 
 import pytest
 import torch
@@ -8,10 +8,12 @@ from model import KVCache
 from tensor_parallel_model import DistributedGPT
 from test_tensor_parallel import N_LAYER, VOCAB, make_gpt
 
-# fp32: a cached step computes each new token's attention over stored keys instead of the whole causal matrix; the
-# same sums grouped differently, measured <1e-7 on these logits; 1e-5 leaves room, a wrong position moves them ~1e-1
+# fp32: a cached step computes each new token's attention over stored keys instead of the whole causal matrix;
+# the same sums grouped differently, measured <1e-7 on these logits; 1e-5 leaves room, a wrong position moves
+# them ~1e-1
 TOL = dict(rtol=1e-5, atol=1e-5)
-MODELS = [("gpt", 1, None)] + [(kind, tp, [kind] * N_LAYER) for kind in ("tp", "spd", "parallel") for tp in (1, 2, 4)] \
+MODELS = [("gpt", 1, None)] + [(kind, tp, [kind] * N_LAYER) for kind in ("tp", "spd", "parallel")
+                               for tp in (1, 2, 4)] \
     + [("mixed", 2, ["parallel", "spd", "tp", "parallel"])]
 
 
@@ -25,7 +27,8 @@ def stepwise_logits(model, tokens, prompt_len, *, cached):
     (recomputed) or prompt first and then one token per step through a KV cache."""
     with torch.no_grad():
         if not cached:
-            return torch.stack([model(tokens[:, :t])[0][:, -1] for t in range(prompt_len, tokens.size(1) + 1)], 1)
+            return torch.stack([model(tokens[:, :t])[0][:, -1] for t in range(prompt_len,
+                                                                              tokens.size(1) + 1)], 1)
         cache = KVCache(model.config.n_layer, model.config.block_size)
         out = [model(tokens[:, :prompt_len], kv_cache=cache)[0][:, -1]]
         for t in range(prompt_len, tokens.size(1)):
@@ -37,7 +40,8 @@ def stepwise_logits(model, tokens, prompt_len, *, cached):
 def test_cached_generation_equals_recomputing(kind, tp, block_types):
     model = build(tp, block_types)
     prompt = torch.randint(VOCAB, (2, 5), generator=torch.Generator().manual_seed(3))
-    greedy = model.generate(prompt, 40, temperature=0, use_cache=True)  # 45 > block_size 32: the window slides
+    # 45 > block_size 32: the window slides
+    greedy = model.generate(prompt, 40, temperature=0, use_cache=True)
     assert torch.equal(greedy, model.generate(prompt, 40, temperature=0, use_cache=False))
     tokens = greedy[:, :30]
     torch.testing.assert_close(stepwise_logits(model, tokens, 5, cached=True),

@@ -12,7 +12,8 @@ ORACLE_TOL = dict(rtol=1e-5, atol=1e-5)
 
 
 def hf_and_ours(seed=0, gelu_approximate=GPT2_FIXED["gelu_approximate"]):
-    """HF's GPT-2 with GPT-2's real activation (gelu_new, the tanh approximation) and ours with the given form."""
+    """HF's GPT-2 with GPT-2's real activation (gelu_new, the tanh approximation) and
+    ours with the given form."""
     torch.manual_seed(seed)
     hf_cfg = transformers.GPT2Config(n_positions=64, n_embd=64, n_layer=3, n_head=4, vocab_size=100,
                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
@@ -22,7 +23,8 @@ def hf_and_ours(seed=0, gelu_approximate=GPT2_FIXED["gelu_approximate"]):
         for name, p in hf.named_parameters():
             if p.dim() == 1:
                 p.add_(0.1 * torch.randn_like(p))
-            if name.endswith("mlp.c_fc.weight"):  # GELU inputs of order 1, where its exact and tanh forms differ
+            # GELU inputs of order 1, where its exact and tanh forms differ
+            if name.endswith("mlp.c_fc.weight"):
                 p.mul_(25.0)
     ours = GPT(GPTConfig(block_size=64, vocab_size=100, n_layer=3, n_head=4, n_embd=64, bias=True,
                          gelu_approximate=gelu_approximate)).eval()
@@ -42,8 +44,8 @@ def test_matches_huggingface_gpt2():
 
 
 def test_exact_gelu_is_not_gpt2():
-    """nanoGPT's exact GELU is not what GPT-2 was trained with: the oracle sees the difference (~5e-5 here), so
-    from_pretrained must (and does, through GPT2_FIXED) set the tanh form."""
+    """nanoGPT's exact GELU is not what GPT-2 was trained with: the oracle sees the difference (~5e-5 here),
+    so from_pretrained must (and does, through GPT2_FIXED) set the tanh form."""
     hf, ours = hf_and_ours(gelu_approximate="none")
     idx = torch.randint(0, 100, (2, 40))
     with torch.no_grad(), pytest.raises(AssertionError):

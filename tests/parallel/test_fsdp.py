@@ -1,7 +1,7 @@
 """FSDP2 over dp against one process (tests/workers/fsdp_worker.py under torchrun, gloo): GPT and simulated-TP
 DistributedGPT at dp 2, and real TP at dp 2 x tp 2; 3 AdamW steps with clipping and gradient accumulation;
-meta-device init under FSDP. HSDP (tests/workers/hsdp_worker.py, the 4-process launch): dp 4 = 2 replicas x 2 shards, and
-2 replicas x 1 shard x real tp 2, against one process the same way."""
+meta-device init under FSDP. HSDP (tests/workers/hsdp_worker.py, the 4-process launch): dp 4 = 2 replicas x 2
+shards, and 2 replicas x 1 shard x real tp 2, against one process the same way."""
 
 import json
 
@@ -10,8 +10,9 @@ import pytest
 from conftest import shared_launch
 
 # tests/workers/fsdp_worker.py in the shared launches of 2 and 4 processes (conftest.shared_launch)
-SHARED_LAUNCHES = {"results": {(nproc, tp): (nproc, ["tests/workers/fsdp_worker.py", f"--tp={tp}", "{dir}/results.json"])
-                               for nproc, tp in ((2, 1), (4, 2))},
+SHARED_LAUNCHES = {"results": {(nproc, tp): (nproc, ["tests/workers/fsdp_worker.py", f"--tp={tp}",
+                                                     "{dir}/results.json"]) for nproc, tp in ((2, 1),
+                                                                                              (4, 2))},
                    "hsdp_results": {None: (4, ["tests/workers/hsdp_worker.py", "{dir}/results.json"])}}
 
 
@@ -48,7 +49,8 @@ def test_hsdp_equals_one_process(hsdp_results):
         r = hsdp_results[name]
         assert r["ratio"] <= 1.0, (name, json.dumps(r))
         assert r["losses"]["values"][0][-1] != r["losses"]["values"][0][0]  # it trained
-    assert hsdp_results["hsdp/holds_half"]["ok"]  # sharded over the 2 ranks of a dp_shard group, not over all 4
+    # sharded over the 2 ranks of a dp_shard group, not over all 4
+    assert hsdp_results["hsdp/holds_half"]["ok"]
     assert hsdp_results["hsdp/meta_init_exact"]["ok"]
 
 

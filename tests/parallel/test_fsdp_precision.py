@@ -1,9 +1,11 @@
-"""FSDP2 under bf16 on CUDA (issue 37 point 8): the blocks' parameters are gathered in bf16 and their gradients
-reduced in fp32 (torchtitan's policy), the residual stream stays fp32 between blocks, the root's parameters stay
-fp32, and training matches one process under the same autocast. fp32 training, and CPU, keep full precision.
+"""FSDP2 under bf16 on CUDA (issue 37 point 8): the blocks' parameters are gathered in bf16 and their
+gradients reduced in fp32 (torchtitan's policy), the residual stream stays fp32 between blocks, the
+root's parameters stay fp32, and training matches one process under the same autocast. fp32 training, and
+CPU, keep full precision.
 
-Checked here on 2 gloo processes with CUDA's policy, and CUDA autocast's rule for layer_norm (computed in fp32,
-weights included) given to CPU autocast, which lacks it: what the policy relies on, and nothing else, is CUDA's."""
+Checked here on 2 gloo processes with CUDA's policy, and CUDA autocast's rule for layer_norm
+(computed in fp32, weights included) given to CPU autocast, which lacks it: what the policy relies
+on, and nothing else, is CUDA's."""
 
 import os
 
@@ -48,7 +50,8 @@ def _fsdp_bf16(rank, world, model_type):
     batches, ctx = _batches(65, 3), autocast_context("cpu", "bfloat16")
     layer_norm = F.layer_norm
 
-    def cuda_autocast_layer_norm(x, shape, weight=None, bias=None, eps=1e-5):  # CUDA autocast's fp32 list has it
+    # CUDA autocast's fp32 list has it
+    def cuda_autocast_layer_norm(x, shape, weight=None, bias=None, eps=1e-5):
         if torch.is_autocast_enabled("cpu"):
             x, weight, bias = (None if t is None else t.float() for t in (x, weight, bias))
         return layer_norm(x, shape, weight, bias, eps)
@@ -87,9 +90,11 @@ def bf16(request, tmp_path_factory):
 
 def test_blocks_gather_in_bf16_the_stream_and_root_stay_fp32(bf16):
     assert bf16["gathered"] == "torch.bfloat16", bf16  # a block's parameters as its forward sees them
-    assert bf16["stream_in"] == bf16["stream_out"] == "torch.float32", bf16  # not rounded at the block's edges
+    # not rounded at the block's edges
+    assert bf16["stream_in"] == bf16["stream_out"] == "torch.float32", bf16
     assert bf16["root"] == "torch.float32", bf16  # embeddings: the stream starts fp32
-    assert bf16["sharded_dtype"] == bf16["grad_dtype"] == "torch.float32", bf16  # fp32 master weights and gradients
+    # fp32 master weights and gradients
+    assert bf16["sharded_dtype"] == bf16["grad_dtype"] == "torch.float32", bf16
 
 
 def test_fsdp_bf16_trains_as_one_process_under_bf16_autocast(bf16):
@@ -108,6 +113,6 @@ def test_fp32_training_and_cpu_keep_full_precision():
         for policy in mixed_precision_policies(dtype, device_type):
             assert policy.param_dtype is None and policy.reduce_dtype is None
     blocks, root = mixed_precision_policies("float16", "cuda")
-    assert (blocks.param_dtype, blocks.reduce_dtype, blocks.cast_forward_inputs) == (torch.float16, torch.float32,
-                                                                                      False)
+    assert (blocks.param_dtype, blocks.reduce_dtype, blocks.cast_forward_inputs) == (torch.float16,
+                                                                                     torch.float32, False)
     assert root.param_dtype is None and root.reduce_dtype == torch.float32

@@ -1,7 +1,7 @@
-"""Pipeline parallelism (tpcomm/parallel/pipeline.py) against one process: tests/workers/pp_worker.py under torchrun (gloo, CPU), one
-launch per world size (2: pp2; 4: pp4, pp2 x tp2 real, pp2 x dp2; 8: pp2 x dp2 x tp2), every check of a world in that
-launch; the bubble replay on hand-checked timelines; the layout validation; the demo and the benchmark
-(tpcomm/bench/pipeline_demo.py)."""
+"""Pipeline parallelism (tpcomm/parallel/pipeline.py) against one process: tests/workers/pp_worker.py under
+torchrun (gloo, CPU), one launch per world size (2: pp2; 4: pp4, pp2 x tp2 real, pp2 x dp2; 8: pp2 x dp2 x
+tp2), every check of a world in that launch; the bubble replay on hand-checked timelines; the layout
+validation; the demo and the benchmark (tpcomm/bench/pipeline_demo.py)."""
 
 import json
 import re
@@ -11,21 +11,23 @@ import sys
 import pytest
 import torch
 
-from conftest import (TORCHRUN, assert_same, differs, losses, one_line_error, run_script, shared_launch, train,
-                      val_losses)
+from conftest import (TORCHRUN, assert_same, differs, losses, one_line_error, run_script, shared_launch,
+                      train, val_losses)
 from tpcomm.errors import ConfigError
 from tpcomm import ROOT
 from tpcomm.parallel.pipeline_config import stage_layers, validate_pp_layout
 from tpcomm.parallel.pipeline_timeline import bubble_fraction, format_timeline, replay, theoretical_bubble
 from pp_worker import CAN_FAIL, CLIP, M, MB, MODELS, N_EMBD, STEPS, T, TP_SIZE, VIRTUAL, plan
 
-FWD_ALLREDUCES = {"tp": 2, "spd": 1, "parallel": 0, "ladder": 2}  # docs/model.md, plus 1 when the model ends desynced
+# docs/model.md, plus 1 when the model ends desynced
+FWD_ALLREDUCES = {"tp": 2, "spd": 1, "parallel": 0, "ladder": 2}
 
 
 def expected_bwd_allreduces(kinds):
-    """The f's of a pattern (each one backward all-reduce): a block reads a synced input through f (tp and ladder:
-    once per module; spd and parallel: once, fanning the stream out), a desynced one (after 'parallel') from the
-    shard streams, except that a tp block's MLP always reads the synced stream through f."""
+    """The f's of a pattern (each one backward all-reduce): a block reads a synced input through
+    f (tp and ladder: once per module; spd and parallel: once, fanning the stream out), a
+    desynced one (after 'parallel') from the shard streams, except that a tp block's MLP always
+    reads the synced stream through f."""
     n, synced = 0, True
     for kind in kinds:
         n += {"tp": 1 + synced, "ladder": 2 * synced, "spd": synced, "parallel": synced}[kind]
@@ -34,8 +36,8 @@ def expected_bwd_allreduces(kinds):
 
 
 def expected_stream(kinds, layer):
-    """What crosses the cut after `layer` (tpcomm.parallel.pipeline.cut_stream, from the block types): the pair (xbar, r)
-    after 'parallel', (u, x) between two ladder blocks, else xbar (GPT: x)."""
+    """What crosses the cut after `layer` (tpcomm.parallel.pipeline.cut_stream, from the block types): the
+    pair (xbar, r) after 'parallel', (u, x) between two ladder blocks, else xbar (GPT: x)."""
     if kinds is not None and kinds[layer] == "parallel":
         return "xbar, r"
     if kinds is not None and kinds[layer] == kinds[layer + 1] == "ladder":
@@ -44,7 +46,8 @@ def expected_stream(kinds, layer):
 
 
 # tests/workers/pp_worker.py in the shared launches of 2, 4 and 8 processes (conftest.shared_launch)
-SHARED_LAUNCHES = {"results": {n: (n, ["tests/workers/pp_worker.py", "{dir}/results.json"]) for n in (2, 4, 8)}}
+SHARED_LAUNCHES = {"results": {n: (n, ["tests/workers/pp_worker.py", "{dir}/results.json"])
+                               for n in (2, 4, 8)}}
 
 
 @pytest.fixture(scope="module", params=[2, 4, 8], ids=["2procs", "4procs", "8procs"])
@@ -70,7 +73,8 @@ def test_layouts_and_patterns_were_all_run(results):
     assert layouts in ({(2, 1, 1)}, {(4, 1, 1), (2, 1, 2), (2, 2, 1)}, {(2, 2, 2)}), layouts
     for layout in layouts:
         ran = {(parse(k)[1], *parse(k)[2:]) for k in keys if parse(k)[0] == layout}
-        assert ran == {(dt, kd, s) for dt, kinds, schedules, _, _ in plan(*layout) for kd in kinds for s in schedules}
+        assert ran == {(dt, kd, s) for dt, kinds, schedules, _, _ in plan(*layout) for kd in kinds
+                       for s in schedules}
     if (2, 1, 1) in layouts or (4, 1, 1) in layouts:  # every schedule on GPT and both patterns
         assert {parse(k)[2:] for k in keys} == {(kd, s) for kd in MODELS for s in VIRTUAL}
 
@@ -88,10 +92,10 @@ def test_pp_equals_one_process(results):
 
 
 def test_boundary_bytes_and_tp_allreduces(results):
-    """Per micro-batch and rank: xbar (MB, T, C) crosses a synced cut, xbar and this rank's L shard streams
-    (L = tp_size simulated, 1 real) a desynced one, u and x (2 x (MB, T, C)) a cut between two ladder blocks; the
-    same bytes come back as gradients. Measured at the p2p ops. The tp all-reduces of the whole model summed over
-    the stages; a GPT's are 0 (reported, not absent)."""
+    """Per micro-batch and rank: xbar (MB, T, C) crosses a synced cut, xbar and this rank's L shard streams (L
+    = tp_size simulated, 1 real) a desynced one, u and x (2 x (MB, T, C)) a cut between two ladder blocks; the
+    same bytes come back as gradients. Measured at the p2p ops. The tp all-reduces of the whole model summed
+    over the stages; a GPT's are 0 (reported, not absent)."""
     for key, res in comparisons(results).items():
         (pp, dp, tp), dtype, kind, schedule = parse(key)
         size = MB * T * N_EMBD * (8 if dtype == "float64" else 4)
@@ -116,8 +120,9 @@ def test_some_cuts_are_desynced(results):
 
 
 def test_ladder_cuts_carry_their_pending_outputs(results):
-    """Where the ladder patterns ran (pp 2, alone and x tp 2 real): every cut of 'all_ladder' carries (u, x); every
-    cut of 'ladder_cuts' follows a ladder block into another type and carries xbar (the pending outputs added)."""
+    """Where the ladder patterns ran (pp 2, alone and x tp 2 real): every cut of 'all_ladder'
+    carries (u, x); every cut of 'ladder_cuts' follows a ladder block into another type and carries
+    xbar (the pending outputs added)."""
     ran = {k: v for k, v in comparisons(results).items() if parse(k)[2] in ("all_ladder", "ladder_cuts")}
     if {parse(k)[0] for k in comparisons(results)} == {(2, 2, 2)}:
         assert not ran
@@ -127,7 +132,8 @@ def test_ladder_cuts_carry_their_pending_outputs(results):
         kinds = MODELS[parse(key)[2]]
         assert all(kinds[end - 1] == "ladder" for _, end in res["layers"][:-1]), key
         want = "u, x" if parse(key)[2] == "all_ladder" else "xbar"
-        assert res["boundaries"] and all(c["stream"] == want for c in res["boundaries"]), (key, res["boundaries"])
+        assert res["boundaries"] and all(c["stream"] == want for c in res["boundaries"]), (key,
+                                                                                           res["boundaries"])
 
 
 def test_measured_bubble_equals_theory(results):
@@ -144,12 +150,14 @@ def test_comparisons_can_fail(results):
     for (pp, dp, tp) in {parse(k)[0] for k in comparisons(results)}:
         layout = f"pp{pp}_dp{dp}_tp{tp}"
         expected = [b for *_, broken in plan(pp, dp, tp) for b in broken]
-        assert expected and "perturbed_last_stage" in expected, layout  # every layout: the pp stages are compared
+        # every layout: the pp stages are compared
+        assert expected and "perturbed_last_stage" in expected, layout
         assert {k.split("/")[-1] for k in results if k.startswith(f"{layout}/can_fail/")} == set(expected)
         for label in expected:
             res = results[f"{layout}/can_fail/{label}"]
             assert res["ratio"] > 10, (layout, label, res)
-        if f"{layout}/can_fail/no_tied_sum" in results:  # the forward is the same; only the tied weight's gradient
+        # the forward is the same; only the tied weight's gradient
+        if f"{layout}/can_fail/no_tied_sum" in results:
             res = results[f"{layout}/can_fail/no_tied_sum"]
             assert res["grads"]["where"] in ("transformer.wte.weight", "lm_head.weight"), res["grads"]
             assert res["losses"]["values"][0][0] == pytest.approx(res["losses"]["values"][1][0], rel=1e-12)
@@ -160,8 +168,8 @@ def test_comparisons_can_fail(results):
 
 
 def test_resume_from_gpt_layout_state(results):
-    """GPT-layout weights and optimizer state gathered after 2 steps, loaded into a freshly initialised pipeline:
-    its 3rd step equals the uninterrupted one process's (float64, 1e-8)."""
+    """GPT-layout weights and optimizer state gathered after 2 steps, loaded into a freshly initialised
+    pipeline: its 3rd step equals the uninterrupted one process's (float64, 1e-8)."""
     resumed = {k: v for k, v in results.items() if k.endswith("/resume")}
     if {parse(k)[0] for k in comparisons(results)} == {(2, 2, 2)}:
         assert not resumed
@@ -186,7 +194,8 @@ def test_replay_of_a_hand_checked_gpipe_timeline():
     assert makespan == 6
     assert [s for s, _ in slots[0]] == [0, 1, 4, 5] and [s for s, _ in slots[1]] == [1, 2, 3, 4]
     assert bubble_fraction(gpipe(2, 2)) == pytest.approx(1 / 3, abs=1e-15)
-    assert format_timeline(gpipe(2, 2), 2).splitlines() == ["pp0  F0 F1  .  . B0 B1", "pp1   . F0 F1 B0 B1  ."]
+    assert format_timeline(gpipe(2, 2), 2).splitlines() == ["pp0  F0 F1  .  . B0 B1", "pp1   . F0 F1 B0 B1  "
+                                                            "."]
     for p, m in ((4, 8), (3, 5), (1, 4)):
         assert bubble_fraction(gpipe(p, m)) == pytest.approx(theoretical_bubble(p, m), abs=1e-12)
 
@@ -229,7 +238,8 @@ GOOD = dict(world=8, pp_size=4, tp=2, n_layer=8, schedule="1f1b", n_microbatches
     (dict(world=8, tp=1, pp_size=8, n_layer=4), ["8 stages", "n_layer (4)"]),
     (dict(schedule="interleaved_1f1b", virtual_stages=3, n_layer=8), ["12 stages", "n_layer (8)"]),
     (dict(n_microbatches=3), ["n_microbatches (3)", "pp_size (4)"]),
-    (dict(schedule="interleaved_1f1b", virtual_stages=2, n_microbatches=2), ["n_microbatches (2)", "pp_size (4)"]),
+    (dict(schedule="interleaved_1f1b", virtual_stages=2, n_microbatches=2),
+     ["n_microbatches (2)", "pp_size (4)"]),
     (dict(schedule="interleaved_1f1b", virtual_stages=2, n_microbatches=9), ["n_microbatches (9)", "(2)"]),
     (dict(schedule="zero_bubble"), ["schedule", "'zero_bubble'"]),
     (dict(virtual_stages=2), ["virtual_stages (2)", "interleaved_1f1b"]),
@@ -254,15 +264,18 @@ def test_good_layouts_pass():
 
 
 def test_config_checks_leave_torchs_pipelining_unimported():
-    """train.py's and bench.py's config checks (a pp_size=1 layout included) do not import torch.distributed.pipelining
-    (it imports torch._dynamo: seconds at every start, a refused run's most); the probe sees the stages' module
-    import it. A fresh interpreter each: this process has imported it already."""
+    """train.py's and bench.py's config checks (a pp_size=1 layout included) do not import
+    torch.distributed.pipelining (it imports torch._dynamo: seconds at every start, a refused
+    run's most); the probe sees the stages' module import it. A fresh interpreter each: this
+    process has imported it already."""
     probe = ("import sys; import tpcomm.train.train_config, tpcomm.bench.bench_config; {}; "
              "print('torch.distributed.pipelining' in sys.modules)")
-    check = ("from tpcomm.parallel.pipeline_config import validate_pp_layout; validate_pp_layout(world=1, pp_size=1, "
-             "tp=1, n_layer=2, schedule='1f1b', n_microbatches=1)")
-    for extra, imported in ((check, "False"), ("import tpcomm.parallel.pipeline", "True")):  # the second: can fail
-        r = subprocess.run([sys.executable, "-c", probe.format(extra)], capture_output=True, text=True, cwd=ROOT)
+    check = ("from tpcomm.parallel.pipeline_config import validate_pp_layout; validate_pp_layout(world=1, "
+             "pp_size=1, " "tp=1, n_layer=2, schedule='1f1b', n_microbatches=1)")
+    # the second: can fail
+    for extra, imported in ((check, "False"), ("import tpcomm.parallel.pipeline", "True")):
+        r = subprocess.run([sys.executable, "-c", probe.format(extra)], capture_output=True, text=True,
+                           cwd=ROOT)
         assert r.returncode == 0 and r.stdout.split() == [imported], r.stdout + r.stderr
 
 
@@ -287,18 +300,20 @@ def test_bad_launch_outside_torchrun():
 
 
 def test_demo_outside_torchrun_is_one_line():
-    """A layout one process could hold (pp 1, simulated tp) still needs torchrun's process group: one line, exit 2
-    (it was a traceback from dist.get_world_size)."""
+    """A layout one process could hold (pp 1, simulated tp) still needs torchrun's process group: one line,
+    exit 2 (it was a traceback from dist.get_world_size)."""
     r = run_script("-m", "tpcomm.bench.pipeline_demo", "--pp_size=1", "--tp_mode=simulated", timeout=60)
     assert "runs under torchrun" in one_line_error(r)
 
 
 def test_bad_launch_one_rank_exits_by_itself():
-    """One rank of a 6-process job asked for pp 4 x tp 2: the check runs before init_process_group, so it exits 2
-    at once; had it reached the rendezvous it would wait for ranks that never come and the timeout would fail it."""
+    """One rank of a 6-process job asked for pp 4 x tp 2: the check runs before init_process_group,
+    so it exits 2 at once; had it reached the rendezvous it would wait for ranks that never come and
+    the timeout would fail it."""
     env = dict(RANK="1", LOCAL_RANK="1", WORLD_SIZE="6", LOCAL_WORLD_SIZE="6", MASTER_ADDR="127.0.0.1",
                MASTER_PORT="29583")
-    r = run_script("-m", "tpcomm.bench.pipeline_demo", "--pp_size=4", "--tp_size=2", "--schedule=1f1b", env=env, timeout=60)
+    r = run_script("-m", "tpcomm.bench.pipeline_demo", "--pp_size=4", "--tp_size=2", "--schedule=1f1b",
+                   env=env, timeout=60)
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
@@ -310,9 +325,9 @@ def test_bad_launch_one_rank_exits_by_itself():
 def test_demo_prints_timeline_and_bubble():
     """pp 2 x tp 2 (real), interleaved 1F1B with 2 virtual stages: the timeline of each pp rank, its sends and
     receives, and the measured bubble equal to (p-1)/(v m+p-1) = 1/(2*4+1)."""
-    r = run_script(*TORCHRUN, "--nproc_per_node=4", "-m", "tpcomm.bench.pipeline_demo", "--tp_size=2", "--pp_size=2",
-                   "--schedule=interleaved_1f1b", "--virtual_stages=2", "--n_microbatches=4", "--batch_size=8",
-                   "--n_layer=4", "--block_types=['spd','parallel']*2", timeout=120)
+    r = run_script(*TORCHRUN, "--nproc_per_node=4", "-m", "tpcomm.bench.pipeline_demo", "--tp_size=2",
+                   "--pp_size=2", "--schedule=interleaved_1f1b", "--virtual_stages=2", "--n_microbatches=4",
+                   "--batch_size=8", "--n_layer=4", "--block_types=['spd','parallel']*2", timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr[-5000:]
     out = r.stdout
     assert re.search(r"^pp0 +F0\.0 F1\.0", out, re.M) and re.search(r"^pp1 +\. +F0\.0", out, re.M), out
@@ -320,23 +335,25 @@ def test_demo_prints_timeline_and_bubble():
     m = re.search(r"bubble: measured (\S+) .* = (\S+) \(p=2, m=4, v=2\)", out)
     assert m and float(m.group(1)) == pytest.approx(1 / 9, abs=1e-4) == float(m.group(2)), out
     assert "stage 0->1: xbar     forward 4096 B, backward 4096 B" in out, out  # after spd: (2, 16, 32) x 4 B
-    assert "stage 1->2: xbar, r  forward 8192 B, backward 8192 B" in out, out  # after parallel: and (1, 2, 16, 32)
+    # after parallel: and (1, 2, 16, 32)
+    assert "stage 1->2: xbar, r  forward 8192 B, backward 8192 B" in out, out
     assert "tp all-reduces per micro-batch (whole model): forward 3, backward 3" in out, out
 
 
 def test_demo_runs_ladder_patterns():
-    """The demo with ladder blocks (pp 2, tp 2 simulated, 1F1B): a cut between two ladder blocks carries (u, x),
-    two (2, 16, 32) fp32 tensors each way; one into a 'tp' block carries xbar alone. The losses equal the demo
-    without pp (one stage, GPipe), to 1e-4 (fp32 printed to 4 decimals)."""
+    """The demo with ladder blocks (pp 2, tp 2 simulated, 1F1B): a cut between two ladder blocks carries (u,
+    x), two (2, 16, 32) fp32 tensors each way; one into a 'tp' block carries xbar alone. The losses equal the
+    demo without pp (one stage, GPipe), to 1e-4 (fp32 printed to 4 decimals)."""
     def demo(*args):
         r = run_script(*TORCHRUN, f"--nproc_per_node={2 if '--pp_size=2' in args else 1}", "-m",
-                       "tpcomm.bench.pipeline_demo", "--tp_mode=simulated", "--n_microbatches=4", "--batch_size=8",
-                       "--n_layer=4", *args, timeout=120)
+                       "tpcomm.bench.pipeline_demo", "--tp_mode=simulated", "--n_microbatches=4",
+                       "--batch_size=8", "--n_layer=4", *args, timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr[-5000:]
         return r.stdout, [float(x) for x in re.findall(r"^step \d+: loss (\S+)", r.stdout, re.M)]
 
     for blocks, line in (("['ladder']*4", "stage 0->1: u, x     forward 8192 B, backward 8192 B"),
-                         ("['tp','ladder','tp','ladder']", "stage 0->1: xbar     forward 4096 B, backward 4096 B")):
+                         ("['tp','ladder','tp','ladder']", "stage 0->1: xbar     forward 4096 B, backward "
+                          "4096 B")):
         out, losses = demo("--pp_size=2", "--schedule=1f1b", f"--block_types={blocks}")
         assert line in out, out
         _, one = demo("--pp_size=1", "--schedule=gpipe", f"--block_types={blocks}")
@@ -344,12 +361,14 @@ def test_demo_runs_ladder_patterns():
 
 
 def test_train_py_ladder_pp2_equals_one_process(tmp_path, char_data):
-    """train.py with ladder blocks and pp 2 (1F1B, a cut between two ladder blocks, dropout on, clipping active)
-    logs one process's training and evaluation losses (fp32, 1e-5 as tests/train/test_train_pipeline.py); the cut carries
-    (u, x): 2 x 32 fp32 values a token, both ways, 512 B/token. Can fail: another seed."""
-    common = ["config/train_shakespeare_char_spd.py", "--n_layer=4", "--block_types=['tp','ladder','ladder','ladder']",
-              "--gradient_accumulation_steps=4", "--grad_clip=0.1", "--eval_iters=5", "--dropout=0.1",
-              "--max_iters=4", "--lr_decay_iters=4", "--eval_interval=2"]
+    """train.py with ladder blocks and pp 2 (1F1B, a cut between two ladder blocks, dropout on, clipping
+    active) logs one process's training and evaluation losses (fp32, 1e-5 as
+    tests/train/test_train_pipeline.py); the cut carries (u, x): 2 x 32 fp32 values a token, both ways, 512
+    B/token. Can fail: another seed."""
+    common = ["config/train_shakespeare_char_spd.py", "--n_layer=4",
+              "--block_types=['tp','ladder','ladder','ladder']", "--gradient_accumulation_steps=4",
+              "--grad_clip=0.1", "--eval_iters=5", "--dropout=0.1", "--max_iters=4", "--lr_decay_iters=4",
+              "--eval_interval=2"]
     train(tmp_path / "one", char_data, *common)
     r = train(tmp_path / "pp", char_data, *common, "--pp_size=2", "--pp_schedule=1f1b", nproc=2)
     assert "pp 512 B/token" in r.stdout, r.stdout
@@ -364,12 +383,13 @@ def test_train_py_ladder_pp2_equals_one_process(tmp_path, char_data):
 # ---------- bench.py --mode=pipeline ----------
 
 def test_bench_pipeline_bubble_and_activation_memory():
-    """pp 2, GPipe and 1F1B at m = 2 and 4: the recorded bubble is (p-1)/(m+p-1); GPipe's first stage holds the
-    activations of all m micro-batches (twice the bytes at m = 4), 1F1B's at most p = 2 whatever m."""
-    r = run_script(*TORCHRUN, "--nproc_per_node=2", "bench.py", "--mode=pipeline", "--pp_size=2", "--device=cpu",
-                   "--n_layer=4", "--n_head=4", "--n_embd=32", "--block_size=16", "--batch_size=2",
-                   "--vocab_size=64", "--iters=1", "--warmup=1", "--microbatches=[2,4]",
-                   "--model_type=distributed_gpt", "--tp_size=2", "--block_types=['spd','parallel']*2", timeout=180)
+    """pp 2, GPipe and 1F1B at m = 2 and 4: the recorded bubble is (p-1)/(m+p-1); GPipe's first stage holds
+    the activations of all m micro-batches (twice the bytes at m = 4), 1F1B's at most p = 2 whatever m."""
+    r = run_script(*TORCHRUN, "--nproc_per_node=2", "bench.py", "--mode=pipeline", "--pp_size=2",
+                   "--device=cpu", "--n_layer=4", "--n_head=4", "--n_embd=32", "--block_size=16",
+                   "--batch_size=2", "--vocab_size=64", "--iters=1", "--warmup=1", "--microbatches=[2,4]",
+                   "--model_type=distributed_gpt", "--tp_size=2", "--block_types=['spd','parallel']*2",
+                   timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     rows = {}
     for line in r.stdout.splitlines():
@@ -380,11 +400,14 @@ def test_bench_pipeline_bubble_and_activation_memory():
                                                  pp_bytes=int(cells[9].replace(",", "")))
     assert sorted(rows) == [("1f1b", 2), ("1f1b", 4), ("gpipe", 2), ("gpipe", 4)], r.stdout
     for row in rows.values():
-        assert row["bubble"] == row["theory"] and row["pp_bytes"] == 2 * 3 * 32 * 4  # (xbar, r of 2 shards), 2 ways
+        # (xbar, r of 2 shards), 2 ways
+        assert row["bubble"] == row["theory"] and row["pp_bytes"] == 2 * 3 * 32 * 4
     first = {k: row["peaks"][0] for k, row in rows.items()}
     assert first["gpipe", 4] == pytest.approx(2 * first["gpipe", 2], rel=0.02)
-    assert first["1f1b", 4] == pytest.approx(first["1f1b", 2], rel=0.02) == pytest.approx(first["gpipe", 2], rel=0.02)
-    assert first["gpipe", 4] > 1.5 * first["1f1b", 4]  # the comparison can fail: the schedules differ at m > p
+    assert first["1f1b", 4] == pytest.approx(first["1f1b", 2], rel=0.02) == pytest.approx(first["gpipe", 2],
+                                                                                          rel=0.02)
+    # the comparison can fail: the schedules differ at m > p
+    assert first["gpipe", 4] > 1.5 * first["1f1b", 4]
     assert rows["1f1b", 4]["peaks"][1] < first["1f1b", 4]  # the last stage holds one micro-batch in flight
 
 

@@ -1,6 +1,6 @@
-"""The pipeline's GPU path (issue 37 point 10), checked on CPU with 2 gloo processes (pp 2): checkpoint gathers
-move tensors by broadcasts, never pickled through all_gather_object, and give each stage's own values; the
-stages are moved to the device, not the whole model (on a GPU; skipped without one)."""
+"""The pipeline's GPU path (issue 37 point 10), checked on CPU with 2 gloo processes (pp 2): checkpoint
+gathers move tensors by broadcasts, never pickled through all_gather_object, and give each stage's own values;
+the stages are moved to the device, not the whole model (on a GPU; skipped without one)."""
 
 import os
 
@@ -28,8 +28,8 @@ def _pipeline(rank, world, model_type, device="cpu"):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     dims = init_parallel(dp=1, tp=1, pp=world, device_type="cpu")
     torch.manual_seed(0)
-    args = dict(n_layer=4, n_head=2, n_embd=16, block_size=8, vocab_size=33, bias=True, dropout=0.0, tp_size=2,
-                block_types=["tp", "parallel", "spd", "tp"])
+    args = dict(n_layer=4, n_head=2, n_embd=16, block_size=8, vocab_size=33, bias=True, dropout=0.0,
+                tp_size=2, block_types=["tp", "parallel", "spd", "tp"])
     model = build_model(model_type, args)  # whole, on the CPU, on every rank
     pipe = Pipeline(model, dims, schedule="1f1b", n_microbatches=2, batch_size=4, seq_len=8, device=device)
     return dims, model, pipe
@@ -65,7 +65,8 @@ def _gather(rank, world, model_type):
     offsets = {}
     for k, v in state.items():
         d = v - reference[k]  # (ref + c) - ref is c up to fp32 rounding of ref + c: 1e-6 here
-        offsets[k] = [round(d.mean().item(), 3)] if torch.allclose(d, d.mean().expand_as(d), atol=1e-5) else None
+        offsets[k] = [round(d.mean().item(), 3)] if torch.allclose(d, d.mean().expand_as(d),
+                                                                   atol=1e-5) else None
     n_params = len(list(model.parameters()))
     return dict(keys=list(state), ref_keys=list(reference), offsets=offsets, pickled_tensors=any(pickled),
                 gathers=len(pickled), devices=sorted({str(v.device) for v in state.values()}),
@@ -92,20 +93,21 @@ def test_checkpoint_gather_pickles_no_tensors(gathered):
 
 def test_checkpoint_gather_gives_each_stages_values_on_every_rank(gathered):
     r0, r1 = gathered
-    assert r0["keys"] == r0["ref_keys"] and r0["offsets"] == r1["offsets"]  # GPT's keys; the same on both ranks
+    # GPT's keys; the same on both ranks
+    assert r0["keys"] == r0["ref_keys"] and r0["offsets"] == r1["offsets"]
     first = set(r0["first_stage"])
     for k, off in r0["offsets"].items():
-        # the first stage's entries carry its +1, the second stage's their +2; the tied weight is wte on the first
-        # and lm_head on the last, each stage's copy under its own name (training keeps them equal)
+        # the first stage's entries carry its +1, the second stage's their +2; the tied weight is wte on the
+        # first and lm_head on the last, each stage's copy under its own name (training keeps them equal)
         assert off == [1.0 if k in first else 2.0], (k, off)
     assert r0["devices"] == ["cpu"]
     assert r0["optimizer_entries"] == list(range(r0["n_params"])) and r0["moment_shapes_ok"]
 
 
 def _moved(rank, world, device):
-    """Which of the model's parameters are on `device` after the Pipeline is built, and which are its stages', by
-    the parameters themselves: the last stage's untied head is lm_head.weight in the model and wte's name in the
-    stage (the checkpoint's key), so names would not match."""
+    """Which of the model's parameters are on `device` after the Pipeline is built, and which are its stages',
+    by the parameters themselves: the last stage's untied head is lm_head.weight in the model and wte's name
+    in the stage (the checkpoint's key), so names would not match."""
     dims, model, pipe = _pipeline(rank, world, "gpt", device=device)
     name = {id(p): n for n, p in model.named_parameters()}
     on_device = {id(p) for p in model.parameters() if p.device.type == torch.device(device).type}
@@ -126,8 +128,8 @@ def test_only_the_stages_move_to_the_gpu(tmp_path):
 
 
 def test_only_the_stages_move_to_the_device_rehearsed_on_meta(tmp_path):
-    """The same on the meta device, without a GPU (the placement logic is the device's business alone); and the
-    check fails when the whole model is moved."""
+    """The same on the meta device, without a GPU (the placement logic is the device's business alone); and
+    the check fails when the whole model is moved."""
     results = spawn_gloo(_moved, 2, tmp_path, "meta")
     _check_moved(results)
     whole = [dict(r, on_device=sorted(set(r["on_device"]) | {"lm_head.weight", "transformer.wte.weight"}))

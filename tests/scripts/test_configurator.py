@@ -5,7 +5,8 @@ import pytest
 from tpcomm.errors import ConfigError
 from tpcomm.configuration import configure
 
-DEFAULTS = dict(batch_size=12, learning_rate=6e-4, compile=True, out_dir="out", block_types=None, backend=None)
+DEFAULTS = dict(batch_size=12, learning_rate=6e-4, compile=True, out_dir="out", block_types=None,
+                backend=None)
 
 
 def test_overrides_and_types(tmp_path):
@@ -103,14 +104,14 @@ def test_missing_base_is_one_line(tmp_path):
 
 
 def test_a_json_config_file_is_data(tmp_path):
-    """A .json config file is read as data, never run: its keys set the config, an unknown one or a file that is
-    not one JSON object is one ConfigError naming the file."""
+    """A .json config file is read as data, never run: its keys set the config, an unknown one or a file that
+    is not one JSON object is one ConfigError naming the file."""
     defaults = dict(max_iters=10, out_dir="out")
     good = tmp_path / "c.json"
     good.write_text('{"max_iters": 3}')
     assert configure(defaults, [str(good)]) == dict(max_iters=3, out_dir="out")
-    for text, words in (('{"max_iter": 3}', "did you mean 'max_iters'"), ('{"max_iters": 3', "not readable as JSON"),
-                        ("[1]", "expected a JSON object")):
+    for text, words in (('{"max_iter": 3}', "did you mean 'max_iters'"),
+                        ('{"max_iters": 3', "not readable as JSON"), ("[1]", "expected a JSON object")):
         bad = tmp_path / "bad.json"
         bad.write_text(text)
         with pytest.raises(ConfigError, match=re.escape(words)):

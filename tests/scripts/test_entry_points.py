@@ -14,8 +14,8 @@ from conftest import TINY, losses, one_line_error, run_script, train, val_losses
 
 # ---------- items 2-3: bench.py pp_size outside mode='pipeline'; trace summary of malformed events ----------
 
-BENCH_TINY = ["--device=cpu", "--dtype=float32", "--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16",
-              "--batch_size=2", "--vocab_size=65", "--iters=1", "--warmup=0"]
+BENCH_TINY = ["--device=cpu", "--dtype=float32", "--n_layer=2", "--n_head=4", "--n_embd=32",
+              "--block_size=16", "--batch_size=2", "--vocab_size=65", "--iters=1", "--warmup=0"]
 
 
 @pytest.mark.parametrize("mode", ["decode", "train", "memory"])
@@ -24,15 +24,18 @@ def test_bench_pp_size_outside_pipeline_mode_is_one_line(mode):
     assert "pp_size" in line and "2" in line and f"mode={mode!r}" in line and "pipeline" in line, line
 
 
-@pytest.mark.parametrize("trace, words", [
-    ({"traceEvents": [{"foo": 1}]}, "traceEvents[0] is not a trace event"),
-    ({"traceEvents": [{"ph": "X", "name": "aten::mm", "ts": 0, "dur": 1}, 5]}, "traceEvents[1] is not a trace event"),
-    ({"traceEvents": {"foo": 1}}, "no 'traceEvents' list"),
-    ({"traceEvents": [{"ph": "X", "name": "allreduce g fwd L0 tp attn 24576B sim"}]}, "lacks"),
-    ({"traceEvents": [{"ph": "X", "name": "allreduce g fwd L0 tp attn 24576B sim", "ts": 3}]}, "lacks"),
-    ({"traceEvents": [{"ph": "X", "name": "ProfilerStep#0", "ts": "0", "dur": 5}]}, "lacks"),
-    ({"traceEvents": [{"ph": "X", "ts": 0, "dur": 5}]}, "lacks"),
-])
+@pytest.mark.parametrize("trace, words", [({"traceEvents": [{"foo": 1}]}, "traceEvents[0] is not a trace "
+                                           "event"), ({"traceEvents": [{"ph": "X", "name": "aten::mm",
+                                                                        "ts": 0, "dur": 1}, 5]},
+                                                      "traceEvents[1] is not a trace event"),
+                                          ({"traceEvents": {"foo": 1}}, "no 'traceEvents' list"),
+                                          ({"traceEvents": [{"ph": "X", "name": "allreduce g fwd L0 tp attn "
+                                                             "24576B sim"}]}, "lacks"),
+                                          ({"traceEvents": [{"ph": "X", "name": "allreduce g fwd L0 tp attn "
+                                                             "24576B sim", "ts": 3}]}, "lacks"),
+                                          ({"traceEvents": [{"ph": "X", "name": "ProfilerStep#0", "ts": "0",
+                                                             "dur": 5}]}, "lacks"),
+                                          ({"traceEvents": [{"ph": "X", "ts": 0, "dur": 5}]}, "lacks"),])
 def test_trace_summary_of_malformed_events_is_one_line(tmp_path, trace, words):
     path = tmp_path / "t.json"
     path.write_text(json.dumps(trace))
@@ -78,11 +81,13 @@ def snapshot(folder):
 
 
 READERS = {  # each entry point that loads a checkpoint, on out_dir `out`
-    "train": lambda out, data: ["train.py", *TINY, f"--data_dir={data}", f"--out_dir={out}", "--init_from=resume",
+    "train": lambda out, data: ["train.py", *TINY, f"--data_dir={data}", f"--out_dir={out}",
+                                "--init_from=resume",
                                 "--max_iters=4"],
     "sample": lambda out, data: ["sample.py", f"--out_dir={out}", "--device=cpu", "--num_samples=1",
                                  "--max_new_tokens=2"],
-    "spd": lambda out, data: ["spd.py", f"--out_dir={out}", "--tp_size=2", "--eval_iters=1", "--distill_steps=0"],
+    "spd": lambda out, data: ["spd.py", f"--out_dir={out}", "--tp_size=2", "--eval_iters=1",
+                              "--distill_steps=0"],
     "export": lambda out, data: ["export_hf.py", f"--out_dir={out}", f"--hf_dir={out / 'hf'}"],
 }
 CONTRADICTIONS = [  # (model_args changed, words of the error besides the path)
@@ -110,8 +115,8 @@ def test_contradicting_checkpoint_is_one_line(tiny_run, char_data, tmp_path, rea
     (dict(n_head=5), ["n_head=5", "describe no GPT"]),
 ], ids=["n_embd", "more_layers", "fewer_layers", "vocab", "bias", "n_head"])
 def test_check_weights(tiny_run, tmp_path, change, words):
-    """The shared check (tpcomm.train.checkpoint.check_weights, run by load_checkpoint), in process; the unchanged
-    checkpoint passes, so the check is not refusing everything."""
+    """The shared check (tpcomm.train.checkpoint.check_weights, run by load_checkpoint), in process; the
+    unchanged checkpoint passes, so the check is not refusing everything."""
     from tpcomm.errors import ConfigError
     from tpcomm.train.checkpoint import load_checkpoint
 
@@ -154,7 +159,8 @@ def test_fresh_run_into_a_used_out_dir_refuses(tiny_run, char_data, tmp_path, in
     before = snapshot(out)
     line = one_line_error(run_script("train.py", *TINY, f"--data_dir={char_data}", f"--out_dir={out}",
                                      f"--init_from={init_from}", "--max_iters=1"))
-    for w in (str(out), str(out / "ckpt.pt"), f"init_from={init_from!r}", "--init_from=resume", "--overwrite=True"):
+    for w in (str(out), str(out / "ckpt.pt"), f"init_from={init_from!r}", "--init_from=resume",
+              "--overwrite=True"):
         assert w in line, (w, line)
     assert snapshot(out) == before
 
@@ -181,8 +187,8 @@ def test_overwrite_replaces_the_previous_run(tiny_run, char_data, tmp_path):
 
 
 def test_overwrite_removes_the_previous_checkpoint_at_the_start(tiny_run, char_data, tmp_path):
-    """A replacing run that saves nothing (max_iters=0: iteration 0 is never saved) leaves no checkpoint of the
-    run it replaced beside its own config."""
+    """A replacing run that saves nothing (max_iters=0: iteration 0 is never saved) leaves no checkpoint of
+    the run it replaced beside its own config."""
     out = copy_run(tiny_run, tmp_path / "run")
     r = run_script("train.py", *TINY, f"--data_dir={char_data}", f"--out_dir={out}", "--max_iters=0",
                    "--overwrite=True")
@@ -198,8 +204,8 @@ def test_short_run_ends_evaluated_and_saved(char_data, tmp_path):
     val = val_losses(out)
     assert sorted(val) == [0, 3]  # iteration 0 and the last one
     assert torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == 3
-    assert r.stdout.strip().splitlines()[-1] == (f"done: 4 steps (iters 0..3), val loss {val[3]:.4f} at iter 3, "
-                                                 f"checkpoint {out / 'ckpt.pt'} (iter 3)")
+    assert r.stdout.strip().splitlines()[-1] == (f"done: 4 steps (iters 0..3), val loss {val[3]:.4f} at iter "
+                                                 "3, " f"checkpoint {out / 'ckpt.pt'} (iter 3)")
 
 
 def test_resume_from_the_last_iteration_checkpoint_continues_the_same_run(char_data, tmp_path):
@@ -238,7 +244,8 @@ CORRUPTIONS = {
     "truncated_metadata": lambda d: truncate(d / ".metadata", 100),
     "junk_metadata": lambda d: (d / ".metadata").write_bytes(b"junk" * 64),
     "truncated_distcp": lambda d: [truncate(p, p.stat().st_size // 2) for p in d.glob("*.distcp")],
-    "junk_distcp": lambda d: [p.write_bytes(bytes(p.stat().st_size)) for p in d.glob("*.distcp")],  # right length
+    # right length
+    "junk_distcp": lambda d: [p.write_bytes(bytes(p.stat().st_size)) for p in d.glob("*.distcp")],
     "link_to_nothing": lambda d: shutil.rmtree(d),
 }
 
@@ -263,9 +270,10 @@ def test_intact_sharded_checkpoint_converts(sharded_run, tmp_path):
     assert r.returncode == 0 and (out / "ckpt.pt").exists(), r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("script", ["train.py", "sample.py", "bench.py", "experiment.py", "spd.py", "export_hf.py",
-                                    "comm_model.py"])
+@pytest.mark.parametrize("script", ["train.py", "sample.py", "bench.py", "experiment.py", "spd.py",
+                                    "export_hf.py", "comm_model.py"])
 def test_help_prints_usage_and_exits_0(script):
     """--help: the script's docstring (its example commands) and, for configurator scripts, every key."""
     r = run_script(script, "--help", timeout=120)
-    assert r.returncode == 0 and not r.stderr and f"{script.removesuffix('.py')}" in r.stdout, (r.stdout, r.stderr)
+    assert r.returncode == 0 and not r.stderr and f"{script.removesuffix('.py')}" in r.stdout, (r.stdout,
+                                                                                                r.stderr)

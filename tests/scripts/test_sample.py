@@ -50,8 +50,9 @@ def test_sample_never_unpickles_meta(tmp_path):
     with open(data / "meta.pkl", "wb") as f:
         pickle.dump({"vocab_size": 65, "stoi": Planted(str(planted)), "itos": {}}, f)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=65, bias=False))
-    torch.save({"model": model.state_dict(), "model_args": {k: getattr(model.config, k) for k in NANOGPT_ARGS},
-                "iter_num": 1, "best_val_loss": 1.0, "config": {"dataset": "crafted", "data_dir": str(data)}},
+    torch.save({"model": model.state_dict(), "model_args": {k: getattr(model.config, k)
+                                                            for k in NANOGPT_ARGS}, "iter_num": 1,
+                "best_val_loss": 1.0, "config": {"dataset": "crafted", "data_dir": str(data)}},
                out / "ckpt.pt")
     r = run_script("sample.py", f"--out_dir={out}", "--device=cpu", "--num_samples=1", "--max_new_tokens=2")
     assert not planted.exists()  # the pickle's code never ran
@@ -72,7 +73,8 @@ def test_sample_never_unpickles_meta(tmp_path):
     (["--start=a", "--prompt=b"], ["give the prompt once", "'a'", "'b'"]),
     (["--prompt="], ["prompt is empty"]),
     (["--tp_size=0"], ["tp_size", "0"]),
-    (["--tp_mode=real"], ["no checkpoint"]),  # real TP samples a distributed_gpt checkpoint, and there is none
+    # real TP samples a distributed_gpt checkpoint, and there is none
+    (["--tp_mode=real"], ["no checkpoint"]),
     (["--tp_mode=real", "--init_from=gpt2"], ["tp_mode='real'", "init_from='gpt2'"]),
 ])
 def test_sample_bad_settings(tmp_path, args, words):
@@ -86,7 +88,8 @@ def test_sample_bad_settings(tmp_path, args, words):
 
 
 def test_sample_bad_layouts(char_data, tmp_path):
-    """A checkpoint whose heads tp_size does not divide; real TP outside torchrun; real TP of a GPT checkpoint."""
+    """A checkpoint whose heads tp_size does not divide; real TP outside torchrun;
+    real TP of a GPT checkpoint."""
     out = tmp_path / "run"
     r = run_script("train.py", *TINY, f"--data_dir={char_data}", f"--out_dir={out}", "--max_iters=2",
                    "--eval_interval=2", "--model_type=distributed_gpt", "--tp_size=2")
@@ -97,6 +100,7 @@ def test_sample_bad_layouts(char_data, tmp_path):
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and all(w in r.stderr for w in words), r.stderr
     gpt = tmp_path / "gpt"
-    r = run_script("train.py", *TINY, f"--data_dir={char_data}", f"--out_dir={gpt}", "--max_iters=2", "--eval_interval=2")
+    r = run_script("train.py", *TINY, f"--data_dir={char_data}", f"--out_dir={gpt}", "--max_iters=2",
+                   "--eval_interval=2")
     r = run_script("sample.py", f"--out_dir={gpt}", "--device=cpu", "--tp_mode=real")
     assert r.returncode == 2 and "distributed_gpt checkpoint" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -1,14 +1,15 @@
-"""`python tests/support/forkclient.py SCRIPT ARGS` (or `-m MODULE ARGS`) behaves as `python SCRIPT ARGS`, the script run by
-a child of the tests' fork server (tests/support/forkserver.py) rather than by a new interpreter that imports torch.
+"""`python tests/support/forkclient.py SCRIPT ARGS` (or `-m MODULE ARGS`) behaves as `python SCRIPT
+ARGS`, the script run by a child of the tests' fork server (tests/support/forkserver.py) rather than by a
+new interpreter that imports torch.
 
-conftest.run_script puts it in front of the script of a torchrun launch: torchrun starts this client per rank (a
-Python start without torch, tens of milliseconds), and the client hands its environment (torchrun's RANK, WORLD_SIZE,
-MASTER_PORT, ...), working directory and standard streams (the descriptors themselves, so the ranks share the
-agent's output as they would) to the server, which forks the rank from its preloaded process. The client then
-stands in for the rank: it exits with the rank's status (a signal as that signal), and a SIGTERM or SIGINT from
-torchrun is passed on to the rank's process group, and so is the agent's death (a test's timeout kills the agent,
-whose ranks live in sessions of their own: Linux's parent-death signal). If the client is killed outright, the
-server's waiter sees the connection close and kills the rank.
+conftest.run_script puts it in front of the script of a torchrun launch: torchrun starts this client per rank
+(a Python start without torch, tens of milliseconds), and the client hands its environment (torchrun's RANK,
+WORLD_SIZE, MASTER_PORT, ...), working directory and standard streams (the descriptors themselves, so the
+ranks share the agent's output as they would) to the server, which forks the rank from its preloaded process.
+The client then stands in for the rank: it exits with the rank's status (a signal as that signal), and a
+SIGTERM or SIGINT from torchrun is passed on to the rank's process group, and so is the agent's death (a
+test's timeout kills the agent, whose ranks live in sessions of their own: Linux's parent-death signal). If
+the client is killed outright, the server's waiter sees the connection close and kills the rank.
 """
 import ctypes
 import json

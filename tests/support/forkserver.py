@@ -1,28 +1,29 @@
-"""A fork server for the tests' script runs: `python train.py ...` without paying Python's start and torch's import
-each time.
+"""A fork server for the tests' script runs: `python train.py ...` without paying Python's start and
+torch's import each time.
 
 Most of a tiny script run's wall time is its imports: torch and torch._dynamo (which torch's own optimizers
-and meta-device init import) took 13 s of a bad-input run's 13.5 s on a loaded 2-core host, ~2 s on a quiet one,
-and the suite runs entry scripts a few hundred times. This server imports them (and numpy, tqdm) once; each request forks
-a child that becomes `python SCRIPT ARGS` as the command line would make it (sys.argv, sys.path[0], cwd,
-environment, stdin from /dev/null, stdout/stderr to the caller's files, its own session so a timeout kills its
-whole process tree) and runs the script as `__main__` (runpy). An exception nobody catches ends the child as it ends
-`python`: the interpreter prints the traceback and exits 1, atexit handlers and non-daemon threads run. The caller
-gets the exit status (negative: the signal) as subprocess.run reports it.
+and meta-device init import) took 13 s of a bad-input run's 13.5 s on a loaded 2-core host, ~2 s on a quiet
+one, and the suite runs entry scripts a few hundred times. This server imports them (and numpy, tqdm) once;
+each request forks a child that becomes `python SCRIPT ARGS` as the command line would make it (sys.argv,
+sys.path[0], cwd, environment, stdin from /dev/null, stdout/stderr to the caller's files, its own session so a
+timeout kills its whole process tree) and runs the script as `__main__` (runpy). An exception nobody catches
+ends the child as it ends `python`: the interpreter prints the traceback and exits 1, atexit handlers and
+non-daemon threads run. The caller gets the exit status (negative: the signal) as subprocess.run reports it.
 
 What differs from a fresh `python`: those modules are already imported (as the scripts' own imports would make
-them), and nothing else is: no repository module; and the child ends without the interpreter's teardown of every
-module and object (exit_like_python: threads, atexit handlers and files left open are seen to as at any exit). conftest.run_script therefore sends here only a script or
-`-m module` run with the default environment (or one adding only variables no preloaded module reads at import,
-FORKABLE_ENV), torchrun's agent among them, and a torchrun launch's ranks through tests/support/forkclient.py; so
-does a forked script for its own such children (NestedPopen); `-c` code (a test may check what it imports) and
-runs given other variables still start a fresh interpreter.
+them), and nothing else is: no repository module; and the child ends without the interpreter's teardown of
+every module and object (exit_like_python: threads, atexit handlers and files left open are seen to as at any
+exit). conftest.run_script therefore sends here only a script or `-m module` run with the default environment
+(or one adding only variables no preloaded module reads at import, FORKABLE_ENV), torchrun's agent among them,
+and a torchrun launch's ranks through tests/support/forkclient.py; so does a forked script for its own such
+children (NestedPopen); `-c` code (a test may check what it imports) and runs given other variables still
+start a fresh interpreter.
 
-Protocol (one request per connection, each served by a waiter process of its own, so requests run side by side):
-the client sends one JSON line {"argv", "env", "cwd"} with the child's stdin, stdout and stderr descriptors
-attached (SCM_RIGHTS: conftest's are /dev/null and the test's output files, a rank's are its own); the server
-answers the child's pid, then, once it exited, its wait status, each as a line. A client that hangs up first has
-its child killed.
+Protocol (one request per connection, each served by a waiter process of its own, so requests run side by
+side): the client sends one JSON line {"argv", "env", "cwd"} with the child's stdin, stdout and stderr
+descriptors attached (SCM_RIGHTS: conftest's are /dev/null and the test's output files, a rank's are its own);
+the server answers the child's pid, then, once it exited, its wait status, each as a line. A client that hangs
+up first has its child killed.
 """
 import atexit
 import gc
@@ -39,20 +40,24 @@ import tempfile
 import threading
 
 FORKCLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forkclient.py")
-# Variables no module this server preloads (torch, numpy, tqdm) reads at import: a run whose environment adds only
-# these is forked like one with the default environment. torchrun's (read at init_process_group), Hugging Face's
-# (read when transformers or huggingface_hub is imported, in the child) and TMPDIR (become() clears tempfile's
-# cached directory, which a fresh interpreter computes at its first use), and PYTHONPATH (run() puts its entries
-# after the script's folder, as an interpreter's start does; the preloaded modules stay the server's).
+# Variables no module this server preloads (torch, numpy, tqdm) reads at import: a run whose environment adds
+# only these is forked like one with the default environment. torchrun's (read at init_process_group), Hugging
+# Face's (read when transformers or huggingface_hub is imported, in the child) and TMPDIR (become() clears
+# tempfile's cached directory, which a fresh interpreter computes at its first use), and PYTHONPATH (run()
+# puts its entries after the script's folder, as an interpreter's start does; the preloaded modules stay the
+# server's).
 FORKABLE_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "TMPDIR", "PYTHONPATH", "TPCOMM_FORKSERVER"}
-SERVER_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}  # the server's own (conftest starts it with them)
+                "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "TMPDIR", "PYTHONPATH",
+                "TPCOMM_FORKSERVER"}
+# the server's own (conftest starts it with them)
+SERVER_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def through_server(cmd, env, server):
-    """(cmd, env) for subprocess: `python SCRIPT ...` or `python -m ...` rewritten to go through this server (`server`:
-    its socket) with tests/support/forkclient.py standing in for the interpreter, a torchrun launch's ranks too;
-    any other command, or an environment adding variables beyond FORKABLE_ENV to this process's, unchanged."""
+    """(cmd, env) for subprocess: `python SCRIPT ...` or `python -m ...` rewritten to go through this
+    server (`server`: its socket) with tests/support/forkclient.py standing in for the interpreter, a
+    torchrun launch's ranks too; any other command, or an environment adding variables beyond
+    FORKABLE_ENV to this process's, unchanged."""
     base = os.environ
     changed = {k for k in set(base) | set(env or {}) if env is not None and base.get(k) != env.get(k)
                and (k not in SERVER_ENV or env.get(k) != SERVER_ENV[k])}
@@ -66,19 +71,21 @@ def through_server(cmd, env, server):
 
 
 def ranks_through_client(torchrun_args):
-    """torchrun's arguments with tests/support/forkclient.py as the script, the script (or torchrun's `-m MODULE`) its
-    arguments: each rank is then forked by the server. torchrun's own options come first, all as --key=value."""
+    """torchrun's arguments with tests/support/forkclient.py as the script, the script (or
+    torchrun's `-m MODULE`) its arguments: each rank is then forked by the server. torchrun's own
+    options come first, all as --key=value."""
     args = list(torchrun_args)
     for i, arg in enumerate(args):
-        if arg == "-m" or not arg.startswith("-"):  # the script, or torchrun's --module: the client runs `-m MODULE`
+        # the script, or torchrun's --module: the client runs `-m MODULE`
+        if arg == "-m" or not arg.startswith("-"):
             return args[:i] + [FORKCLIENT] + args[i:]
     raise ValueError(f"no script in a torchrun command line: {torchrun_args}")
 
 
 class NestedPopen(subprocess.Popen):
-    """subprocess.Popen (and so subprocess.run) in a child whose request names the server (TPCOMM_FORKSERVER): a
-    script's own `python SCRIPT ...` children (a sweep's train.py runs, gpu-scale's copies of itself, a torchrun
-    launch and its ranks) are forked from the server too, as conftest.run_script's are."""
+    """subprocess.Popen (and so subprocess.run) in a child whose request names the server (TPCOMM_FORKSERVER):
+    a script's own `python SCRIPT ...` children (a sweep's train.py runs, gpu-scale's copies of itself, a
+    torchrun launch and its ranks) are forked from the server too, as conftest.run_script's are."""
 
     def __init__(self, args, *rest, env=None, **kwargs):
         args, env = through_server(args, env, os.environ["TPCOMM_FORKSERVER"])
@@ -86,9 +93,10 @@ class NestedPopen(subprocess.Popen):
 
 
 def serve(path):
-    """Answer requests forever, each in a waiter process of its own (so a torchrun launch's ranks start together);
-    returns only in a forked script child, its request set up as `python ARGV` would be."""
-    gc.freeze()  # what is imported stays put: children share its pages, and gc.get_objects() lists only their own
+    """Answer requests forever, each in a waiter process of its own (so a torchrun launch's ranks start
+    together); returns only in a forked script child, its request set up as `python ARGV` would be."""
+    # what is imported stays put: children share its pages, and gc.get_objects() lists only their own
+    gc.freeze()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen(64)
@@ -103,8 +111,8 @@ def serve(path):
 
 
 def waiter(conn):
-    """Read the request and the caller's stdin/stdout/stderr descriptors, fork the script child, answer
-    its pid and then its wait status; kill it if the caller hangs up first. Returns the request in the child."""
+    """Read the request and the caller's stdin/stdout/stderr descriptors, fork the script child, answer its
+    pid and then its wait status; kill it if the caller hangs up first. Returns the request in the child."""
     data, fds = b"", []
     while not data.endswith(b"\n"):
         chunk, got, _, _ = socket.recv_fds(conn, 1 << 16, 3)
@@ -140,14 +148,17 @@ def become(request, fds):
     os.setsid()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
-    for fd, opened in enumerate(fds):  # the caller's stdin, stdout, stderr (a torchrun rank's: the agent's, shared)
+    # the caller's stdin, stdout, stderr (a torchrun rank's: the agent's, shared)
+    for fd, opened in enumerate(fds):
         os.dup2(opened, fd)
         os.close(opened)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    tempfile.tempdir = None  # computed again from this environment's TMPDIR at first use, as in a fresh interpreter
-    sys.modules["numpy"].random.seed()  # a fresh interpreter's numpy draws its own seed; forked children would share
+    # computed again from this environment's TMPDIR at first use, as in a fresh interpreter
+    tempfile.tempdir = None
+    # a fresh interpreter's numpy draws its own seed; forked children would share
+    sys.modules["numpy"].random.seed()
     # the server's (preload() imported numpy)
     if "TPCOMM_FORKSERVER" in os.environ:
         subprocess.Popen = NestedPopen
@@ -167,15 +178,17 @@ def run(argv):
 
 
 def exit_like_python(code):
-    """End the child as the interpreter's exit would, less its teardown of every module and object: with torch
-    loaded that took 1.5 s of a trivial script's 1.6 s (the agent and each rank of a torchrun launch pay it too).
-    What a script can see of an exit still happens: non-daemon threads are joined, atexit handlers run, and every
-    open file's buffer is flushed (a file left open is written as at exit); then the process ends with `code`."""
+    """End the child as the interpreter's exit would, less its teardown of every module and object: with
+    torch loaded that took 1.5 s of a trivial script's 1.6 s (the agent and each rank of a torchrun
+    launch pay it too). What a script can see of an exit still happens: non-daemon threads are joined,
+    atexit handlers run, and every open file's buffer is flushed (a file left open is written as at
+    exit); then the process ends with `code`."""
     threading._shutdown()  # what Py_FinalizeEx does first
     atexit._run_exitfuncs()
     for obj in gc.get_objects():  # the child's own objects (the server's are frozen)
         try:
-            if issubclass(type(obj), io.IOBase) and not obj.closed:  # type(): isinstance() of a dead proxy raises
+            # type(): isinstance() of a dead proxy raises
+            if issubclass(type(obj), io.IOBase) and not obj.closed:
                 obj.flush()
         except Exception:  # noqa: B902 (a file that cannot be flushed is not written at exit either)
             pass
@@ -188,8 +201,9 @@ def exit_like_python(code):
 
 
 def preload():
-    """What the children would import first, imported once, in the server only (conftest imports this module for its
-    constants alone: the pytest process that only hands out tests to xdist's workers never needs torch)."""
+    """What the children would import first, imported once, in the server only (conftest imports
+    this module for its constants alone: the pytest process that only hands out tests to xdist's
+    workers never needs torch)."""
     import numpy  # noqa: F401
     import torch  # noqa: F401
     import torch._dynamo  # noqa: F401  (torch.optim and meta-device init import it; most of the rest of the start)
@@ -202,7 +216,8 @@ def main(path):
     argv = serve(path)  # returns in a forked child only
     try:
         run(argv)
-    except SystemExit as e:  # as the interpreter handles it: None is 0, an int is the status, anything else printed
+    # as the interpreter handles it: None is 0, an int is the status, anything else printed
+    except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
             exit_like_python(e.code or 0)
         print(e.code, file=sys.stderr)

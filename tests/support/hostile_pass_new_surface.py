@@ -1,12 +1,13 @@
-"""The fourth and fifth hostile passes (docs/reliability.md): 147 inputs on the newest surface (the published caat's
-options, resume and sample of caat checkpoints, --jobs, JSON config files, prepare --source, gpu-scale's options,
-the report's readers of result files; then, named 'registry: ...', the block types' options as config keys and as
-a checkpoint holds them), each printed with its exit status and last stderr line. The report cases plant
-changed result files in a clone, never in the checkout.
+"""The fourth and fifth hostile passes (docs/reliability.md): 147 inputs on the newest surface (the published
+caat's options, resume and sample of caat checkpoints, --jobs, JSON config files, prepare --source,
+gpu-scale's options, the report's readers of result files; then, named 'registry: ...', the block types'
+options as config keys and as a checkpoint holds them), each printed with its exit status and last stderr
+line. The report cases plant changed result files in a clone, never in the checkout.
 
     OMP_NUM_THREADS=1 python tests/support/hostile_pass_new_surface.py . [CASE-SUBSTRING ...]   # ~5 min
 
-argv[1]: the repository (its data/shakespeare_char prepared); writes results.json in a fresh temporary folder."""
+argv[1]: the repository (its data/shakespeare_char prepared); writes results.json
+in a fresh temporary folder."""
 import json
 import os
 import shutil
@@ -59,7 +60,8 @@ for name, value in TAMPERED.items():
     ck = torch.load(f"{W}/caat-{name}/ckpt.pt", weights_only=True)
     ck["model_options"].update({"toy_gain": 2.0} if value is None else {"caat_sync_fraction": value})
     torch.save(ck, f"{W}/caat-{name}/ckpt.pt")
-BENCH = ["bench.py", "--device=cpu", *D2, "--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16", "--iters=1"]
+BENCH = ["bench.py", "--device=cpu", *D2, "--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16",
+         "--iters=1"]
 
 # a result-file clone for the report's readers
 CLONE = f"{W}/clone"
@@ -85,7 +87,8 @@ CASES = [
     ("train caat p=1.5", train("o", *D2, "--block_types=caat", "--caat_sync_fraction=1.5")),
     ("train caat p='half'", train("o", *D2, "--block_types=caat", "--caat_sync_fraction=half")),
     ("train caat p=True", train("o", *D2, "--block_types=caat", "--caat_sync_fraction=True")),
-    ("train caat p=0.3 (not whole channels)", train("o", *D2, "--block_types=caat", "--caat_sync_fraction=0.3")),
+    ("train caat p=0.3 (not whole channels)", train("o", *D2, "--block_types=caat",
+                                                    "--caat_sync_fraction=0.3")),
     ("train caat p=None", train("o", *D2, "--block_types=caat", "--caat_sync_fraction=None")),
     ("train caat int8", train("o", *D2, "--block_types=caat", "--tp_comm_dtype=int8")),
     ("train caat sequence_parallel", train("o", *D2, "--block_types=caat", "--sequence_parallel=True")),
@@ -154,13 +157,15 @@ CASES = [
     ("registry: train caat p=nan", train("o", *D2, "--block_types=caat", "--caat_sync_fraction=nan")),
     ("registry: train caat p=inf", train("o", *D2, "--block_types=caat", "--caat_sync_fraction=inf")),
     ("registry: train caat p=[0.5]", train("o", *D2, "--block_types=caat", "--caat_sync_fraction=[0.5]")),
-    ("registry: train key typo caat_sync_frac", train("o", *D2, "--block_types=caat", "--caat_sync_frac=0.25")),
+    ("registry: train key typo caat_sync_frac", train("o", *D2, "--block_types=caat",
+                                                      "--caat_sync_frac=0.25")),
     ("registry: train another type's prefix", train("o", *D2, "--tp_sync_fraction=0.25")),
     ("registry: bench caat p=0.3", [*BENCH, "--block_types=caat", "--caat_sync_fraction=0.3"]),
     ("registry: bench p=0.25 without caat", [*BENCH, "--caat_sync_fraction=0.25"]),
     ("registry: bench patterns caat,tp p=0.25 (legit: skips tp)", [*BENCH, "--patterns=['caat','tp']",
                                                                   "--caat_sync_fraction=0.25"]),
-    ("registry: sample --caat_sync_fraction", ["sample.py", f"--out_dir={W}/caat", "--caat_sync_fraction=0.25"]),
+    ("registry: sample --caat_sync_fraction", ["sample.py", f"--out_dir={W}/caat",
+                                               "--caat_sync_fraction=0.25"]),
     *((f"registry: {script} checkpoint p={name}", train(f"caat-{name}", "--init_from=resume", "--max_iters=4")
        if script == "resume" else ["sample.py", f"--out_dir={W}/caat-{name}", "--num_samples=1",
                                    "--max_new_tokens=5", "--device=cpu"])
@@ -172,7 +177,8 @@ CASES = [
     ("sweep --jobs=-2", ["experiment.py", "cpu", "--jobs=-2", "--dry-run"]),
     ("sweep --jobs=2.5", ["experiment.py", "cpu", "--jobs=2.5", "--dry-run"]),
     ("sweep --runs=nonexistent", ["experiment.py", "cpu", "--runs=nonexistent", "--dry-run"]),
-    ("sweep cpu-long --runs=all-caat-p0.5", ["experiment.py", "cpu-long", "--runs=all-caat-p0.5", "--dry-run"]),
+    ("sweep cpu-long --runs=all-caat-p0.5", ["experiment.py", "cpu-long", "--runs=all-caat-p0.5",
+                                             "--dry-run"]),
     ("sweep --seeds=", ["experiment.py", "cpu", "--seeds=", "--dry-run"]),
     ("sweep --seeds=1337,,1338", ["experiment.py", "cpu", "--seeds=1337,,1338", "--dry-run"]),
     ("sweep --nproc=0", ["experiment.py", "cpu", "--nproc=0", "--dry-run"]),
@@ -203,19 +209,24 @@ CASES = [
     ("sample caat25 tp_size=1", ["sample.py", f"--out_dir={W}/caat25", "--tp_size=1", "--max_new_tokens=4"]),
     ("sample caat legit", ["sample.py", f"--out_dir={W}/caat", "--max_new_tokens=4"]),
     # bench.py
-    ("bench caat p=0.75", ["bench.py", "--device=cpu", "--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16",
-                           "--vocab_size=65", "--batch_size=2", "--iters=1", "--warmup=0", *D2, "--block_types=caat",
+    ("bench caat p=0.75", ["bench.py", "--device=cpu", "--n_layer=2", "--n_head=4", "--n_embd=32",
+                           "--block_size=16",
+                           "--vocab_size=65", "--batch_size=2", "--iters=1", "--warmup=0", *D2,
+                           "--block_types=caat",
                            "--caat_sync_fraction=0.75"]),
     ("bench iters 0", ["bench.py", "--device=cpu", "--iters=0"]),
     ("bench warmup -1", ["bench.py", "--device=cpu", "--warmup=-1"]),
     ("bench mode bogus", ["bench.py", "--device=cpu", "--mode=bogus"]),
     ("bench caat at tp 1", ["bench.py", "--device=cpu", "--n_layer=2", "--n_head=4", "--n_embd=32",
                             "--block_size=16", "--vocab_size=65", "--batch_size=2", "--iters=1", "--warmup=0",
-                            "--model_type=distributed_gpt", "--block_types=caat", "--caat_sync_fraction=0.25"]),
+                            "--model_type=distributed_gpt", "--block_types=caat",
+                            "--caat_sync_fraction=0.25"]),
     # prepare.py
     ("prepare source bogus", ["data/shakespeare_char/prepare.py", "--source=bogus", f"--out_dir={W}/p"]),
-    ("prepare input /dev/null", ["data/shakespeare_char/prepare.py", "--input=/dev/null", f"--out_dir={W}/p"]),
-    ("prepare input binary", ["data/shakespeare_char/prepare.py", f"--input={W}/binary.bin", f"--out_dir={W}/p"]),
+    ("prepare input /dev/null", ["data/shakespeare_char/prepare.py", "--input=/dev/null",
+                                 f"--out_dir={W}/p"]),
+    ("prepare input binary", ["data/shakespeare_char/prepare.py", f"--input={W}/binary.bin",
+                              f"--out_dir={W}/p"]),
     ("prepare out_dir /proc", ["data/shakespeare_char/prepare.py", "--out_dir=/proc/x"]),
     ("prepare input and source tiny", ["data/shakespeare_char/prepare.py", f"--input={REPO}/README.md",
                                        "--source=tiny", f"--out_dir={W}/p2"]),
@@ -262,8 +273,8 @@ for name, argv in CASES:
         continue
     r = run(argv)
     results.append(dict(name=name, argv=argv, **r))
-    print(f"{name}: rc={r['rc']} {r['s']}s {r['err'].strip().splitlines()[-1][:160] if r['err'].strip() else ''}",
-          flush=True)
+    print(f"{name}: rc={r['rc']} {r['s']}s "
+          f"{r['err'].strip().splitlines()[-1][:160] if r['err'].strip() else ''}", flush=True)
 for name, change in REPORT_CASES:
     if ONLY and not any(o in name for o in ONLY):
         continue

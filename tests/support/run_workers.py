@@ -1,9 +1,11 @@
 """
-Several multi-process check scripts (tests/workers/*_worker.py) in one torchrun launch: the processes pay for starting
-Python, importing torch and joining the process group once, not once per script. conftest.shared_launch starts it:
+Several multi-process check scripts (tests/workers/*_worker.py) in one torchrun launch: the processes pay for
+starting Python, importing torch and joining the process group once, not once per script.
+conftest.shared_launch starts it:
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/support/run_workers.py JOBS.json
-JOBS.json is a list of {"dir": DIR, "argv": [SCRIPT, ARG, ...]}. Each job runs as `python SCRIPT ARG ...` would under
-torchrun (runpy, as __main__, with sys.argv set), in order, on the process group this script starts once:
+JOBS.json is a list of {"dir": DIR, "argv": [SCRIPT, ARG, ...]}. Each job runs as `python
+SCRIPT ARG ...` would under torchrun (runpy, as __main__, with sys.argv set), in order, on the
+process group this script starts once:
 - inside a job, `dist.init_process_group` is a no-op once the group exists, and `dist.destroy_process_group` (the
   workers' tear-down) is a barrier, so the next job finds the group as it was;
 - before each job the global RNGs are reseeded as at process start and torch.compile's caches and counters are
@@ -28,7 +30,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workers"))  # workers
+# workers
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workers"))
 # import each other (real_tp_worker), as a worker run on its own does from its folder
 
 PEER_WAIT_S = float(os.environ.get("TPCOMM_PEER_WAIT_S", "120"))
@@ -92,8 +95,8 @@ def wait_for_peers(job_dir, rank):
     while len(glob.glob(os.path.join(job_dir, "finished.rank*"))) < world:
         if time.time() > deadline:
             with open(os.path.join(job_dir, f"error.rank{rank}.txt"), "a") as f:
-                f.write(f"\nthe other ranks had not finished this job {PEER_WAIT_S:.0f} s after this rank's error "
-                        "(waiting in a collective this rank left): the launch ends here\n")
+                f.write(f"\nthe other ranks had not finished this job {PEER_WAIT_S:.0f} s after this rank's "
+                        "error " "(waiting in a collective this rank left): the launch ends here\n")
             os._exit(1)
         time.sleep(0.2)
 

@@ -1,6 +1,7 @@
-"""The tests' fork server (tests/support/forkserver.py, tests/support/forkclient.py): a script run through it, alone or as the ranks
-of a torchrun launch, behaves as `python SCRIPT` would: its output, its exit status, an uncaught exception's
-traceback, torchrun's environment per rank, and a timeout that leaves no process behind."""
+"""The tests' fork server (tests/support/forkserver.py, tests/support/forkclient.py): a script run
+through it, alone or as the ranks of a torchrun launch, behaves as `python SCRIPT` would: its output,
+its exit status, an uncaught exception's traceback, torchrun's environment per rank, and a timeout
+that leaves no process behind."""
 
 import json
 import os
@@ -52,11 +53,14 @@ def fresh(*args):
 
 @pytest.mark.parametrize("what", ["ok", "fail", "raise", "message", "at_exit"])
 def test_a_forked_run_is_a_fresh_run(script, what, tmp_path):
-    """The same output, status and exit: the forked child skips the interpreter's teardown (forkserver.py's
-    exit_like_python) but joins threads, runs atexit handlers and writes a file left open, as `python` does."""
-    forked, plain = run_script(script, what, str(tmp_path / "forked")), fresh(script, what, str(tmp_path / "plain"))
+    """The same output, status and exit: the forked child skips the interpreter's teardown
+    (forkserver.py's exit_like_python) but joins threads, runs atexit handlers and writes a file
+    left open, as `python` does."""
+    forked, plain = run_script(script, what, str(tmp_path / "forked")), fresh(script, what,
+                                                                              str(tmp_path / "plain"))
     assert (forked.returncode, forked.stdout) == (plain.returncode, plain.stdout)
-    assert forked.stderr.splitlines()[-1:] == plain.stderr.splitlines()[-1:]  # ValueError: bad value, or nothing
+    # ValueError: bad value, or nothing
+    assert forked.stderr.splitlines()[-1:] == plain.stderr.splitlines()[-1:]
     assert forked.returncode == {"ok": 0, "fail": 3, "raise": 1, "message": 1, "at_exit": 0}[what]
     if what == "at_exit":
         assert forked.stdout.splitlines()[1:] == ["thread joined", "atexit ran"], forked.stdout
@@ -72,12 +76,13 @@ def test_torchrun_ranks_get_their_environment_and_output(script):
 
 def test_torchrun_reports_a_failing_rank(script):
     r = run_script(*TORCHRUN, "--nproc_per_node=2", script, "fail", timeout=120)
-    assert r.returncode == 1 and "exitcode  : 3" in r.stderr, r.stderr  # torchrun's summary names the rank's status
+    # torchrun's summary names the rank's status
+    assert r.returncode == 1 and "exitcode  : 3" in r.stderr, r.stderr
 
 
 def test_a_timeout_leaves_no_rank_behind(script, tmp_path):
-    """The test's timeout kills torchrun's agent; its ranks (forked by the server, each in a session of its own) and
-    their clients (torchrun's children) must go too."""
+    """The test's timeout kills torchrun's agent; its ranks (forked by the server, each in a session of its
+    own) and their clients (torchrun's children) must go too."""
     with pytest.raises(subprocess.TimeoutExpired):
         run_script(*TORCHRUN, "--nproc_per_node=2", script, "sleep", str(tmp_path), timeout=8)
     pids = [int(pid) for f in ("rank0", "rank1") for pid in (tmp_path / f).read_text().split()]
@@ -109,9 +114,9 @@ print(json.dumps({"forked": "torch" in sys.modules, "tmp": tempfile.gettempdir()
 
 
 def test_a_forked_scripts_python_children_fork_too(tmp_path):
-    """A forked script's own `python SCRIPT` children are forked (torch already imported when they start), with
-    TMPDIR read afresh and PYTHONPATH's entries after the script's folder; one given PYTHONHASHSEED (read at an
-    interpreter's start) is a fresh interpreter: the check can fail."""
+    """A forked script's own `python SCRIPT` children are forked (torch already imported when they start),
+    with TMPDIR read afresh and PYTHONPATH's entries after the script's folder; one given PYTHONHASHSEED (read
+    at an interpreter's start) is a fresh interpreter: the check can fail."""
     (tmp_path / "parent.py").write_text(PARENT)
     (tmp_path / "child.py").write_text(CHILD)
     tmp = tmp_path / "tmp"

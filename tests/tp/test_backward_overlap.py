@@ -1,9 +1,9 @@
-"""tp_async_grad: f's backward all-reduce issued asynchronously, in Megatron's order (input-gradient GEMM, issue,
-weight-gradient GEMM, wait), and with tp_overlap=K or 'ladder' blocks each chunk's (module's) backward all-reduce
-waited for only after the other chunks' (the attention's) backward has run (docs/overlap.md). Simulated here,
-against the blocking path and the per-shard reference; real TP under torchrun (tests/workers/backward_overlap_worker.py):
-bitwise equal to the blocking path, equal to the simulation, and a profiler trace per rank from which the order of
-issues and waits, and the compute between them, is read."""
+"""tp_async_grad: f's backward all-reduce issued asynchronously, in Megatron's order (input-gradient GEMM,
+issue, weight-gradient GEMM, wait), and with tp_overlap=K or 'ladder' blocks each chunk's (module's) backward
+all-reduce waited for only after the other chunks' (the attention's) backward has run (docs/overlap.md).
+Simulated here, against the blocking path and the per-shard reference; real TP under torchrun
+(tests/workers/backward_overlap_worker.py): bitwise equal to the blocking path, equal to the simulation, and a
+profiler trace per rank from which the order of issues and waits, and the compute between them, is read."""
 
 import json
 
@@ -43,8 +43,8 @@ def assert_bitwise(a, b):
 @pytest.mark.parametrize("tp", [2, 4])
 @pytest.mark.parametrize("block_types", PATTERNS, ids=[name(p) for p in PATTERNS])
 def test_async_equals_blocking_bitwise(tp, block_types):
-    """float32, dropout 0.2 (keyed), K = 1 and 3: the fused f + projection runs the unfused path's ops in its order,
-    so logits, loss and every gradient are bit for bit the blocking path's."""
+    """float32, dropout 0.2 (keyed), K = 1 and 3: the fused f + projection runs the unfused path's ops in its
+    order, so logits, loss and every gradient are bit for bit the blocking path's."""
     gpt = with_dropout(make_gpt(), 0.2)
     idx, tgt = batch()
     for K in ks(block_types):
@@ -54,8 +54,8 @@ def test_async_equals_blocking_bitwise(tp, block_types):
 
 
 def test_bitwise_comparison_can_fail(monkeypatch):
-    """The fused path runs (its own LayerNorm call: another epsilon there moves the results), and the comparison
-    sees one gradient element one float32 step (ulp) away."""
+    """The fused path runs (its own LayerNorm call: another epsilon there moves the results), and the
+    comparison sees one gradient element one float32 step (ulp) away."""
     gpt = with_dropout(make_gpt(), 0.2)
     idx, tgt = batch()
     blocks = ["tp", "ladder", "ladder", "spd"]
@@ -67,13 +67,14 @@ def test_bitwise_comparison_can_fail(monkeypatch):
         assert_bitwise(fused, plain)
     monkeypatch.setattr(tpcomm.tp.async_grad, "LN_EPS", 1e-3)
     with pytest.raises(AssertionError):
-        assert_bitwise(step(DistributedGPT.from_gpt(gpt, 2, blocks, tp_async_grad=True).train(), idx, tgt), plain)
+        assert_bitwise(step(DistributedGPT.from_gpt(gpt, 2, blocks, tp_async_grad=True).train(), idx, tgt),
+                       plain)
 
 
 @pytest.mark.parametrize("block_types", PATTERNS, ids=[name(p) for p in PATTERNS])
 def test_equals_the_per_shard_reference(block_types):
-    """float64 against docs/model.md's equations shard by shard (test_tensor_parallel.run_reference), 1e-10 as in
-    tests/tp/test_overlap.py."""
+    """float64 against docs/model.md's equations shard by shard (test_tensor_parallel.run_reference), 1e-10 as
+    in tests/tp/test_overlap.py."""
     gpt = make_gpt().double()
     idx, tgt = batch()
     for K in ks(block_types):
@@ -81,11 +82,13 @@ def test_equals_the_per_shard_reference(block_types):
         logits, loss = model(idx, tgt)
         loss.backward()
         grads = {n: p.grad for n, p in model.named_parameters()}
-        assert_same((logits, loss, grads), run_reference(gpt, idx, tgt, 2, block_types), rtol=1e-10, atol=1e-10)
+        assert_same((logits, loss, grads), run_reference(gpt, idx, tgt, 2, block_types), rtol=1e-10,
+                    atol=1e-10)
 
 
 def test_counts_are_the_blocking_ones():
-    """The same backward all-reduces (one per f), the same bytes; eval passes and generation run the plain path."""
+    """The same backward all-reduces (one per f), the same bytes; eval passes and
+    generation run the plain path."""
     gpt = make_gpt()
     idx, tgt = batch()
     for block_types in PATTERNS:
@@ -94,7 +97,8 @@ def test_counts_are_the_blocking_ones():
         assert fused == one and fused["bwd_allreduces"] > 0
     fused = DistributedGPT.from_gpt(gpt, 2, PATTERNS[4], tp_async_grad=True).eval()
     plain = DistributedGPT.from_gpt(gpt, 2, PATTERNS[4]).eval()
-    assert torch.equal(fused.generate(idx[:, :4], 6, temperature=0), plain.generate(idx[:, :4], 6, temperature=0))
+    assert torch.equal(fused.generate(idx[:, :4], 6, temperature=0),
+                       plain.generate(idx[:, :4], 6, temperature=0))
 
 
 @pytest.mark.parametrize("bad", [1, "True", None])
@@ -112,11 +116,13 @@ def test_config_refuses_sequence_parallel():
 
 def test_train_refuses_sequence_parallel_in_one_line(tmp_path, char_data):
     r = run_script("train.py", *TINY, f"--data_dir={char_data}", f"--out_dir={tmp_path}",
-                   "--model_type=distributed_gpt", "--tp_size=2", "--tp_async_grad=True", "--sequence_parallel=True")
+                   "--model_type=distributed_gpt", "--tp_size=2", "--tp_async_grad=True",
+                   "--sequence_parallel=True")
     assert "tp_async_grad=True does not run with sequence_parallel=True" in one_line_error(r)
 
 
-# Compiled (simulated and real TP) with tp_async_grad, tp_overlap=2, the ladder and int8: tests/model/test_compile.py's VARIANTS.
+# Compiled (simulated and real TP) with tp_async_grad, tp_overlap=2, the ladder and int8:
+# tests/model/test_compile.py's VARIANTS.
 
 
 # ---------- real tensor parallelism (torchrun, gloo) ----------
@@ -124,15 +130,16 @@ def test_train_refuses_sequence_parallel_in_one_line(tmp_path, char_data):
 @pytest.fixture(scope="module")
 def real2(tmp_path_factory):
     out = tmp_path_factory.mktemp("backward_overlap2")
-    r = run_script(*TORCHRUN, "--nproc_per_node=2", "tests/workers/backward_overlap_worker.py", str(out), timeout=400)
+    r = run_script(*TORCHRUN, "--nproc_per_node=2", "tests/workers/backward_overlap_worker.py", str(out),
+                   timeout=400)
     assert r.returncode == 0, r.stdout + r.stderr[-5000:]
     return json.loads((out / "results.json").read_text())["results"]
 
 
 @pytest.mark.parametrize("block_types", PATTERNS, ids=[name(p) for p in PATTERNS])
 def test_real_async_equals_blocking_and_the_simulation(real2, block_types):
-    """Real TP at tp 2: bitwise equal to the blocking path (float32, dropout, K = 1 and 2; the ladder's also without
-    dropout); equal to the simulated asynchronous path in float64 (real_tp_worker.TOL: 1e-9)."""
+    """Real TP at tp 2: bitwise equal to the blocking path (float32, dropout, K = 1 and 2; the ladder's also
+    without dropout); equal to the simulated asynchronous path in float64 (real_tp_worker.TOL: 1e-9)."""
     for K in (1, 2) if {"tp", "spd"} & set(block_types) else (1,):
         assert real2[f"tp2/equal/{name(block_types)}/K{K}"]["ok"]
         assert real2[f"tp2/sim/{name(block_types)}/K{K}"]["ratio"] <= 1.0, real2[f"tp2/sim/{name(block_types)}/K{K}"]
@@ -147,14 +154,15 @@ def test_real_training_is_bitwise_the_blocking_one(real2):
 
 
 def test_real_backward_all_reduces_are_in_flight_beside_compute(real2):
-    """From each rank's profiler trace of one training step (f_async spans: the issue, then 'wait ...'):
-    all 'tp': every backward all-reduce's wait comes after its module's weight-gradient GEMM (1 matmul between);
-    tp_overlap=2: per module both chunks' all-reduces are issued before the first wait, and the first one issued
-    (chunk 1's) has chunk 0's backward matmuls between its issue and its wait; all 'ladder': each MLP's all-reduce
-    is waited for after all of the attention's backward matmuls of its layer, and each attention's (but the first
-    layer's) after all of the previous layer's MLP's."""
+    """From each rank's profiler trace of one training step (f_async spans: the issue, then 'wait ...'): all
+    'tp': every backward all-reduce's wait comes after its module's weight-gradient GEMM (1 matmul between);
+    tp_overlap=2: per module both chunks' all-reduces are issued before the first wait, and the first one
+    issued (chunk 1's) has chunk 0's backward matmuls between its issue and its wait; all 'ladder': each MLP's
+    all-reduce is waited for after all of the attention's backward matmuls of its layer, and each attention's
+    (but the first layer's) after all of the previous layer's MLP's."""
     for rank in (0, 1):
-        plain, chunked, ladder = (real2[f"order/{label}/rank{rank}"] for label in ("tp", "tp-overlap2", "ladder"))
+        plain, chunked, ladder = (real2[f"order/{label}/rank{rank}"] for label in ("tp", "tp-overlap2",
+                                                                                   "ladder"))
         module = [("issue", "mlp"), ("wait", "mlp"), ("issue", "attn"), ("wait", "attn")]
         assert [(e[0], e[2]) for e in plain["log"]] == module * 4
         assert [e[1] for e in plain["log"]] == [3] * 4 + [2] * 4 + [1] * 4 + [0] * 4
@@ -174,23 +182,26 @@ def test_real_backward_all_reduces_are_in_flight_beside_compute(real2):
                        ("wait", 0, "mlp")]
         assert [tuple(e) for e in ladder["log"]] == ladder_log
         between = {(layer, site): n for layer, site, n in ladder["between"]}
-        assert all(between[layer, "mlp"] == 5 for layer in range(4))  # attention l's 4 (c_proj 2, c_attn 2), own 1
-        assert all(between[layer, "attn"] == 5 for layer in (1, 2, 3))  # MLP l-1's 4 (c_proj 2, c_fc 2), own 1
+        # attention l's 4 (c_proj 2, c_attn 2), own 1
+        assert all(between[layer, "mlp"] == 5 for layer in range(4))
+        # MLP l-1's 4 (c_proj 2, c_fc 2), own 1
+        assert all(between[layer, "attn"] == 5 for layer in (1, 2, 3))
         assert between[0, "attn"] == 1  # its own weight-gradient GEMM: no module before it
 
 
 @pytest.fixture(scope="module")
 def real4(tmp_path_factory):
     out = tmp_path_factory.mktemp("backward_overlap4")
-    r = run_script(*TORCHRUN, "--nproc_per_node=4", "tests/workers/backward_overlap_worker.py", str(out), timeout=900)
+    r = run_script(*TORCHRUN, "--nproc_per_node=4", "tests/workers/backward_overlap_worker.py", str(out),
+                   timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr[-5000:]
     return json.loads((out / "results.json").read_text())["results"]
 
 
 @pytest.mark.slow
 def test_real_tp4_fsdp2_and_pipeline_equal_blocking(real4):
-    """4 processes: tp 4 (bitwise, and == the simulation in float64), FSDP2 and DDP over dp 2 x tp 2 (3 training
-    steps, bitwise) and pp 2 x tp 2 (GPipe, one step's loss and gradients, bitwise)."""
+    """4 processes: tp 4 (bitwise, and == the simulation in float64), FSDP2 and DDP over dp 2 x tp 2 (3
+    training steps, bitwise) and pp 2 x tp 2 (GPipe, one step's loss and gradients, bitwise)."""
     for pattern in ("tp-tp-tp-tp", "tp-ladder-ladder-spd"):
         for K in (1, 2):
             assert real4[f"tp4/equal/{pattern}/K{K}"]["ok"]

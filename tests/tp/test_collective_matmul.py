@@ -1,8 +1,9 @@
-"""tp_collective_matmul (tpcomm/tp/collective_matmul.py): sequence parallelism's all-gather + column GEMM and row GEMM +
-reduce-scatter as tp ring steps of peer-to-peer transfers beside partial GEMMs, forward and backward. Simulated (fp64)
-against plain sequence parallelism and GPT, dropout included; the ring functions against plain matmuls (tp 1, 3) and
-by gradcheck; the ring's counted bytes; the validation; and under torchrun (tests/workers/collective_matmul_worker.py, gloo,
-tp 2 and 4) real == plain SP in fp32 with dropout, the same counts as simulated, every transfer beside a GEMM."""
+"""tp_collective_matmul (tpcomm/tp/collective_matmul.py): sequence parallelism's all-gather + column GEMM and
+row GEMM + reduce-scatter as tp ring steps of peer-to-peer transfers beside partial GEMMs, forward and
+backward. Simulated (fp64) against plain sequence parallelism and GPT, dropout included; the ring functions
+against plain matmuls (tp 1, 3) and by gradcheck; the ring's counted bytes; the validation; and under torchrun
+(tests/workers/collective_matmul_worker.py, gloo, tp 2 and 4) real == plain SP in fp32 with dropout, the same
+counts as simulated, every transfer beside a GEMM."""
 
 import json
 
@@ -19,9 +20,9 @@ from tpcomm.tp.collective_matmul import all_gather_matmul, matmul_reduce_scatter
 from tpcomm.tp.collectives import SimulatedTP
 from tpcomm.tp.sequence_parallel import gather_to_tp_region, reduce_scatter_from_tp_region
 
-# float64: the ring forms the same products as plain SP; only the order of the tp partial sums of a reduce-scatter
-# differs (the ring's order, not sum(0)'s): measured <1e-15, so 1e-10 is tight while a wrong chunk, shard or
-# missing step moves results by >1e-3 (test_comparisons_can_fail).
+# float64: the ring forms the same products as plain SP; only the order of the tp partial sums of a
+# reduce-scatter differs (the ring's order, not sum(0)'s): measured <1e-15, so 1e-10 is tight while a wrong
+# chunk, shard or missing step moves results by >1e-3 (test_comparisons_can_fail).
 TOL = dict(rtol=1e-10, atol=1e-10)
 
 
@@ -40,8 +41,8 @@ def test_equals_plain_sequence_parallelism_and_gpt(tp):
 
 
 def test_dropout_equals_plain_sequence_parallelism():
-    """Keyed dropout 0.2: the attention probabilities' masks per shard, the replica masks on the token shard (after
-    the reduce-scatter ring, as after plain SP's reduce-scatter); another key does not match."""
+    """Keyed dropout 0.2: the attention probabilities' masks per shard, the replica masks on the token shard
+    (after the reduce-scatter ring, as after plain SP's reduce-scatter); another key does not match."""
     gpt = with_dropout(make_gpt(), 0.2).double()
     idx, tgt = batch()
     ref = run_keyed(model(gpt, 2, ring=False), idx, tgt)
@@ -90,16 +91,17 @@ def test_ring_functions_equal_the_plain_collectives(tp):
 
 @pytest.mark.parametrize("tp", [2, 4])
 def test_counts_the_rings_bytes(tp):
-    """Per forward: 4 rings per 'tp' block (2 all-gathers, 2 reduce-scatters), tp - 1 transfers each, of n = N/tp
-    tokens: (tp - 1)/tp of the whole-buffer bytes plain SP counts for the collectives the rings replace; the
-    embedding scatter and the final gather stay plain all-gathers. Backward the same rings."""
+    """Per forward: 4 rings per 'tp' block (2 all-gathers, 2 reduce-scatters), tp - 1 transfers each, of n =
+    N/tp tokens: (tp - 1)/tp of the whole-buffer bytes plain SP counts for the collectives the rings replace;
+    the embedding scatter and the final gather stay plain all-gathers. Backward the same rings."""
     gpt = make_gpt()
     idx, _ = batch()
     ring = model(gpt, tp).float().comm_per_forward(idx)
     plain = model(gpt, tp, ring=False).float().comm_per_forward(idx)
     assert ring["fwd_ring_transfers"] == ring["bwd_ring_transfers"] == 4 * N_LAYER * (tp - 1)
     assert (ring["fwd_all_gathers"], ring["fwd_reduce_scatters"], ring["bwd_all_gathers"]) == (1, 0, 1)
-    assert ring["sp_bytes_per_token"] == 2 * N_EMBD * 4  # the final gather and the embedding scatter's backward
+    # the final gather and the embedding scatter's backward
+    assert ring["sp_bytes_per_token"] == 2 * N_EMBD * 4
     replaced = plain["sp_bytes_per_token"] - ring["sp_bytes_per_token"]
     assert replaced == 2 * 4 * N_LAYER * N_EMBD * 4
     assert ring["ring_bytes_per_token"] == pytest.approx(replaced * (tp - 1) / tp, rel=1e-12)
@@ -137,8 +139,8 @@ def collective_matmul_real(request):
 
 
 def test_real_equals_plain_sequence_parallelism(collective_matmul_real):
-    """fp32 (real_tp_worker.TOL: 2e-5), without and with keyed dropout 0.2: real collective matmul against simulated
-    plain SP and simulated collective matmul, with the same counts as the simulation."""
+    """fp32 (real_tp_worker.TOL: 2e-5), without and with keyed dropout 0.2: real collective matmul against
+    simulated plain SP and simulated collective matmul, with the same counts as the simulation."""
     for check in ("fwd_bwd", "dropout"):
         for against in ("real_vs_sp", "real_vs_sim_ring"):
             result = collective_matmul_real[f"{against}/{check}"]

@@ -1,10 +1,12 @@
-"""Keyed dropout moves nothing from the host per step (issue 37.6): DropoutKey.set writes the key with fill_ kernels
-and keep_mask computes its salts on the device, so on CUDA neither a pageable host-to-device copy (which
-synchronizes the host with the device) nor a tensor built from a Python list runs per micro-step or per mask.
+"""Keyed dropout moves nothing from the host per step (issue 37.6): DropoutKey.set writes the key with
+fill_ kernels and keep_mask computes its salts on the device, so on CUDA neither a pageable
+host-to-device copy (which synchronizes the host with the device) nor a tensor built from a Python list
+runs per micro-step or per mask.
 
-No GPU here: the 'meta' device stands in for CUDA. Every op run while keying and drawing masks is recorded by a
-TorchDispatchMode; any tensor on the CPU among its inputs or outputs is a host tensor that would have to be copied
-to the device. The masks are those of the list-built salts (compared bitwise with the formula's reference)."""
+No GPU here: the 'meta' device stands in for CUDA. Every op run while keying and drawing masks is
+recorded by a TorchDispatchMode; any tensor on the CPU among its inputs or outputs is a host tensor that
+would have to be copied to the device. The masks are those of the list-built salts (compared bitwise with
+the formula's reference)."""
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -40,7 +42,8 @@ def reference_mask(shape, p, key, *, layer, site, streams, offset=0):
 
 
 def test_no_host_tensor_per_step_or_mask(monkeypatch):
-    made = []  # torch.tensor(data, device=...) builds its CPU tensor below the dispatcher: counted by patching it
+    # torch.tensor(data, device=...) builds its CPU tensor below the dispatcher: counted by patching it
+    made = []
     real_tensor = torch.tensor
     monkeypatch.setattr(torch, "tensor", lambda *a, **kw: made.append(a) or real_tensor(*a, **kw))
     key = DropoutKey()
@@ -48,7 +51,8 @@ def test_no_host_tensor_per_step_or_mask(monkeypatch):
     with HostTensors() as mode:
         for it in range(3):  # micro-steps: keyed again, masks drawn
             key.set((1337, it, 1), "meta")
-            keep_mask((4, 8, 16), 0.1, key.tensor, layer=2, site=1, streams=(1, 2, 3, 4), device="meta", offset=32)
+            keep_mask((4, 8, 16), 0.1, key.tensor, layer=2, site=1, streams=(1, 2, 3, 4), device="meta",
+                      offset=32)
             keep_mask((8, 16), 0.1, key.tensor, layer=2, site=2, streams=(0,), device="meta")
     assert mode.host_ops == [] and made == []
 
@@ -73,11 +77,13 @@ def test_key_and_masks_unchanged():
         assert key.tensor.tolist() == [d & M32, d >> 32]
         for streams in [(0,), (1, 2), (3, 4, 5, 6)]:
             for layer, site in [(-1, 3), (0, 0), (5, 2)]:
-                assert _salts(layer, site, streams, "cpu").tolist() == [_salt(layer, site, s) for s in streams]
+                assert _salts(layer, site, streams, "cpu").tolist() == [_salt(layer, site, s)
+                                                                        for s in streams]
                 shape = (2 * len(streams), 5, 8)
                 got = keep_mask(shape, 0.2, key.tensor, layer=layer, site=site, streams=streams, device="cpu",
                                 offset=40)
-                want = reference_mask(shape, 0.2, key.tensor, layer=layer, site=site, streams=streams, offset=40)
+                want = reference_mask(shape, 0.2, key.tensor, layer=layer, site=site, streams=streams,
+                                      offset=40)
                 assert torch.equal(got, want)
     key.set((), "cpu")
     assert key.tensor is None  # unkeyed: torch's global RNG

@@ -1,6 +1,7 @@
-"""Partial-channel sync ('caat' blocks, CAAT-Net; tpcomm/model/block_types/caat.py, docs/model.md): the simulated model against a
-per-shard reference written here from the equations, GPT at tp 1, all 'tp' at p = 1, real TP against the simulation
-(tests/workers/caat_worker.py), its measured bytes, and its options refused in one line."""
+"""Partial-channel sync ('caat' blocks, CAAT-Net; tpcomm/model/block_types/caat.py, docs/model.md):
+the simulated model against a per-shard reference written here from the equations, GPT at tp 1, all
+'tp' at p = 1, real TP against the simulation (tests/workers/caat_worker.py), its measured bytes,
+and its options refused in one line."""
 
 import json
 
@@ -11,18 +12,19 @@ from conftest import ROOT, run_script, shared_launch
 from tpcomm.errors import ConfigError
 from tensor_parallel_model import DistributedGPT
 from tpcomm.model.options import model_config
-from test_tensor_parallel import (N_LAYER, TOL, VOCAB, assert_same, attn_shard, batch, layer_norm, make_gpt, mlp_shard,
-                                  run_keyed, with_dropout)
+from test_tensor_parallel import (N_LAYER, TOL, VOCAB, assert_same, attn_shard, batch, layer_norm, make_gpt,
+                                  mlp_shard, run_keyed, with_dropout)
 from test_tensor_parallel import run as run_model
 
-SHARED_LAUNCHES = {"caat_results": {n: (n, ["tests/workers/caat_worker.py", "{dir}/results.json"]) for n in (2, 4)}}
+SHARED_LAUNCHES = {"caat_results": {n: (n, ["tests/workers/caat_worker.py", "{dir}/results.json"])
+                                    for n in (2, 4)}}
 
 
 def reference_forward(gpt, idx, targets, tp, block_types, k):
-    """docs/model.md's 'caat', 'tp', 'spd' and 'parallel' equations one shard at a time: xbar the synced value (on
-    the first k channels after a 'caat' sync), r[i] shard i's stream, None when every r[i] is xbar. A 'caat' shard
-    adds sqrt(tp) (A_i + b) on the private channels; after a last 'caat' block shard i's ln_f and its vocabulary
-    slice of lm_head read r[i] (no final sync)."""
+    """docs/model.md's 'caat', 'tp', 'spd' and 'parallel' equations one shard at a time: xbar the synced value
+    (on the first k channels after a 'caat' sync), r[i] shard i's stream, None when every r[i] is xbar. A
+    'caat' shard adds sqrt(tp) (A_i + b) on the private channels; after a last 'caat' block shard i's ln_f and
+    its vocabulary slice of lm_head read r[i] (no final sync)."""
     tr = gpt.transformer
     xbar, r = tr.wte(idx) + tr.wpe(torch.arange(idx.size(1))), None
     for block, kind in zip(tr.h, block_types):
@@ -31,9 +33,11 @@ def reference_forward(gpt, idx, targets, tp, block_types, k):
         if kind == "caat":
             for f, ln, b in ((attn_shard, block.ln_1, bA), (mlp_shard, block.ln_2, bM)):
                 z = [f(block, layer_norm(ln, r[i]), i, tp) for i in range(tp)]
-                s = xbar[..., :k] + sum(r[i][..., :k] - xbar[..., :k] + z[i][..., :k] for i in range(tp)) + b[:k]
+                s = xbar[..., :k] + sum(r[i][..., :k] - xbar[..., :k] + z[i][..., :k]
+                                        for i in range(tp)) + b[:k]
                 xbar = torch.cat([s, xbar[..., k:]], -1)
-                r = [torch.cat([s, r[i][..., k:] + tp ** 0.5 * (z[i][..., k:] + b[k:])], -1) for i in range(tp)]
+                r = [torch.cat([s, r[i][..., k:] + tp ** 0.5 * (z[i][..., k:] + b[k:])], -1)
+                     for i in range(tp)]
         elif kind == "parallel":
             r = [r[i] + attn_shard(block, layer_norm(block.ln_1, r[i]), i, tp) + bA / tp for i in range(tp)]
             r = [r[i] + mlp_shard(block, layer_norm(block.ln_2, r[i]), i, tp) + bM / tp for i in range(tp)]
@@ -42,11 +46,14 @@ def reference_forward(gpt, idx, targets, tp, block_types, k):
             M = [mlp_shard(block, layer_norm(block.ln_2, r[i] + A[i] + bA), i, tp) for i in range(tp)]
             xbar, r = xbar + sum(r[i] - xbar + A[i] + M[i] for i in range(tp)) + bA + bM, None
         else:  # tp
-            x1 = xbar + sum(r[i] - xbar + attn_shard(block, layer_norm(block.ln_1, r[i]), i, tp) for i in range(tp)) + bA
-            xbar, r = x1 + sum(mlp_shard(block, layer_norm(block.ln_2, x1), i, tp) for i in range(tp)) + bM, None
+            x1 = xbar + sum(r[i] - xbar + attn_shard(block, layer_norm(block.ln_1, r[i]), i, tp)
+                            for i in range(tp)) + bA
+            xbar, r = x1 + sum(mlp_shard(block, layer_norm(block.ln_2, x1), i, tp)
+                               for i in range(tp)) + bM, None
     if block_types[-1] == "caat":  # vocabulary ids [i Vs, (i+1) Vs) from shard i's own stream
         Vs = -(-VOCAB // tp)
-        logits = torch.cat([gpt.lm_head(layer_norm(tr.ln_f, r[i]))[..., i * Vs:(i + 1) * Vs] for i in range(tp)], -1)
+        logits = torch.cat([gpt.lm_head(layer_norm(tr.ln_f, r[i]))[..., i * Vs:(i + 1) * Vs]
+                            for i in range(tp)], -1)
     else:
         if r is not None:
             xbar = xbar + sum(r[i] - xbar for i in range(tp))
@@ -57,7 +64,8 @@ def reference_forward(gpt, idx, targets, tp, block_types, k):
 def run(model, idx, targets):
     """test_tensor_parallel.run, a private head's logits (each shard's vocabulary slice) as GPT's."""
     logits, loss, grads = run_model(model, idx, targets)
-    return (model.gathered_logits(logits, idx.shape) if hasattr(model, "gathered_logits") else logits), loss, grads
+    return (model.gathered_logits(logits, idx.shape) if hasattr(model, "gathered_logits")
+            else logits), loss, grads
 
 
 def run_reference(gpt, idx, targets, tp, block_types, k):
@@ -94,8 +102,8 @@ def test_reference_comparison_can_fail():
 
 
 def test_tp1_equals_gpt_with_dropout():
-    """At tp 1 every channel's sum is the one shard's output: GPT's block, its dropout masks included; so another
-    fraction than the default changes nothing there, and is refused (as tp_comm_dtype at tp 1 is)."""
+    """At tp 1 every channel's sum is the one shard's output: GPT's block, its dropout masks included; so
+    another fraction than the default changes nothing there, and is refused (as tp_comm_dtype at tp 1 is)."""
     gpt = make_gpt()
     idx, tgt = batch()
     assert_same(run(caat(gpt, 1), idx, tgt), run(gpt, idx, tgt), **TOL)
@@ -104,7 +112,8 @@ def test_tp1_equals_gpt_with_dropout():
     dropped = with_dropout(gpt, 0.2)
     model = caat(dropped, 1)
     assert_same(run_keyed(model, idx, tgt), run_keyed(dropped, idx, tgt), **TOL)
-    assert abs(run_keyed(model, idx, tgt, (1337, 8, 2))[1].item() - run_keyed(dropped, idx, tgt)[1].item()) > 1e-3
+    assert abs(run_keyed(model, idx, tgt, (1337, 8, 2))[1].item() - run_keyed(dropped, idx,
+                                                                              tgt)[1].item()) > 1e-3
 
 
 @pytest.mark.parametrize("tp", [2, 4])
@@ -119,8 +128,8 @@ def test_every_channel_synced_is_all_tp(tp):
 
 @pytest.mark.parametrize("p", [0.5, 0.25, 1.0])
 def test_bytes_are_p_of_a_full_sync(p):
-    """Measured (tpcomm/tp/counting.py): each 'caat' sync moves p of a 'tp' sync's bytes, forward and backward; the
-    fan-out of the synced embedding (f's backward) moves a full one; there is no final sync."""
+    """Measured (tpcomm/tp/counting.py): each 'caat' sync moves p of a 'tp' sync's bytes, forward and
+    backward; the fan-out of the synced embedding (f's backward) moves a full one; there is no final sync."""
     gpt = make_gpt()
     idx, tgt = batch()
 
@@ -141,9 +150,9 @@ def caat_results(request):
 
 
 def test_real_matches_simulation(caat_results):
-    """Real TP (2 and 4 gloo ranks; loss_parallel where the head reads each rank's stream) equals the simulation
-    (whose head slices the whole weight), fp32 and fp64, with and without dropout (TOL in real_tp_worker.py), and
-    the comparison can fail."""
+    """Real TP (2 and 4 gloo ranks; loss_parallel where the head reads each rank's stream) equals the
+    simulation (whose head slices the whole weight), fp32 and fp64, with and without dropout (TOL in
+    real_tp_worker.py), and the comparison can fail."""
     checks = {k: v for k, v in caat_results.items() if not k.startswith("can_fail/")}
     assert len(checks) == 2 * 2 * 3 * 2  # {fwd_bwd, dropout} x dtypes x patterns x fractions
     assert all(v["ratio"] <= 1.0 for v in checks.values()), json.dumps(checks)
@@ -155,10 +164,14 @@ def test_real_matches_simulation(caat_results):
     (dict(caat_sync_fraction=0.0), "caat_sync_fraction must be a number in (0, 1], got 0.0"),
     (dict(caat_sync_fraction=1.5), "caat_sync_fraction must be a number in (0, 1], got 1.5"),
     (dict(caat_sync_fraction="half"), "caat_sync_fraction must be a number in (0, 1], got 'half'"),
-    (dict(caat_sync_fraction=0.3), "caat_sync_fraction=0.3 times n_embd (32) must be a whole number of channels"),
-    (dict(caat_sync_fraction=1e-300, tp_size=2), "caat_sync_fraction=1e-300 times n_embd (32) must be a whole number "
-                                                 "of channels, at least 1"),  # once accepted: 0 channels synced
-    (dict(caat_sync_fraction=0.25, block_types=["tp"] * 4), "caat_sync_fraction=0.25 has no effect without 'caat'"),
+    (dict(caat_sync_fraction=0.3), "caat_sync_fraction=0.3 times n_embd (32) must be a whole number of "
+     "channels"),
+    (dict(caat_sync_fraction=1e-300, tp_size=2), "caat_sync_fraction=1e-300 times n_embd (32) must be a "
+     "whole number "
+                                                 # once accepted: 0 channels synced
+                                                 "of channels, at least 1"),
+    (dict(caat_sync_fraction=0.25, block_types=["tp"] * 4), "caat_sync_fraction=0.25 has no effect without "
+     "'caat'"),
     (dict(sequence_parallel=True, tp_size=2), "sequence_parallel=True does not run with 'caat' blocks"),
     (dict(tp_comm_dtype="int8", tp_size=2), "tp_comm_dtype='int8' does not run with 'caat' blocks"),
 ])
@@ -170,8 +183,9 @@ def test_bad_options_refused_in_one_line(options, words):
 
 
 def test_cost_model_prices_p_of_the_bytes():
-    """tpcomm/costmodel/cost_model.py: all 'caat' moves 2L forward and 2L backward all-reduces of p n bytes, plus the
-    embedding's fan-out in the backward (no final sync); blocking (no wgrad to hide behind) that is exact."""
+    """tpcomm/costmodel/cost_model.py: all 'caat' moves 2L forward and 2L backward all-reduces of p
+    n bytes, plus the embedding's fan-out in the backward (no final sync); blocking (no wgrad to
+    hide behind) that is exact."""
     from tpcomm.costmodel import cost_model as cm
     from tpcomm.costmodel.collective_matmul_cost import BF16
     shape, link, tokens = cm.TABLE_SHAPES[1], cm.LINKS[0], 8 * 1024
@@ -183,12 +197,14 @@ def test_cost_model_prices_p_of_the_bytes():
         L = shape.n_layer
         assert v["partial sync"][1] == pytest.approx(4 * L * t(p * n) + t(n))
         assert v["tracks/4"][1] == pytest.approx(2 * (L // 4) * t(n))  # one sync every 4 blocks, each way
-    assert v["partial sync"][1] == pytest.approx(v["all tp"][1] + t(n))  # p = 1: all 'tp' plus the last fan-out
+    # p = 1: all 'tp' plus the last fan-out
+    assert v["partial sync"][1] == pytest.approx(v["all tp"][1] + t(n))
     assert cm.forward_syncs(["caat"] * 4) == 8 and cm.forward_syncs((["parallel"] * 3 + ["spd"]) * 3) == 3
 
 
 def test_checkpoint_keeps_the_fraction():
-    """A checkpoint of a 'caat' model rebuilds it with its own p (the function depends on it), not the default."""
+    """A checkpoint of a 'caat' model rebuilds it with its own p (the function
+    depends on it), not the default."""
     from tpcomm.train.checkpoint import build_model_from_checkpoint, model_spec
     model = caat(make_gpt(), 2, p=0.25)
     args, options = model_spec("distributed_gpt", model)
@@ -200,7 +216,8 @@ def test_checkpoint_keeps_the_fraction():
 
 
 def test_generation_with_the_kv_cache_equals_recomputing():
-    """'caat' blocks generate the same tokens with the KV cache as without (each shard's keys and values cached)."""
+    """'caat' blocks generate the same tokens with the KV cache as without (each
+    shard's keys and values cached)."""
     model = caat(make_gpt(), 2, ["caat", "parallel", "caat", "tp"]).eval()
     prompt = batch()[0][:, :5]
     torch.manual_seed(3)
@@ -212,18 +229,18 @@ def test_generation_with_the_kv_cache_equals_recomputing():
 def test_train_refuses_a_bad_fraction_before_any_work(tmp_path):
     """train.py: one line naming the key and value, exit status 2, no traceback, nothing written."""
     out = tmp_path / "out"
-    r = run_script("train.py", "config/train_shakespeare_char_cpu.py", "--model_type=distributed_gpt", "--tp_size=2",
-                   "--block_types=caat", "--caat_sync_fraction=0.3", f"--out_dir={out}")
+    r = run_script("train.py", "config/train_shakespeare_char_cpu.py", "--model_type=distributed_gpt",
+                   "--tp_size=2", "--block_types=caat", "--caat_sync_fraction=0.3", f"--out_dir={out}")
     assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout
     assert "caat_sync_fraction=0.3 times n_embd (128) must be a whole number of channels" in r.stderr + r.stdout
     assert not out.exists()
 
 
 def test_cpu_long_plans_caat_and_tracks_paired_and_the_answer_reads_them_pending(tmp_path):
-    """cpu-long plans the published all 'caat' (p = 0.5, the default) and tracks syncing every 4 blocks with seeds
-    1337-1346, caat at p = 0.25, 0.75 and tracks at D = 3, 6 with 3, all of which all 'tp' has too (paired); without
-    their result files (here: the committed all 'tp' and all 'spd' files alone) the answer's rows and figure read
-    pending."""
+    """cpu-long plans the published all 'caat' (p = 0.5, the default) and tracks syncing every 4 blocks with
+    seeds 1337-1346, caat at p = 0.25, 0.75 and tracks at D = 3, 6 with 3, all of which all 'tp' has too
+    (paired); without their result files (here: the committed all 'tp' and all 'spd' files alone) the answer's
+    rows and figure read pending."""
     import shutil
     from pathlib import Path
     from tpcomm.experiments.report import answer, report

@@ -22,7 +22,8 @@ VOCAB, N_LAYER, N_HEAD, N_EMBD = 61, 4, 8, 32
 
 def make_gpt(seed=0, n_layer=N_LAYER):
     torch.manual_seed(seed)
-    gpt = GPT(GPTConfig(block_size=32, vocab_size=VOCAB, n_layer=n_layer, n_head=N_HEAD, n_embd=N_EMBD, bias=True))
+    gpt = GPT(GPTConfig(block_size=32, vocab_size=VOCAB, n_layer=n_layer, n_head=N_HEAD, n_embd=N_EMBD,
+                        bias=True))
     with torch.no_grad():  # non-zero biases and norms, so a bias added twice or never cannot hide
         for p in gpt.parameters():
             if p.dim() == 1:
@@ -79,8 +80,9 @@ def mlp_shard(block, u, i, tp):
 
 
 def reference_forward(gpt, idx, targets, tp, block_types):
-    """docs/model.md's equations one shard at a time (tests/tp/test_ladder.py uses it for 'ladder' too): a
-    synced xbar, each shard's additions d_i while desynced, and a ladder block's reduced outputs P_A, P_M pending."""
+    """docs/model.md's equations one shard at a time (tests/tp/test_ladder.py uses it for 'ladder'
+    too): a synced xbar, each shard's additions d_i while desynced, and a ladder block's reduced
+    outputs P_A, P_M pending."""
     tr = gpt.transformer
     xbar = tr.wte(idx) + tr.wpe(torch.arange(idx.size(1)))
     d = None  # per-shard additions since the last sync; None when synced
@@ -91,7 +93,8 @@ def reference_forward(gpt, idx, targets, tp, block_types):
             xbar, P_A, P_M = xbar + P_A + P_M, 0, 0
         dd = d if d is not None else [torch.zeros_like(xbar)] * tp
         r = [xbar + dd[i] for i in range(tp)]
-        if kind == "ladder":  # desynced input: nothing pending, u_i = x'_i = r_i, the d_i join attention's sum
+        # desynced input: nothing pending, u_i = x'_i = r_i, the d_i join attention's sum
+        if kind == "ladder":
             u = [r[i] + P_A for i in range(tp)]
             A = [attn_shard(block, layer_norm(block.ln_1, u[i]), i, tp) for i in range(tp)]
             x1 = [u[i] + P_M for i in range(tp)]
@@ -102,7 +105,8 @@ def reference_forward(gpt, idx, targets, tp, block_types):
         A = [attn_shard(block, layer_norm(block.ln_1, r[i]), i, tp) for i in range(tp)]
         if kind == "tp":
             x1 = xbar + sum(dd[i] + A[i] for i in range(tp)) + bA
-            xbar, d = x1 + sum(mlp_shard(block, layer_norm(block.ln_2, x1), i, tp) for i in range(tp)) + bM, None
+            xbar, d = x1 + sum(mlp_shard(block, layer_norm(block.ln_2, x1), i, tp)
+                               for i in range(tp)) + bM, None
         elif kind == "spd":
             y = [r[i] + A[i] + bA for i in range(tp)]
             M = [mlp_shard(block, layer_norm(block.ln_2, y[i]), i, tp) for i in range(tp)]
@@ -165,12 +169,14 @@ def test_comparisons_can_fail():
     # spd/parallel are different models from GPT at tp >= 2 (the experiment), so equality there is not vacuous
     for kind in ("spd", "parallel"):
         with pytest.raises(AssertionError):
-            assert_same(run(DistributedGPT.from_gpt(gpt, 2, [kind] * N_LAYER), idx, tgt), run(gpt, idx, tgt), **TOL)
+            assert_same(run(DistributedGPT.from_gpt(gpt, 2, [kind] * N_LAYER), idx, tgt), run(gpt, idx, tgt),
+                        **TOL)
     # one weight of shard 1 changed by 0.1: both the GPT and the per-shard comparisons notice
     for block_types in (["tp"] * 4, ["parallel", "tp", "parallel", "spd"]):
         model = DistributedGPT.from_gpt(gpt, 2, block_types)
         with torch.no_grad():
-            model.transformer.h[1].attn.c_attn.weight[2 * N_EMBD + N_EMBD // 2, 3] += 0.1  # a v row of shard 1
+            # a v row of shard 1
+            model.transformer.h[1].attn.c_attn.weight[2 * N_EMBD + N_EMBD // 2, 3] += 0.1
         with pytest.raises(AssertionError):
             assert_same(run(model, idx, tgt), run_reference(gpt, idx, tgt, 2, block_types), **TOL)
     # the reference itself is sensitive to the semantics: the wrong bias split breaks the match
@@ -191,17 +197,20 @@ def test_round_trip_exact_and_init_independent_of_tp(tp):
     ref = GPT(gpt.config).state_dict()
     torch.manual_seed(5)
     from tpcomm.model.options import TPConfig
-    fields = {k: getattr(gpt.config, k) for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "bias")}
+    fields = {k: getattr(gpt.config, k) for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd",
+                                                  "bias")}
     model = DistributedGPT(TPConfig(**fields, tp_size=tp))
     for n, v in model.gpt_state_dict().items():
-        assert torch.equal(v, ref[n]), n  # GPT-2 init on the full matrices: the same weights for every tp_size
+        # GPT-2 init on the full matrices: the same weights for every tp_size
+        assert torch.equal(v, ref[n]), n
     assert model.get_num_params() == gpt.get_num_params()
 
 
 def test_init_forks_the_generator_of_the_device_it_is_built_on(monkeypatch):
-    """Built under `with torch.device('cuda')`, the modules' default init draws from the CUDA generator: it must be
-    forked, or GPT's init then draws from an advanced one (weights unlike GPT's for the seed; gpu-check's bf16_identity
-    found a training loss 0.0035 off on an H100, 2026-11-27). No CUDA here: the fork's arguments are what is checked."""
+    """Built under `with torch.device('cuda')`, the modules' default init draws from the CUDA generator: it
+    must be forked, or GPT's init then draws from an advanced one (weights unlike GPT's for the seed;
+    gpu-check's bf16_identity found a training loss 0.0035 off on an H100, 2026-11-27). No CUDA here: the
+    fork's arguments are what is checked."""
     forked = []
     real_fork = torch.random.fork_rng
 
@@ -230,19 +239,22 @@ def test_communication_is_measured():
         assert comm["fwd_allreduces"] == fwd, block_types
         assert comm["bwd_allreduces"] >= 1
         assert comm["comm_bytes_per_token"] == (comm["fwd_allreduces"] + comm["bwd_allreduces"]) * N_EMBD * 4
-    assert DistributedGPT.from_gpt(gpt, 1).comm_per_forward(idx)["fwd_allreduces"] == 0  # one shard: nothing moves
+    # one shard: nothing moves
+    assert DistributedGPT.from_gpt(gpt, 1).comm_per_forward(idx)["fwd_allreduces"] == 0
 
 
 @pytest.mark.parametrize("block_types", [["tp"] * 4, ["parallel", "spd", "spd", "parallel"]])
 def test_autocast_all_reduces_bf16_and_stays_close_to_fp32(block_types, monkeypatch):
-    """Under autocast the matmuls run in bf16 but the residual stream stays fp32 (as in GPT); the all-reduced
-    partial sums are bf16 (what the matmuls produce). Loose bf16 tolerance against the fp32 per-shard reference."""
+    """Under autocast the matmuls run in bf16 but the residual stream stays fp32 (as in GPT); the
+    all-reduced partial sums are bf16 (what the matmuls produce). Loose bf16 tolerance against the
+    fp32 per-shard reference."""
     gpt = make_gpt()
     idx, tgt = batch()
     model = DistributedGPT.from_gpt(gpt, 2, block_types)
     seen = []
     g = collectives.reduce_from_tp_region
-    for module in (tpcomm.model.blocks, tpcomm.model.strategies, tensor_parallel_model):  # the syncs, the final one
+    # the syncs, the final one
+    for module in (tpcomm.model.blocks, tpcomm.model.strategies, tensor_parallel_model):
         monkeypatch.setattr(module, "reduce_from_tp_region",
                             lambda x, group, **kw: seen.append(g(x, group, **kw).dtype) or g(x, group, **kw))
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -313,10 +325,12 @@ def test_dropout_rate_is_p_per_stream():
     assert abs((m > 0).float().mean().item() - 0.75) < 0.01 and m.max().item() == pytest.approx(1 / 0.75)
     assert not torch.equal(m[0], m[1])
     # the second stream's part is the mask that stream draws alone (real TP: each rank draws its own part)
-    assert torch.equal(m[1:], keep_mask((1, 4000, 8), 0.25, key.tensor, layer=0, site=1, streams=(2,), device="cpu"))
+    assert torch.equal(m[1:], keep_mask((1, 4000, 8), 0.25, key.tensor, layer=0, site=1, streams=(2,),
+                                        device="cpu"))
     # another key, layer or site draws another mask
     key.set((1, 2, 4), "cpu")
-    assert not torch.equal(m, keep_mask((2, 4000, 8), 0.25, key.tensor, layer=0, site=1, streams=(1, 2), device="cpu"))
+    assert not torch.equal(m, keep_mask((2, 4000, 8), 0.25, key.tensor, layer=0, site=1, streams=(1, 2),
+                                        device="cpu"))
 
 
 def test_one_block_type_for_every_layer():
@@ -337,10 +351,12 @@ def unpadded(grads, model):
 
 
 @pytest.mark.parametrize("tp", [2, 4])
-@pytest.mark.parametrize("block_types", [["tp"] * 4, ["parallel", "spd", "tp", "parallel"]], ids=["tp", "mixed"])
+@pytest.mark.parametrize("block_types", [["tp"] * 4, ["parallel", "spd", "tp", "parallel"]],
+                         ids=["tp", "mixed"])
 def test_loss_parallel_equals_the_gathered_loss(tp, block_types):
     """VOCAB = 61 is not divisible by tp: padded to 62 / 64 rows, masked out of the softmax. Some targets are
-    ignore_index. Loss, logits and every gradient equal the model without loss_parallel (all-tp: GPT itself)."""
+    ignore_index. Loss, logits and every gradient equal the model without
+    loss_parallel (all-tp: GPT itself)."""
     gpt = make_gpt()
     idx, tgt = batch()
     tgt[0, :5] = -1
@@ -356,7 +372,8 @@ def test_loss_parallel_equals_the_gathered_loss(tp, block_types):
     assert report["fwd_allreduces"] == DistributedGPT.from_gpt(gpt, tp, block_types).comm_per_forward(idx)["fwd_allreduces"]
     assert report["vocab_allreduces"] == 5  # embedding, lm_head input (backward), max, sum-exp, target logit
     out = model.eval().generate(idx[:, :4], 6, temperature=0)  # generation gathers the last position's logits
-    assert torch.equal(out, DistributedGPT.from_gpt(gpt, tp, block_types).eval().generate(idx[:, :4], 6, temperature=0))
+    assert torch.equal(out, DistributedGPT.from_gpt(gpt, tp, block_types).eval().generate(idx[:, :4], 6,
+                                                                                          temperature=0))
 
 
 def test_loss_parallel_comparison_can_fail():
@@ -364,7 +381,8 @@ def test_loss_parallel_comparison_can_fail():
     idx, tgt = batch()
     model = DistributedGPT.from_gpt(gpt, 2, ["tp"] * 4, loss_parallel=True)
     with torch.no_grad():
-        model.lm_head.weight[VOCAB - 1, 0] += 0.1  # the last real row, held by shard 1; the padding row after it
+        # the last real row, held by shard 1; the padding row after it
+        model.lm_head.weight[VOCAB - 1, 0] += 0.1
     _, loss, grads = run(model, idx, tgt)
     with pytest.raises(AssertionError):
         torch.testing.assert_close(loss, run(gpt, idx, tgt)[1], **TOL)
@@ -383,10 +401,12 @@ def test_meta_init_equals_gpt_init_bitwise(tp, loss_parallel):
     after_gpt = torch.rand(4)  # where GPT(config) leaves the RNG
     torch.manual_seed(5)
     with torch.device("meta"):
-        model = DistributedGPT(TPConfig(**cfg, tp_size=tp, block_types="spd", loss_parallel=loss_parallel), init=False)
+        model = DistributedGPT(TPConfig(**cfg, tp_size=tp, block_types="spd", loss_parallel=loss_parallel),
+                               init=False)
     assert model.lm_head.weight.is_meta  # nothing allocated yet
     model.materialize_("cpu")
-    assert torch.equal(torch.rand(4), after_gpt)  # the same draws, so training continues on the same RNG stream
+    # the same draws, so training continues on the same RNG stream
+    assert torch.equal(torch.rand(4), after_gpt)
     assert model.lm_head.weight is model.transformer.wte.weight
     sd = model.gpt_state_dict()
     assert sd.keys() == ref.keys() and all(torch.equal(sd[k], ref[k]) for k in ref)
@@ -394,4 +414,5 @@ def test_meta_init_equals_gpt_init_bitwise(tp, loss_parallel):
     with torch.device("meta"):
         other = PlainGPT(GPTConfig(**cfg))
     other.materialize_("cpu")
-    assert not torch.equal(other.state_dict()["transformer.h.0.attn.c_attn.weight"], ref["transformer.h.0.attn.c_attn.weight"])
+    assert not torch.equal(other.state_dict()["transformer.h.0.attn.c_attn.weight"],
+                           ref["transformer.h.0.attn.c_attn.weight"])

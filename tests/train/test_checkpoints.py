@@ -12,7 +12,8 @@ from tpcomm.errors import ConfigError
 from tpcomm.train.checkpoint import load_checkpoint
 
 SPD = ["--model_type=distributed_gpt", "--tp_size=2", "--block_types=['spd','parallel']"]
-TP = ["--model_type=distributed_gpt", "--tp_size=2", "--block_types=tp", "--bias=True", "--gelu_approximate=tanh"]
+TP = ["--model_type=distributed_gpt", "--tp_size=2", "--block_types=tp", "--bias=True",
+      "--gelu_approximate=tanh"]
 
 
 def train(out_dir, data, *extra):
@@ -34,7 +35,8 @@ def runs(tmp_path_factory, char_data):
     def run(name):  # trained on first use
         if name not in made:
             made[name] = str(base / name)
-            train(made[name], char_data, "--max_iters=4", "--eval_interval=4", *{"gpt": [], "spd": SPD, "tp": TP}[name])
+            train(made[name], char_data, "--max_iters=4", "--eval_interval=4",
+                  *{"gpt": [], "spd": SPD, "tp": TP}[name])
         return made[name]
     return run
 
@@ -47,7 +49,8 @@ def test_checkpoint_format(runs):
     for name, model_type in (("gpt", "gpt"), ("spd", "distributed_gpt")):
         ckpt = load(runs(name))
         assert set(ckpt) == {"model", "optimizer", "model_args", "model_type", "model_options", "iter_num",
-                             "best_val_loss", "config", "rng_state", "scaler", "vocab_chars"}  # + cuda_rng_state on CUDA
+                             # + cuda_rng_state on CUDA
+                             "best_val_loss", "config", "rng_state", "scaler", "vocab_chars"}
         assert list(ckpt["model_args"]) == list(NANOGPT_ARGS)
         assert ckpt["model_type"] == model_type and ckpt["iter_num"] == 4
         assert ckpt["scaler"] == {}  # fp32: the scaler is disabled and has no state
@@ -81,7 +84,8 @@ def nanogpt_state_shapes(c):
                        p + "mlp.c_proj.weight": (C, 4 * C)})
         if c.bias:
             shapes.update({p + "ln_1.bias": (C,), p + "ln_2.bias": (C,), p + "attn.c_attn.bias": (3 * C,),
-                           p + "attn.c_proj.bias": (C,), p + "mlp.c_fc.bias": (4 * C,), p + "mlp.c_proj.bias": (C,)})
+                           p + "attn.c_proj.bias": (C,), p + "mlp.c_fc.bias": (4 * C,),
+                           p + "mlp.c_proj.bias": (C,)})
     if c.bias:
         shapes["transformer.ln_f.bias"] = (C,)
     return shapes
@@ -98,7 +102,8 @@ def test_nanogpt_reads_our_checkpoint(runs, name):
 
 
 def nanogpt_checkpoint(ckpt, data_dir):
-    """Our checkpoint rewritten as nanoGPT's train.py writes one: a compiled model's keys, best_val_loss a tensor,
+    """Our checkpoint rewritten as nanoGPT's train.py writes one: a compiled model's
+    keys, best_val_loss a tensor,
     config = nanoGPT's globals, no model_type/model_options/rng_state/scaler."""
     config = dict(out_dir="out", eval_interval=4, dataset=data_dir,  # os.path.join('data', abs) == abs
                   n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=False, learning_rate=6e-4, device="cpu",
@@ -162,7 +167,8 @@ def test_unreadable_checkpoint_is_one_line(runs, char_data, tmp_path, kind):
     path = tmp_path / "ckpt.pt"
     write_bad_checkpoint(path, kind, os.path.join(runs("gpt"), "ckpt.pt"))
     before = path.read_bytes()
-    r = run_script("train.py", *TINY, f"--data_dir={char_data}", f"--out_dir={tmp_path}", "--init_from=resume")
+    r = run_script("train.py", *TINY, f"--data_dir={char_data}", f"--out_dir={tmp_path}",
+                   "--init_from=resume")
     line = one_line_error(r)
     assert str(path) in line and "weights_only" not in line, line
     r = run_script("sample.py", f"--out_dir={tmp_path}", "--device=cpu")
@@ -267,8 +273,8 @@ def test_export_refuses_a_non_empty_hf_dir_unless_overwrite(runs, tmp_path):
 
 
 def test_export_special_tokens_follow_the_tokenizer(runs, tmp_path):
-    """A character-level model (vocab 65-ish) has no GPT-2 <|endoftext|>: bos/eos None, and transformers loads and
-    generates without a word about them; GPT-2 BPE vocabularies keep 50256."""
+    """A character-level model (vocab 65-ish) has no GPT-2 <|endoftext|>: bos/eos None, and transformers loads
+    and generates without a word about them; GPT-2 BPE vocabularies keep 50256."""
     import json
 
     from tpcomm.convert.hf_export import hf_config
@@ -279,8 +285,9 @@ def test_export_special_tokens_follow_the_tokenizer(runs, tmp_path):
     config = json.loads((hf_dir / "config.json").read_text())
     assert config["vocab_size"] < 50257 and config["bos_token_id"] is None and config["eos_token_id"] is None
 
-    # anti-vacuity: the old export (GPT-2's 50256 in a 65-token vocabulary) is warned about. Both folders load in one
-    # interpreter (transformers' import is most of its time), their warnings apart by a line between them.
+    # anti-vacuity: the old export (GPT-2's 50256 in a 65-token vocabulary) is warned about. Both folders load
+    # in one interpreter (transformers' import is most of its time), their warnings apart by a line between
+    # them.
     old = tmp_path / "old"
     shutil.copytree(hf_dir, old)
     (old / "config.json").write_text(json.dumps(dict(config, bos_token_id=50256, eos_token_id=50256)))
@@ -312,8 +319,8 @@ class _Planted:
 
 def test_a_planted_dcp_metadata_pickle_runs_nothing(char_data, tmp_path):
     """A sharded checkpoint's .metadata replaced by a pickle whose __reduce__ calls os.system: resuming it and
-    converting it are one line each, exit status 2, and the command never runs (torch's own reader would run it).
-    The real .metadata passes the same reader (the refusal is not of everything)."""
+    converting it are one line each, exit status 2, and the command never runs (torch's own reader would run
+    it). The real .metadata passes the same reader (the refusal is not of everything)."""
     import pickle
 
     out = tmp_path / "out"
@@ -331,10 +338,12 @@ def test_a_planted_dcp_metadata_pickle_runs_nothing(char_data, tmp_path):
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("value, words", [(1e-300, "whole number of channels"), ("half", "caat_sync_fraction")])
+@pytest.mark.parametrize("value, words", [(1e-300, "whole number of channels"),
+                                          ("half", "caat_sync_fraction")])
 def test_a_checkpoints_bad_option_is_refused_naming_the_checkpoint(runs, tmp_path, value, words):
-    """A hand-changed block type option in a checkpoint: refused in the option's own words and the checkpoint's
-    path, before anything is built (the same option from the command line: tests/tp/test_partial_sync.py)."""
+    """A hand-changed block type option in a checkpoint: refused in the option's own words and the
+    checkpoint's path, before anything is built (the same option from the command line:
+    tests/tp/test_partial_sync.py)."""
     ckpt = load(runs("tp"))
     n_layer = ckpt["model_args"]["n_layer"]
     ckpt["model_options"].update(block_types=["caat"] * n_layer, caat_sync_fraction=value)

@@ -1,6 +1,6 @@
-"""The GPU path read line by line (issue 37), checked on CPU: the loss scaler's skip decision agrees across the ranks
-that hold different gradients (fp16, fused AdamW, grad_clip=0); bench.py's clock waits for the device before it is
-read; MFU is measured against the peak of the exact device and dtype, or not at all."""
+"""The GPU path read line by line (issue 37), checked on CPU: the loss scaler's skip decision agrees across
+the ranks that hold different gradients (fp16, fused AdamW, grad_clip=0); bench.py's clock waits for the
+device before it is read; MFU is measured against the peak of the exact device and dtype, or not at all."""
 
 import json
 import os
@@ -13,13 +13,14 @@ import torch.multiprocessing as mp
 
 
 def spawn_gloo(fn, world, tmp_path, *args):
-    """Run fn(rank, world, out_path, *args) in `world` gloo processes; returns each rank's JSON result. The processes
-    are forked from this one (torch already imported: a fresh interpreter's import took 5-15 s per process on the
-    busy 2 cores); spawned where CUDA is at hand (a forked child cannot initialize CUDA)."""
+    """Run fn(rank, world, out_path, *args) in `world` gloo processes; returns each rank's JSON result. The
+    processes are forked from this one (torch already imported: a fresh interpreter's import took 5-15 s per
+    process on the busy 2 cores); spawned where CUDA is at hand (a forked child cannot initialize CUDA)."""
     store = tmp_path / "store"
     outs = [str(tmp_path / f"rank{r}.json") for r in range(world)]
     method = "spawn" if torch.cuda.is_available() else "fork"
-    mp.start_processes(_gloo_entry, args=(fn, world, str(store), outs, args), nprocs=world, start_method=method)
+    mp.start_processes(_gloo_entry, args=(fn, world, str(store), outs, args), nprocs=world,
+                       start_method=method)
     results = []
     for path in outs:
         with open(path) as f:
@@ -42,9 +43,9 @@ def _gloo_entry(rank, fn, world, store, outs, args):
 # ---------------------------------------------------------------- fp16: every rank skips a step together
 
 def _overflow_step(rank, world, kind, explicit_unscale):
-    """One fp16 step of a Linear under a fused AdamW (CPU has one: it unscales inside its kernel) where only rank 1's
-    forward overflows fp16 (a tp rank whose shard saw a large activation). Returns whether this rank's weights
-    moved and the scale after update()."""
+    """One fp16 step of a Linear under a fused AdamW (CPU has one: it unscales inside its kernel) where only
+    rank 1's forward overflows fp16 (a tp rank whose shard saw a large activation). Returns whether this
+    rank's weights moved and the scale after update()."""
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
     from tpcomm.train.runtime import make_grad_scaler
@@ -99,8 +100,8 @@ def test_torch_scaler_alone_lets_the_ranks_disagree(overflow):
 # ---------------------------------------------------------------- bench.py's clock waits for the device
 
 class FakeDevice:
-    """A device that queues work: its clock advances only when synchronize() waits for the queued work, as a GPU's
-    work shows on the host clock only once it is waited for. Host time is never seen."""
+    """A device that queues work: its clock advances only when synchronize() waits for the queued work, as a
+    GPU's work shows on the host clock only once it is waited for. Host time is never seen."""
 
     def __init__(self):
         self.t, self.queued, self.log = 0.0, 0.0, []
@@ -214,8 +215,10 @@ def test_device_clock_synchronizes_cuda_and_not_cpu(monkeypatch):
 
 @pytest.mark.parametrize("name, dtype, tflops", [
     ("NVIDIA H100 80GB HBM3", "bfloat16", 989), ("NVIDIA H100 PCIe", "bfloat16", 756),
-    ("NVIDIA H100 NVL", "bfloat16", 835), ("NVIDIA H200", "bfloat16", 989), ("NVIDIA A100-SXM4-80GB", "bfloat16", 312),
-    ("NVIDIA H100 80GB HBM3", "float32", 495), ("NVIDIA H100 PCIe", "float32", 378),  # TF32, not the bf16 peak
+    ("NVIDIA H100 NVL", "bfloat16", 835), ("NVIDIA H200", "bfloat16", 989),
+                                                 ("NVIDIA A100-SXM4-80GB", "bfloat16", 312),
+    # TF32, not the bf16 peak
+    ("NVIDIA H100 80GB HBM3", "float32", 495), ("NVIDIA H100 PCIe", "float32", 378),
     ("NVIDIA A100-PCIE-40GB", "float16", 312), ("NVIDIA A100 80GB PCIe", "float32", 156),
     ("NVIDIA H100 80GB HBM3", torch.bfloat16, 989),  # a torch dtype works too
 ])
@@ -227,7 +230,8 @@ def test_peak_is_the_exact_devices_for_the_dtype(monkeypatch, name, dtype, tflop
 
 
 @pytest.mark.parametrize("device, name, dtype", [
-    ("cuda", "NVIDIA H100 80GB HBM3e Experimental", "bfloat16"),  # unknown name: substring of a known one's family
+    # unknown name: substring of a known one's family
+    ("cuda", "NVIDIA H100 80GB HBM3e Experimental", "bfloat16"),
     ("cuda", "NVIDIA H800", "bfloat16"),
     ("cuda", "Tesla V100-SXM2-32GB", "bfloat16"),  # no bf16 tensor cores: no bf16 peak
     ("cuda", "NVIDIA H100 80GB HBM3", None),  # the peak depends on the dtype: none given, no MFU
@@ -247,5 +251,7 @@ def test_mfu_divides_by_the_dtypes_peak(monkeypatch):
     bf16 = m.estimate_mfu(4, 0.5, device="cuda:0", dtype="bfloat16")
     fp32 = m.estimate_mfu(4, 0.5, device="cuda:0", dtype="float32")
     cfg = m.config
-    flops = (6 * m.get_num_params() + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size) * cfg.block_size * 4 / 0.5
-    assert bf16 == pytest.approx(flops / 756e12, rel=1e-12) and fp32 == pytest.approx(flops / 378e12, rel=1e-12)
+    flops = (6 * m.get_num_params() + 12 * cfg.n_layer * cfg.n_embd
+             * cfg.block_size) * cfg.block_size * 4 / 0.5
+    assert bf16 == pytest.approx(flops / 756e12, rel=1e-12) and fp32 == pytest.approx(flops / 378e12,
+                                                                                      rel=1e-12)

@@ -33,7 +33,8 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, char_data):
     train(part, char_data, *common, "--init_from=resume")
     a, b = losses(full), losses(part)
     assert sorted(a) == list(range(13))
-    for it in range(6, 13):  # the resumed run replaced the records of 6.. the first run wrote (steps and evals)
+    # the resumed run replaced the records of 6.. the first run wrote (steps and evals)
+    for it in range(6, 13):
         assert b[it] == pytest.approx(a[it], rel=1e-6, abs=1e-6), it  # same ops in the same order: ~exact
     assert a[12] < a[0]
     with open(os.path.join(part, "metrics.jsonl")) as f:
@@ -43,7 +44,8 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, char_data):
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_ddp_matches_single_process(tmp_path, char_data, dropout):
-    """With dropout too: masks are keyed by (seed, iteration, global micro-batch), not drawn from each rank's RNG."""
+    """With dropout too: masks are keyed by (seed, iteration, global micro-batch), not
+    drawn from each rank's RNG."""
     common = ["--max_iters=5", "--lr_decay_iters=5", "--eval_interval=100", "--gradient_accumulation_steps=2",
               f"--dropout={dropout}"]
     train(tmp_path / "one", char_data, *common)
@@ -101,8 +103,8 @@ def test_nan_loss_stops_and_keeps_checkpoint(tmp_path, char_data):
 
 @pytest.mark.parametrize("argv, kept", [([], False), (["--eval_iters=200"], True)])
 def test_gpu_recipe_evaluates_briefly_on_cpu(argv, kept, capsys):
-    """nanoGPT's GPU recipe on a CPU: its 200 evaluation batches of 64 x 256 (about 20 minutes here) are cut with
-    one line unless the command line sets eval_iters; a small model's are never cut."""
+    """nanoGPT's GPU recipe on a CPU: its 200 evaluation batches of 64 x 256 (about 20 minutes here) are cut
+    with one line unless the command line sets eval_iters; a small model's are never cut."""
     cfg = dict(batch_size=64, block_size=256, eval_iters=200)
     cpu_eval_iters(cfg, GPTConfig(n_layer=6, n_embd=384, vocab_size=84), argv)
     assert cfg["eval_iters"] == (200 if kept else 2)

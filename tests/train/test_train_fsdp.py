@@ -1,6 +1,7 @@
-"""train.py with data_parallel='fsdp', init_device='meta' and loss_parallel, end to end under torchrun (CPU, gloo):
-each logs the losses of one plain process (fp32 tolerance), checkpoints move between FSDP, DDP and simulated runs,
-and bad combinations are one line, exit status 2. Every comparison is shown able to fail (another seed)."""
+"""train.py with data_parallel='fsdp', init_device='meta' and loss_parallel, end to end under
+torchrun (CPU, gloo): each logs the losses of one plain process (fp32 tolerance), checkpoints move
+between FSDP, DDP and simulated runs, and bad combinations are one line, exit status 2. Every
+comparison is shown able to fail (another seed)."""
 
 import pytest
 
@@ -9,8 +10,9 @@ from conftest import TINY, assert_same, differs, losses, metrics, run_script, tr
 SPD = "config/train_shakespeare_char_spd.py"  # distributed_gpt, tp_size 2, spd blocks (tiny sizes from TINY)
 
 
-# gradient accumulation (4 global micro-batches: 2 per rank at dp 2), clipping active (the tiny model's gradient
-# norm is > 0.1), eval_iters 5: not divisible by dp (FSDP's evaluation keeps its ranks' forwards in step)
+# gradient accumulation (4 global micro-batches: 2 per rank at dp 2), clipping active (the tiny model's
+# gradient norm is > 0.1), eval_iters 5: not divisible by dp (FSDP's evaluation keeps its ranks' forwards in
+# step)
 COMMON = ["--max_iters=5", "--lr_decay_iters=5", "--eval_interval=5", "--gradient_accumulation_steps=4",
           "--grad_clip=0.1", "--eval_iters=5"]
 
@@ -27,8 +29,8 @@ def test_fsdp_and_meta_init_match_one_process_and_ddp(tmp_path, char_data):
     for other in (ddp, fsdp):
         assert_same(a, losses(other), 1e-5, other.name)
         assert_same(val_losses(one), val_losses(other), 1e-5, other.name)
-    # init_device='meta': the model is built without memory and materialised with GPT's initial weights, bitwise,
-    # so the losses are exactly the default init's, one process and FSDP alike
+    # init_device='meta': the model is built without memory and materialised with GPT's initial weights,
+    # bitwise, so the losses are exactly the default init's, one process and FSDP alike
     train(tmp_path / "one_meta", char_data, *COMMON, "--init_device=meta")
     train(tmp_path / "fsdp_meta", char_data, *COMMON, "--data_parallel=fsdp", "--init_device=meta", nproc=2)
     assert losses(tmp_path / "one_meta") == a
@@ -39,8 +41,9 @@ def test_fsdp_and_meta_init_match_one_process_and_ddp(tmp_path, char_data):
 
 
 def test_fsdp_x_real_tp_and_loss_parallel_match_one_simulated_process(tmp_path, char_data):
-    """dp 2 x tp 2 real (4 processes, FSDP over dp) logs the losses of one simulated tp_size-2 process; so does
-    loss_parallel=True (vocabulary-sharded wte/lm_head, vocab-parallel cross-entropy), simulated and real."""
+    """dp 2 x tp 2 real (4 processes, FSDP over dp) logs the losses of one simulated tp_size-2
+    process; so does loss_parallel=True (vocabulary-sharded wte/lm_head, vocab-parallel
+    cross-entropy), simulated and real."""
     common = [SPD, *COMMON]
     sim = tmp_path / "sim"
     train(sim, char_data, *common)
@@ -54,7 +57,8 @@ def test_fsdp_x_real_tp_and_loss_parallel_match_one_simulated_process(tmp_path, 
     for name in ("lp_sim", "lp_real"):
         assert_same(a, losses(tmp_path / name), 1e-5, name)
         steps = [rec for rec in metrics(tmp_path / name) if "loss" in rec]
-        assert all(rec["vocab_allreduces"] > 0 for rec in steps), steps[0]  # the vocab-parallel collectives, apart
+        # the vocab-parallel collectives, apart
+        assert all(rec["vocab_allreduces"] > 0 for rec in steps), steps[0]
     assert all("vocab_allreduces" not in rec for rec in metrics(sim))
     assert abs(a[5] - a[0]) > 1e-2
     train(tmp_path / "seed", char_data, *common, "--seed=7")
@@ -62,12 +66,13 @@ def test_fsdp_x_real_tp_and_loss_parallel_match_one_simulated_process(tmp_path, 
 
 
 def test_checkpoints_move_between_fsdp_ddp_and_simulated(tmp_path, char_data):
-    """An FSDP dp 2 x tp 2 run's checkpoint (GPT layout, gathered on every rank, written by the master) resumes as
-    one simulated process, whose checkpoint resumes as HSDP dp 4 (2 replicas x dp_shard 2) built on the meta device,
-    then as DDP dp 2: the losses of the uninterrupted one-process run. All-'tp' blocks are GPT at every tp_size, so
-    one trajectory is the reference (as in tests/tp/test_real_tp.py)."""
+    """An FSDP dp 2 x tp 2 run's checkpoint (GPT layout, gathered on every rank, written by the master)
+    resumes as one simulated process, whose checkpoint resumes as HSDP dp 4 (2 replicas x dp_shard 2) built on
+    the meta device, then as DDP dp 2: the losses of the uninterrupted one-process run. All-'tp' blocks are
+    GPT at every tp_size, so one trajectory is the reference (as in tests/tp/test_real_tp.py)."""
     common = [SPD, "--block_types=tp", "--lr_decay_iters=12", "--eval_interval=3",
-              "--gradient_accumulation_steps=4", "--always_save_checkpoint=True"]  # 4: divisible by dp 4 (HSDP)
+              # 4: divisible by dp 4 (HSDP)
+              "--gradient_accumulation_steps=4", "--always_save_checkpoint=True"]
     ref, part = tmp_path / "ref", tmp_path / "part"
     train(ref, char_data, *common, "--max_iters=12", "--tp_size=1")
     train(part, char_data, *common, "--max_iters=3", "--tp_mode=real", "--data_parallel=fsdp", nproc=4)
@@ -101,14 +106,15 @@ def test_bad_combinations_one_line_exit_2(tmp_path, char_data, args, words):
     assert not out.exists()
 
 
-# HSDP's dp_shard, checked in process (tpcomm.parallel.parallel_dims.check_dp_shard through train.py's prepare): WORLD_SIZE as
-# torchrun would set it, no process group needed
+# HSDP's dp_shard, checked in process (tpcomm.parallel.parallel_dims.check_dp_shard through train.py's
+# prepare): WORLD_SIZE as torchrun would set it, no process group needed
 @pytest.mark.parametrize("world, args, words", [
     (4, ["--dp_shard=2"], ["dp_shard=2", "needs data_parallel='fsdp'", "data_parallel='ddp'"]),
     (4, ["--data_parallel=fsdp", "--dp_shard=3"], ["dp_shard (3) must divide", "dp (4)"]),
     (4, ["--data_parallel=fsdp", "--dp_shard=8"], ["dp_shard (8) must divide", "dp (4)"]),
     (1, ["--data_parallel=fsdp", "--dp_shard=2"], ["dp_shard (2) must divide", "dp (1)"]),
-    (4, ["--data_parallel=fsdp", "--dp_shard=4", "--model_type=distributed_gpt", "--tp_size=2", "--tp_mode=real"],
+    (4, ["--data_parallel=fsdp", "--dp_shard=4", "--model_type=distributed_gpt", "--tp_size=2",
+         "--tp_mode=real"],
      ["dp_shard (4) must divide", "dp (2)"]),  # dp = world / tp
     (4, ["--data_parallel=fsdp", "--dp_shard=0"], ["dp_shard must be a positive int", "got 0"]),
     (4, ["--data_parallel=fsdp", "--dp_shard='2'"], ["dp_shard must be a positive int", "got '2'"]),
@@ -122,7 +128,8 @@ def test_dp_shard_is_checked_naming_key_and_values(tmp_path, char_data, monkeypa
     monkeypatch.setenv("WORLD_SIZE", str(world))
     out = tmp_path / "out"
     with pytest.raises(ConfigError) as e:
-        prepare([*TINY, f"--data_dir={char_data}", f"--out_dir={out}", "--gradient_accumulation_steps=8", *args])
+        prepare([*TINY, f"--data_dir={char_data}", f"--out_dir={out}", "--gradient_accumulation_steps=8",
+                 *args])
     assert "\n" not in str(e.value) and all(w in str(e.value) for w in words), str(e.value)
     assert not out.exists()
 
@@ -147,14 +154,14 @@ def test_dp_shard_sets_the_mesh(tmp_path, char_data, monkeypatch):
 
 
 def test_sharded_checkpoint_converts_exactly_and_resumes(tmp_path, char_data):
-    """checkpoint_format='sharded' (DCP, each rank writes its shards) from FSDP dp 2 x tp 2 real with loss_parallel:
-    converted on one process it is bitwise the full-format ckpt.pt of the same run (GPT keys and shapes, unpadded
-    vocabulary, AdamW moments); resumed at dp 1 with DDP it continues the uninterrupted one-process run; resumed in
-    another tp layout it is refused in one line that says how to convert."""
+    """checkpoint_format='sharded' (DCP, each rank writes its shards) from FSDP dp 2 x tp 2 real with
+    loss_parallel: converted on one process it is bitwise the full-format ckpt.pt of the same run (GPT keys
+    and shapes, unpadded vocabulary, AdamW moments); resumed at dp 1 with DDP it continues the uninterrupted
+    one-process run; resumed in another tp layout it is refused in one line that says how to convert."""
     import torch
 
-    common = [SPD, "--loss_parallel=True", "--lr_decay_iters=6", "--eval_interval=3", "--gradient_accumulation_steps=2",
-              "--always_save_checkpoint=True"]
+    common = [SPD, "--loss_parallel=True", "--lr_decay_iters=6", "--eval_interval=3",
+              "--gradient_accumulation_steps=2", "--always_save_checkpoint=True"]
     real = ["--tp_mode=real", "--data_parallel=fsdp"]
     full, sharded, ref = tmp_path / "full", tmp_path / "sharded", tmp_path / "ref"
     train(full, char_data, *common, *real, "--max_iters=3", nproc=4)
@@ -179,7 +186,7 @@ def test_sharded_checkpoint_converts_exactly_and_resumes(tmp_path, char_data):
     assert_same(losses(ref), losses(sharded), 1e-5, "sharded resume")
     assert sorted(p.name for p in sharded.iterdir() if p.name.startswith("ckpt_sharded")) == \
         ["ckpt_sharded", "ckpt_sharded.6"]  # the link moved to the new save, the old one was removed
-    r = run_script("train.py", SPD, *TINY, f"--data_dir={char_data}", f"--out_dir={sharded}", "--init_from=resume",
-                   "--checkpoint_format=sharded", "--max_iters=8", timeout=60)
+    r = run_script("train.py", SPD, *TINY, f"--data_dir={char_data}", f"--out_dir={sharded}",
+                   "--init_from=resume", "--checkpoint_format=sharded", "--max_iters=8", timeout=60)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "tp_real=True (this run: False)" in r.stderr and "tpcomm.train.sharded_checkpoint" in r.stderr

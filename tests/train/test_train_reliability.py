@@ -1,4 +1,5 @@
-"""train.py's failure audit: each promise of the README's reliability table, shown to hold (and able to fail)."""
+"""train.py's failure audit: each promise of the README's reliability table, shown
+to hold (and able to fail)."""
 
 import json
 import os
@@ -43,8 +44,8 @@ def gpt_run(tmp_path_factory, char_data):
 def spd_run(tmp_path_factory, char_data):
     """The Shakespeare-char spd config at tiny sizes (tp_size=2, every block 'spd'), checkpoint at iter 2."""
     out = tmp_path_factory.mktemp("rel") / "spd"
-    r = run_script("train.py", SPD_CONFIG, *TINY, f"--data_dir={char_data}", f"--out_dir={out}", "--max_iters=2",
-                   "--eval_interval=2", "--always_save_checkpoint=True")
+    r = run_script("train.py", SPD_CONFIG, *TINY, f"--data_dir={char_data}", f"--out_dir={out}",
+                   "--max_iters=2", "--eval_interval=2", "--always_save_checkpoint=True")
     assert r.returncode == 0, r.stdout + r.stderr
     return out
 
@@ -58,10 +59,11 @@ def copy_run(src, dst):
 
 def test_nonfinite_eval_keeps_last_finite_checkpoint(gpt_run, char_data, tmp_path):
     out = copy_run(gpt_run, tmp_path / "run")
-    # lr 1e30: step 2's loss is finite (computed before the update), the update makes the weights inf/nan, so the
-    # evaluation at iter 3 is the first non-finite number; eval_interval=1 would save after every evaluation
-    r = train(out, char_data, "--init_from=resume", "--learning_rate=1e30", "--grad_clip=0.0", "--max_iters=10",
-              "--eval_interval=1", "--warmup_iters=0", "--decay_lr=False", expect=1)
+    # lr 1e30: step 2's loss is finite (computed before the update), the update makes the weights inf/nan, so
+    # the evaluation at iter 3 is the first non-finite number; eval_interval=1 would save after every
+    # evaluation
+    r = train(out, char_data, "--init_from=resume", "--learning_rate=1e30", "--grad_clip=0.0",
+              "--max_iters=10", "--eval_interval=1", "--warmup_iters=0", "--decay_lr=False", expect=1)
     line = one_line_error(r, status=1)
     assert "loss is nan" in line and "iter 3" in line, line
     c = ckpt(out)
@@ -100,15 +102,16 @@ def test_resume_refuses_a_contradicting_model(request, char_data, run, args, wor
     src = request.getfixturevalue(f"{run}_run")
     before = (src / "ckpt.pt").read_bytes()
     config = [a for a in args if not a.startswith("--")]
-    r = run_script("train.py", *config, *TINY, f"--data_dir={char_data}", f"--out_dir={src}", "--init_from=resume",
-                   "--max_iters=4", *[a for a in args if a.startswith("--")])
+    r = run_script("train.py", *config, *TINY, f"--data_dir={char_data}", f"--out_dir={src}",
+                   "--init_from=resume", "--max_iters=4", *[a for a in args if a.startswith("--")])
     line = one_line_error(r)
     assert "checkpoint" in line and all(w in line for w in words), line
     assert (src / "ckpt.pt").read_bytes() == before
 
 
 def test_resume_spd_without_model_flags(spd_run, char_data, tmp_path):
-    """No config file, no model flags: the run is the checkpoint's spd DistributedGPT (tp_size 2, block_size 32)."""
+    """No config file, no model flags: the run is the checkpoint's spd DistributedGPT
+    (tp_size 2, block_size 32)."""
     out = copy_run(spd_run, tmp_path / "run")
     r = run_script("train.py", "--device=cpu", "--compile=False", "--dtype=float32", "--batch_size=4",
                    "--eval_iters=4", f"--data_dir={char_data}", f"--out_dir={out}", "--init_from=resume",
@@ -125,8 +128,8 @@ def test_resume_spd_without_model_flags(spd_run, char_data, tmp_path):
 
 def test_resume_may_change_tp_size_and_dropout(spd_run, char_data, tmp_path):
     out = copy_run(spd_run, tmp_path / "run")
-    r = run_script("train.py", SPD_CONFIG, *TINY, f"--data_dir={char_data}", f"--out_dir={out}", "--init_from=resume",
-                   "--max_iters=3", "--eval_interval=3", "--tp_size=1", "--dropout=0.1")
+    r = run_script("train.py", SPD_CONFIG, *TINY, f"--data_dir={char_data}", f"--out_dir={out}",
+                   "--init_from=resume", "--max_iters=3", "--eval_interval=3", "--tp_size=1", "--dropout=0.1")
     assert r.returncode == 0, r.stdout + r.stderr
     assert ckpt(out)["model_options"]["tp_size"] == 1
 
@@ -135,8 +138,8 @@ def test_resume_may_change_tp_size_and_dropout(spd_run, char_data, tmp_path):
 
 def test_second_run_in_the_same_out_dir_refuses(char_data, tmp_path):
     out = tmp_path / "run"
-    args = [sys.executable, "train.py", *TINY, f"--data_dir={char_data}", f"--out_dir={out}", "--max_iters=100000",
-            "--eval_interval=1000000"]
+    args = [sys.executable, "train.py", *TINY, f"--data_dir={char_data}", f"--out_dir={out}",
+            "--max_iters=100000", "--eval_interval=1000000"]
     first = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
     try:
@@ -156,8 +159,8 @@ def test_second_run_in_the_same_out_dir_refuses(char_data, tmp_path):
 
 def test_step_time_excludes_evaluation(char_data, tmp_path):
     out = tmp_path / "run"
-    # an evaluation of 2 x 60 batches every 3rd iteration costs ~20 training steps (of TINY's 2 micro-steps); the
-    # old timer, from one iteration to the next, put it into that iteration's dt_ms
+    # an evaluation of 2 x 60 batches every 3rd iteration costs ~20 training steps (of TINY's 2 micro-steps);
+    # the old timer, from one iteration to the next, put it into that iteration's dt_ms
     train(out, char_data, "--max_iters=11", "--eval_interval=3", "--eval_iters=60")
     steps = {rec["iter"]: rec for rec in records(out) if "loss" in rec}
     with_eval = statistics.median(steps[i]["dt_ms"] for i in (3, 6, 9))
@@ -171,7 +174,8 @@ def test_step_time_excludes_evaluation(char_data, tmp_path):
 
 @pytest.fixture(scope="module")
 def bad_data(tmp_path_factory, char_data):
-    """Copies of the tiny dataset: one whose train.bin has an odd byte count, one with a token id past the vocab."""
+    """Copies of the tiny dataset: one whose train.bin has an odd byte count, one
+    with a token id past the vocab."""
     base = tmp_path_factory.mktemp("baddata")
     out = {}
     for name in ("odd", "big_id"):
@@ -226,18 +230,19 @@ def test_pretrained_without_network(char_data, tmp_path):
     out = tmp_path / "out"
     env = dict(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
     r = run_script("train.py", "--device=cpu", "--compile=False", "--dtype=float32", "--block_size=32",
-                   "--batch_size=4", f"--data_dir={char_data}", f"--out_dir={out}", "--init_from=gpt2", "--max_iters=1",
-                   env=env)
+                   "--batch_size=4", f"--data_dir={char_data}", f"--out_dir={out}", "--init_from=gpt2",
+                   "--max_iters=1", env=env)
     line = one_line_error(r)
     assert "init_from='gpt2'" in line and "pretrained" in line, line
     assert not out.exists()
 
 
 def test_pretrained_refuses_contradicting_sizes(char_data, tmp_path):
-    """GPT-2's sizes and GELU come with its weights: an explicit other value is refused before the download."""
+    """GPT-2's sizes and GELU come with its weights: an explicit other value is
+    refused before the download."""
     env = dict(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
-    r = run_script("train.py", *TINY, f"--data_dir={char_data}", f"--out_dir={tmp_path / 'o'}", "--init_from=gpt2",
-                   "--max_iters=1", env=env)
+    r = run_script("train.py", *TINY, f"--data_dir={char_data}", f"--out_dir={tmp_path / 'o'}",
+                   "--init_from=gpt2", "--max_iters=1", env=env)
     line = one_line_error(r)
     assert "n_layer=2" in line and "n_layer=12" in line and "gpt2" in line, line
 

@@ -1,14 +1,14 @@
 """
-tp_async_grad (the asynchronous backward all-reduce of f) under real tensor parallelism, run under torchrun on CPU
-with gloo by tests/tp/test_backward_overlap.py, all checks of a world size in one launch:
+tp_async_grad (the asynchronous backward all-reduce of f) under real tensor parallelism, run under torchrun on
+CPU with gloo by tests/tp/test_backward_overlap.py, all checks of a world size in one launch:
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/workers/backward_overlap_worker.py OUT_DIR
-2 processes (tp 2): asynchronous == blocking, bitwise in float32 with keyed dropout (logits, loss, every gradient,
-after tp_overlap=1 and 2), the same == the simulation (float64, real_tp_worker.TOL), 3 AdamW steps with clipping
-bitwise, one weight perturbed (the comparison can fail), and a torch.profiler trace of one training step per rank
-(OUT_DIR/trace-<pattern>.rank<r>.json) with the order of the backward all-reduces' issues and waits and the compute
-run between each issue and its wait. 4 processes: tp 4, then dp 2 x tp 2 under FSDP2 and DDP, then pp 2 x tp 2
-(GPipe), each asynchronous == blocking bitwise in float32. Rank 0 writes OUT_DIR/results.json; the assertions live in the
-test file.
+2 processes (tp 2): asynchronous == blocking, bitwise in float32 with keyed dropout (logits, loss, every
+gradient, after tp_overlap=1 and 2), the same == the simulation (float64, real_tp_worker.TOL), 3 AdamW steps
+with clipping bitwise, one weight perturbed (the comparison can fail), and a torch.profiler trace of one
+training step per rank (OUT_DIR/trace-<pattern>.rank<r>.json) with the order of the backward all-reduces'
+issues and waits and the compute run between each issue and its wait. 4 processes: tp 4, then dp 2 x tp 2
+under FSDP2 and DDP, then pp 2 x tp 2 (GPipe), each asynchronous == blocking bitwise in float32. Rank 0 writes
+OUT_DIR/results.json; the assertions live in the test file.
 """
 
 import json
@@ -18,7 +18,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
+# the repository
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from real_tp_worker import TOL, batch, held_by, make_gpt, name, ratio, simulated, with_dropout, worst  # noqa: E402
@@ -67,7 +68,8 @@ def bitwise(a, b):
 
 
 def check_equal(pd, gpt, results, patterns):
-    """Asynchronous == blocking, bitwise in float32 with dropout; asynchronous == the simulation in float64."""
+    """Asynchronous == blocking, bitwise in float32 with dropout; asynchronous ==
+    the simulation in float64."""
     idx, tgt = batch(0)
     dropped = with_dropout(gpt, 0.2)
     cases = [(block_types, K) for block_types in patterns for K in ks(block_types)]
@@ -86,14 +88,16 @@ def check_equal(pd, gpt, results, patterns):
                "grads": ratio(gr, held_by(real, gs), TOL["float64"])}
         results[f"tp{pd.tp}/sim/{tag}"] = dict(ratio=max(v["ratio"] for v in out.values()), parts=out)
     for block_types in patterns:
-        if "ladder" in block_types:  # no dropout: the pending biases (C,), not masked (N, C), summed over tokens
+        # no dropout: the pending biases (C,), not masked (N, C), summed over tokens
+        if "ladder" in block_types:
             results[f"tp{pd.tp}/equal/{name(block_types)}/p0"] = bitwise(
                 step(build(gpt, block_types, pd, torch.float32, tp_async_grad=True), idx, tgt),
                 step(build(gpt, block_types, pd, torch.float32), idx, tgt))
 
 
 def check_can_fail(pd, gpt, results):
-    """One weight of the last rank's shard perturbed on the asynchronous side: the bitwise comparison fails."""
+    """One weight of the last rank's shard perturbed on the asynchronous side: the
+    bitwise comparison fails."""
     idx, tgt = batch(0)
     block_types = ["tp", "ladder", "ladder", "spd"]
     model = build(gpt, block_types, pd, torch.float32, tp_async_grad=True)
@@ -101,7 +105,8 @@ def check_can_fail(pd, gpt, results):
         with torch.no_grad():
             model.transformer.h[1].mlp.c_fc.weight[0, 3] += 1e-3
     results[f"can_fail/tp{pd.tp}/perturbed_shard"] = bitwise(step(model, idx, tgt),
-                                                             step(build(gpt, block_types, pd, torch.float32), idx, tgt))
+                                                             step(build(gpt, block_types, pd, torch.float32),
+                                                                  idx, tgt))
 
 
 def train(model, run, pd, data):
@@ -132,11 +137,12 @@ def check_training(pd, gpt, results, variants):
 
 
 def check_order(pd, gpt, out_dir, results):
-    """One traced training step per pattern (tp_async_grad): the backward all-reduces' issues and waits in order,
-    with the compute ops (matmuls) that ran between each issue and its wait on the thread that issued it."""
+    """One traced training step per pattern (tp_async_grad): the backward all-reduces' issues
+    and waits in order, with the compute ops (matmuls) that ran between each issue and its wait
+    on the thread that issued it."""
     idx, tgt = batch(0)
-    for label, block_types, kw in (("tp-overlap2", ["tp"] * 4, dict(tp_overlap=2)), ("ladder", ["ladder"] * 4, {}),
-                                   ("tp", ["tp"] * 4, {})):
+    for label, block_types, kw in (("tp-overlap2", ["tp"] * 4, dict(tp_overlap=2)),
+                                   ("ladder", ["ladder"] * 4, {}), ("tp", ["tp"] * 4, {})):
         model = build(gpt, block_types, pd, torch.float32, tp_async_grad=True, **kw)
         path = os.path.join(out_dir, f"trace-{label}.rank{pd.tp_rank}.json")
         with trace_steps(path) as tracer:
@@ -147,8 +153,8 @@ def check_order(pd, gpt, out_dir, results):
         spans = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
         events = [e for e in collective_events(trace, waits=True) if e["op"] == "f_async"]
         issued = {}
-        log = [["wait" if ev["category"] == "wait" else "issue", ev["layer"], ev["site"], ev["ts"], ev["ts"] + ev["dur"]]
-               for ev in events]
+        log = [["wait" if ev["category"] == "wait" else "issue", ev["layer"], ev["site"], ev["ts"],
+                ev["ts"] + ev["dur"]] for ev in events]
         # the matmuls that ran between each issue's end and its wait's start, on the issuing thread
         for entry in log:
             kind, layer, site, start, end = entry
@@ -164,9 +170,9 @@ def check_order(pd, gpt, out_dir, results):
 
 
 def check_data_parallel(pd, gpt, results):
-    """dp 2 x tp 2, FSDP2 (its blocks wait for the ladder's attention all-reduce in their own forward) and DDP (all
-    'ladder': each block hands the next its ColumnInput) over dp: 3 steps asynchronous == blocking, bitwise
-    (float32, dropout)."""
+    """dp 2 x tp 2, FSDP2 (its blocks wait for the ladder's attention all-reduce in their own forward) and DDP
+    (all 'ladder': each block hands the next its ColumnInput) over dp: 3 steps asynchronous == blocking,
+    bitwise (float32, dropout)."""
     dropped = with_dropout(gpt, 0.2)
     rows = slice(pd.dp_rank * 2, pd.dp_rank * 2 + 2)
     data = [(x[rows], y[rows]) for x, y in (batch(20 + i) for i in range(STEPS))]
@@ -182,7 +188,8 @@ def check_data_parallel(pd, gpt, results):
 
 
 def check_pipeline(pd, gpt, results):
-    """pp 2 x tp 2, GPipe with 2 micro-batches: the first step's loss and every gradient, asynchronous == blocking."""
+    """pp 2 x tp 2, GPipe with 2 micro-batches: the first step's loss and every gradient,
+    asynchronous == blocking."""
     from tpcomm.parallel.pipeline import build_pipeline
 
     dropped = with_dropout(gpt, 0.2)
@@ -206,7 +213,8 @@ def main(argv):
         if world == 2:
             check_equal(pd, gpt, results, PATTERNS)
             check_can_fail(pd, gpt, results)
-            check_training(pd, gpt, results, [(["tp", "ladder", "ladder", "spd"], {}), (["tp"] * 4, dict(tp_overlap=2))])
+            check_training(pd, gpt, results, [(["tp", "ladder", "ladder", "spd"], {}),
+                                              (["tp"] * 4, dict(tp_overlap=2))])
             check_order(pd, gpt, out_dir, results)
         else:
             only = argv[1].split(",") if len(argv) > 1 else ("tp4", "dp", "pp")

@@ -1,9 +1,11 @@
 """
-Partial-channel sync ('caat' blocks, tpcomm/model/block_types/caat.py) under real tensor parallelism (one shard per process,
-gloo) against the simulation, run by tests/tp/test_partial_sync.py in a shared launch (conftest.shared_launch):
+Partial-channel sync ('caat' blocks, tpcomm/model/block_types/caat.py) under real tensor parallelism (one
+shard per process, gloo) against the simulation, run by tests/tp/test_partial_sync.py in a shared launch
+(conftest.shared_launch):
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/workers/caat_worker.py out.json
-Logits, loss and every gradient, fp32 and fp64, without and with dropout; comparisons reported as
-real_tp_worker's `ratio` (<= 1: torch.testing.assert_close passes at its TOL). The assertions live in the test file.
+Logits, loss and every gradient, fp32 and fp64, without and with dropout; comparisons reported
+as real_tp_worker's `ratio` (<= 1: torch.testing.assert_close passes at its TOL). The
+assertions live in the test file.
 """
 
 import os
@@ -11,7 +13,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
+# the repository
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from real_tp_worker import TOL, batch, compare_step, forward_backward, make_gpt, name, simulated  # noqa: E402
@@ -29,9 +32,9 @@ KEY = (1337, 3, 1)  # a dropout key: (seed, iteration, micro-step)
 
 
 def build(gpt, pd, block_types, p, dtype, *, real):
-    """DistributedGPT of gpt at pd's tp size, caat_sync_fraction p, in dtype: real TP over pd (a head reading each
-    rank's stream splits wte/lm_head by vocabulary there by itself), or simulated (its head slicing the whole
-    weight)."""
+    """DistributedGPT of gpt at pd's tp size, caat_sync_fraction p, in dtype: real TP over pd (a head
+    reading each rank's stream splits wte/lm_head by vocabulary there by itself), or simulated (its head
+    slicing the whole weight)."""
     model = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd if real else None, caat_sync_fraction=p)
     assert model.vocab_parallel == (real and block_types[-1] == "caat")
     return model.to(dtype)
@@ -58,7 +61,8 @@ def check(pd, gpt, results):
     for case, sim_out in zip(cases, sims):
         kind, dtype, block_types, p = case
         real, real_out = run(*case, real=True)
-        results[f"{kind}/{dtype}/{name(block_types)}/p={p}"] = compare_step(real_out, sim_out, TOL[dtype], real)
+        results[f"{kind}/{dtype}/{name(block_types)}/p={p}"] = compare_step(real_out, sim_out, TOL[dtype],
+                                                                            real)
     # the comparisons can fail: one weight of the last rank's shard perturbed; the other fraction
     block_types = PATTERNS[0]
     sim_out = sims[cases.index(("fwd_bwd", "float64", block_types, 0.5))]

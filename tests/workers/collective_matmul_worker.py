@@ -1,10 +1,11 @@
 """
-tp_collective_matmul under real tensor parallelism (one shard per gloo process), run by tests/tp/test_collective_matmul.py
-in the shared launches of 2 and 4 processes, all checks in one launch:
+tp_collective_matmul under real tensor parallelism (one shard per gloo process), run by
+tests/tp/test_collective_matmul.py in the shared launches of 2 and 4 processes, all checks in one launch:
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/workers/collective_matmul_worker.py OUT
-Rank 0 writes OUT/results.json: per check the worst ratio over the ranks (real_tp_worker.ratio: <= 1 is
-torch.testing.assert_close passing at the tolerance), the counts, and each rank's trace of one step (the ring's
-transfers, each with the matmuls that ran between its issue and its wait). The assertions live in the test file.
+Rank 0 writes OUT/results.json: per check the worst ratio over the ranks (real_tp_worker.ratio: <= 1
+is torch.testing.assert_close passing at the tolerance), the counts, and each rank's trace of one
+step (the ring's transfers, each with the matmuls that ran between its issue and its wait). The
+assertions live in the test file.
 """
 
 import json
@@ -14,7 +15,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
+# the repository
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from real_tp_worker import TOL, batch, held_by, local_grads, make_gpt, ratio, simulated, with_dropout  # noqa: E402
 from real_tp_worker import worst  # noqa: E402
@@ -39,7 +41,8 @@ def forward_backward(model, idx, tgt, *, dropout_key=None):
 
 
 def compare(a, b, tol, real):
-    """forward_backward of the real model `real` against the simulated one's (its gradients cut as real holds them)."""
+    """forward_backward of the real model `real` against the simulated one's (its
+    gradients cut as real holds them)."""
     (x, x_counts), (y, y_counts) = a, b
     y = dict(y, grads=held_by(real, y["grads"]))
     out = {k: ratio(x[k], y[k], tol) for k in ("logits", "loss", "grads")}
@@ -58,11 +61,13 @@ def model(gpt, pd, *, ring, perturb=False):
 
 
 def check_real_equals_sim(pd, gpt, results):
-    """fp32, without and with keyed dropout 0.2: real collective matmul == simulated plain SP (the math) and ==
-    simulated collective matmul (the counts)."""
+    """fp32, without and with keyed dropout 0.2: real collective matmul == simulated plain SP (the math) and
+    == simulated collective matmul (the counts)."""
     idx, tgt = batch(0)
-    sources = {"fwd_bwd": (gpt, None), "dropout": (with_dropout(gpt, 0.2), (1337, 3, 1))}  # weights, dropout key
-    cases = [(check, ring) for check in sources for ring in (False, True)]  # simulated: plain SP, collective matmul
+    # weights, dropout key
+    sources = {"fwd_bwd": (gpt, None), "dropout": (with_dropout(gpt, 0.2), (1337, 3, 1))}
+    # simulated: plain SP, collective matmul
+    cases = [(check, ring) for check in sources for ring in (False, True)]
 
     def sim_run(check, ring):
         source, key = sources[check]

@@ -1,6 +1,6 @@
 """
-How real TP times its collectives (tpcomm/tp/counting.py Timing, tpcomm/tp/collectives.py RealTP), run under torchrun on
-CPU with gloo by tests/tp/test_comm_timing.py, all checks in one launch:
+How real TP times its collectives (tpcomm/tp/counting.py Timing, tpcomm/tp/collectives.py RealTP), run under
+torchrun on CPU with gloo by tests/tp/test_comm_timing.py, all checks in one launch:
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/workers/comm_timing_worker.py OUT
 Rank 0 writes OUT (json): per variant and rank, the comm report's times after two training steps; and the fake
 device clock's readings. The assertions live in the test file.
@@ -12,13 +12,15 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
+# the repository
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from model import GPT, GPTConfig  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
 from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
 
-VARIANTS = {  # the ways to move a sync whose timing differs: blocking, asynchronous (chunks, ladder), compressed
+# the ways to move a sync whose timing differs: blocking, asynchronous (chunks, ladder), compressed
+VARIANTS = {
     "plain": dict(block_types=["tp", "spd"]),
     "overlap2": dict(block_types=["tp", "spd"], tp_overlap=2),
     "ladder": dict(block_types=["ladder", "ladder"]),
@@ -28,8 +30,9 @@ VARIANTS = {  # the ways to move a sync whose timing differs: blocking, asynchro
                           tp_comm_exchange="two_shot"),
     "sequence_parallel": dict(block_types=["tp", "tp"], sequence_parallel=True),
 }
-TIME_KEYS = ("comm_seconds", "comm_busy_seconds", "comm_fwd_seconds", "comm_bwd_seconds", "comm_fwd_busy_seconds",
-             "comm_bwd_busy_seconds", "comm_codec_seconds", "fwd_allreduces", "bwd_allreduces", "grad_sync_allreduces")
+TIME_KEYS = ("comm_seconds", "comm_busy_seconds", "comm_fwd_seconds", "comm_bwd_seconds",
+             "comm_fwd_busy_seconds", "comm_bwd_busy_seconds", "comm_codec_seconds", "fwd_allreduces",
+             "bwd_allreduces", "grad_sync_allreduces")
 
 
 def make_gpt():
@@ -114,7 +117,8 @@ def check_bf16_identity(pd):
     out = {}
     for kind in ("tp", "spd", "parallel", "ladder"):
         for loss_parallel in (False, True):
-            model = DistributedGPT.from_gpt(gpt, pd.tp, [kind, "parallel"], pd=pd, loss_parallel=loss_parallel)
+            model = DistributedGPT.from_gpt(gpt, pd.tp, [kind, "parallel"], pd=pd,
+                                            loss_parallel=loss_parallel)
             out[f"{kind}/loss_parallel={loss_parallel}"] = (stream(model) - want).abs().max().item()
         if kind != "ladder":  # sequence parallel ('ladder' refuses it): its syncs reduce-scatter the d_i
             for pattern in ([kind, "parallel"], ["parallel", kind]):  # synced input, desynced input

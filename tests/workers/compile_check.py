@@ -1,5 +1,6 @@
-"""Shared by tests/model/test_compile.py and tests/workers/compile_worker.py: train a tiny model compiled and eagerly with the same
-dropout keys, counting recompiles after warm-up (torch._dynamo turns a recompile into an error there)."""
+"""Shared by tests/model/test_compile.py and tests/workers/compile_worker.py: train a tiny model compiled
+and eagerly with the same dropout keys, counting recompiles after warm-up (torch._dynamo turns a
+recompile into an error there)."""
 
 import torch
 import torch._dynamo
@@ -17,9 +18,9 @@ def make(model_type, dropout, pd=None, extra=None):
 
 
 def run_steps(model_type, dropout, *, pd=None, backend="aot_eager", extra=None):
-    """Losses and collective counts of WARMUP + STEPS training steps (each with its own dropout key, each followed
-    by an eval forward), compiled and eager from the same weights; 'recompiled' is True if dynamo had to trace
-    again after the warm-up."""
+    """Losses and collective counts of WARMUP + STEPS training steps (each with its own dropout key, each
+    followed by an eval forward), compiled and eager from the same weights; 'recompiled' is True if dynamo had
+    to trace again after the warm-up."""
     g = torch.Generator().manual_seed(1)
     data = [(torch.randint(48, (4, 16), generator=g), torch.randint(48, (4, 16), generator=g))
             for _ in range(WARMUP + STEPS)]
@@ -42,8 +43,9 @@ def run_steps(model_type, dropout, *, pd=None, backend="aot_eager", extra=None):
                 _, loss = run(x, y)
                 loss.backward()
                 report = model.comm_report(micro_steps=1, tokens=x.numel())
-                counts.append([report.get(k) for k in ("fwd_allreduces", "bwd_allreduces", "comm_bytes_per_token",
-                                                       "fwd_reduce_scatters", "vocab_allreduces")])
+                counts.append([report.get(k) for k in ("fwd_allreduces", "bwd_allreduces",
+                                                       "comm_bytes_per_token", "fwd_reduce_scatters",
+                                                       "vocab_allreduces")])
                 model.eval()
                 with torch.no_grad():
                     run(x, y)

@@ -1,13 +1,13 @@
 """
-Compiled real tensor parallelism (issues 37.7, 36.3): under torch.compile every collective of real TP is one of
-torch's functional collectives, traced into the graph (no graph break per f/g), so a 12-layer model with every
-block type compiles to one graph per mode without a recompile per layer. Run under torchrun on CPU with gloo by
-tests/tp/test_compiled_real_tp.py:
+Compiled real tensor parallelism (issues 37.7, 36.3): under torch.compile every collective of real TP is one
+of torch's functional collectives, traced into the graph (no graph break per f/g), so a 12-layer model with
+every block type compiles to one graph per mode without a recompile per layer. Run under torchrun on CPU with
+gloo by tests/tp/test_compiled_real_tp.py:
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/workers/compiled_real_tp_worker.py OUT [CASES]
-CASES: a JSON list of [name, backend, model options]; default CASES below. Per case, rank 0 writes the compiled
-and eager losses of every training step (each step with its own dropout key, then an eval forward), the counted
-collectives, the graph breaks, the graphs compiled and whether dynamo had to trace again after the warm-up (turned
-into an error there: a silent fallback to eager past the recompile limit would be one).
+CASES: a JSON list of [name, backend, model options]; default CASES below. Per case, rank 0 writes the
+compiled and eager losses of every training step (each step with its own dropout key, then an eval forward),
+the counted collectives, the graph breaks, the graphs compiled and whether dynamo had to trace again after the
+warm-up (turned into an error there: a silent fallback to eager past the recompile limit would be one).
 """
 
 import json
@@ -19,23 +19,25 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
+# the repository
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from tpcomm.train.build import build_model  # noqa: E402
 from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
 
 SIZES = dict(block_size=16, vocab_size=48, n_layer=2, n_head=4, n_embd=32, bias=True, dropout=0.1, tp_size=2)
 WARMUP, STEPS = 2, 2
-# Graph breaks and recompiles are dynamo's: the 'eager' backend runs dynamo's graph as traced, without AOTAutograd's
-# tracing of it (this test: 40 s, against 77 s with 'aot_eager', each alone on 2 cores). AOTAutograd over every option
-# (tp_overlap, int8 one- and two-shot, the ladder, tp_async_grad, sequence parallelism, loss_parallel) at 2 layers:
-# tests/model/test_compile.py's VARIANTS, in the shared 2-process launch.
+# Graph breaks and recompiles are dynamo's: the 'eager' backend runs dynamo's graph as traced, without
+# AOTAutograd's tracing of it (this test: 40 s, against 77 s with 'aot_eager', each alone on 2 cores).
+# AOTAutograd over every option (tp_overlap, int8 one- and two-shot, the ladder, tp_async_grad, sequence
+# parallelism, loss_parallel) at 2 layers: tests/model/test_compile.py's VARIANTS, in the shared 2-process
+# launch.
 CASES = [["12 layers, every block type", "eager",
           dict(n_layer=12, block_types=["tp", "spd", "parallel", "ladder"] * 3)]]
-# Not here: inductor. Its first compiled step of a 1-layer real-TP model did not finish within 9 minutes on the shared
-# 2 cores (both ranks mostly idle: a hang or a starved compile, not yet told apart); functional collectives with
-# gloo under inductor do work in a small function (all_reduce, all_gather_tensor, reduce_scatter_tensor, checked).
-# aot_eager is what inductor receives from dynamo and AOTAutograd.
+# Not here: inductor. Its first compiled step of a 1-layer real-TP model did not finish within 9 minutes on
+# the shared 2 cores (both ranks mostly idle: a hang or a starved compile, not yet told apart); functional
+# collectives with gloo under inductor do work in a small function (all_reduce, all_gather_tensor,
+# reduce_scatter_tensor, checked). aot_eager is what inductor receives from dynamo and AOTAutograd.
 
 
 class LimitHits(logging.Handler):
@@ -73,8 +75,9 @@ def run_case(pd, backend, options):
                 _, loss = run(x, y)
                 loss.backward()
                 report = model.comm_report(micro_steps=1, tokens=x.numel())
-                counts.append([report.get(k) for k in ("fwd_allreduces", "bwd_allreduces", "comm_bytes_per_token",
-                                                       "fwd_reduce_scatters", "vocab_allreduces")])
+                counts.append([report.get(k) for k in ("fwd_allreduces", "bwd_allreduces",
+                                                       "comm_bytes_per_token", "fwd_reduce_scatters",
+                                                       "vocab_allreduces")])
                 model.eval()
                 with torch.no_grad():
                     _, eval_loss = run(x, y)

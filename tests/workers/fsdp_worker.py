@@ -1,9 +1,10 @@
 """
-FSDP2 over the dp dimension (data_parallel.apply_data_parallel(kind='fsdp')) against one process, under torchrun
-on CPU with gloo, all checks in one launch (run by tests/parallel/test_fsdp.py):
+FSDP2 over the dp dimension (data_parallel.apply_data_parallel(kind='fsdp')) against one process, under
+torchrun on CPU with gloo, all checks in one launch (run by tests/parallel/test_fsdp.py):
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=4 tests/workers/fsdp_worker.py --tp=2 out.json
 dp = world / tp. tp=1: GPT and simulated-TP DistributedGPT sharded over dp; tp=2: real TP, each rank's tp shards
-sharded further over dp. Results as in real_tp_worker.py: `ratio` <= 1 means assert_close passes at the tolerance.
+sharded further over dp. Results as in real_tp_worker.py: `ratio` <= 1 means
+assert_close passes at the tolerance.
 """
 
 import os
@@ -12,7 +13,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
+# the repository
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from tpcomm.parallel.data_parallel import apply_data_parallel, set_gradient_sync  # noqa: E402
@@ -23,9 +25,10 @@ from real_tp_worker import VOCAB, make_gpt, ratio, simulated, write_results  # n
 from tensor_parallel_model import DistributedGPT  # noqa: E402
 from tpcomm.model.options import TPConfig  # noqa: E402
 
-# float64 throughout: FSDP's reduce-scatter, DDP's all-reduce and one process's sums add the same terms in other
-# orders, ~1e-16 relative per operation (measured <1e-14 after 3 steps); a wrong shard or a missing reduction moves
-# results by >1e-3. Adam turns a gradient's rounding into a weight difference of up to its own size, hence 1e-8.
+# float64 throughout: FSDP's reduce-scatter, DDP's all-reduce and one process's sums add the same terms in
+# other orders, ~1e-16 relative per operation (measured <1e-14 after 3 steps); a wrong shard or a missing
+# reduction moves results by >1e-3. Adam turns a gradient's rounding into a weight difference of up to its own
+# size, hence 1e-8.
 TOL = dict(rtol=1e-8, atol=1e-8)
 STEPS, MICRO, LR, CLIP = 3, 4, 1e-2, 0.1  # MICRO global micro-batches of one row per step; clipping active
 PATTERN = ["parallel", "tp", "parallel", "spd"]  # desynced streams into tp and spd blocks
@@ -38,7 +41,8 @@ def data(step, micro=MICRO):
 
 
 def build(kind, gpt, pd, *, meta=False):
-    """GPT, or DistributedGPT with tp_size 2 (real when the grid has a tp dimension), as a float64 copy of gpt."""
+    """GPT, or DistributedGPT with tp_size 2 (real when the grid has a tp dimension),
+    as a float64 copy of gpt."""
     if kind == "gpt":
         model = PlainGPT(gpt.config)
         model.load_state_dict(gpt.state_dict())
@@ -47,9 +51,9 @@ def build(kind, gpt, pd, *, meta=False):
 
 
 def train(model, run, pd, *, dp, micro=MICRO):
-    """STEPS AdamW steps with clipping over `micro` global micro-batches each; this replica takes micro-batches
-    dp_rank, dp_rank + dp, ... of each step (gradient sync on its last one only). Returns losses (mean over all
-    micro-batches), norms, weights, moments."""
+    """STEPS AdamW steps with clipping over `micro` global micro-batches each; this replica takes
+    micro-batches dp_rank, dp_rank + dp, ... of each step (gradient sync on its last one only). Returns losses
+    (mean over all micro-batches), norms, weights, moments."""
     optimizer = model.configure_optimizers(0.1, LR, (0.9, 0.95), "cpu")
     mine = list(range(pd.dp_rank if dp > 1 else 0, micro, dp))
     losses, norms = [], []
@@ -70,14 +74,14 @@ def train(model, run, pd, *, dp, micro=MICRO):
         losses.append(float(total) / micro)
     moments = {f"{i}/{k}": v for i, s in model.gpt_optimizer_state(optimizer)["state"].items()
                for k, v in s.items() if k != "step"}
-    return dict(losses=torch.tensor(losses, dtype=torch.float64), norms=torch.tensor(norms, dtype=torch.float64),
-                weights=model.gpt_state_dict(),
-                moments=moments)
+    return dict(losses=torch.tensor(losses, dtype=torch.float64), norms=torch.tensor(norms,
+                                                                                     dtype=torch.float64),
+                weights=model.gpt_state_dict(), moments=moments)
 
 
 def one_process(gpt, kinds, *, micro=MICRO):
-    """train() of one process (no dp) for each kind, the runs the dp ones are compared with; each computed by one
-    rank and sent to all (real_tp_worker.simulated), as every rank would compute the same."""
+    """train() of one process (no dp) for each kind, the runs the dp ones are compared with; each computed by
+    one rank and sent to all (real_tp_worker.simulated), as every rank would compute the same."""
     def run(kind):
         one = build(kind, gpt, None)
         return train(one, one, None, dp=1, micro=micro)
@@ -93,8 +97,9 @@ def compare(a, b):
 
 
 def meta_init_under_fsdp(gpt, pd):
-    """DistributedGPT built on the meta device, sharded by fully_shard over pd's mesh (FSDP or HSDP), then
-    materialised: (the model, GPT's init of the same seed, whether the model's full state equals it bitwise)."""
+    """DistributedGPT built on the meta device, sharded by fully_shard over pd's mesh (FSDP or
+    HSDP), then materialised: (the model, GPT's init of the same seed, whether the model's full
+    state equals it bitwise)."""
     torch.manual_seed(3)
     ref_sd = GPT(gpt.config).state_dict()
     torch.manual_seed(3)

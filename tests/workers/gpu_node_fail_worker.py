@@ -1,12 +1,13 @@
-"""gpu-node's worker (tpcomm/experiments/gpu_node.py) with rank 1 made to raise inside one way ('all spd'), after that way's
-first timed steps (its warm-up is the call before), as an error one rank meets at the end of a way would
-(tests/experiments/test_gpu_node.py).
+"""gpu-node's worker (tpcomm/experiments/gpu_node.py) with rank 1 made to raise inside one way ('all spd'),
+after that way's first timed steps (its warm-up is the call before), as an error one rank meets at the end of
+a way would (tests/experiments/test_gpu_node.py).
 $ torchrun --standalone --nproc_per_node=2 tests/workers/gpu_node_fail_worker.py --config=JSON --out=PATH"""
 
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
+# the repository
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from tpcomm.gpu import gpu_check  # noqa: E402
 from tpcomm.experiments import gpu_node

@@ -1,5 +1,6 @@
-"""train.py's main under torchrun, with every call that would make the host wait for a CUDA device counted per
-iteration (tests/train/test_host_sync.py). On CPU nothing is queued, so what is counted is each call that waits on CUDA:
+"""train.py's main under torchrun, with every call that would make the host wait for a CUDA device
+counted per iteration (tests/train/test_host_sync.py). On CPU nothing is queued, so what is counted is
+each call that waits on CUDA:
 - reads of the collectives' clock: real TP's CudaEventClock stands in for a counting clock (reading an event's time
   synchronizes with it; ready() says no, as for events the device has not reached);
 - Tensor.item / tolist / __bool__ / __float__ / __int__ called from the repository's own code (a device tensor's
@@ -54,7 +55,8 @@ def count_reads(name):
     def read(self, *args):
         caller = sys._getframe(1).f_code.co_filename
         path = os.path.relpath(caller, ROOT)
-        if caller.startswith(ROOT + os.sep) and not path.startswith("tests" + os.sep) and path not in HOST_READS:
+        if caller.startswith(ROOT + os.sep) and not path.startswith("tests"
+                                                                    + os.sep) and path not in HOST_READS:
             note(f"Tensor.{name} in {path}")
         return original(self, *args)
 
@@ -77,7 +79,8 @@ def main(out_dir, argv):
     train.DeviceClock = lambda device: runtime.DeviceClock(device, synchronize=lambda: note("device sync"))
     get_lr = train.get_lr
 
-    def loop_iteration(it, cfg):  # the loop's first call of an iteration: what follows belongs to iteration it
+    # the loop's first call of an iteration: what follows belongs to iteration it
+    def loop_iteration(it, cfg):
         where[0] = it
         return get_lr(it, cfg)
 

@@ -1,12 +1,12 @@
 """
-The 'ladder' block under real tensor parallelism (one shard per process) against the simulation, run under torchrun
-on CPU with gloo by tests/tp/test_ladder.py, all checks in one launch:
+The 'ladder' block under real tensor parallelism (one shard per process) against the simulation, run under
+torchrun on CPU with gloo by tests/tp/test_ladder.py, all checks in one launch:
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/workers/ladder_worker.py OUT_DIR
 Every rank runs the same checks; rank 0 writes OUT_DIR/results.json, per check the worst result over the ranks
-(tests/workers/real_tp_worker.py's `ratio`: <= 1 is torch.testing.assert_close passing at TOL), plus each rank's log of
-asynchronous all-reduces. Each rank also writes torch.profiler traces of one forward pass, OUT_DIR/trace<rank>.json
-(all-ladder), trace-mixed<rank>.json and trace-sync<rank>.json (all-ladder, every all-reduce waited for at once).
-The assertions live in the test file.
+(tests/workers/real_tp_worker.py's `ratio`: <= 1 is torch.testing.assert_close passing at TOL), plus each
+rank's log of asynchronous all-reduces. Each rank also writes torch.profiler traces of one forward pass,
+OUT_DIR/trace<rank>.json (all-ladder), trace-mixed<rank>.json and trace-sync<rank>.json (all-ladder, every
+all-reduce waited for at once). The assertions live in the test file.
 """
 
 import json
@@ -16,9 +16,11 @@ import sys
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
+# the repository
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[1:1] = [os.path.join(TESTS, "model"), os.path.join(TESTS, "tp")]  # test_generate, test_tensor_parallel
+# test_generate, test_tensor_parallel
+sys.path[1:1] = [os.path.join(TESTS, "model"), os.path.join(TESTS, "tp")]
 
 import tpcomm.model.blocks as blocks  # noqa: E402
 import real_tp_worker  # noqa: E402
@@ -31,14 +33,15 @@ from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402
 PATTERNS = [
     ["ladder"] * 4,
     ["tp", "ladder", "ladder", "spd"],  # ladder after a synced block; its pending outputs added before 'spd'
-    ["ladder", "parallel", "ladder", "ladder"],  # pending before 'parallel'; a desynced stream entering 'ladder'
+    # pending before 'parallel'; a desynced stream entering 'ladder'
+    ["ladder", "parallel", "ladder", "ladder"],
 ]
 MIXED = PATTERNS[1:]
 
 
 def log_async(patch):
-    """Record the ladder blocks' all-reduces as they are issued and waited for, in a list of ('issue', layer, site,
-    whether a torch.distributed work is in flight) and ('wait', layer, site). patch(fn) installs fn as
+    """Record the ladder blocks' all-reduces as they are issued and waited for, in a list of ('issue', layer,
+    site, whether a torch.distributed work is in flight) and ('wait', layer, site). patch(fn) installs fn as
     blocks.reduce_from_tp_region_async."""
     log = []
     issue = blocks.reduce_from_tp_region_async
@@ -83,7 +86,8 @@ def forward_backward(model, idx, tgt, *, dropout_key=None):
 
 
 def compare(real_out, sim_out, tol, real_model):
-    """forward_backward of real_model against the simulated one's (its gradients cut as real_model holds them)."""
+    """forward_backward of real_model against the simulated one's (its gradients cut
+    as real_model holds them)."""
     (real, real_counts), (sim, sim_counts) = real_out, sim_out
     sim = dict(sim, grads=held_by(real_model, sim["grads"]))
     out = {k: ratio(real[k], sim[k], tol) for k in ("logits", "loss", "grads")}
@@ -93,10 +97,11 @@ def compare(real_out, sim_out, tol, real_model):
 
 
 def check_forward_backward(pd, gpt, results):
-    """Logits, loss, every gradient and the counts, real vs simulated, fp64 and fp32, without and with dropout (0.2,
-    keyed masks)."""
+    """Logits, loss, every gradient and the counts, real vs simulated, fp64 and fp32, without and with
+    dropout (0.2, keyed masks)."""
     idx, tgt = batch(0)
-    sources = {"fwd_bwd": (gpt, None), "dropout": (with_dropout(gpt, 0.2), (1337, 3, 1))}  # weights, dropout key
+    # weights, dropout key
+    sources = {"fwd_bwd": (gpt, None), "dropout": (with_dropout(gpt, 0.2), (1337, 3, 1))}
     cases = [(check, dtype, block_types) for dtype in ("float64", "float32") for block_types in PATTERNS
              for check in sources]
 
@@ -116,15 +121,18 @@ def check_forward_backward(pd, gpt, results):
     if pd.tp_rank == pd.tp - 1:
         with torch.no_grad():
             real.transformer.h[1].attn.c_attn.weight[0, 3] += 0.1
-    results["can_fail/perturbed_shard"] = compare(forward_backward(real, idx, tgt), sim_out, TOL["float64"], real)
+    results["can_fail/perturbed_shard"] = compare(forward_backward(real, idx, tgt), sim_out, TOL["float64"],
+                                                  real)
     real = DistributedGPT.from_gpt(gpt, pd.tp, ["tp"] * 4, pd=pd).double()
-    results["can_fail/other_pattern"] = compare(forward_backward(real, idx, tgt), sim_out, TOL["float64"], real)
+    results["can_fail/other_pattern"] = compare(forward_backward(real, idx, tgt), sim_out, TOL["float64"],
+                                                real)
 
 
 def check_generation(pd, gpt, results):
     """Tokens (greedy and seeded sampling, with and without the KV cache) equal the simulated model's on every
     rank; the cached steps' logits equal recomputing (fp64)."""
-    real_tp_worker.check_generation(pd, gpt, results, PATTERNS, torch.float64)  # tokens equal the simulated model's
+    # tokens equal the simulated model's
+    real_tp_worker.check_generation(pd, gpt, results, PATTERNS, torch.float64)
     prompt = torch.randint(VOCAB, (2, 5), generator=torch.Generator().manual_seed(9))
     for block_types in PATTERNS:
         real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd).double().eval()

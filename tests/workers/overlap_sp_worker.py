@@ -1,11 +1,12 @@
 """
-tp_overlap and sequence_parallel under real tensor parallelism (one shard per process) against the simulation, run
-under torchrun on CPU with gloo by tests/tp/test_overlap.py and tests/tp/test_sequence_parallel.py, all checks in one
+tp_overlap and sequence_parallel under real tensor parallelism (one shard per process) against the
+simulation, run under torchrun on CPU with gloo by tests/tp/test_overlap.py and
+tests/tp/test_sequence_parallel.py, all checks in one
 launch:
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/workers/overlap_sp_worker.py OUT
 Every rank runs the same checks; rank 0 writes OUT/results.json, per check the worst result over the ranks
-(real_tp_worker.ratio: <= 1 is torch.testing.assert_close passing at TOL), plus each rank's log of asynchronous
-all-reduces and its measured activation bytes. The assertions live in the test files.
+(real_tp_worker.ratio: <= 1 is torch.testing.assert_close passing at TOL), plus each rank's log of
+asynchronous all-reduces and its measured activation bytes. The assertions live in the test files.
 """
 
 import json
@@ -15,7 +16,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
+# the repository
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import tpcomm.model.strategies as strategies  # noqa: E402
 from ladder_worker import log_async  # noqa: E402
@@ -32,8 +34,9 @@ PATTERNS = [
     ["tp", "spd", "spd", "parallel"],  # ends desynced: the final sync
 ]
 OPTIONS = {"overlap2": dict(tp_overlap=2), "sp": dict(sequence_parallel=True)}
-COUNT_KEYS = ("fwd_allreduces", "bwd_allreduces", "async_allreduces", "fwd_reduce_scatters", "fwd_all_gathers",
-              "bwd_reduce_scatters", "bwd_all_gathers", "comm_bytes_per_token", "sp_bytes_per_token")
+COUNT_KEYS = ("fwd_allreduces", "bwd_allreduces", "async_allreduces", "fwd_reduce_scatters",
+              "fwd_all_gathers", "bwd_reduce_scatters", "bwd_all_gathers", "comm_bytes_per_token",
+              "sp_bytes_per_token")
 
 
 def forward_backward(model, idx, tgt, *, dropout_key=None):
@@ -49,7 +52,8 @@ def forward_backward(model, idx, tgt, *, dropout_key=None):
 
 
 def compare(real_out, sim_out, tol, real_model):
-    """forward_backward of real_model against the simulated one's (its gradients cut as real_model holds them)."""
+    """forward_backward of real_model against the simulated one's (its gradients cut
+    as real_model holds them)."""
     (real, real_counts), (sim, sim_counts) = real_out, sim_out
     sim = dict(sim, grads=held_by(real_model, sim["grads"]))
     out = {k: ratio(real[k], sim[k], tol) for k in ("logits", "loss", "grads")}
@@ -62,16 +66,20 @@ def check_real_equals_sim(pd, gpt, results):
     """Logits, loss, every gradient and the counts, real vs simulated, fp64, without and with dropout.
     Returns the simulated runs by check name (the can-fail cases compare with some of them)."""
     idx, tgt = batch(0)
-    sources = {"fwd_bwd": (gpt, None), "dropout": (with_dropout(gpt, 0.2), (1337, 3, 1))}  # weights, dropout key
-    cases = [(option, block_types, check) for option in OPTIONS for block_types in PATTERNS for check in sources]
+    # weights, dropout key
+    sources = {"fwd_bwd": (gpt, None), "dropout": (with_dropout(gpt, 0.2), (1337, 3, 1))}
+    cases = [(option, block_types, check) for option in OPTIONS for block_types in PATTERNS
+             for check in sources]
 
     def run(option, block_types, check, *, real):
         source, key = sources[check]
-        model = DistributedGPT.from_gpt(source, pd.tp, block_types, pd=pd if real else None, **OPTIONS[option])
+        model = DistributedGPT.from_gpt(source, pd.tp, block_types, pd=pd if real else None,
+                                        **OPTIONS[option])
         return model, forward_backward(model.double().train(), idx, tgt, dropout_key=key)
 
     sims = {}
-    for case, sim_out in zip(cases, simulated([lambda case=case: run(*case, real=False)[1] for case in cases])):
+    for case, sim_out in zip(cases, simulated([lambda case=case: run(*case, real=False)[1]
+                                               for case in cases])):
         option, block_types, check = case
         sims[f"{option}/{check}/{name(block_types)}"] = sim_out
         real, real_out = run(*case, real=True)
@@ -80,8 +88,8 @@ def check_real_equals_sim(pd, gpt, results):
 
 
 def check_can_fail(pd, gpt, results, sims):
-    """A perturbed weight on the last rank's shard; under SP, every rank drawing the first token shard's dropout
-    masks (the row offset ignored). sims: check_real_equals_sim's."""
+    """A perturbed weight on the last rank's shard; under SP, every rank drawing the first token shard's
+    dropout masks (the row offset ignored). sims: check_real_equals_sim's."""
     idx, tgt = batch(0)
     block_types = PATTERNS[2]
     for option, kw in OPTIONS.items():
@@ -116,7 +124,8 @@ def check_async(pd, gpt, results):
 
 
 def check_activation_memory(pd, gpt, results):
-    """Bytes autograd saves for backward on this rank, all 'tp', fp32, dropout 0.2 (keyed), with and without SP."""
+    """Bytes autograd saves for backward on this rank, all 'tp', fp32, dropout 0.2
+    (keyed), with and without SP."""
     idx, tgt = batch(0)
     dropped = with_dropout(gpt, 0.2)
     for option, kw in (("plain", {}), ("sp", dict(sequence_parallel=True))):

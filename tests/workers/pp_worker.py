@@ -2,9 +2,10 @@
 Pipeline parallelism (tpcomm/parallel/pipeline.py) against one process, run under torchrun on CPU with gloo by
 tests/parallel/test_pipeline.py, all checks of a world size in one launch:
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=4 tests/workers/pp_worker.py out.json
-Every layout of LAYOUTS[world] runs on the same processes (each builds its own (pp, dp, tp) mesh). Rank 0 writes,
-per check, the worst result over all ranks; a comparison is `ratio`, the largest |pp - ref| / (atol + rtol |ref|)
-over all compared elements (see real_tp_worker.ratio): ratio <= 1 is torch.testing.assert_close passing.
+Every layout of LAYOUTS[world] runs on the same processes (each builds its own (pp, dp, tp) mesh). Rank 0
+writes, per check, the worst result over all ranks; a comparison is `ratio`, the largest |pp - ref| /
+(atol + rtol |ref|) over all compared elements (see real_tp_worker.ratio): ratio <= 1 is
+torch.testing.assert_close passing.
 """
 
 import json
@@ -14,7 +15,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
+# the repository
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from model import GPT, GPTConfig  # noqa: E402
 from tpcomm.model.interface import PlainGPT  # noqa: E402
@@ -31,22 +33,24 @@ MODELS = {
     "gpt": None,  # plain GPT: its stream is x (b, T, C)
     # every even split cuts after a 'parallel' block: the pair (xbar, r) crosses; the model ends desynced
     "desync_cut": ["spd", "parallel"] * 4,
-    # splits of 2 and 4 layers cut after 'tp'/'spd' (synced, their input desynced); the last block is 'parallel'
+    # splits of 2 and 4 layers cut after 'tp'/'spd' (synced, their input desynced); the last block is
+    # 'parallel'
     "ends_desync": ["parallel", "tp", "parallel", "spd", "parallel", "tp", "spd", "parallel"],
-    # every cut between two ladder blocks: their pending outputs cross as (u, x); the last block's are added before
-    # ln_f on the last stage
+    # every cut between two ladder blocks: their pending outputs cross as (u, x); the last block's are added
+    # before ln_f on the last stage
     "all_ladder": ["ladder"] * 8,
-    # a ladder block before every cut, into 'tp' (pp 2: after layer 3), 'spd', 'tp' and 'parallel' (pp 4 and the
-    # interleaved 4 stages: after layers 1, 3, 5): xbar + P_A + P_M crosses; 'parallel' -> 'ladder' (desynced input)
-    # inside a stage; ends with pending outputs
+    # a ladder block before every cut, into 'tp' (pp 2: after layer 3), 'spd', 'tp' and 'parallel' (pp 4 and
+    # the interleaved 4 stages: after layers 1, 3, 5): xbar + P_A + P_M crosses; 'parallel' -> 'ladder'
+    # (desynced input) inside a stage; ends with pending outputs
     "ladder_cuts": ["tp", "ladder", "spd", "ladder", "tp", "ladder", "parallel", "ladder"],
 }
 LADDER_KINDS = ("all_ladder", "ladder_cuts")
 VIRTUAL = {"gpipe": 1, "1f1b": 1, "interleaved_1f1b": 2}
-# float64: pp computes the same sums as one process, only the micro-batch split and the order of a few additions
-# differ (~1e-16 relative per operation); 1e-9 leaves room while a wrong term moves results by >1e-3. After STEPS
-# AdamW steps 1e-8 (Adam divides by each gradient's own size, amplifying rounding noise in tiny elements; see
-# real_tp_worker). float32 (8 processes): losses and gradient norms, rtol 1e-4 as in real_tp_worker (measured ~1e-7).
+# float64: pp computes the same sums as one process, only the micro-batch split and the order of a few
+# additions differ (~1e-16 relative per operation); 1e-9 leaves room while a wrong term moves results by
+# >1e-3. After STEPS AdamW steps 1e-8 (Adam divides by each gradient's own size, amplifying rounding noise in
+# tiny elements; see real_tp_worker). float32 (8 processes): losses and gradient norms, rtol 1e-4 as in
+# real_tp_worker (measured ~1e-7).
 TOL = {"float64": dict(rtol=1e-9, atol=1e-9), "steps/float64": dict(rtol=1e-8, atol=1e-8),
        "steps/float32": dict(rtol=1e-4, atol=1e-5)}
 STEPS, LR, CLIP = 3, 1e-2, 0.1  # CLIP below the measured gradient norms: clipping is active (the test checks)
@@ -62,7 +66,8 @@ def f64(values):
 
 def make_gpt():
     torch.manual_seed(0)
-    gpt = GPT(GPTConfig(block_size=T, vocab_size=VOCAB, n_layer=N_LAYER, n_head=N_HEAD, n_embd=N_EMBD, bias=True))
+    gpt = GPT(GPTConfig(block_size=T, vocab_size=VOCAB, n_layer=N_LAYER, n_head=N_HEAD, n_embd=N_EMBD,
+                        bias=True))
     with torch.no_grad():  # non-zero biases and norms, so a bias added the wrong number of times shows
         for p in gpt.parameters():
             if p.dim() == 1:
@@ -71,7 +76,8 @@ def make_gpt():
 
 
 def make_model(gpt, kind, dtype, dims=None):
-    """A fresh copy of the reference weights: GPT, or DistributedGPT of the pattern (real tp when dims.tp > 1)."""
+    """A fresh copy of the reference weights: GPT, or DistributedGPT of the pattern
+    (real tp when dims.tp > 1)."""
     if MODELS[kind] is None:
         model = PlainGPT(gpt.config)
         model.load_state_dict(gpt.state_dict())
@@ -84,7 +90,8 @@ def make_model(gpt, kind, dtype, dims=None):
 def data(dp):
     """STEPS global batches (dp * M * MB rows), the same on every rank."""
     g = torch.Generator().manual_seed(7)
-    return [(torch.randint(VOCAB, (dp * M * MB, T), generator=g), torch.randint(VOCAB, (dp * M * MB, T), generator=g))
+    return [(torch.randint(VOCAB, (dp * M * MB, T), generator=g), torch.randint(VOCAB, (dp * M * MB, T),
+                                                                                generator=g))
             for _ in range(STEPS)]
 
 
@@ -103,7 +110,8 @@ def reference(gpt, kind, dtype, batches):
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
     return dict(losses=f64(losses), norms=f64(norms), grads=grads, weights=model.state_dict(),
-                moments=moments(model.gpt_optimizer_state(optimizer)), groups=optimizer.state_dict()["param_groups"])
+                moments=moments(model.gpt_optimizer_state(optimizer)),
+                groups=optimizer.state_dict()["param_groups"])
 
 
 def moments(opt_state):
@@ -148,9 +156,10 @@ def compare(pp, ref, dtype, keys=("losses", "grads", "norms", "weights", "moment
 
 
 def references(gpt, world):
-    """The one-process runs a launch compares with, keyed (kind, dtype, dp), each computed by one rank and sent to
-    all (real_tp_worker.simulated). They depend on the layout only through dp (the global batch), so the layouts
-    share them: every rank computing those of each layout it ran made 44 runs of 7 different ones at 4 processes."""
+    """The one-process runs a launch compares with, keyed (kind, dtype, dp), each computed by one rank
+    and sent to all (real_tp_worker.simulated). They depend on the layout only through dp (the global
+    batch), so the layouts share them: every rank computing those of each layout it ran made 44 runs of 7
+    different ones at 4 processes."""
     keys = []
     for pp, dp, tp in LAYOUTS[world]:
         for dtype, kinds, *_ in plan(pp, dp, tp):
@@ -172,7 +181,8 @@ def check_layout(gpt, dims, results, launch_refs, *, kinds, schedules, dtype, ke
         for schedule in schedules:
             pp = pipelined(gpt, kind, getattr(torch, dtype), batches, dims, schedule)
             res = compare(pp, refs[kind], dtype, keys)
-            res["groups_equal"] = [g["params"] for g in pp["groups"]] == [g["params"] for g in refs[kind]["groups"]]
+            res["groups_equal"] = [g["params"] for g in pp["groups"]] == [g["params"]
+                                                                          for g in refs[kind]["groups"]]
             res.update(bubble=pp["bubble"], theory=theoretical_bubble(dims.pp, M, VIRTUAL[schedule]),
                        boundaries=pp["report"]["pp_boundaries"], layers=pp["layers"],
                        tp_fwd_allreduces=pp["report"].get("fwd_allreduces"),
@@ -185,8 +195,8 @@ def check_layout(gpt, dims, results, launch_refs, *, kinds, schedules, dtype, ke
         kind = CAN_FAIL_KIND.get(label, [k for k in kinds if k not in LADDER_KINDS][-1])
         if label == "one_replica_rows":  # every replica on replica 0's rows: DDP averages the wrong gradients
             tamper, rows = None, slice(0, M * MB)
-        results[f"{name}/can_fail/{label}"] = compare(
-            pipelined(gpt, kind, tdtype, batches, dims, schedule, tamper=tamper, rows=rows), refs[kind], dtype)
+        results[f"{name}/can_fail/{label}"] = compare(pipelined(gpt, kind, tdtype, batches, dims, schedule,
+                                                                tamper=tamper, rows=rows), refs[kind], dtype)
 
 
 def no_tied_sum(pipe):  # the tied weight's two gradients left apart
@@ -208,13 +218,15 @@ def no_tp_grad_sync(pipe):  # block-replicated parameters' partial gradients not
 
 
 def on_cut(pipe, change):
-    """Every local stage's outgoing stream changed: change(module, its leave, xbar, r, pending) -> what it sends."""
+    """Every local stage's outgoing stream changed: change(module, its leave, xbar, r,
+    pending) -> what it sends."""
     for module in pipe.modules:
-        module.leave = lambda xbar, r, pending, module=module, leave=module.leave: change(module, leave, xbar, r,
-                                                                                           pending)
+        module.leave = lambda xbar, r, pending, module=module, leave=module.leave: change(module, leave, xbar,
+                                                                                          r, pending)
 
 
-def pending_lost_at_cut(pipe):  # a ladder block's pending outputs not added at the cut (kept in autograd, times 0)
+# a ladder block's pending outputs not added at the cut (kept in autograd, times 0)
+def pending_lost_at_cut(pipe):
     def lost(p):
         return p._replace(value=0 * p.value, bias=None if p.bias is None else 0 * p.bias)
 
@@ -230,16 +242,17 @@ def x_for_u_at_cut(pipe):  # x alone crosses a ladder -> ladder cut: the next at
 
 
 CAN_FAIL = dict(no_tied_sum=no_tied_sum, perturbed_last_stage=perturbed_last_stage, unscaled=unscaled,
-                no_tp_grad_sync=no_tp_grad_sync, one_replica_rows=None, pending_lost_at_cut=pending_lost_at_cut,
-                x_for_u_at_cut=x_for_u_at_cut)
-CAN_FAIL_KIND = dict(pending_lost_at_cut="ladder_cuts", x_for_u_at_cut="all_ladder")  # the others: the last kind
+                no_tp_grad_sync=no_tp_grad_sync, one_replica_rows=None,
+                pending_lost_at_cut=pending_lost_at_cut, x_for_u_at_cut=x_for_u_at_cut)
+# the others: the last kind
+CAN_FAIL_KIND = dict(pending_lost_at_cut="ladder_cuts", x_for_u_at_cut="all_ladder")
 
 
 def plan(pp, dp, tp):
-    """What runs on a layout: [(dtype, kinds, schedules, keys compared, broken variants)]. 8 processes on 2 cores
-    are slow: fp32 losses and norms of both patterns, fp64 in full for the desynced cut; pp2 x dp2 skips the
-    patterns and broken variants other layouts cover. The ladder patterns run at pp 2 (alone and x tp 2 real):
-    the interleaved schedule's 4 stages give them the cuts pp 4 would."""
+    """What runs on a layout: [(dtype, kinds, schedules, keys compared, broken variants)]. 8 processes on 2
+    cores are slow: fp32 losses and norms of both patterns, fp64 in full for the desynced cut; pp2 x dp2 skips
+    the patterns and broken variants other layouts cover. The ladder patterns run at pp 2 (alone and x tp 2
+    real): the interleaved schedule's 4 stages give them the cuts pp 4 would."""
     ladder = (pp, dp) == (2, 1)
     kinds = [k for k in MODELS if (tp == 1 or MODELS[k] is not None) and (ladder or k not in LADDER_KINDS)]
     applies = dict(no_tied_sum=pp > 1, perturbed_last_stage=pp > 1, unscaled=True, no_tp_grad_sync=tp > 1,
@@ -248,15 +261,17 @@ def plan(pp, dp, tp):
     full = ("losses", "grads", "norms", "weights", "moments")
     if (pp, dp, tp) == (2, 2, 2):
         return [("float32", kinds, ["1f1b"], ("losses", "norms"), []),
-                ("float64", ["desync_cut"], ["interleaved_1f1b"], full, ["perturbed_last_stage", "one_replica_rows"])]
+                ("float64", ["desync_cut"], ["interleaved_1f1b"], full, ["perturbed_last_stage",
+                                                                         "one_replica_rows"])]
     if dp > 1:
-        return [("float64", ["gpt", "desync_cut"], list(SCHEDULES), full, ["perturbed_last_stage", "one_replica_rows"])]
+        return [("float64", ["gpt", "desync_cut"], list(SCHEDULES), full,
+                 ["perturbed_last_stage", "one_replica_rows"])]
     return [("float64", kinds, list(SCHEDULES), full, broken)]
 
 
 def check_resume(gpt, dims, results, launch_refs):
-    """Checkpoint round trip: GPT-layout weights and optimizer state after 2 steps, loaded into a fresh pipeline,
-    then a 3rd step equals the uninterrupted one process's 3rd step."""
+    """Checkpoint round trip: GPT-layout weights and optimizer state after 2 steps, loaded into a fresh
+    pipeline, then a 3rd step equals the uninterrupted one process's 3rd step."""
     kind, schedule, dtype = "desync_cut", "1f1b", torch.float64
     batches = data(dims.dp)
     ref = launch_refs[kind, "float64", dims.dp]
@@ -279,8 +294,8 @@ def check_resume(gpt, dims, results, launch_refs):
     optimizer = pipe.configure_optimizers(0.1, LR, (0.9, 0.95), "cpu")
     pipe.load_gpt_state_dict(weights)
     pipe.load_gpt_optimizer_state(optimizer, opt_state)
-    # evaluation through the pipeline before any training step (train.py evaluates at iteration 0): the loss of one
-    # process holding the gathered weights
+    # evaluation through the pipeline before any training step (train.py evaluates at iteration 0): the loss
+    # of one process holding the gathered weights
     one = make_model(gpt, kind, dtype)
     one.load_gpt_state_dict(weights)
     with torch.no_grad():
@@ -297,7 +312,8 @@ def check_resume(gpt, dims, results, launch_refs):
     out = {"eval_loss": ratio(f64(eval_loss), eval_ref, TOL["float64"]),
            "loss": ratio(f64(loss), ref["losses"][2], TOL["steps/float64"]),
            "weights": ratio(pipe.gpt_state_dict(), ref["weights"], TOL["steps/float64"]),
-           "moments": ratio(moments(pipe.gpt_optimizer_state(optimizer)), ref["moments"], TOL["steps/float64"])}
+           "moments": ratio(moments(pipe.gpt_optimizer_state(optimizer)), ref["moments"],
+                            TOL["steps/float64"])}
     out["ratio"] = max(v["ratio"] for v in out.values())
     results[f"pp{dims.pp}_dp{dims.dp}_tp{dims.tp}/resume"] = out
 
@@ -313,8 +329,8 @@ def main(argv):
             dims = init_parallel(dp=dp, tp=tp, pp=pp, device_type="cpu")
             assert (dims.pp, dims.dp, dims.tp) == (pp, dp, tp)
             for dtype, kinds, schedules, keys, broken in plan(pp, dp, tp):
-                check_layout(gpt, dims, results, refs, kinds=kinds, schedules=schedules, dtype=dtype, keys=keys,
-                             can_fail=broken)
+                check_layout(gpt, dims, results, refs, kinds=kinds, schedules=schedules, dtype=dtype,
+                             keys=keys, can_fail=broken)
             if (pp, dp, tp) in RESUMED:
                 check_resume(gpt, dims, results, refs)
         per_rank = [None] * dist.get_world_size()
@@ -327,7 +343,8 @@ def main(argv):
 
 
 def merge(per_rank):
-    """worst() for the ratios; the measured bubble and bytes of pp rank 0 of the first replica (global rank 0)."""
+    """worst() for the ratios; the measured bubble and bytes of pp rank 0 of the
+    first replica (global rank 0)."""
     merged = worst(per_rank)
     for k, v in per_rank[0].items():
         for extra in ("bubble", "theory", "boundaries", "layers", "tp_fwd_allreduces", "tp_bwd_allreduces",

@@ -3,9 +3,10 @@ Real tensor parallelism (one shard per process) against the simulation (every sh
 torchrun on CPU with gloo by tests/tp/test_real_tp.py, all checks in one launch:
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=4 tests/workers/real_tp_worker.py \
         --dp=2 out.json
-Every rank runs the same checks; rank 0 writes, per check, the worst result over all ranks. A comparison is
-reported as `ratio`, the largest |real - sim| / (atol + rtol * |sim|) over all elements of all compared tensors:
-ratio <= 1 is exactly torch.testing.assert_close passing at that tolerance. The assertions live in the test file.
+Every rank runs the same checks; rank 0 writes, per check, the worst result over all ranks. A comparison
+is reported as `ratio`, the largest |real - sim| / (atol + rtol * |sim|) over all elements of all
+compared tensors: ratio <= 1 is exactly torch.testing.assert_close passing at that tolerance. The
+assertions live in the test file.
 """
 
 import json
@@ -17,7 +18,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
+# the repository
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from tpcomm.train.runtime import make_grad_scaler  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -35,12 +37,13 @@ PATTERNS = [
     ["tp", "spd", "spd", "parallel"],  # ends desynced after synced blocks
 ]
 # Real and simulated runs add the same terms in another order (per-rank matmuls and an all-reduce instead of
-# batched matmuls and a sum over shards). float64: ~1e-16 relative per operation, measured <1e-15 on logits and
-# gradients; 1e-9 leaves room while a wrong term moves results by >1e-3. float32: ~1e-7..1e-6 (as in
-# test_tensor_parallel.py), so 2e-5. After STEPS AdamW steps: Adam divides each gradient by its own size, so an
-# element whose gradient is tiny turns fp32 rounding noise into a visible weight difference (measured up to 7e-5
-# at tp=4); weights and moments are therefore compared in float64 (measured <1e-12, tolerance 1e-8), and the fp32
-# runs compare what train.py logs: losses and gradient norms (measured <1e-6 relative, tolerance 1e-4).
+# batched matmuls and a sum over shards). float64: ~1e-16 relative per operation, measured <1e-15 on logits
+# and gradients; 1e-9 leaves room while a wrong term moves results by >1e-3. float32: ~1e-7..1e-6 (as in
+# test_tensor_parallel.py), so 2e-5. After STEPS AdamW steps: Adam divides each gradient by its own size, so
+# an element whose gradient is tiny turns fp32 rounding noise into a visible weight difference (measured up to
+# 7e-5 at tp=4); weights and moments are therefore compared in float64 (measured <1e-12, tolerance 1e-8), and
+# the fp32 runs compare what train.py logs: losses and gradient norms (measured <1e-6 relative, tolerance
+# 1e-4).
 TOL = {"float64": dict(rtol=1e-9, atol=1e-9), "float32": dict(rtol=2e-5, atol=2e-5),
        "steps/float64": dict(rtol=1e-8, atol=1e-8), "steps/float32": dict(rtol=1e-4, atol=1e-5)}
 STEPS, LR, CLIP = 5, 1e-2, 0.1  # CLIP is below the gradient norms measured here, so clipping is active
@@ -48,8 +51,10 @@ STEPS, LR, CLIP = 5, 1e-2, 0.1  # CLIP is below the gradient norms measured here
 
 def make_gpt(seed=0):
     torch.manual_seed(seed)
-    gpt = GPT(GPTConfig(block_size=32, vocab_size=VOCAB, n_layer=N_LAYER, n_head=N_HEAD, n_embd=N_EMBD, bias=True))
-    with torch.no_grad():  # non-zero biases and norms, so a bias added or summed the wrong number of times shows
+    gpt = GPT(GPTConfig(block_size=32, vocab_size=VOCAB, n_layer=N_LAYER, n_head=N_HEAD, n_embd=N_EMBD,
+                        bias=True))
+    # non-zero biases and norms, so a bias added or summed the wrong number of times shows
+    with torch.no_grad():
         for p in gpt.parameters():
             if p.dim() == 1:
                 p.add_(0.1 * torch.randn_like(p))
@@ -91,9 +96,9 @@ def mapped(x, fn):
 
 
 def packed(x):
-    """x with every tensor detached and (numpy has no bfloat16) made a numpy array, which pickles as its bytes: a
-    tensor pickles as a torch.save archive of its own (~0.25 ms to write and read back: 0.5 s of CPU per rank for
-    pp_worker's references)."""
+    """x with every tensor detached and (numpy has no bfloat16) made a numpy array, which pickles as its
+    bytes: a tensor pickles as a torch.save archive of its own (~0.25 ms to write and read back: 0.5 s of CPU
+    per rank for pp_worker's references)."""
     return mapped(x, lambda v: (v.detach() if v.dtype == torch.bfloat16 else v.detach().numpy())
                   if isinstance(v, torch.Tensor) else v)
 
@@ -103,9 +108,10 @@ def unpacked(x):
 
 
 def simulated(runs):
-    """[run() for run in runs], each run on one rank and its result sent to all (tensors detached). A simulated
-    model's results are the same on every rank (the same weights, inputs, dropout keys and seeds), so each rank
-    computes its share of them: every rank running all of them did the simulation's work world-size times over."""
+    """[run() for run in runs], each run on one rank and its result sent to all (tensors detached). A
+    simulated model's results are the same on every rank (the same weights, inputs, dropout keys and
+    seeds), so each rank computes its share of them: every rank running all of them did the simulation's
+    work world-size times over."""
     world, rank = dist.get_world_size(), dist.get_rank()
     mine = {i: packed(run()) for i, run in enumerate(runs) if i % world == rank}
     every = [None] * world
@@ -119,10 +125,10 @@ def local_grads(model):
 
 
 def held_by(model, tensors):
-    """GPT-layout tensors (a simulated run's) cut as `model` holds them on this rank (model.gpt_layout_part), to be
-    compared with its local ones: over the ranks every element is compared, as when each rank compared the gathered
-    tensors, without an all-gather per parameter (~1-2.5 ms of CPU per rank each on gloo at 2 and 4 processes on 2
-    cores; they were half of this worker's collectives at tp 4)."""
+    """GPT-layout tensors (a simulated run's) cut as `model` holds them on this rank (model.gpt_layout_part),
+    to be compared with its local ones: over the ranks every element is compared, as when each rank compared
+    the gathered tensors, without an all-gather per parameter (~1-2.5 ms of CPU per rank each on gloo at 2 and
+    4 processes on 2 cores; they were half of this worker's collectives at tp 4)."""
     return {k: model.gpt_layout_part(k, v) for k, v in tensors.items()}
 
 
@@ -134,13 +140,16 @@ def forward_backward(model, idx, tgt, *, ddp=None, dropout_key=None):
     logits, loss = (ddp or model)(idx, tgt)
     loss.backward()
     model.sync_replicated_grads()
-    return logits, loss, local_grads(model), model.comm_report(micro_steps=1, tokens=idx.numel())["fwd_allreduces"]
+    return logits, loss, local_grads(model), model.comm_report(micro_steps=1,
+                                                               tokens=idx.numel())["fwd_allreduces"]
 
 
 def compare_step(real_out, sim_out, tol, real):
-    """forward_backward of the real model `real` against the simulated one's (its gradients cut as real holds them)."""
+    """forward_backward of the real model `real` against the simulated one's (its
+    gradients cut as real holds them)."""
     (lr, lossr, gr, fr), (ls, losss, gs, fs) = real_out, sim_out
-    out = {"logits": ratio(lr, ls, tol), "loss": ratio(lossr, losss, tol), "grads": ratio(gr, held_by(real, gs), tol)}
+    out = {"logits": ratio(lr, ls, tol), "loss": ratio(lossr, losss, tol),
+           "grads": ratio(gr, held_by(real, gs), tol)}
     out["ratio"] = max(v["ratio"] for v in out.values())
     out["fwd_allreduces"] = [fr, fs]
     return out
@@ -168,13 +177,16 @@ def check_forward_backward(pd, gpt, results):
     if pd.tp_rank == pd.tp - 1:
         with torch.no_grad():  # one q weight of the last shard's first head
             real.transformer.h[1].attn.c_attn.weight[0, 3] += 0.1
-    results["can_fail/perturbed_shard"] = compare_step(forward_backward(real, idx, tgt), sim_out, TOL["float64"], real)
+    results["can_fail/perturbed_shard"] = compare_step(forward_backward(real, idx, tgt), sim_out,
+                                                       TOL["float64"], real)
     other = ["parallel", "tp", "parallel", "tp"]
     real = DistributedGPT.from_gpt(gpt, pd.tp, other, pd=pd).double()
-    results["can_fail/other_pattern"] = compare_step(forward_backward(real, idx, tgt), sim_out, TOL["float64"], real)
+    results["can_fail/other_pattern"] = compare_step(forward_backward(real, idx, tgt), sim_out,
+                                                     TOL["float64"], real)
     real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd).double()
     real.sync_replicated_grads = lambda: None
-    results["can_fail/no_grad_sync"] = compare_step(forward_backward(real, idx, tgt), sim_out, TOL["float64"], real)
+    results["can_fail/no_grad_sync"] = compare_step(forward_backward(real, idx, tgt), sim_out, TOL["float64"],
+                                                    real)
 
 
 def with_dropout(gpt, p):
@@ -185,8 +197,9 @@ def with_dropout(gpt, p):
 
 
 def check_dropout(pd, gpt, results):
-    """With dropout, masks keyed by (seed, iteration, micro-batch, tp shard): real equals simulated. Unkeyed
-    (torch's global RNG, the same state on every rank) every tp rank draws the same masks: that must not match."""
+    """With dropout, masks keyed by (seed, iteration, micro-batch, tp shard): real equals
+    simulated. Unkeyed (torch's global RNG, the same state on every rank) every tp rank draws
+    the same masks: that must not match."""
     idx, tgt = batch(0)
     dropped = with_dropout(gpt, 0.2)
     cases = [(dtype, block_types) for dtype in ("float32", "float64") for block_types in PATTERNS]
@@ -201,13 +214,14 @@ def check_dropout(pd, gpt, results):
     sim_out = sims[cases.index(("float64", block_types))]
     real = DistributedGPT.from_gpt(dropped, pd.tp, block_types, pd=pd).double().train()
     torch.manual_seed(0)  # unkeyed: every rank's global RNG in the same state, one mask for all shards
-    results["can_fail/dropout_unkeyed"] = compare_step(forward_backward(real, idx, tgt), sim_out, TOL["float64"],
-                                                       real)
+    results["can_fail/dropout_unkeyed"] = compare_step(forward_backward(real, idx, tgt), sim_out,
+                                                       TOL["float64"], real)
 
 
 def check_loss_parallel(pd, gpt, results):
-    """loss_parallel under real TP (each rank holds its vocabulary rows; VOCAB = 61 is padded): the logits, loss
-    and every gradient of the simulated model without it (all-'tp': GPT), and the same generated tokens."""
+    """loss_parallel under real TP (each rank holds its vocabulary rows; VOCAB = 61 is padded):
+    the logits, loss and every gradient of the simulated model without it (all-'tp': GPT), and
+    the same generated tokens."""
     idx, tgt = batch(0)
     tgt[0, :5] = -1
     prompt = idx[:, :4]
@@ -222,8 +236,8 @@ def check_loss_parallel(pd, gpt, results):
         real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd, loss_parallel=True).double()
         logits, loss, grads, fwd = forward_backward(real, idx, tgt)
         full = real.gathered_logits(logits, idx.shape)
-        results[f"loss_parallel/{name(block_types)}"] = compare_step((full, loss, grads, fwd), sim_out, TOL["float64"],
-                                                                     real)
+        results[f"loss_parallel/{name(block_types)}"] = compare_step((full, loss, grads, fwd), sim_out,
+                                                                     TOL["float64"], real)
         same = torch.equal(real.eval().generate(prompt, 8, temperature=0), sim_tokens)
         results[f"loss_parallel/generate/{name(block_types)}"] = dict(ok=same)
     real = DistributedGPT.from_gpt(gpt, pd.tp, PATTERNS[0], pd=pd, loss_parallel=True).double()
@@ -248,14 +262,15 @@ def generations(model, prompt):
 
 def check_generation(pd, gpt, results, patterns=PATTERNS, dtype=torch.float32):
     """Generation under real TP gives the single-process model's tokens, greedy and seeded sampling, with and
-    without the KV cache, and every tp rank holds the same tokens. 30 prompt tokens and 4 new ones: the prefill,
-    cached one-token steps up to the cache's last slot (block_size 32), then a step past it whose window slides,
-    so the cache's crop is compared too (KV-cache == recomputing is proven for every block type in simulation,
-    tests/model/test_generate.py). 26 and 8 ran four more cached one-token steps before the slide, the same code
-    as the two here."""
+    without the KV cache, and every tp rank holds the same tokens. 30 prompt tokens and 4 new ones: the
+    prefill, cached one-token steps up to the cache's last slot (block_size 32), then a step past it whose
+    window slides, so the cache's crop is compared too (KV-cache == recomputing is proven for every block type
+    in simulation, tests/model/test_generate.py). 26 and 8 ran four more cached one-token steps before the
+    slide, the same code as the two here."""
     prompt = torch.randint(VOCAB, (2, 30), generator=torch.Generator().manual_seed(9))
     sims = simulated([lambda block_types=block_types: generations(
-        DistributedGPT.from_gpt(gpt, pd.tp, block_types).to(dtype).eval(), prompt) for block_types in patterns])
+        DistributedGPT.from_gpt(gpt, pd.tp, block_types).to(dtype).eval(), prompt)
+                      for block_types in patterns])
     for block_types, sim_tokens in zip(patterns, sims):
         real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd).to(dtype).eval()
         ok = True
@@ -267,7 +282,8 @@ def check_generation(pd, gpt, results, patterns=PATTERNS, dtype=torch.float32):
 
 
 def check_state(pd, gpt, results):
-    """The gathered state dict is GPT's, bit for bit (nothing is reduced); get_num_params counts the whole model."""
+    """The gathered state dict is GPT's, bit for bit (nothing is reduced);
+    get_num_params counts the whole model."""
     real = DistributedGPT.from_gpt(gpt, pd.tp, PATTERNS[-1], pd=pd)
     sd, ref = real.gpt_state_dict(), gpt.state_dict()
     exact = sd.keys() == ref.keys() and all(torch.equal(sd[k], ref[k]) for k in ref)
@@ -287,9 +303,9 @@ def check_state(pd, gpt, results):
 
 
 def train_steps(model, data, *, pd=None, ddp=None, state=True):
-    """STEPS AdamW steps with clipping, as train.py does them; per-step loss (mean over dp) and grad norm; state: the
-    final weights and AdamW moments too, in GPT's layout (in real mode an all-gather per sharded tensor: left out
-    where only losses and norms are compared)."""
+    """STEPS AdamW steps with clipping, as train.py does them; per-step loss (mean over dp) and grad norm;
+    state: the final weights and AdamW moments too, in GPT's layout (in real mode an all-gather per sharded
+    tensor: left out where only losses and norms are compared)."""
     optimizer = model.configure_optimizers(0.1, LR, (0.9, 0.95), "cpu")
     losses, norms = [], []
     for idx, tgt in data:
@@ -304,7 +320,8 @@ def train_steps(model, data, *, pd=None, ddp=None, state=True):
             dist.all_reduce(loss, group=pd.dp_group)
             loss /= pd.dp
         losses.append(loss.item())
-    out = dict(losses=torch.tensor(losses, dtype=torch.float64), norms=torch.tensor(norms, dtype=torch.float64))
+    out = dict(losses=torch.tensor(losses, dtype=torch.float64), norms=torch.tensor(norms,
+                                                                                    dtype=torch.float64))
     if state:
         opt_state = model.gpt_optimizer_state(optimizer)["state"]
         out.update(weights=model.gpt_state_dict(),
@@ -328,7 +345,8 @@ def check_training(pd, gpt, results, patterns):
     compared = (("float64", ("losses", "norms", "weights", "moments")), ("float32", ("losses", "norms")))
     cases = [(dtype, keys, block_types) for dtype, keys in compared for block_types in patterns]
     runs = [lambda dtype=dtype, keys=keys, block_types=block_types: train_steps(
-        DistributedGPT.from_gpt(gpt, pd.tp, block_types).to(getattr(torch, dtype)), data, state="weights" in keys)
+        DistributedGPT.from_gpt(gpt, pd.tp, block_types).to(getattr(torch, dtype)), data,
+                                                                                state="weights" in keys)
         for dtype, keys, block_types in cases]
     if pd.dp > 1:  # the data split matters: a simulation on one replica's rows only does not match
         runs.append(lambda: train_steps(DistributedGPT.from_gpt(gpt, pd.tp, patterns[0]).double(),
@@ -337,13 +355,15 @@ def check_training(pd, gpt, results, patterns):
     for (dtype, keys, block_types), sim_out in zip(cases, sims):
         real = DistributedGPT.from_gpt(gpt, pd.tp, block_types, pd=pd).to(getattr(torch, dtype))
         ddp = DDP(real, process_group=pd.dp_group) if pd.dp > 1 else None
-        results[f"steps/{dtype}/{name(block_types)}"] = compare_training(
-            train_steps(real, local, pd=pd, ddp=ddp, state="weights" in keys), sim_out, TOL[f"steps/{dtype}"], keys)
+        results[f"steps/{dtype}/{name(block_types)}"] = compare_training(train_steps(real, local, pd=pd,
+                                                                                     ddp=ddp,
+                                                                                     state="weights" in keys),
+                                                                         sim_out, TOL[f"steps/{dtype}"], keys)
     if pd.dp > 1:
         real = DistributedGPT.from_gpt(gpt, pd.tp, patterns[0], pd=pd).double()
         ddp = DDP(real, process_group=pd.dp_group)
-        results["can_fail/one_replica_rows"] = compare_training(train_steps(real, local, pd=pd, ddp=ddp), sims[-1],
-                                                                TOL["steps/float64"])
+        results["can_fail/one_replica_rows"] = compare_training(train_steps(real, local, pd=pd, ddp=ddp),
+                                                                sims[-1], TOL["steps/float64"])
 
 
 def check_data_parallel(pd, gpt, results):
@@ -360,13 +380,16 @@ def check_data_parallel(pd, gpt, results):
         loss = loss.detach().clone()
         dist.all_reduce(loss, group=pd.dp_group)
         results[f"dp_fwd_bwd/{name(block_types)}"] = compare_step(  # mean loss over the global batch
-            (logits, loss / pd.dp, grads, fwd), (s_logits[mine], s_loss, s_grads, s_fwd), TOL["float64"], real)
+            (logits, loss / pd.dp, grads, fwd), (s_logits[mine], s_loss, s_grads, s_fwd), TOL["float64"],
+                                                                  real)
 
 
 def check_grad_scaler(pd, gpt, results):
-    """fp16 loss scaling: an inf in one rank's gradient shard skips the step on every tp rank (train.py's scaler);
-    torch.amp.GradScaler alone would step the other ranks and leave the replica's shards out of step."""
-    for label, scaler_for in (("scaler/inf_on_one_rank_skips_all", lambda: make_grad_scaler("cpu", "float16", pd)),
+    """fp16 loss scaling: an inf in one rank's gradient shard skips the step on every tp rank
+    (train.py's scaler); torch.amp.GradScaler alone would step the other ranks and leave the
+    replica's shards out of step."""
+    for label, scaler_for in (("scaler/inf_on_one_rank_skips_all", lambda: make_grad_scaler("cpu", "float16",
+                                                                                            pd)),
                               ("can_fail/plain_scaler", lambda: torch.amp.GradScaler("cpu"))):
         model = DistributedGPT.from_gpt(gpt, pd.tp, ["tp", "spd", "parallel", "tp"], pd=pd)
         optimizer = model.configure_optimizers(0.1, LR, (0.9, 0.95), "cpu")
@@ -380,7 +403,8 @@ def check_grad_scaler(pd, gpt, results):
             model.transformer.h[1].mlp.c_fc.weight.grad[0, 0] = float("inf")
         scaler.step(optimizer)
         scaler.update()
-        stepped = torch.tensor([float(any(not torch.equal(a, p) for a, p in zip(before, model.parameters())))])
+        stepped = torch.tensor([float(any(not torch.equal(a, p) for a,
+                                          p in zip(before, model.parameters())))])
         every = [torch.zeros(1) for _ in range(pd.tp)]
         dist.all_gather(every, stepped, group=pd.tp_group)
         every = [bool(t.item()) for t in every]

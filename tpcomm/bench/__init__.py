@@ -1,1 +1,2 @@
-"""Measuring on this machine: bench.py's options, op profiles, collective traces, the pipeline benchmark, compression error."""
+"""Measuring on this machine: bench.py's options, op profiles, collective traces, the pipeline
+benchmark, compression error."""

@@ -1,6 +1,7 @@
 """
-bench.py's options (DEFAULTS: every model key train.py takes, plus what to time and how) and their checks, before
-any work: ConfigError naming key and value. The model options are checked by tpcomm/model/options.py, as train.py's.
+bench.py's options (DEFAULTS: every model key train.py takes, plus what to time and how) and their
+checks, before any work: ConfigError naming key and value. The model options are checked by
+tpcomm/model/options.py, as train.py's.
 """
 
 
@@ -21,13 +22,14 @@ DEFAULTS = dict(
     block_types=TP_DEFAULTS["block_types"],
     # here too (defaults()): each block type's own options, as train.py takes them (caat_sync_fraction)
     patterns=None,  # distributed_gpt: a list of block_types values to time in one run, instead of block_types
-    # distributed_gpt: several ways to move the syncs in one run, a list of dicts of tp_overlap / sequence_parallel /
-    # tp_comm_dtype / tp_comm_block / tp_comm_exchange over the flags below, each timed with every pattern ({}: the
-    # flags as given), e.g.
-    # "[{}, {'tp_overlap': 2}, {'sequence_parallel': True}, {'tp_comm_dtype': 'int8'}]"
+    # distributed_gpt: several ways to move the syncs in one run, a list of dicts of tp_overlap /
+    # sequence_parallel / tp_comm_dtype / tp_comm_block / tp_comm_exchange over the flags below, each timed
+    # with every pattern ({}: the flags as given), e.g. "[{}, {'tp_overlap': 2}, {'sequence_parallel': True},
+    # {'tp_comm_dtype': 'int8'}]"
     variants=None,
     tp_mode=TRAIN_DEFAULTS["tp_mode"],
-    # distributed_gpt: how the syncs move, as train.py takes them (each variant above changes them for its rows)
+    # distributed_gpt: how the syncs move, as train.py takes them (each variant above changes them for its
+    # rows)
     tp_overlap=TP_DEFAULTS["tp_overlap"],
     tp_async_grad=TP_DEFAULTS["tp_async_grad"],
     sequence_parallel=TP_DEFAULTS["sequence_parallel"],
@@ -46,7 +48,8 @@ DEFAULTS = dict(
     iters=20,  # timed steps per model
     warmup=5,  # untimed steps per model
     compare=True,  # distributed_gpt: also time GPT of the same sizes and print the ratio
-    mode="train",  # 'train': training steps | 'decode': generation with the KV cache (prefill, then per token)
+    # 'train': training steps | 'decode': generation with the KV cache (prefill, then per token)
+    mode="train",
     batch_sizes=None,  # decode: the batch sizes to time (None: [batch_size])
     prompt_len=None,  # decode: prompt tokens (None: block_size // 2)
     new_tokens=32,  # decode: generated tokens per timing (prompt_len + new_tokens <= block_size)
@@ -58,7 +61,8 @@ DEFAULTS = dict(
     loss_parallel=TP_DEFAULTS["loss_parallel"],  # distributed_gpt: the vocabulary-parallel lm_head and loss
     trace=None,  # train: a path; profile trace_steps more steps of each model and write a Chrome trace there
     trace_steps=1,  # train: the steps each trace holds
-    profile=0,  # train: profile this many more steps of each model per round; print the self CPU time per op group
+    # train: profile this many more steps of each model per round; print the self CPU time per op group
+    profile=0,
     # pipeline: stages (torchrun with pp_size x tp processes; pp_size 1 under torchrun too)
     pp_size=TRAIN_DEFAULTS["pp_size"],
     pp_schedules=["gpipe", "1f1b"],  # pipeline: the schedules to time ('gpipe' | '1f1b' | 'interleaved_1f1b')
@@ -102,24 +106,30 @@ def validate(cfg):
     if not isinstance(profile, int) or isinstance(profile, bool) or profile < 0:
         raise ConfigError(f"profile must be an int >= 0 (steps per model and round), got {profile!r}")
     if profile and cfg["mode"] != "train":
-        raise ConfigError(f"profile breaks training steps down: it needs mode='train', got mode={cfg['mode']!r}")
+        raise ConfigError(f"profile breaks training steps down: it needs mode='train', got "
+                          f"mode={cfg['mode']!r}")
     trace, n = cfg["trace"], cfg["trace_steps"]
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ConfigError(f"trace_steps must be an int >= 1, got {n!r}")
     if trace is not None:
-        check_output_file(trace, key="trace", own=written_by("trace"))  # an earlier trace of ours may be replaced
+        # an earlier trace of ours may be replaced
+        check_output_file(trace, key="trace", own=written_by("trace"))
         if cfg["mode"] != "train":
-            raise ConfigError(f"trace profiles training steps: it needs mode='train', got mode={cfg['mode']!r}")
+            raise ConfigError(f"trace profiles training steps: it needs mode='train', got "
+                              f"mode={cfg['mode']!r}")
     if cfg["plot"] is not None:
-        kind = "figure decode" if cfg["mode"] == "decode" else "figure steps"  # the figure it draws (bench.py)
+        # the figure it draws (bench.py)
+        kind = "figure decode" if cfg["mode"] == "decode" else "figure steps"
         check_output_file(cfg["plot"], key="plot", own=written_by(kind), suffixes=(".png",))
         if cfg["mode"] != "decode" and cfg["tp_mode"] != "real":  # train mode: each real-TP step's time split
-            raise ConfigError(f"plot draws the decode timings (mode='decode') or, with tp_mode='real', each training "
-                              f"step's compute and communication; got mode={cfg['mode']!r}, tp_mode={cfg['tp_mode']!r}")
+            raise ConfigError(f"plot draws the decode timings (mode='decode') or, with tp_mode='real', each "
+                              "training " f"step's compute and communication; got mode={cfg['mode']!r}, "
+                              f"tp_mode={cfg['tp_mode']!r}")
     if cfg["mode"] == "decode":
         sizes = cfg["batch_sizes"] if cfg["batch_sizes"] is not None else [cfg["batch_size"]]
         if not isinstance(sizes, list) or not sizes or any(type(b) is not int or b < 1 for b in sizes):
-            raise ConfigError(f"batch_sizes must be a non-empty list of ints >= 1, got {cfg['batch_sizes']!r}")
+            raise ConfigError(f"batch_sizes must be a non-empty list of ints >= 1, got "
+                              f"{cfg['batch_sizes']!r}")
         prompt = cfg["prompt_len"] if cfg["prompt_len"] is not None else cfg["block_size"] // 2
         if type(prompt) is not int or prompt < 1 or type(cfg["new_tokens"]) is not int or cfg["new_tokens"] < 1 \
                 or prompt + cfg["new_tokens"] > cfg["block_size"]:
@@ -129,7 +139,8 @@ def validate(cfg):
 
 
 def validate_pipeline(cfg, tp):
-    """mode='pipeline': under torchrun, one replica, and every (schedule, micro-batch count) a valid layout."""
+    """mode='pipeline': under torchrun, one replica, and every (schedule,
+    micro-batch count) a valid layout."""
     for key in ("pp_schedules", "microbatches"):
         if not isinstance(cfg[key], list) or not cfg[key]:
             raise ConfigError(f"{key} must be a non-empty list, got {cfg[key]!r}")
@@ -139,7 +150,8 @@ def validate_pipeline(cfg, tp):
                                schedule=schedule, n_microbatches=m, keys=dict(
                                             schedule="pp_schedules", n_microbatches="microbatches",
                                             virtual_stages="pp_virtual_stages"),
-                                        virtual_stages=cfg["pp_virtual_stages"] if schedule == "interleaved_1f1b"
+                                        virtual_stages=cfg["pp_virtual_stages"]
+                               if schedule == "interleaved_1f1b"
                                         else 1)
 
 
@@ -148,10 +160,12 @@ def check_models(cfg):
     if cfg["model_type"] != "distributed_gpt":
         if cfg["variants"] is not None or cfg["patterns"] is not None:
             key = "variants" if cfg["variants"] is not None else "patterns"
-            raise ConfigError(f"{key} need model_type='distributed_gpt', got model_type={cfg['model_type']!r}")
+            raise ConfigError(f"{key} need model_type='distributed_gpt', got "
+                              f"model_type={cfg['model_type']!r}")
         model_config(cfg["model_type"], cfg, tp_mode=cfg["tp_mode"])
         return
-    if cfg["patterns"] is not None and (cfg["block_types"] is not None or not isinstance(cfg["patterns"], list)):
+    if cfg["patterns"] is not None and (cfg["block_types"] is not None
+                                        or not isinstance(cfg["patterns"], list)):
         raise ConfigError(f"patterns must be a list of block_types values, given instead of block_types; got "
                           f"patterns={cfg['patterns']!r}, block_types={cfg['block_types']!r}")
     for block_types in cfg["patterns"] or [cfg["block_types"]]:
@@ -178,8 +192,9 @@ def variants_of(cfg):
 
 
 def combinations(cfg):
-    """([(block_types, variant)] to time, [a note per pair that does not run, e.g. 'ladder' with SP]); ConfigError
-    naming a variant that runs with no pattern (a bad value, or a setting nothing here can use)."""
+    """([(block_types, variant)] to time, [a note per pair that does not run, e.g. 'ladder'
+    with SP]); ConfigError naming a variant that runs with no pattern (a bad value, or a
+    setting nothing here can use)."""
     runs, skipped, refused = [], [], {}
     patterns, variants = cfg["patterns"] or [cfg["block_types"]], variants_of(cfg)
     for block_types in patterns:
@@ -189,9 +204,11 @@ def combinations(cfg):
                 runs.append((block_types, variant))
             except ConfigError as e:
                 refused.setdefault(i, []).append(e)
-                skipped.append(f"skipped {pattern_label(block_types)}{variant_name(sync_options(cfg, variant))}: {e}")
+                skipped.append(f"skipped "
+                               f"{pattern_label(block_types)}{variant_name(sync_options(cfg, variant))}: {e}")
     for i, errors in refused.items():
-        if len(errors) == len(patterns):  # runs with no pattern: a bad value, or a setting nothing here can use
+        # runs with no pattern: a bad value, or a setting nothing here can use
+        if len(errors) == len(patterns):
             if cfg["variants"] is None:  # the flags as given
                 raise errors[0]
             raise ConfigError(f"variants: {variants[i]!r} runs with no pattern: {errors[0]}")
@@ -199,9 +216,10 @@ def combinations(cfg):
 
 
 def check_variant(cfg, block_types, variant):
-    """The model config of one pattern and variant (the flags, changed by the variant), checked as train.py checks
-    its own (tpcomm/model/options.py)."""
-    config = model_config("distributed_gpt", dict(cfg, block_types=block_types, **variant), tp_mode=cfg["tp_mode"])
+    """The model config of one pattern and variant (the flags, changed by the variant), checked as train.py
+    checks its own (tpcomm/model/options.py)."""
+    config = model_config("distributed_gpt", dict(cfg, block_types=block_types, **variant),
+                          tp_mode=cfg["tp_mode"])
     check_batch(config, batch_size=cfg["batch_size"], block_size=cfg["block_size"])
     return config
 
@@ -212,8 +230,8 @@ def sync_options(cfg, variant):
 
 
 def variant_name(variant):
-    """'' for the default; else ' +overlap2', ' +sp', ' +int8/32' (dtype/values per scale; ' +int8/32 2shot' with
-    tp_comm_exchange='two_shot'), ' +sp +ring' (tp_collective_matmul), joined."""
+    """'' for the default; else ' +overlap2', ' +sp', ' +int8/32' (dtype/values per scale; ' +int8/32 2shot'
+    with tp_comm_exchange='two_shot'), ' +sp +ring' (tp_collective_matmul), joined."""
     parts = []
     if variant.get("tp_overlap", 1) > 1:
         parts.append(f"overlap{variant['tp_overlap']}")
@@ -230,7 +248,8 @@ def variant_name(variant):
 
 
 def pattern_label(block_types):
-    """'distributed_gpt' for a single default model; a short label per pattern: 'spd', ['parallel','spd']*6."""
+    """'distributed_gpt' for a single default model; a short label per pattern:
+    'spd', ['parallel','spd']*6."""
     if block_types is None or isinstance(block_types, str):
         return "distributed_gpt" if block_types is None else block_types
     return compact_list(block_types)

@@ -1,7 +1,8 @@
 """
-The measured error of one compressed reduction (docs/compression.md, "Measured error of one reduction"): each
-tp_comm_dtype and block size of tpcomm/tp/compress/compression.py applied to the partial sums a GPT's MLP reduces (GPT-2's
-initialization, simulated tp) or to heavy-tailed synthetic ones, relative to the exact fp64 sum.
+The measured error of one compressed reduction (docs/compression.md, "Measured error of one
+reduction"): each tp_comm_dtype and block size of tpcomm/tp/compress/compression.py applied to the
+partial sums a GPT's MLP reduces (GPT-2's initialization, simulated tp) or to heavy-tailed synthetic
+ones, relative to the exact fp64 sum.
 
     python -m tpcomm.bench.compression_errors gpt     # the table of docs/compression.md (~20 s); heavy: synthetic data
 """
@@ -19,8 +20,9 @@ ERROR_MODEL = dict(n_layer=4, n_head=16, n_embd=1024, block_size=128, vocab_size
 
 
 def mlp_partials(tp, *, seed=0, batch=4, model=ERROR_MODEL):
-    """The MLP c_proj partial outputs (tp, N, C), fp32, of every layer of a GPT-initialized DistributedGPT (GPT-2's
-    init, simulated tp) on random tokens: the partial sums an MLP's g reduces, as a list over layers."""
+    """The MLP c_proj partial outputs (tp, N, C), fp32, of every layer of a GPT-initialized
+    DistributedGPT (GPT-2's init, simulated tp) on random tokens: the partial sums an MLP's g
+    reduces, as a list over layers."""
     torch.manual_seed(seed)
     gpt = GPT(GPTConfig(**model, dropout=0.0))
     dgpt = DistributedGPT.from_gpt(gpt, tp).eval()
@@ -60,10 +62,10 @@ def relative_error(parts, codec):
 
 def reduction_errors(*, dtypes=ERROR_DTYPES, blocks=ERROR_BLOCKS, tps=ERROR_TPS, source="gpt", seed=0,
                      two_shot_blocks=(32,)):
-    """Rows {dtype, block, exchange, bytes_per_value, bytes_ratio (vs fp32), source, err_tp<t>: mean relative error
-    over the layers}: one compressed reduction per dtype and block size at each tp, one_shot, and two_shot at
-    two_shot_blocks. source 'gpt' (mlp_partials) or 'heavy' (heavy_tailed_partials). bf16 has no blocks: block
-    None."""
+    """Rows {dtype, block, exchange, bytes_per_value, bytes_ratio (vs fp32), source, err_tp<t>: mean
+    relative error over the layers}: one compressed reduction per dtype and block size at each tp,
+    one_shot, and two_shot at two_shot_blocks. source 'gpt' (mlp_partials) or 'heavy'
+    (heavy_tailed_partials). bf16 has no blocks: block None."""
     make = dict(gpt=mlp_partials, heavy=heavy_tailed_partials)[source]
     parts = {tp: make(tp, seed=seed) for tp in tps}
     rows = []
@@ -84,7 +86,8 @@ def reduction_errors(*, dtypes=ERROR_DTYPES, blocks=ERROR_BLOCKS, tps=ERROR_TPS,
 def error_table(rows):
     """reduction_errors rows as a markdown table."""
     tps = [k for k in rows[0] if k.startswith("err_tp")]
-    head = ["data", "dtype", "block", "exchange", "bytes/value", "vs fp32", *[f"rel. error tp={k[6:]}" for k in tps]]
+    head = ["data", "dtype", "block", "exchange", "bytes/value", "vs fp32",
+            *[f"rel. error tp={k[6:]}" for k in tps]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["source"], r["dtype"], "-" if r["block"] is None else str(r["block"]), r["exchange"],
@@ -94,7 +97,8 @@ def error_table(rows):
 
 
 def main(argv):
-    """python -m tpcomm.bench.compression_errors [gpt] [heavy]: the error table of docs/compression.md (both: no argument)."""
+    """python -m tpcomm.bench.compression_errors [gpt] [heavy]: the error table of
+    docs/compression.md (both: no argument)."""
     if "--help" in argv or "-h" in argv:
         print(__doc__.strip())
         return 0

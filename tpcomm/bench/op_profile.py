@@ -1,20 +1,22 @@
 """
-Where a training step's CPU time goes, by kind of op (bench.py --profile=True): torch.profiler's self CPU time of
-every op, from key_averages, summed into a few groups. Each step runs inside a span of its own (STEP); that span's
-self time is the time in no op at all (Python between ops), so the groups sum to the steps' time as the profiler
-saw it.
+Where a training step's CPU time goes, by kind of op (bench.py --profile=True): torch.profiler's self CPU
+time of every op, from key_averages, summed into a few groups. Each step runs inside a span of its own
+(STEP); that span's self time is the time in no op at all (Python between ops), so the groups sum to the
+steps' time as the profiler saw it.
 """
 
 from torch.profiler import ProfilerActivity, profile, record_function
 
 STEP = "op_profile step"  # the span around each profiled step
-# (group, substrings of op names), first match wins; what matches none is 'other', the step span's own time 'python'
+# (group, substrings of op names), first match wins; what matches none is 'other', the step span's own time
+# 'python'
 GROUPS = (
     ("optimizer", ("optimizer.", "_foreach_", "adam")),  # matched lower-case
     ("matmul", ("mm", "linear", "matmul")),  # mm, bmm, addmm, baddbmm and their backward nodes' ops
     ("layer_norm", ("layer_norm", "layernorm")),
     ("attention", ("attention", "softmax")),
-    ("copies", ("copy", "cat", "stack", "index", "clone", "contiguous", "to_copy", "expand", "split", "unbind")),
+    ("copies", ("copy", "cat", "stack", "index", "clone", "contiguous", "to_copy", "expand", "split",
+                "unbind")),
     ("elementwise", ("add", "sub", "mul", "div", "gelu", "sum", "neg", "fill", "zero", "where", "masked")),
 )
 ORDER = (*(g for g, _ in GROUPS), "other", "python")
@@ -29,7 +31,8 @@ def group_of(name):
 
 
 def op_breakdown(step, n):
-    """Run step() n times under the CPU profiler: ({group: self CPU ms per step}, the step span's ms per step)."""
+    """Run step() n times under the CPU profiler: ({group: self CPU ms per step}, the
+    step span's ms per step)."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(n):
             with record_function(STEP):
@@ -56,8 +59,8 @@ def compare(steps, n, rounds=3):
 
 
 def breakdown_table(rows, base="gpt"):
-    """Markdown lines: a column per model ({name: (groups, total)} from op_breakdown), then each model's excess
-    over `base` (ms per step)."""
+    """Markdown lines: a column per model ({name: (groups, total)} from op_breakdown), then each model's
+    excess over `base` (ms per step)."""
     names = list(rows)
     others = [n for n in names if n != base and base in rows]
     head = "| self CPU ms/step | " + " | ".join(f"`{n}`" for n in names) + "".join(

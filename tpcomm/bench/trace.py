@@ -1,7 +1,7 @@
 """
-A trace of every tensor-parallel collective, with the compute around it: torch.profiler's Chrome trace (open it in
-https://ui.perfetto.dev or chrome://tracing), in which each collective that f and g run (and the vocab-parallel
-ones, and real TP's per-step gradient sync) is a span named for where it ran (tp_comm.traced):
+A trace of every tensor-parallel collective, with the compute around it: torch.profiler's Chrome trace (open
+it in https://ui.perfetto.dev or chrome://tracing), in which each collective that f and g run (and the
+vocab-parallel ones, and real TP's per-step gradient sync) is a span named for where it ran (tp_comm.traced):
 
     allreduce g fwd L3 spd mlp 24576B real        allreduce f bwd L0 tp attn 24576B sim
 
@@ -40,12 +40,14 @@ from tpcomm.configuration import exit_in_one_line, exit_on_config_error
 from tpcomm.train.output_path import MARK, check_output_file, replace_atomically, written_by
 
 STEP_PREFIX = "ProfilerStep#"  # the span of one training step (torch.profiler's own name for it)
-# tp_comm.traced's label, parsed back
-# the last three: sequence parallelism's, ring_p2p one transfer of collective matmul's rings (tp_collective_matmul)
+# tp_comm.traced's label, parsed back the last three: sequence parallelism's, ring_p2p one transfer of
+# collective matmul's rings (tp_collective_matmul)
 COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather", "ring_p2p")
-LABEL = re.compile(r"^(?P<collective>allreduce|reduce_scatter|all_gather|ring_p2p) (?P<op>\w+) (?P<direction>fwd|bwd)(?: L(?P<layer>\d+) (?P<block>\S+))? "
-                   r"(?P<site>\w+) (?P<bytes>\d+)B (?P<mode>sim|real)$")
-WAIT_PREFIX = "wait "  # tp_comm.traced(waiting=True): the wait for an asynchronous all-reduce, before its label
+LABEL = re.compile(r"^(?P<collective>allreduce|reduce_scatter|all_gather|ring_p2p) (?P<op>\w+) "
+                   r"(?P<direction>fwd|bwd)(?: L(?P<layer>\d+) (?P<block>\S+))? " r"(?P<site>\w+) "
+                   r"(?P<bytes>\d+)B (?P<mode>sim|real)$")
+# tp_comm.traced(waiting=True): the wait for an asynchronous all-reduce, before its label
+WAIT_PREFIX = "wait "
 COMPUTE_CATEGORIES = ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset")  # drawn grey by plot_timeline
 
 
@@ -83,9 +85,10 @@ def rank_path(path, rank):
 
 @contextlib.contextmanager
 def trace_steps(path, *, enabled=True):
-    """Profile the enclosed steps (CPU, plus CUDA when available) and write a Chrome trace to `path` on exit (not
-    after an exception). Yields a Tracer: wrap each training step in `tracer.step()`. enabled=False: nothing is
-    profiled or written, and tracer.step() does nothing, so a training loop can keep the same code."""
+    """Profile the enclosed steps (CPU, plus CUDA when available) and write a Chrome trace to
+    `path` on exit (not after an exception). Yields a Tracer: wrap each training step in
+    `tracer.step()`. enabled=False: nothing is profiled or written, and tracer.step() does
+    nothing, so a training loop can keep the same code."""
     tracer = Tracer(enabled)
     if not enabled:
         yield tracer
@@ -120,7 +123,8 @@ def load_trace(source):
         except FileNotFoundError:
             raise TraceError(f"no trace file {str(source)!r}") from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, EOFError) as e:
-            raise TraceError(f"trace file {str(source)!r} is not readable JSON ({type(e).__name__})") from None
+            raise TraceError(f"trace file {str(source)!r} is not readable JSON "
+                             f"({type(e).__name__})") from None
     if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
         raise TraceError(f"{_name(source)} is not a Chrome trace (no 'traceEvents' list)")
     check_events(trace, source)
@@ -129,10 +133,11 @@ def load_trace(source):
 
 def check_events(trace, source):
     """Every event a dict with a string 'ph' (its phase); a complete event ('X'), and any event named as a
-    collective or a training step, with a string name and numeric ts and dur. Otherwise a TraceError naming the
-    first bad event: a malformed trace would read as one with no collectives."""
+    collective or a training step, with a string name and numeric ts and dur. Otherwise a TraceError naming
+    the first bad event: a malformed trace would read as one with no collectives."""
     def timed(e):
-        return all(isinstance(e.get(k), (int, float)) and not isinstance(e.get(k), bool) for k in ("ts", "dur"))
+        return all(isinstance(e.get(k), (int, float)) and not isinstance(e.get(k), bool)
+                   for k in ("ts", "dur"))
 
     for i, e in enumerate(trace["traceEvents"]):
         if not isinstance(e, dict) or not isinstance(e.get("ph"), str):
@@ -143,8 +148,8 @@ def check_events(trace, source):
                                            or LABEL.match(name) is not None
                                            or name.startswith(tuple(f"{c} " for c in COLLECTIVES)))
         if (e["ph"] == "X" and not isinstance(name, str)) or ((e["ph"] == "X" or named) and not timed(e)):
-            raise TraceError(f"{_name(source)}: traceEvents[{i}] ({str(name)[:60]!r}, ph {e['ph']!r}) lacks a "
-                             f"string name and numeric ts and dur")
+            raise TraceError(f"{_name(source)}: traceEvents[{i}] ({str(name)[:60]!r}, ph {e['ph']!r}) lacks "
+                             "a " f"string name and numeric ts and dur")
 
 
 def _name(source):
@@ -165,11 +170,11 @@ def step_spans(source):
 
 
 def parse_label(name):
-    """A collective's span name -> dict(op, direction, layer, block, site, bytes, mode, category), or None for any
-    other span. category: 'stream' (the residual-stream syncs comm_report counts as fwd/bwd_allreduces),
-    'vocab' (loss_parallel's embedding, head and loss), 'grad' (real TP's gradient sync and clipping norm), 'sp'
-    (sequence parallelism's reduce-scatters and all-gathers; collective says which), or 'wait' (the wait for an
-    asynchronous all-reduce: the fields are those of the all-reduce waited for)."""
+    """A collective's span name -> dict(op, direction, layer, block, site, bytes, mode, category), or None for
+    any other span. category: 'stream' (the residual-stream syncs comm_report counts as fwd/bwd_allreduces),
+    'vocab' (loss_parallel's embedding, head and loss), 'grad' (real TP's gradient sync and clipping norm),
+    'sp' (sequence parallelism's reduce-scatters and all-gathers; collective says which), or 'wait' (the wait
+    for an asynchronous all-reduce: the fields are those of the all-reduce waited for)."""
     waiting = name.startswith(WAIT_PREFIX)
     m = LABEL.match(name[len(WAIT_PREFIX):] if waiting else name)
     if m is None:
@@ -180,14 +185,16 @@ def parse_label(name):
         category = "sp"
     if waiting:
         category = "wait"
-    return {"collective": m["collective"], "op": m["op"], "direction": m["direction"], "layer": None if m["layer"] is None else int(m["layer"]),
-            "block": m["block"], "site": site, "bytes": int(m["bytes"]), "mode": m["mode"], "category": category}
+    return {"collective": m["collective"], "op": m["op"], "direction": m["direction"],
+            "layer": None if m["layer"] is None else int(m["layer"]), "block": m["block"], "site": site,
+            "bytes": int(m["bytes"]), "mode": m["mode"], "category": category}
 
 
 def collective_events(source, *, waits=False):
-    """The collectives of a trace (a path or a loaded trace), in time order: dicts of parse_label's fields plus
-    name, ts and dur (µs, the trace's clock), pid, tid and step (the index of the training step whose span holds
-    it, None outside every step). waits=True: also the waits for asynchronous all-reduces (category 'wait')."""
+    """The collectives of a trace (a path or a loaded trace), in time order: dicts of parse_label's
+    fields plus name, ts and dur (µs, the trace's clock), pid, tid and step (the index of the training
+    step whose span holds it, None outside every step). waits=True: also the waits for asynchronous
+    all-reduces (category 'wait')."""
     trace = load_trace(source)
     steps = step_spans(trace)
     events = []
@@ -196,17 +203,17 @@ def collective_events(source, *, waits=False):
         if parsed is None or (parsed["category"] == "wait" and not waits):
             continue
         step = next((i for i, (a, b) in enumerate(steps) if a <= e["ts"] <= b), None)
-        events.append(dict(parsed, name=e["name"], ts=e["ts"], dur=e["dur"], pid=e.get("pid"), tid=e.get("tid"),
-                           step=step))
+        events.append(dict(parsed, name=e["name"], ts=e["ts"], dur=e["dur"], pid=e.get("pid"),
+                           tid=e.get("tid"), step=step))
     return sorted(events, key=lambda ev: ev["ts"])
 
 
 def tally_events(events):
-    """How many collectives of each kind among `events`: fwd and bwd (residual-stream all-reduces, comparable with
-    comm_report's fwd_allreduces / bwd_allreduces), grad_sync, grad_norm, vocab, reduce_scatter and all_gather
-    (sequence parallelism, both directions), and all of them."""
-    out = {"fwd": 0, "bwd": 0, "grad_sync": 0, "grad_norm": 0, "vocab": 0, "reduce_scatter": 0, "all_gather": 0,
-           "ring_p2p": 0, "all": len(events)}
+    """How many collectives of each kind among `events`: fwd and bwd (residual-stream all-reduces, comparable
+    with comm_report's fwd_allreduces / bwd_allreduces), grad_sync, grad_norm, vocab, reduce_scatter and
+    all_gather (sequence parallelism, both directions), and all of them."""
+    out = {"fwd": 0, "bwd": 0, "grad_sync": 0, "grad_norm": 0, "vocab": 0, "reduce_scatter": 0,
+           "all_gather": 0, "ring_p2p": 0, "all": len(events)}
     for ev in events:
         category = ev["category"]
         key = (ev["direction"] if category == "stream" else ev["site"] if category == "grad"
@@ -223,9 +230,9 @@ def per_step_counts(source):
 
 
 def step_timeline(source, step=0):
-    """One step of a trace: (start µs, end µs, compute intervals, collective events), the compute intervals merged
-    (the union of the step's CPU ops and GPU kernels), both as (start, end) relative to the step's start. A trace
-    without step spans is taken whole, as one step."""
+    """One step of a trace: (start µs, end µs, compute intervals, collective events), the compute intervals
+    merged (the union of the step's CPU ops and GPU kernels), both as (start, end) relative to the step's
+    start. A trace without step spans is taken whole, as one step."""
     trace = load_trace(source)
     spans = _spans(trace)
     steps = step_spans(trace)
@@ -263,8 +270,9 @@ def plot_timeline(sources, out_png, labels=None, *, step=0, title=None):
         raise TraceError(f"{len(labels)} label(s) for {len(sources)} trace(s)")
     rows = []
     for start, end, compute, events in (step_timeline(s, step) for s in sources):
-        rows.append([end - start, [list(c) for c in compute],
-                     [[ev["ts"], ev["dur"], "grad" if ev["category"] == "grad" else ev["direction"]] for ev in events]])
+        rows.append([end - start, [list(c) for c in compute], [[ev["ts"], ev["dur"],
+                                                                "grad" if ev["category"] == "grad"
+                                                                else ev["direction"]] for ev in events]])
     data = dict(kind="trace", title=title, labels=labels, rows=rows)
     try:
         command_figures.write(command_figures.draw_trace(data), str(out_png), data)
@@ -273,11 +281,12 @@ def plot_timeline(sources, out_png, labels=None, *, step=0, title=None):
 
 
 def overlap_by_direction(events):
-    """Per direction ('fwd', 'bwd'; a gradient sync is 'bwd', as labelled) of collective_events(..., waits=True):
-    dict(n, in_ms, exposed_ms, beside_ms, share). A blocking collective is in progress over its span, all of it
-    exposed; an asynchronous one (a span followed by a 'wait ' span of the same label) from its issue to the end of
-    its wait, exposed only inside those two spans: the rest of it ran beside compute. share = beside / in. Host
-    spans: the same definitions as the counter's exposed and in-collective seconds (tpcomm/tp/counting.py)."""
+    """Per direction ('fwd', 'bwd'; a gradient sync is 'bwd', as labelled) of collective_events(...,
+    waits=True): dict(n, in_ms, exposed_ms, beside_ms, share). A blocking collective is in progress over
+    its span, all of it exposed; an asynchronous one (a span followed by a 'wait ' span of the same
+    label) from its issue to the end of its wait, exposed only inside those two spans: the rest of it ran
+    beside compute. share = beside / in. Host spans: the same definitions as the counter's exposed and
+    in-collective seconds (tpcomm/tp/counting.py)."""
     out = {d: dict(n=0, in_ms=0.0, exposed_ms=0.0) for d in ("fwd", "bwd")}
     issued = {}  # label -> issue events not yet waited for, in order
     rows = []  # [direction, start, end, exposed] per collective
@@ -304,7 +313,8 @@ def overlap_by_direction(events):
 
 
 def device_overlap(trace, start, end):
-    """GPU traces: (ms of NCCL kernels in [start, end], ms of them beside other kernels), or None without any."""
+    """GPU traces: (ms of NCCL kernels in [start, end], ms of them beside other
+    kernels), or None without any."""
     kernels = [e for e in _spans(trace) if e.get("cat") == "kernel" and start <= e["ts"] <= end]
     comm = [(e["ts"], e["ts"] + e["dur"]) for e in kernels if "nccl" in e["name"].lower()]
     if not comm:
@@ -325,9 +335,9 @@ def _merged(intervals):
 
 
 def summary(source):
-    """Two lines per step: its collectives by kind and its time in them; then per direction the time in collectives
-    and how much of it ran beside compute (overlap_by_direction), and on a GPU trace the NCCL kernels' time beside
-    other kernels."""
+    """Two lines per step: its collectives by kind and its time in them; then per direction the time in
+    collectives and how much of it ran beside compute (overlap_by_direction), and on a GPU trace the NCCL
+    kernels' time beside other kernels."""
     lines = []
     trace = load_trace(source)
     events = collective_events(trace)
@@ -337,15 +347,19 @@ def summary(source):
         c = tally_events(mine)
         spent = sum(ev["dur"] for ev in mine) / 1e3
         lines.append(f"step {i}: {c['fwd']} fwd + {c['bwd']} bwd all-reduces, {c['grad_sync']} grad sync, "
-                     f"{c['grad_norm']} grad norm, {c['vocab']} vocab"
-                     + (f", {c['reduce_scatter']} reduce-scatters + {c['all_gather']} all-gathers"
-                        if c["reduce_scatter"] or c["all_gather"] else "")
-                     + (f", {c['ring_p2p']} ring transfers" if c["ring_p2p"] else "") + f"; {spent:.2f} of {(b - a) / 1e3:.2f} ms in "
-                     f"collectives")
+                     "" f"{c['grad_norm']} grad norm, {c['vocab']} vocab" + (f", {c['reduce_scatter']} "
+                                                                             f"reduce-scatters + "
+                                                                             f"{c['all_gather']} "
+                                                                             "all-gathers"
+                                                                             if c["reduce_scatter"]
+                                                                             or c["all_gather"] else "")
+                     + (f", {c['ring_p2p']} ring transfers" if c["ring_p2p"] else "") + f"; {spent:.2f} of "
+                     f"{(b - a) / 1e3:.2f} ms in " f"collectives")
         per = overlap_by_direction([ev for ev in with_waits if ev["step"] == i])
-        line = f"step {i} overlap: " + "; ".join(
-            f"{d} {v['in_ms']:.2f} ms in collectives, {v['exposed_ms']:.2f} exposed, {v['beside_ms']:.2f} beside "
-            f"compute ({100 * v['share']:.0f}%)" for d, v in per.items())
+        line = f"step {i} overlap: " + "; ".join(f"{d} {v['in_ms']:.2f} ms in collectives, "
+                                                 f"{v['exposed_ms']:.2f} exposed, {v['beside_ms']:.2f} "
+                                                 "beside " f"compute ({100 * v['share']:.0f}%)" for d,
+                                                 v in per.items())
         device = device_overlap(trace, a, b)
         if device is not None:
             line += f"; device: NCCL kernels {device[0]:.2f} ms, {device[1]:.2f} beside other kernels"
@@ -353,13 +367,13 @@ def summary(source):
     return lines or [f"no steps; {len(events)} collectives"]
 
 
-USAGE = ("usage: python -m tpcomm.bench.trace plot OUT.png TRACE.json [TRACE.json ...] [--labels=a,b] [--step=N] "
-         "[--title=T] | "
-         "python -m tpcomm.bench.trace summary TRACE.json [...]")
+USAGE = ("usage: python -m tpcomm.bench.trace plot OUT.png TRACE.json [TRACE.json ...] [--labels=a,b] "
+         "[--step=N] " "[--title=T] | " "python -m tpcomm.bench.trace summary TRACE.json [...]")
 
 
 def parse_labels(text):
-    """--labels: 'a,b' or, for labels with commas, a Python list of strings: "['tp']*12", "['parallel','spd']*6"."""
+    """--labels: 'a,b' or, for labels with commas, a Python list of strings:
+    "['tp']*12", "['parallel','spd']*6"."""
     if not text.lstrip().startswith("["):
         return text.split(",")
     try:
@@ -376,7 +390,8 @@ def parse_labels(text):
 def main(argv):
     options = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
     args = [a for a in argv if not a.startswith("--")]
-    unknown = sorted({a.split("=", 1)[0] for a in argv if a.startswith("--")} - {"--labels", "--step", "--title"})
+    unknown = sorted({a.split("=", 1)[0] for a in argv if a.startswith("--")}
+                     - {"--labels", "--step", "--title"})
     if not args or args[0] not in ("plot", "summary") or unknown or any(a.startswith("--") and "=" not in a
                                                                          for a in argv):
         raise TraceError(USAGE)

@@ -1,1 +1,2 @@
-"""Converting a trained checkpoint: Sync-Point Drop the paper's way (with head grouping), Ladder Residual's upper-half adaptation, Hugging Face export."""
+"""Converting a trained checkpoint: Sync-Point Drop the paper's way (with head grouping), Ladder Residual's
+upper-half adaptation, Hugging Face export."""

@@ -1,8 +1,8 @@
 """
-Head grouping (Sync-Point Drop, arXiv 2502.20727, section 3.3) for an extremely sensitive block: before sharding, the
-attention heads are grouped so that similar heads share a shard, and the MLP hidden units follow the heads they
-serve; the block is then sharded in that order (a permutation of heads and units: the same GPT, other shards).
-tpcomm/convert/sync_point_drop.py uses it.
+Head grouping (Sync-Point Drop, arXiv 2502.20727, section 3.3) for an extremely sensitive block: before
+sharding, the attention heads are grouped so that similar heads share a shard, and the MLP hidden units follow
+the heads they serve; the block is then sharded in that order (a permutation of heads and units: the same GPT,
+other shards). tpcomm/convert/sync_point_drop.py uses it.
 """
 
 import math
@@ -12,11 +12,11 @@ from torch.nn import functional as F
 
 
 def permute_heads_and_units(state_dict, perms, *, n_head):
-    """A GPT-layout state dict with, per layer i in `perms` ({i: (head_perm, unit_perm)}, either may be None), the
-    attention heads in the order head_perm (q, k and v rows of c_attn and the matching input columns of attn.c_proj)
-    and the MLP hidden units in the order unit_perm (rows of c_fc, its bias, columns of mlp.c_proj). Position p
-    takes the old head (unit) perm[p]. GPT's function, and every all-'tp' DistributedGPT's, is unchanged; shard d
-    of an 'spd' block then holds heads perm[d*H/tp : (d+1)*H/tp]."""
+    """A GPT-layout state dict with, per layer i in `perms` ({i: (head_perm, unit_perm)}, either may be None),
+    the attention heads in the order head_perm (q, k and v rows of c_attn and the matching input columns of
+    attn.c_proj) and the MLP hidden units in the order unit_perm (rows of c_fc, its bias, columns of
+    mlp.c_proj). Position p takes the old head (unit) perm[p]. GPT's function, and every all-'tp'
+    DistributedGPT's, is unchanged; shard d of an 'spd' block then holds heads perm[d*H/tp : (d+1)*H/tp]."""
     out = dict(state_dict)
     for i, (head_perm, unit_perm) in perms.items():
         p = f"transformer.h.{i}."
@@ -50,15 +50,16 @@ def block_input(gpt, idx, layer):
 
 @torch.no_grad()
 def head_statistics(gpt, layer, idx):
-    """(attention probabilities (H, B*T*T), each head's output through its columns of c_proj (H, B, T, C)) of the
-    original block `layer` on calibration tokens idx."""
+    """(attention probabilities (H, B*T*T), each head's output through its columns of c_proj (H, B, T, C)) of
+    the original block `layer` on calibration tokens idx."""
     block, H = gpt.transformer.h[layer], gpt.config.n_head
     x = block_input(gpt, idx, layer)
     B, T, C = x.shape
     q, k, v = block.attn.c_attn(block.ln_1(x)).split(C, dim=2)
     q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hs)
     att = (q @ k.transpose(-2, -1)) / math.sqrt(C // H)
-    att = att.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=x.device).tril(), float("-inf")).softmax(-1)
+    att = att.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=x.device).tril(),
+                          float("-inf")).softmax(-1)
     y = att @ v  # (B, H, T, hs)
     W = block.attn.c_proj.weight.view(C, H, C // H)  # columns by head
     contrib = torch.einsum("bhtd,chd->hbtc", y, W)  # (H, B, T, C)
@@ -66,8 +67,9 @@ def head_statistics(gpt, layer, idx):
 
 
 def group_heads(similarity, tp_size):
-    """Heads into tp_size groups of equal size, minimising the summed similarity of heads within a group (so each
-    device's heads differ most): contiguous start, then best pairwise swaps until none helps. Returns the groups."""
+    """Heads into tp_size groups of equal size, minimising the summed similarity of heads within a
+    group (so each device's heads differ most): contiguous start, then best pairwise swaps until
+    none helps. Returns the groups."""
     H = similarity.shape[0]
     g = H // tp_size
     groups = [list(range(d * g, (d + 1) * g)) for d in range(tp_size)]
@@ -97,9 +99,10 @@ def group_heads(similarity, tp_size):
 
 @torch.no_grad()
 def assign_units(gpt, layer, groups, contrib, x):
-    """MLP hidden units onto devices, 4C/tp each: unit j goes where its output, read from that device's unsynced
-    stream (x + its heads' attention + b_A, as an 'spd' block computes it), is closest to the synced model's:
-    cost[j, d] = mean((gelu_j(LN2(y_d)) - gelu_j(LN2(x')))^2) * |W_M[:, j]|^2, assigned greedily by regret."""
+    """MLP hidden units onto devices, 4C/tp each: unit j goes where its output, read from that
+    device's unsynced stream (x + its heads' attention + b_A, as an 'spd' block computes it), is
+    closest to the synced model's: cost[j, d] = mean((gelu_j(LN2(y_d)) - gelu_j(LN2(x')))^2) *
+    |W_M[:, j]|^2, assigned greedily by regret."""
     block = gpt.transformer.h[layer]
     b_A = block.attn.c_proj.bias if block.attn.c_proj.bias is not None else 0.0
     synced = x + contrib.sum(0) + b_A  # x' (B, T, C)
@@ -115,7 +118,8 @@ def assign_units(gpt, layer, groups, contrib, x):
     room = [n_units // tp] * tp
     top2 = cost.topk(2, dim=1, largest=False).values
     chosen = [[] for _ in range(tp)]
-    for j in torch.argsort(top2[:, 1] - top2[:, 0], descending=True).tolist():  # the units that care most first
+    # the units that care most first
+    for j in torch.argsort(top2[:, 1] - top2[:, 0], descending=True).tolist():
         for d in torch.argsort(cost[j]).tolist():
             if room[d]:
                 chosen[d].append(j)
@@ -125,9 +129,10 @@ def assign_units(gpt, layer, groups, contrib, x):
 
 
 def head_grouping(gpt, layer, tp_size, idx):
-    """(head_perm, unit_perm) of the paper's head grouping for block `layer`, from calibration tokens idx: heads are
-    grouped so that each device's heads differ most, 'differ' measured by the cosine similarity of their attention
-    probabilities on the calibration tokens; MLP units then follow the head groups (assign_units)."""
+    """(head_perm, unit_perm) of the paper's head grouping for block `layer`, from calibration
+    tokens idx: heads are grouped so that each device's heads differ most, 'differ' measured by the
+    cosine similarity of their attention probabilities on the calibration tokens; MLP units then
+    follow the head groups (assign_units)."""
     att, contrib, x = head_statistics(gpt, layer, idx)
     att = F.normalize(att, dim=1)
     groups = group_heads(att @ att.T, tp_size)

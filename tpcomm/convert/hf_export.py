@@ -3,10 +3,11 @@ Export a checkpoint to a Hugging Face GPT2LMHeadModel folder (save_pretrained fo
 $ python export_hf.py --out_dir=out-shakespeare-char --hf_dir=out-shakespeare-char/hf
 then transformers.GPT2LMHeadModel.from_pretrained("out-shakespeare-char/hf").
 
-Any checkpoint of GPT form exports: model_type 'gpt', or 'distributed_gpt' whose blocks are all 'tp' (Megatron
-tensor parallelism computes GPT exactly). Sync-Point-Drop and parallel blocks compute something else than GPT-2's
-block, so their checkpoints are refused. A model without biases (bias=False) exports with zero biases, which is
-the same function; the GELU form maps to HF's activation_function ('none' -> 'gelu', 'tanh' -> 'gelu_new').
+Any checkpoint of GPT form exports: model_type 'gpt', or 'distributed_gpt' whose blocks are all 'tp'
+(Megatron tensor parallelism computes GPT exactly). Sync-Point-Drop and parallel blocks compute something
+else than GPT-2's block, so their checkpoints are refused. A model without biases (bias=False) exports
+with zero biases, which is the same function; the GELU form maps to HF's activation_function ('none' ->
+'gelu', 'tanh' -> 'gelu_new').
 """
 
 import os
@@ -21,7 +22,8 @@ from tpcomm.configuration import configure, exit_on_config_error
 DEFAULTS = dict(
     out_dir="out",  # the run whose ckpt.pt is exported
     hf_dir=None,  # the folder to write; None: <out_dir>/hf
-    overwrite=False,  # True: write into an hf_dir that already holds files (its config.json, model.safetensors)
+    # True: write into an hf_dir that already holds files (its config.json, model.safetensors)
+    overwrite=False,
 )
 
 HF_ACTIVATION = {"none": "gelu", "tanh": "gelu_new"}  # our GELU form -> GPT2Config.activation_function
@@ -36,8 +38,9 @@ def exportable_spec(checkpoint):
     if model_type == "distributed_gpt":
         other = sorted(set(spec["block_types"]) - {"tp"})
         if other:
-            raise ConfigError(f"cannot export: block_types {spec['block_types']} include {other}, which are not "
-                              f"GPT-2 blocks (only model_type 'gpt' or all-'tp' distributed_gpt checkpoints are)")
+            raise ConfigError(f"cannot export: block_types {spec['block_types']} include {other}, which are "
+                              "not " f"GPT-2 blocks (only model_type 'gpt' or all-'tp' distributed_gpt "
+                              "checkpoints are)")
     return spec
 
 
@@ -76,7 +79,8 @@ def export(checkpoint, hf_dir):
     hf_keys = {k: v.shape for k, v in model.state_dict().items()}
     sd = to_hf_state_dict(clean_state_dict(checkpoint["model"]), hf_keys)
     missing, unexpected = model.load_state_dict(sd, strict=False)
-    missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))]  # causal-mask buffers
+    # causal-mask buffers
+    missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))]
     assert not missing and not unexpected, (missing, unexpected)
     try:
         os.makedirs(hf_dir, exist_ok=True)
@@ -87,13 +91,14 @@ def export(checkpoint, hf_dir):
 
 
 def check_hf_dir(hf_dir, *, overwrite):
-    """hf_dir must be a folder that can be created (or is writable) and, unless overwrite, holds no files yet."""
+    """hf_dir must be a folder that can be created (or is writable) and, unless
+    overwrite, holds no files yet."""
     if os.path.isdir(hf_dir):
         names = sorted(os.listdir(hf_dir))
         if names and not overwrite:
             shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-            raise ConfigError(f"hf_dir {hf_dir!r} is not empty ({shown}); give --overwrite=True to write over "
-                              f"its files, or another hf_dir")
+            raise ConfigError(f"hf_dir {hf_dir!r} is not empty ({shown}); give --overwrite=True to write "
+                              "over " f"its files, or another hf_dir")
         if not os.access(hf_dir, os.W_OK):
             raise ConfigError(f"hf_dir {hf_dir!r} is not writable")
         return

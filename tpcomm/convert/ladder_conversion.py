@@ -1,15 +1,15 @@
 """
-Ladder Residual (arXiv 2501.06589) on a trained checkpoint, the paper's adaptation of a trained model: the upper
-half of the blocks become 'ladder' blocks (each module reads the stream from before the previous module's output
-is added, so that output's all-reduce overlaps this module's compute), evaluated zero-shot, then the whole converted
-model retrained briefly on the training data. A control retrains the original (all-'tp') model the same way, so the
-recovery is not mistaken for the extra training. Run through spd.py:
+Ladder Residual (arXiv 2501.06589) on a trained checkpoint, the paper's adaptation of a trained model: the
+upper half of the blocks become 'ladder' blocks (each module reads the stream from before the previous
+module's output is added, so that output's all-reduce overlaps this module's compute), evaluated zero-shot,
+then the whole converted model retrained briefly on the training data. A control retrains the original
+(all-'tp') model the same way, so the recovery is not mistaken for the extra training. Run through spd.py:
 
 $ python spd.py --block=ladder --out_dir=out-shakespeare-char --tp_size=4 --retrain_steps=200
 $ python sample.py --out_dir=out-shakespeare-char/ladder       # the converted model
 
-Every loss is measured on one fixed set of validation batches (seeded), the same for every model; all-reduce counts
-come from the model's own counters (comm_per_forward).
+Every loss is measured on one fixed set of validation batches (seeded), the same for every model; all-reduce
+counts come from the model's own counters (comm_per_forward).
 """
 
 import json
@@ -23,8 +23,8 @@ from tpcomm.errors import ConfigError
 from tpcomm.configuration import configure, exit_on_config_error
 from tpcomm.train.checkpoint import CHECKPOINT_NAME, save_checkpoint
 from tpcomm.train.runtime import RunLock, pick_device
-from tpcomm.convert.sync_point_drop import (check_overwrite, converted_checkpoint, distributed, find_data, load_gpt,
-                                    mean_loss, token_batches)
+from tpcomm.convert.sync_point_drop import (check_overwrite, converted_checkpoint, distributed, find_data,
+                                            load_gpt, mean_loss, token_batches)
 
 DEFAULTS = dict(
     out_dir="out",  # the trained checkpoint (out_dir/ckpt.pt); results go to out_dir/ladder/
@@ -36,12 +36,15 @@ DEFAULTS = dict(
     eval_iters=20,  # fixed validation batches of batch_size x block_size tokens
     batch_size=8,
     block_size=0,  # 0 = the checkpoint's
-    ladder_layers=-1,  # how many of the top blocks become 'ladder'; -1: the upper half (the paper's), n_layer // 2
+    # how many of the top blocks become 'ladder'; -1: the upper half (the paper's), n_layer // 2
+    ladder_layers=-1,
     retrain_steps=200,  # AdamW steps on train.bin of the whole converted model (0: zero-shot only)
     retrain_batch_size=8,
-    retrain_lr=3e-4,  # constant, after retrain_steps // 10 steps of linear warmup; gradients clipped to norm 1
+    # constant, after retrain_steps // 10 steps of linear warmup; gradients clipped to norm 1
+    retrain_lr=3e-4,
     control=True,  # also retrain the original model the same way (same batches, steps, learning rate)
-    overwrite=False,  # replace out_dir/ladder/ckpt.pt if an earlier conversion left one (it may be trained since)
+    # replace out_dir/ladder/ckpt.pt if an earlier conversion left one (it may be trained since)
+    overwrite=False,
 )
 
 
@@ -56,8 +59,8 @@ def check_ladder_settings(cfg):
         if cfg[key] < 0:
             raise ConfigError(f"{key} must be >= 0, got {cfg[key]}")
     if cfg["ladder_layers"] < -1 or cfg["ladder_layers"] == 0:
-        raise ConfigError(f"ladder_layers must be -1 (the upper half) or a number of blocks >= 1 (0 would write a "
-                          f"'ladder' checkpoint with no ladder block), got {cfg['ladder_layers']}")
+        raise ConfigError(f"ladder_layers must be -1 (the upper half) or a number of blocks >= 1 (0 would "
+                          "write a " f"'ladder' checkpoint with no ladder block), got {cfg['ladder_layers']}")
     if not cfg["retrain_lr"] >= 0:
         raise ConfigError(f"retrain_lr must be >= 0, got {cfg['retrain_lr']}")
 
@@ -75,14 +78,16 @@ def comm_counts(model, probe):
 
 
 def retrain(gpt, state, tp_size, pattern, batches, *, lr):
-    """The whole model of `pattern` trained on `batches` ((X, Y) each (n, B, T)) with AdamW: linear warmup over the
-    first tenth of the steps, then constant lr, gradients clipped to norm 1. Returns its GPT-layout weights."""
+    """The whole model of `pattern` trained on `batches` ((X, Y) each (n, B, T)) with AdamW:
+    linear warmup over the first tenth of the steps, then constant lr, gradients clipped to
+    norm 1. Returns its GPT-layout weights."""
     model = distributed(gpt, state, tp_size, pattern).train()
     optimizer = model.configure_optimizers(0.1, lr, (0.9, 0.95), next(model.parameters()).device.type)
     X, Y = batches
     warmup = max(1, len(X) // 10)
-    for step, (x, y) in enumerate(tqdm(list(zip(X, Y)), desc=f"retrain {''.join(k[0].upper() for k in pattern)}",
-                                       leave=False, file=sys.stderr)):
+    for step, (x, y) in enumerate(tqdm(list(zip(X, Y)), desc=f"retrain "
+                                       f"{''.join(k[0].upper() for k in pattern)}", leave=False,
+                                       file=sys.stderr)):
         for group in optimizer.param_groups:
             group["lr"] = lr * min(1.0, (step + 1) / warmup)
         _, loss = model(x, y)
@@ -94,8 +99,8 @@ def retrain(gpt, state, tp_size, pattern, batches, *, lr):
 
 
 def convert(cfg, gpt, X, Y, train, probe):
-    """The rows of the result: original, ladder zero-shot, ladder retrained, original retrained (control); and the
-    retrained ladder's weights (None without retraining)."""
+    """The rows of the result: original, ladder zero-shot, ladder retrained, original retrained (control); and
+    the retrained ladder's weights (None without retraining)."""
     n_layer, tp = gpt.config.n_layer, cfg["tp_size"]
     state = {k: v.detach() for k, v in gpt.state_dict().items()}
     original, ladder = ("tp",) * n_layer, ladder_pattern(n_layer, cfg["ladder_layers"])
@@ -129,16 +134,18 @@ def write_table(path, result):
              "| model | pattern (T = tp, L = ladder) | fwd all-reduces (async) | retrain steps | val loss | "
              "gap to original |", "|---|---|---|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['model']} | {''.join(k[0].upper() for k in r['pattern'])} | {r['fwd_allreduces']} "
-                     f"({r['async_allreduces']}) | {r['retrain_steps']} | {r['loss']:.4f} | {r['loss'] - base:+.4f} |")
+        lines.append(f"| {r['model']} | {''.join(k[0].upper() for k in r['pattern'])} | "
+                     f"{r['fwd_allreduces']} " f"({r['async_allreduces']}) | {r['retrain_steps']} | "
+                     f"{r['loss']:.4f} | {r['loss'] - base:+.4f} |")
     by = {r["model"]: r["loss"] for r in rows}
     if "ladder, retrained" in by:
-        # the gap that retraining closes, measured against the original trained as long (the control) when there
-        # is one: retraining also lowers the original's loss, and that part is not the ladder's recovery
-        ref, name = by.get("original, retrained (control)", base), "the control" if len(rows) > 3 else "the original"
+        # the gap that retraining closes, measured against the original trained as long (the control) when
+        # there is one: retraining also lowers the original's loss, and that part is not the ladder's recovery
+        ref, name = by.get("original, retrained (control)",
+                           base), "the control" if len(rows) > 3 else "the original"
         gap0, gap1 = by["ladder, zero-shot"] - base, by["ladder, retrained"] - ref
-        lines += ["", f"Zero-shot gap {gap0:+.4f} nats to the original; after retraining {gap1:+.4f} to {name}"
-                      + (f" ({1 - gap1 / gap0:.1%} of the zero-shot gap closed)." if gap0 > 0 else ".")]
+        lines += ["", f"Zero-shot gap {gap0:+.4f} nats to the original; after retraining {gap1:+.4f} to "
+                  f"{name}" + (f" ({1 - gap1 / gap0:.1%} of the zero-shot gap closed)." if gap0 > 0 else ".")]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -151,10 +158,11 @@ def main(argv):
     checkpoint, gpt = load_gpt(dict(cfg, num_spd=-1), what="spd.py --block=ladder")
     n_layer = gpt.config.n_layer
     if cfg["ladder_layers"] > n_layer:
-        raise ConfigError(f"ladder_layers ({cfg['ladder_layers']}) exceeds the checkpoint's number of blocks, n_layer "
-                          f"({n_layer}); give at most {n_layer}, or -1 for the upper half")
+        raise ConfigError(f"ladder_layers ({cfg['ladder_layers']}) exceeds the checkpoint's number of "
+                          "blocks, n_layer " f"({n_layer}); give at most {n_layer}, or -1 for the upper half")
     if ladder_pattern(n_layer, cfg["ladder_layers"]).count("ladder") == 0:
-        raise ConfigError(f"ladder_layers=-1 (the upper half) of n_layer={n_layer} is no block: give ladder_layers=1")
+        raise ConfigError(f"ladder_layers=-1 (the upper half) of n_layer={n_layer} is no block: give "
+                          "ladder_layers=1")
     data_dir = find_data(cfg, checkpoint, train=cfg["retrain_steps"] > 0)
     block_size = cfg["block_size"] or gpt.config.block_size
     if block_size > gpt.config.block_size:
@@ -184,10 +192,13 @@ def main(argv):
         write_table(os.path.join(out, "ladder.md"), result)
         weights = final if final is not None else {k: v.detach() for k, v in gpt.state_dict().items()}
         loss = rows[1 if final is None else 2]["loss"]  # the ladder model written: zero-shot or retrained
-        save_checkpoint(converted_checkpoint(checkpoint, gpt, weights, cfg["tp_size"], pattern, out, loss), out)
+        save_checkpoint(converted_checkpoint(checkpoint, gpt, weights, cfg["tp_size"], pattern, out, loss),
+                        out)
     print(open(os.path.join(out, "ladder.md")).read())
-    print(f"wrote {out}/ladder.md, ladder.json and {CHECKPOINT_NAME} (sample it: python sample.py --out_dir={out})")
+    print(f"wrote {out}/ladder.md, ladder.json and {CHECKPOINT_NAME} (sample it: python sample.py "
+          f"--out_dir={out})")
 
 
-if __name__ == "__main__":  # python -m tpcomm.convert.ladder_conversion --out_dir=... is spd.py --block=ladder --out_dir=...
+# python -m tpcomm.convert.ladder_conversion --out_dir=... is spd.py --block=ladder --out_dir=...
+if __name__ == "__main__":
     main(sys.argv[1:])

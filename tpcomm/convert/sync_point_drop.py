@@ -8,8 +8,8 @@ $ python spd.py --out_dir=out-shakespeare-char --tp_size=4
 $ python spd.py --out_dir=out-gpt2 --tp_size=4 --distill_steps=1000 --kl_steps=200 --latency_json=lat.json
 $ python sample.py --out_dir=out-shakespeare-char/spd       # the converted model
 
-Everything is measured on one fixed set of validation batches (seeded), the same for every candidate; all-reduce
-counts come from the model's own counters (comm_per_forward), never from a formula.
+Everything is measured on one fixed set of validation batches (seeded), the same for every candidate;
+all-reduce counts come from the model's own counters (comm_per_forward), never from a formula.
 """
 
 import json
@@ -24,7 +24,8 @@ from tqdm import tqdm
 from tpcomm import ROOT
 from tpcomm.convert.head_grouping import block_input, head_grouping, permute_heads_and_units
 from tpcomm.train.runtime import RunLock, pick_device
-from tpcomm.train.checkpoint import CHECKPOINT_NAME, build_model_from_checkpoint, load_checkpoint, model_spec, save_checkpoint
+from tpcomm.train.checkpoint import (CHECKPOINT_NAME, build_model_from_checkpoint, load_checkpoint,
+                                     model_spec, save_checkpoint)
 from tpcomm.errors import ConfigError
 from tpcomm.configuration import configure, exit_on_config_error
 from model import GPTConfig
@@ -51,10 +52,12 @@ DEFAULTS = dict(
     distill_lr=3e-4,
     kl_steps=0,  # then distillation of the chosen conversion from the original model's logits (KL); 0: none
     kl_lr=1e-4,
-    num_spd=-1,  # blocks to convert in the checkpoint; -1: the most whose recovered loss is within max_loss_increase
+    # blocks to convert in the checkpoint; -1: the most whose recovered loss is within max_loss_increase
+    num_spd=-1,
     max_loss_increase=0.02,  # nats over the original model's validation loss
     latency_json="",  # optional: {"tp,spd,...": ms_per_token} measured per block pattern (see bench.py)
-    overwrite=False,  # replace out_dir/spd/ckpt.pt if an earlier conversion left one (it may be trained since)
+    # replace out_dir/spd/ckpt.pt if an earlier conversion left one (it may be trained since)
+    overwrite=False,
 )
 
 ORDERS = ("paper", "single")
@@ -64,7 +67,8 @@ CLASSES = ("ISB", "SB", "ESB")  # insensitive, sensitive, extremely sensitive (t
 def check_spd_settings(cfg):
     """Every check that needs no file."""
     if not isinstance(cfg["tp_size"], int) or cfg["tp_size"] < 2:
-        raise ConfigError(f"tp_size must be an int >= 2 (at tp_size 1 nothing is communicated), got {cfg['tp_size']!r}")
+        raise ConfigError(f"tp_size must be an int >= 2 (at tp_size 1 nothing is communicated), got "
+                          f"{cfg['tp_size']!r}")
     for key in ("eval_iters", "batch_size", "distill_batch_size"):
         if cfg[key] < 1:
             raise ConfigError(f"{key} must be >= 1, got {cfg[key]}")
@@ -85,18 +89,19 @@ def check_spd_settings(cfg):
 
 
 def check_overwrite(out, cfg):
-    """A conversion never replaces the checkpoint an earlier one wrote in `out` (it may have been trained since)
-    unless the user asks: checked after every other input check, before anything is written."""
+    """A conversion never replaces the checkpoint an earlier one wrote in `out` (it may have been trained
+    since) unless the user asks: checked after every other input check, before anything is written."""
     if not isinstance(cfg["overwrite"], bool):
         raise ConfigError(f"overwrite must be True or False, got {cfg['overwrite']!r}")
     path = os.path.join(out, CHECKPOINT_NAME)
     if os.path.lexists(path) and not cfg["overwrite"]:
-        raise ConfigError(f"overwrite=False but {path} exists (an earlier conversion, perhaps trained since): give "
-                          f"--overwrite=True to replace it, or move it away")
+        raise ConfigError(f"overwrite=False but {path} exists (an earlier conversion, perhaps trained "
+                          "since): give " f"--overwrite=True to replace it, or move it away")
 
 
 def read_latencies(path, n_layer):
-    """{pattern tuple: ms/token} from a JSON object whose keys are block patterns, 'tp,spd,...' or letters 'TS..'."""
+    """{pattern tuple: ms/token} from a JSON object whose keys are block patterns,
+    'tp,spd,...' or letters 'TS..'."""
     if not path:
         return {}
     try:
@@ -111,7 +116,8 @@ def read_latencies(path, n_layer):
     for key, ms in raw.items():
         kinds = key.split(",") if "," in key else [letters.get(c.upper(), c) for c in key]
         kinds = [k.strip() for k in kinds]
-        if len(kinds) != n_layer or any(k not in BLOCK_TYPES for k in kinds) or not isinstance(ms, (int, float)):
+        if len(kinds) != n_layer or any(k not in BLOCK_TYPES for k in kinds) or not isinstance(ms,
+                                                                                               (int, float)):
             raise ConfigError(f"latency_json: entry {key!r}: {ms!r} is not a pattern of {n_layer} of "
                               f"{list(BLOCK_TYPES)} mapped to a number")
         out[tuple(kinds)] = float(ms)
@@ -119,17 +125,18 @@ def read_latencies(path, n_layer):
 
 
 def load_gpt(cfg, *, what="spd.py"):
-    """(checkpoint, GPT): a 'gpt' checkpoint, or a 'distributed_gpt' one whose blocks are all 'tp' (exactly GPT).
-    what: the tool, for the error messages."""
+    """(checkpoint, GPT): a 'gpt' checkpoint, or a 'distributed_gpt' one whose blocks are all 'tp' (exactly
+    GPT). what: the tool, for the error messages."""
     checkpoint = load_checkpoint(cfg["out_dir"])  # a config that contradicts the weights: refused there
     model = build_model_from_checkpoint(checkpoint, dropout=0.0)
     if isinstance(model, DistributedGPT):
         if any(kind != "tp" for kind in model.config.block_types):
-            raise ConfigError(f"the checkpoint's blocks are {model.config.block_types}; {what} converts a GPT "
-                              f"(or an all-'tp' DistributedGPT, which is GPT)")
+            raise ConfigError(f"the checkpoint's blocks are {model.config.block_types}; {what} converts a "
+                              "GPT " f"(or an all-'tp' DistributedGPT, which is GPT)")
         model = model.to_gpt()
     c = model.config
-    validate_tp_args(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, tp_size=cfg["tp_size"], block_types=None)
+    validate_tp_args(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, tp_size=cfg["tp_size"],
+                     block_types=None)
     if cfg["num_spd"] > c.n_layer:
         raise ConfigError(f"num_spd ({cfg['num_spd']}) exceeds the checkpoint's number of blocks, n_layer "
                           f"({c.n_layer}); give at most {c.n_layer}, or -1 to choose by max_loss_increase")
@@ -137,7 +144,8 @@ def load_gpt(cfg, *, what="spd.py"):
 
 
 def find_data(cfg, checkpoint, *, train=None):
-    """The directory holding val.bin (and train.bin if `train`; None: if cfg distills), as train.py finds it."""
+    """The directory holding val.bin (and train.bin if `train`; None: if cfg
+    distills), as train.py finds it."""
     trained = checkpoint.get("config") or {}  # the training run's config
     dataset = cfg["dataset"] or trained.get("dataset") or ""
     data_dir = cfg["data_dir"] or (trained.get("data_dir") if not cfg["dataset"] else None) or \
@@ -146,12 +154,14 @@ def find_data(cfg, checkpoint, *, train=None):
     need = ["val.bin"] + (["train.bin"] if train else [])
     for name in need:
         if not os.path.isfile(os.path.join(data_dir, name)):
-            raise ConfigError(f"no {name} in {data_dir!r} (dataset={dataset!r}); give --dataset or --data_dir")
+            raise ConfigError(f"no {name} in {data_dir!r} (dataset={dataset!r}); give --dataset or "
+                              "--data_dir")
     return data_dir
 
 
 def token_batches(path, *, n, batch_size, block_size, seed):
-    """n batches (n, batch_size, block_size) of inputs and targets, random crops of a uint16 token file, seeded."""
+    """n batches (n, batch_size, block_size) of inputs and targets, random crops of a
+    uint16 token file, seeded."""
     data = np.memmap(path, dtype=np.uint16, mode="r")
     if len(data) <= block_size + 1:
         raise ConfigError(f"{path} has {len(data)} tokens, too few for block_size {block_size}")
@@ -201,10 +211,9 @@ def spd_pattern(n_layer, spd_layers):
 
 
 def sensitivities(evaluate, state, n_layer):
-    """Per block i, the validation-loss increase from dropping its attention sync (zero-shot):
-    single[i]: only block i is 'spd';
-    paper[i]: block i becomes 'spd' with the blocks after it already 'spd' and those before it 'tp' (the backward
-    sweep; the paper[i] sum to the all-'spd' model's increase)."""
+    """Per block i, the validation-loss increase from dropping its attention sync (zero-shot): single[i]: only
+    block i is 'spd'; paper[i]: block i becomes 'spd' with the blocks after it already 'spd' and those before
+    it 'tp' (the backward sweep; the paper[i] sum to the all-'spd' model's increase)."""
     base = evaluate(spd_pattern(n_layer, ()), state)
     single = [evaluate(spd_pattern(n_layer, {i}), state) - base for i in range(n_layer)]
     suffix = [evaluate(spd_pattern(n_layer, set(range(i, n_layer))), state) for i in range(n_layer)] + [base]
@@ -213,8 +222,9 @@ def sensitivities(evaluate, state, n_layer):
 
 
 def mixed(state, recovered, pattern):
-    """Weights for `pattern`: the recovered (grouped, distilled) weights of its 'spd' blocks, the original weights
-    elsewhere (a distilled block was trained as an 'spd' block; as a 'tp' block its original weights are exact)."""
+    """Weights for `pattern`: the recovered (grouped, distilled) weights of its 'spd' blocks, the
+    original weights elsewhere (a distilled block was trained as an 'spd' block; as a 'tp' block its
+    original weights are exact)."""
     out = dict(state)
     for i, kind in enumerate(pattern):
         if kind == "spd":
@@ -246,9 +256,9 @@ def b2b_loss(gpt, block, layer, X):
 
 
 def distill_block(gpt, state, layer, tp_size, train_X, heldout_X, *, lr, desc=""):
-    """Block-to-block distillation (the paper's recovery of a sensitive block): block `layer` as an 'spd' block,
-    starting from `state`, trained alone to reproduce the original block's output (MSE) on the original model's
-    block inputs. Returns (the block's new GPT-layout weights, held-out MSE before, after)."""
+    """Block-to-block distillation (the paper's recovery of a sensitive block): block `layer` as an 'spd'
+    block, starting from `state`, trained alone to reproduce the original block's output (MSE) on the original
+    model's block inputs. Returns (the block's new GPT-layout weights, held-out MSE before, after)."""
     model = distributed(gpt, state, tp_size, spd_pattern(gpt.config.n_layer, {layer}))
     block = model.transformer.h[layer]
     before = b2b_loss(gpt, block, layer, heldout_X)
@@ -274,10 +284,12 @@ def kl_to_teacher(student, teacher, idx):
 
 
 def distill_kl(gpt, state, tp_size, pattern, train_X, heldout_X, *, lr):
-    """Distillation from the original model's logits: the converted model's 'spd' blocks (only those train) fitted
-    to the original model's next-token distributions (KL). Returns (new GPT-layout state, held-out KL before, after)."""
+    """Distillation from the original model's logits: the converted model's 'spd' blocks (only those
+    train) fitted to the original model's next-token distributions (KL). Returns (new GPT-layout state,
+    held-out KL before, after)."""
     model = distributed(gpt, state, tp_size, pattern)
-    params = [p for i, kind in enumerate(pattern) if kind == "spd" for p in model.transformer.h[i].parameters()]
+    params = [p for i,
+              kind in enumerate(pattern) if kind == "spd" for p in model.transformer.h[i].parameters()]
 
     def heldout():
         with torch.no_grad():
@@ -304,21 +316,19 @@ def choose_num_spd(cfg, curve, base):
 
 def write_table(path, result):
     kept = {None: "", True: "yes", False: "no"}
-    lines = [f"# Sync-Point Drop of {result['out_dir']} at tp_size {result['tp_size']}", "",
-             f"Original validation loss {result['base_loss']:.4f} ({result['eval_tokens']:,} tokens, "
-             f"{result['eval_iters']} fixed batches). Loss increases in nats; classes by the '{result['order']}' "
-             f"sensitivity: ISB < {result['tau_isb']} <= SB < {result['tau_esb']} <= ESB.", "",
-             "## Per block", "",
-             "| block | single Δ | paper Δ | class | head grouping Δ | recovered Δ | B2B MSE before | after "
-             "| kept |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"# Sync-Point Drop of {result['out_dir']} at tp_size {result['tp_size']}", "", f"Original "
+             f"validation loss {result['base_loss']:.4f} ({result['eval_tokens']:,} tokens, "
+             "" f"{result['eval_iters']} fixed batches). Loss increases in nats; classes by the "
+             f"'{result['order']}' " f"sensitivity: ISB < {result['tau_isb']} <= SB < {result['tau_esb']} <= "
+             "ESB.", "", "## Per block", "", "| block | single Δ | paper Δ | class | head grouping Δ | "
+             "recovered Δ | B2B MSE before | after " "| kept |", "|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda v, f=".4f": "" if v is None else format(v, f)  # noqa: E731
     for b in result["blocks"]:
         lines.append(f"| {b['block']} | {fmt(b['single'])} | {fmt(b['paper'])} | {b['class']} | "
                      f"{fmt(b['grouped'])} | {fmt(b['recovered'])} | {fmt(b['mse_before'], '.3g')} | "
                      f"{fmt(b['mse_after'], '.3g')} | {kept[b['b2b_kept']]} |")
-    lines += ["", "## Greedy curve (blocks dropped in order of increasing sensitivity)", "",
-              "| SPD blocks | pattern | fwd all-reduces | zero-shot loss | recovered loss | decode ms/token |",
+    lines += ["", "## Greedy curve (blocks dropped in order of increasing sensitivity)", "", "| SPD blocks | "
+              "pattern | fwd all-reduces | zero-shot loss | recovered loss | decode ms/token |",
               "|---|---|---|---|---|---|"]
     for row in result["curve"]:
         lines.append(f"| {row['spd_blocks']} | {''.join(k[0].upper() for k in row['pattern'])} | "
@@ -345,8 +355,9 @@ def write_plot(path, result):
 
 
 def converted_checkpoint(checkpoint, gpt, state, tp_size, pattern, spd_dir, loss):
-    """The input checkpoint's dict with the converted model: model_type 'distributed_gpt' and its block pattern;
-    a fresh (empty) optimizer state, so train.py --init_from=resume can fine-tune it from iteration 0."""
+    """The input checkpoint's dict with the converted model: model_type 'distributed_gpt' and
+    its block pattern; a fresh (empty) optimizer state, so train.py --init_from=resume can
+    fine-tune it from iteration 0."""
     model = distributed(gpt, state, tp_size, pattern)
     run = dict(checkpoint.get("config") or {})
     optimizer = model.configure_optimizers(run.get("weight_decay", 0.1), run.get("learning_rate", 6e-4),
@@ -381,9 +392,9 @@ def classify_blocks(cfg, evaluate, state, n_layer, bar):
 
 
 def recover_blocks(cfg, gpt, state, evaluate, X, heldout, train_X, *, base, single, paper, classes):
-    """Step 2: recovery per block, independent of the other blocks (block-to-block targets are the original's):
-    head grouping for the extremely sensitive, then distillation for every sensitive one (train_X: None for none).
-    Returns (the per-block rows, the recovered GPT-layout weights)."""
+    """Step 2: recovery per block, independent of the other blocks (block-to-block targets are the
+    original's): head grouping for the extremely sensitive, then distillation for every sensitive one
+    (train_X: None for none). Returns (the per-block rows, the recovered GPT-layout weights)."""
     n_layer, tp = gpt.config.n_layer, cfg["tp_size"]
     recovered = dict(state)
     blocks = []
@@ -393,7 +404,8 @@ def recover_blocks(cfg, gpt, state, evaluate, X, heldout, train_X, *, base, sing
                    recovered=None, mse_before=None, mse_after=None, b2b_kept=None, head_perm=None)
         if classes[i] == "ESB" and cfg["head_grouping"]:
             head_perm, unit_perm = head_grouping(gpt, i, tp, X[0])
-            recovered = permute_heads_and_units(recovered, {i: (head_perm, unit_perm)}, n_head=gpt.config.n_head)
+            recovered = permute_heads_and_units(recovered, {i: (head_perm, unit_perm)},
+                                                n_head=gpt.config.n_head)
             row["head_perm"] = head_perm
             row["grouped"] = evaluate(one, mixed(state, recovered, one), "grouped") - base
         if classes[i] != "ISB" and train_X is not None:
@@ -409,8 +421,8 @@ def recover_blocks(cfg, gpt, state, evaluate, X, heldout, train_X, *, base, sing
 
 
 def greedy_curve(gpt, state, recovered, evaluate, tp, order, probe, latencies):
-    """Step 3: drop syncs in `order` (increasing sensitivity), k = 0..n_layer blocks: the all-reduces kept (counted
-    on `probe`), zero-shot and recovered losses, and the measured latency if given."""
+    """Step 3: drop syncs in `order` (increasing sensitivity), k = 0..n_layer blocks: the all-reduces kept
+    (counted on `probe`), zero-shot and recovered losses, and the measured latency if given."""
     curve = []
     for k in range(gpt.config.n_layer + 1):
         pattern = spd_pattern(gpt.config.n_layer, set(order[:k]))
@@ -423,21 +435,25 @@ def greedy_curve(gpt, state, recovered, evaluate, tp, order, probe, latencies):
 
 
 def final_conversion(cfg, gpt, state, recovered, chosen, X, Y, heldout, kl_X, *, base):
-    """Step 4: the chosen curve point's weights, then optional KL distillation of the whole converted model (kl_X:
-    None for none). Returns (GPT-layout weights, their validation loss, the stages table, the KL before/after)."""
+    """Step 4: the chosen curve point's weights, then optional KL distillation of the whole
+    converted model (kl_X: None for none). Returns (GPT-layout weights, their validation loss, the
+    stages table, the KL before/after)."""
     pattern = tuple(chosen["pattern"])
     final, final_loss = mixed(state, recovered, pattern), chosen["recovered_loss"]
     gap0 = chosen["zero_shot_loss"] - base
 
     def stage(name, loss, recovery=True):
         gap = loss - base
-        return dict(stage=name, loss=loss, gap=gap, closed=(1 - gap / gap0) if recovery and gap0 > 0 else None)
+        return dict(stage=name, loss=loss, gap=gap, closed=(1 - gap / gap0) if recovery and gap0 > 0
+                    else None)
 
-    stages = [stage("original (all 'tp')", base, False), stage("zero-shot SPD", chosen["zero_shot_loss"], False),
-              stage("head grouping + block-to-block distillation", final_loss)]
+    stages = [stage("original (all 'tp')", base, False), stage("zero-shot SPD", chosen["zero_shot_loss"],
+                                                               False), stage("head grouping + block-to-block "
+                                                                             "distillation", final_loss)]
     kl = None
     if kl_X is not None:
-        final, kl_before, kl_after = distill_kl(gpt, final, cfg["tp_size"], pattern, kl_X, heldout, lr=cfg["kl_lr"])
+        final, kl_before, kl_after = distill_kl(gpt, final, cfg["tp_size"], pattern, kl_X, heldout,
+                                                lr=cfg["kl_lr"])
         final_loss = mean_loss(distributed(gpt, final, cfg["tp_size"], pattern), X, Y)
         stages.append(stage("+ KL distillation from the original's logits", final_loss))
         kl = dict(before=kl_before, after=kl_after)
@@ -471,10 +487,10 @@ def main(argv):
         bar = tqdm(total=1 + 2 * n_layer + 2 * (n_layer + 1), desc="evaluations", file=sys.stderr)
         evaluate = Evaluator(gpt, tp, X, Y, bar)
         base, single, paper, by, classes = classify_blocks(cfg, evaluate, state, n_layer, bar)
-        train_X = train_tokens(cfg, data_dir, n=cfg["distill_steps"], seed=cfg["seed"] + 1, block_size=block_size,
-                               device=device) if cfg["distill_steps"] else None
-        blocks, recovered = recover_blocks(cfg, gpt, state, evaluate, X, heldout, train_X, base=base, single=single,
-                                           paper=paper, classes=classes)
+        train_X = train_tokens(cfg, data_dir, n=cfg["distill_steps"], seed=cfg["seed"] + 1,
+                               block_size=block_size, device=device) if cfg["distill_steps"] else None
+        blocks, recovered = recover_blocks(cfg, gpt, state, evaluate, X, heldout, train_X, base=base,
+                                           single=single, paper=paper, classes=classes)
         order = sorted(range(n_layer), key=lambda i: by[i])
         curve = greedy_curve(gpt, state, recovered, evaluate, tp, order, X[0][:1, :8], latencies)
         bar.close()
@@ -483,20 +499,22 @@ def main(argv):
         chosen = curve[k]
         kl_X = train_tokens(cfg, data_dir, n=cfg["kl_steps"], seed=cfg["seed"] + 2, block_size=block_size,
                             device=device) if cfg["kl_steps"] and k > 0 else None
-        final, final_loss, stages, kl = final_conversion(cfg, gpt, state, recovered, chosen, X, Y, heldout, kl_X,
-                                                         base=base)
+        final, final_loss, stages, kl = final_conversion(cfg, gpt, state, recovered, chosen, X, Y, heldout,
+                                                         kl_X, base=base)
         pattern = tuple(chosen["pattern"])
         result = dict(out_dir=cfg["out_dir"], tp_size=tp, order=cfg["order"], tau_isb=cfg["tau_isb"],
                       tau_esb=cfg["tau_esb"], eval_iters=cfg["eval_iters"],
                       eval_tokens=cfg["eval_iters"] * cfg["batch_size"] * block_size, base_loss=base,
                       blocks=blocks, curve=curve, kl=kl, settings=cfg,
-                      conversion=dict(spd_blocks=k, pattern=list(pattern), fwd_allreduces=chosen["fwd_allreduces"],
+                      conversion=dict(spd_blocks=k, pattern=list(pattern),
+                                      fwd_allreduces=chosen["fwd_allreduces"],
                                       stages=stages))
         with open(os.path.join(spd_dir, "spd.json"), "w") as f:
             json.dump(result, f, indent=2)
         write_table(os.path.join(spd_dir, "spd.md"), result)
         write_plot(os.path.join(spd_dir, "spd.png"), result)
-        save_checkpoint(converted_checkpoint(checkpoint, gpt, final, tp, pattern, spd_dir, final_loss), spd_dir)
+        save_checkpoint(converted_checkpoint(checkpoint, gpt, final, tp, pattern, spd_dir, final_loss),
+                        spd_dir)
     print(open(os.path.join(spd_dir, "spd.md")).read())
     print(f"wrote {spd_dir}/spd.md, spd.json, spd.png and {CHECKPOINT_NAME} (sample it: python sample.py "
           f"--out_dir={spd_dir})")

@@ -1,10 +1,10 @@
 """
-Activation memory of one transformer layer with and without sequence parallelism: a counted prediction (Megatron's
-count, Korthikanti et al., arXiv 2205.05198, section 4) and a measurement of what autograd really saves for backward
-(ActivationMemory; the pipeline benchmark uses it too). docs/overlap.md has the equations.
+Activation memory of one transformer layer with and without sequence parallelism: a counted prediction
+(Megatron's count, Korthikanti et al., arXiv 2205.05198, section 4) and a measurement of what autograd really
+saves for backward (ActivationMemory; the pipeline benchmark uses it too). docs/overlap.md has the equations.
 
-Per layer, N = B*T tokens, C = n_embd, a = n_head, s = T, t = tp, e bytes per activation value, m bytes per dropout
-mask value (Megatron: e = 2, m = 1; this repo's keyed masks are float32, m = 4):
+Per layer, N = B*T tokens, C = n_embd, a = n_head, s = T, t = tp, e bytes per activation value, m bytes per
+dropout mask value (Megatron: e = 2, m = 1; this repo's keyed masks are float32, m = 4):
     replicated per token: LN1 and LN2 inputs, the attention and MLP inputs (4 C values) and the two output dropout
                           masks (2 C mask values): t-fold fewer with sequence parallelism (token-sharded)
     sharded per token:    q, k, v, the attention output, c_fc's output and GELU's (12 C / t values)
@@ -27,9 +27,9 @@ def predicted_activation_bytes(*, batch_size, seq_len, n_embd, n_head, tp, seque
 
 
 def measure_saved_bytes(model, idx, targets):
-    """Peak bytes of the tensors autograd saves for backward during model(idx, targets) and its backward, counted
-    once per storage, parameters excluded (ActivationMemory). Run each tp rank of a real-mode model: a simulated
-    one holds every shard (and the whole stream) in one process."""
+    """Peak bytes of the tensors autograd saves for backward during model(idx, targets) and its backward,
+    counted once per storage, parameters excluded (ActivationMemory). Run each tp rank of a real-mode model: a
+    simulated one holds every shard (and the whole stream) in one process."""
     memory = ActivationMemory(model.parameters())
     with memory.hooks():
         _, loss = model(idx, targets)
@@ -93,13 +93,14 @@ FIT_SHAPES = (("GPT-2 124M", 12, 768), ("GPT-2 350M", 24, 1024), ("GPT-2 774M", 
 
 
 def saved_bytes(kind, *, n_layer, n_embd, vocab_size, n_head, block_size, batch_size, tp):
-    """Peak saved bytes of one bf16-autocast training pass of GPT (kind 'gpt') or simulated tp `tp`, all `kind`."""
+    """Peak saved bytes of one bf16-autocast training pass of GPT (kind 'gpt') or
+    simulated tp `tp`, all `kind`."""
     from model import GPT, GPTConfig
     from tensor_parallel_model import DistributedGPT
 
     torch.manual_seed(0)
-    gpt = GPT(GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-                        dropout=0.0, bias=False))
+    gpt = GPT(GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
+                        n_embd=n_embd, dropout=0.0, bias=False))
     model = gpt if kind == "gpt" else DistributedGPT.from_gpt(gpt, tp, [kind] * n_layer)
     g = torch.Generator().manual_seed(0)
     idx, targets = (torch.randint(vocab_size, (batch_size, block_size), generator=g) for _ in range(2))
@@ -108,9 +109,9 @@ def saved_bytes(kind, *, n_layer, n_embd, vocab_size, n_head, block_size, batch_
 
 
 def per_token_fit(kind, *, widths=(256, 512), probe=PROBE):
-    """(a, w): a layer saves a * n_embd bytes per token of activations, plus autocast's bf16 copies of its 12 C^2
-    weights, w bytes per parameter (a cache for the pass, not per token): from 1- and 2-layer models at two widths,
-    y(C) = a C + w 12 C^2 / N per token, N the probe's tokens."""
+    """(a, w): a layer saves a * n_embd bytes per token of activations, plus autocast's bf16 copies of its 12
+    C^2 weights, w bytes per parameter (a cache for the pass, not per token): from 1- and 2-layer models at
+    two widths, y(C) = a C + w 12 C^2 / N per token, N the probe's tokens."""
     n = probe["batch_size"] * probe["block_size"]
     y = []
     for c in widths:
@@ -122,9 +123,9 @@ def per_token_fit(kind, *, widths=(256, 512), probe=PROBE):
 
 
 def head_per_token(*, width=256, vocab=(512, 1024), probe=PROBE):
-    """(h0, hv): outside the blocks a pass saves h0 + hv * vocab_size bytes per token (embedding, ln_f, logits and
-    the loss; the same for every block type without loss_parallel): GPT at 1 layer, two vocabularies, less its
-    layer (measured at 1 and 2 layers)."""
+    """(h0, hv): outside the blocks a pass saves h0 + hv * vocab_size bytes per token (embedding, ln_f, logits
+    and the loss; the same for every block type without loss_parallel): GPT at 1 layer, two vocabularies, less
+    its layer (measured at 1 and 2 layers)."""
     n = probe["batch_size"] * probe["block_size"]
     rest = []
     for v in vocab:
@@ -136,20 +137,21 @@ def head_per_token(*, width=256, vocab=(512, 1024), probe=PROBE):
 
 
 def training_bytes(shape, a, w, head, *, tokens, vocab=50304):
-    """One GPU's memory for a bf16-autocast training step (no activation checkpointing): fp32 weights, gradients and
-    AdamW's two moments (16 bytes a parameter), autocast's bf16 weight copies (w a block parameter) and the
-    activations of `tokens` tokens (a C per token and layer, plus the head's)."""
+    """One GPU's memory for a bf16-autocast training step (no activation checkpointing): fp32 weights,
+    gradients and AdamW's two moments (16 bytes a parameter), autocast's bf16 weight copies (w a block
+    parameter) and the activations of `tokens` tokens (a C per token and layer, plus the head's)."""
     _, n_layer, c = shape
     block_params = 12 * n_layer * c * c
-    return 16 * (block_params + vocab * c) + w * block_params + tokens * (n_layer * a * c + head[0] + head[1] * vocab)
+    return 16 * (block_params + vocab * c) + w * block_params + tokens * (n_layer * a * c + head[0] + head[1]
+                                                                          * vocab)
 
 
 def main(*, tokens=8 * 1024, gpu_bytes=80e9, usable=0.9):
     head = head_per_token()
     fits = {kind: per_token_fit(kind) for kind in SIM_KINDS}
     print(f"head: {head[0]:.0f} + {head[1]:.2f} x vocab bytes per token")
-    print("| model | activations per token and layer | vs GPT | bf16 weight copies | GPT-2 124M | 1.3B | largest that "
-          f"fits {gpu_bytes / 1e9:.0f} GB ({usable:.0%}), batch {tokens} tokens |")
+    print("| model | activations per token and layer | vs GPT | bf16 weight copies | GPT-2 124M | 1.3B | "
+          "largest that " f"fits {gpu_bytes / 1e9:.0f} GB ({usable:.0%}), batch {tokens} tokens |")
     for kind, (a, w) in fits.items():
         gb = {s[0]: training_bytes(s, a, w, head, tokens=tokens) / 1e9 for s in FIT_SHAPES}
         best = max((s for s in FIT_SHAPES if gb[s[0]] <= usable * gpu_bytes / 1e9),

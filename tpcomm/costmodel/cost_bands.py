@@ -1,6 +1,7 @@
 """
-Every predicted speedup as a band [low, high] over declared ranges of the cost model's assumptions, not one point
-(docs/cost_model.md, "Bands"). The point prediction (tpcomm/costmodel/cost_model.py's constants) sits inside its band.
+Every predicted speedup as a band [low, high] over declared ranges of the cost model's assumptions, not
+one point (docs/cost_model.md, "Bands"). The point prediction (tpcomm/costmodel/cost_model.py's
+constants) sits inside its band.
 
     overlap efficiency   0.5 - 1            the share of concurrent compute that hides communication
     GEMM efficiency      0.25 - 0.5         the compute's share of peak (mfu), thin tp shards to good GEMMs; a
@@ -10,9 +11,9 @@ Every predicted speedup as a band [low, high] over declared ranges of the cost m
     latency              2 - 35 us          per collective (or ring step), across NCCL versions and set-ups
     codec kernels        2 - 8 us launch, 50 - 100% of HBM bandwidth   quantize and dequantize (compression)
 
-speedup_bands(link) evaluates the model at every combination of each range's ends, middle and the point prediction's
-value (up to 4^6 points) and keeps the smallest and largest speedup per variant; always() says whether a comparison
-holds at every point.
+speedup_bands(link) evaluates the model at every combination of each range's ends, middle and the point
+prediction's value (up to 4^6 points) and keeps the smallest and largest speedup per variant; always() says
+whether a comparison holds at every point.
 """
 
 import functools
@@ -35,27 +36,29 @@ class Range(NamedTuple):
     def points(self, point=None):
         """The low end, the middle, the high end and the point prediction's value (when given and inside)."""
         ends = [self.low, (self.low + self.high) / 2, self.high]
-        return tuple(sorted(set(ends + ([point] if point is not None and self.low <= point <= self.high else []))))
+        return tuple(sorted(set(ends + ([point] if point is not None and self.low <= point <= self.high
+                                        else []))))
 
 
-RANGES = {
-    "efficiency": Range(0.5, 1.0, "assumed: NCCL's kernels take SMs and memory bandwidth from the compute they "
-                        "overlap; 1 is ideal"),
-    "mfu": Range(0.25, 0.5, "assumed: GEMM efficiency of tp-8 shards of 1.3B-70B models on H100, unmeasured here"),
-    "nvlink_busbw": Range(360e9, 480e9, "nccl-tests all_reduce_perf busbw on 8x H100 SXM: ~360 GB/s ring, ~480 GB/s "
-                          "with NVLink SHARP (NVLS)"),
-    "ib_busbw": Range(40e9, 48e9, "InfiniBand NDR 400 Gb/s (50 GB/s) a port: 80-96% of line rate as busbw"),
-    "latency": Range(2e-6, 35e-6, "NCCL small-message latency, 2 us (NVLS, tuned) to 35 us (across nodes, older "
-                     "NCCL)"),
-    "launch": Range(2e-6, 8e-6, "assumed: launch and tail of a quantize or dequantize kernel"),
-    "hbm_share": Range(0.5, 1.0, "assumed: the codec kernels' share of the datasheet HBM bandwidth"),
-}
+RANGES = {"efficiency": Range(0.5, 1.0, "assumed: NCCL's kernels take SMs and memory bandwidth from the "
+                              "compute they " "overlap; 1 is ideal"), "mfu": Range(0.25, 0.5, "assumed: GEMM "
+                                                                                   "efficiency of tp-8 "
+                                                                                   "shards of 1.3B-70B "
+                                                                                   "models on H100, "
+                                                                                   "unmeasured here"),
+          "nvlink_busbw": Range(360e9, 480e9, "nccl-tests all_reduce_perf busbw on 8x H100 SXM: ~360 GB/s "
+                                "ring, ~480 GB/s " "with NVLink SHARP (NVLS)"),
+          "ib_busbw": Range(40e9, 48e9, "InfiniBand NDR 400 Gb/s (50 GB/s) a port: 80-96% of line rate as "
+                            "busbw"), "latency": Range(2e-6, 35e-6, "NCCL small-message latency, 2 us (NVLS, "
+                                                       "tuned) to 35 us (across nodes, older " "NCCL)"),
+          "launch": Range(2e-6, 8e-6, "assumed: launch and tail of a quantize or dequantize kernel"),
+          "hbm_share": Range(0.5, 1.0, "assumed: the codec kernels' share of the datasheet HBM bandwidth"),}
 LINK_RANGE = {cm.LINKS[0].name: "nvlink_busbw", cm.LINKS[1].name: "ib_busbw"}
 
 
 def measured_mfu_range(path=GPU_JSON):
-    """(low, high) GEMM efficiency that docs/gpu.json's cost_calibration section measured on a GPU, or None where no
-    GPU has run it (the file, the section or its numbers absent)."""
+    """(low, high) GEMM efficiency that docs/gpu.json's cost_calibration section measured on a GPU, or None
+    where no GPU has run it (the file, the section or its numbers absent)."""
     try:
         with open(path) as f:
             report = json.load(f)
@@ -70,29 +73,32 @@ def measured_mfu_range(path=GPU_JSON):
 
 
 def ranges(path=GPU_JSON):
-    """RANGES, the GEMM efficiency widened to take in the measured one where docs/gpu.json has it. Widened, not
-    replaced: the measurement is this repository's shard block at one shape (1.3B, tp 8: unfused LayerNorm, GELU and
-    attention around GEMMs that alone reach ~50%), while the bands also price 8B and 70B, whose larger shards run
-    closer to the GEMMs' efficiency, and kernels fused as production stacks fuse them."""
+    """RANGES, the GEMM efficiency widened to take in the measured one where docs/gpu.json has it.
+    Widened, not replaced: the measurement is this repository's shard block at one shape (1.3B, tp 8:
+    unfused LayerNorm, GELU and attention around GEMMs that alone reach ~50%), while the bands also
+    price 8B and 70B, whose larger shards run closer to the GEMMs' efficiency, and kernels fused as
+    production stacks fuse them."""
     measured = measured_mfu_range(path)
     if measured is None:
         return dict(RANGES)
     assumed = RANGES["mfu"]
     low, high = min(assumed.low, measured[0]), max(assumed.high, measured[1])
-    return dict(RANGES, mfu=Range(low, high, f"{100 * measured[0]:.0f}%-{100 * measured[1]:.0f}% measured (make "
-                                  f"gpu-check's cost_calibration, {os.path.relpath(path, ROOT)}: the 1.3B tp-8 shard "
-                                  f"block) and {100 * assumed.low:.0f}%-{100 * assumed.high:.0f}% assumed for larger "
-                                  f"shapes and fused kernels"))
+    return dict(RANGES, mfu=Range(low, high, f"{100 * measured[0]:.0f}%-{100 * measured[1]:.0f}% measured "
+                                  "(make " f"gpu-check's cost_calibration, {os.path.relpath(path, ROOT)}: "
+                                  "the 1.3B tp-8 shard " f"block) and "
+                                  f"{100 * assumed.low:.0f}%-{100 * assumed.high:.0f}% assumed for larger "
+                                  "" f"shapes and fused kernels"))
 
 
 def _speedups(link, *, mfu, efficiency, busbw, latency, launch, hbm_share, baseline):
-    """({variant: speedup over the baseline}, {variant: ms per micro-step saved}) at one set of assumptions."""
+    """({variant: speedup over the baseline}, {variant: ms per micro-step saved})
+    at one set of assumptions."""
     cfg = cm.PREDICT_DEFAULTS
     opts = cm.Options(chunks=cfg["tp_overlap"], efficiency=efficiency, launch=launch,
                       hbm_bw=hbm_share * cm.const("h100_hbm_bw"))
     v = cm.train_variants(cm.FIGURE_SHAPE, tp=8, link=link._replace(alpha=latency, busbw=busbw),
-                          tokens=cfg["batch_size"] * cfg["seq_len"], seq_len=cfg["seq_len"], mfu=mfu, opts=opts,
-                          async_grad=baseline == "megatron")
+                          tokens=cfg["batch_size"] * cfg["seq_len"], seq_len=cfg["seq_len"], mfu=mfu,
+                          opts=opts, async_grad=baseline == "megatron")
     base = sum(v["all tp"])
     return ({name: cm.speedup(v, key) for name, key in cm.figure_variants(cfg["tp_overlap"]).items()},
             {name: 1e3 * (base - sum(v[key])) for name, key in cm.figure_variants(cfg["tp_overlap"]).items()})
@@ -100,8 +106,9 @@ def _speedups(link, *, mfu, efficiency, busbw, latency, launch, hbm_share, basel
 
 @functools.lru_cache(maxsize=8)
 def grid(link_name, *, baseline="megatron", path=GPU_JSON):
-    """[(assumptions dict, {variant: speedup}, {variant: ms saved a micro-step})] at every combination of each range's low, middle and high, for the
-    figure's case (cost_model.FIGURE_SHAPE at tp 8) on link_name ('nvlink' or 'ib')."""
+    """[(assumptions dict, {variant: speedup}, {variant: ms saved a micro-step})] at every combination of
+    each range's low, middle and high, for the figure's case (cost_model.FIGURE_SHAPE at tp 8) on
+    link_name ('nvlink' or 'ib')."""
     link = cm.LINK_ALIASES[link_name.lower()]
     r = ranges(path)
     cfg = cm.PREDICT_DEFAULTS
@@ -116,11 +123,13 @@ def grid(link_name, *, baseline="megatron", path=GPU_JSON):
 
 
 def speedup_bands(link_name, *, baseline="megatron", path=GPU_JSON):
-    """{variant: (low, high)} predicted speedup over the baseline across the declared ranges (the figure's variant
-    names, cost_model.figure_variants). The data the figure's horizontal bands and the answer's [low, high] use."""
+    """{variant: (low, high)} predicted speedup over the baseline across the declared ranges (the
+    figure's variant names, cost_model.figure_variants). The data the figure's horizontal bands and the
+    answer's [low, high] use."""
     points = grid(link_name, baseline=baseline, path=path)
     key = (link_name, baseline, path)
-    if key not in _BANDS or _BANDS[key][0] is not points:  # computed once per grid (a cleared grid is a new one)
+    # computed once per grid (a cleared grid is a new one)
+    if key not in _BANDS or _BANDS[key][0] is not points:
         _BANDS[key] = (points, {name: (min(s[name] for _, s, _ in points), max(s[name] for _, s, _ in points))
                                 for name in cm.figure_variants(cm.PREDICT_DEFAULTS["tp_overlap"])})
     return dict(_BANDS[key][1])
@@ -136,12 +145,14 @@ def always(points, test):
 
 
 AXIS_WORDS = {"mfu": "GEMM efficiency", "efficiency": "overlap efficiency", "busbw": "link bandwidth",
-              "latency": "latency", "launch": "the codec kernels' launch", "hbm_share": "the codec kernels' bandwidth"}
+              "latency": "latency", "launch": "the codec kernels' launch", "hbm_share": "the codec kernels' "
+              "bandwidth"}
 
 
 def condition(points, test):
-    """Where test(speedups) holds, in words: 'at every assumption', 'at no assumption', or what it depends on (the
-    assumption whose value alone decides it, with the values where it holds; else the assumptions that move it)."""
+    """Where test(speedups) holds, in words: 'at every assumption', 'at no assumption', or what it
+    depends on (the assumption whose value alone decides it, with the values where it holds; else the
+    assumptions that move it)."""
     verdict = always(points, test)
     if verdict != "sometimes":
         return "at every assumption" if verdict == "always" else "at no assumption"
@@ -161,11 +172,12 @@ def condition(points, test):
 
 def _fmt(axis, value):
     return {"mfu": f"{value:.0%}", "efficiency": f"{value:g}", "busbw": f"{value / 1e9:.0f} GB/s",
-            "latency": f"{value * 1e6:g} us", "launch": f"{value * 1e6:g} us", "hbm_share": f"{value:.0%}"}[axis]
+            "latency": f"{value * 1e6:g} us", "launch": f"{value * 1e6:g} us",
+            "hbm_share": f"{value:.0%}"}[axis]
 
 
 def step_saved_ms(link_name, variant, *, baseline="megatron", path=GPU_JSON):
-    """(low, high) milliseconds per training micro-step the variant saves against the baseline across the ranges
-    (negative: it costs time): the ratio sentences restated as time."""
+    """(low, high) milliseconds per training micro-step the variant saves against the baseline across the
+    ranges (negative: it costs time): the ratio sentences restated as time."""
     points = grid(link_name, baseline=baseline, path=path)
     return min(ms[variant] for _, _, ms in points), max(ms[variant] for _, _, ms in points)

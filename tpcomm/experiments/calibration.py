@@ -1,7 +1,8 @@
 """
-The cost model measured on this machine: a gloo all-reduce microbenchmark and bench.py under real tensor parallelism
-(`python comm_model.py measure`), then the model's predictions of each block pattern's step time checked against
-them, leave one pattern out (`python comm_model.py validate`). The equations are tpcomm/costmodel/cost_model.py's.
+The cost model measured on this machine: a gloo all-reduce microbenchmark and bench.py under real tensor
+parallelism (`python comm_model.py measure`), then the model's predictions of each block pattern's step time
+checked against them, leave one pattern out (`python comm_model.py validate`). The equations are
+tpcomm/costmodel/cost_model.py's.
 """
 
 import json
@@ -19,7 +20,8 @@ from tpcomm.errors import ConfigError
 from tpcomm.configuration import configure
 
 from tpcomm import ROOT
-from tpcomm.costmodel.cost_model import allreduce_time, error, fit_allreduce, fit_line, fit_step, leave_one_out, overlapped_syncs
+from tpcomm.costmodel.cost_model import (allreduce_time, error, fit_allreduce, fit_line, fit_step,
+                                         leave_one_out, overlapped_syncs)
 from tpcomm.train.output_path import check_output_file, json_with, replace_atomically
 
 # ---------- python comm_model.py measure: this machine ----------
@@ -38,7 +40,8 @@ MEASURE_DEFAULTS = {
 
 
 class MeasureError(RuntimeError):
-    """A measurement that failed (a benchmark process died, bench.py printed no row): one line, exit status 1."""
+    """A measurement that failed (a benchmark process died, bench.py printed no
+    row): one line, exit status 1."""
 
 
 BENCH_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "vocab_size", "iters", "warmup")
@@ -51,14 +54,17 @@ def measure(cfg):
     out = cfg["out"]
     if not isinstance(out, str) or not out:
         raise ConfigError(f"out must be the calibration file to write (--out=FILE.json), got {out!r}")
-    check_output_file(out, key="out", own=json_with("format", "microbenchmark"))  # an earlier calibration: replaced
+    # an earlier calibration: replaced
+    check_output_file(out, key="out", own=json_with("format", "microbenchmark"))
     for key, least in (("procs", 2), ("reps", 1)):
         if type(cfg[key]) is not int or cfg[key] < least:
             raise ConfigError(f"{key} must be an int >= {least}, got {cfg[key]!r}")
-    bench_config.validate(dict(bench_config.defaults(), **{k: cfg[k] for k in BENCH_KEYS}))  # before minutes of measuring
+    # before minutes of measuring
+    bench_config.validate(dict(bench_config.defaults(), **{k: cfg[k] for k in BENCH_KEYS}))
     sizes = cfg["sizes"] if cfg["sizes"] is not None else [1024 * 4 ** k for k in range(9)]
     if not isinstance(sizes, list) or not sizes or any(type(n) is not int or n < 4 or n % 4 for n in sizes):
-        raise ConfigError(f"sizes must be a non-empty list of byte counts, multiples of 4 (float32), got {sizes!r}")
+        raise ConfigError(f"sizes must be a non-empty list of byte counts, multiples of 4 (float32), got "
+                          f"{sizes!r}")
     patterns = cfg["patterns"] if cfg["patterns"] is not None else cpu_sweep_patterns()
     if not isinstance(patterns, list) or not patterns:
         raise ConfigError(f"patterns must be a non-empty list of block_types values, got {patterns!r}")
@@ -70,8 +76,8 @@ def measure(cfg):
             raise ConfigError(f"patterns[{i}] = {shown(p)}: {e}") from None
     record = {"format": "comm_model calibration 1", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "argv": sys.argv, "machine": machine()}
-    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores: other work on the machine inflates "
-          "every time below")
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores: other work on the machine "
+          "inflates " "every time below")
     print(f"all-reduce microbenchmark: gloo, {cfg['procs']} processes, float32, {len(sizes)} sizes x "
           f"{cfg['reps']} repetitions")
     samples = microbenchmark(procs=cfg["procs"], sizes=sizes, reps=cfg["reps"])
@@ -79,15 +85,17 @@ def measure(cfg):
         print(f"  {s['bytes']:>10,} B  {s['seconds'] * 1e3:9.3f} ms")
     fit = {"method": "least squares of the relative error of t = alpha + 2(p-1)/p * n / B"}
     try:
-        fit["alpha_s"], fit["bus_bw_Bps"] = fit_allreduce([(s["bytes"], s["seconds"]) for s in samples], cfg["procs"])
+        fit["alpha_s"], fit["bus_bw_Bps"] = fit_allreduce([(s["bytes"], s["seconds"]) for s in samples],
+                                                          cfg["procs"])
         print(f"  fit: alpha = {fit['alpha_s'] * 1e6:.1f} us, B = {fit['bus_bw_Bps'] / 1e9:.3f} GB/s")
-    except ValueError as e:  # noise swamped the sizes: keep the samples (and go on), validate will refuse them
+    # noise swamped the sizes: keep the samples (and go on), validate will refuse them
+    except ValueError as e:
         fit["error"] = str(e)
         print(f"  fit failed: {e}; add larger --sizes")
-    record["microbenchmark"] = {
-        "backend": "gloo", "procs": cfg["procs"], "dtype": "float32", "reps": cfg["reps"], "threads_per_process": 1,
-        "statistic": "median over repetitions of the slowest rank's time; each repetition starts after a barrier",
-        "samples": samples, "loadavg_after": loadavg(), "fit": fit}
+    record["microbenchmark"] = {"backend": "gloo", "procs": cfg["procs"], "dtype": "float32",
+                                "reps": cfg["reps"], "threads_per_process": 1, "statistic": "median over "
+                                "repetitions of the slowest rank's time; each repetition starts after a "
+                                "barrier", "samples": samples, "loadavg_after": loadavg(), "fit": fit}
     record["training"] = training(cfg, patterns)
     record["machine"]["loadavg_after"] = loadavg()
     def write(tmp):
@@ -105,8 +113,8 @@ def shown(pattern):
 
 
 def cpu_sweep_patterns():
-    """The block_types of the CPU sweep's budget configs (experiment.py's 'cpu' runs, 24 down to 1 forward syncs;
-    not its delayed or compressed variants of them)."""
+    """The block_types of the CPU sweep's budget configs (experiment.py's 'cpu' runs, 24 down to 1 forward
+    syncs; not its delayed or compressed variants of them)."""
     from tpcomm.experiments.sweep_plan import SWEEPS
     from tpcomm.train.train_config import defaults
 
@@ -136,9 +144,11 @@ def microbenchmark(*, procs, sizes, reps):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "samples.json")
         try:
-            mp.spawn(_allreduce_worker, args=(procs, sizes, reps, os.path.join(d, "store"), out), nprocs=procs)
+            mp.spawn(_allreduce_worker, args=(procs, sizes, reps, os.path.join(d, "store"), out),
+                     nprocs=procs)
         except ProcessException as e:  # a worker raised or died: its traceback's last line
-            raise MeasureError(f"all-reduce microbenchmark failed: {str(e).strip().splitlines()[-1]}") from None
+            raise MeasureError(f"all-reduce microbenchmark failed: "
+                               f"{str(e).strip().splitlines()[-1]}") from None
         with open(out) as f:
             return json.load(f)
 
@@ -163,7 +173,8 @@ def _allreduce_worker(rank, procs, sizes, reps, store, out):
                 dist.all_reduce(x)
                 times[r] = time.perf_counter() - start
             dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a repetition lasts until its slowest rank is done
-            samples.append({"bytes": n, "seconds": statistics.median(times.tolist()), "all_seconds": times.tolist()})
+            samples.append({"bytes": n, "seconds": statistics.median(times.tolist()),
+                            "all_seconds": times.tolist()})
         if rank == 0:
             with open(out, "w") as f:
                 json.dump(samples, f)
@@ -172,24 +183,25 @@ def _allreduce_worker(rank, procs, sizes, reps, store, out):
 
 
 def training(cfg, patterns):
-    """bench.py under torchrun with real TP over cfg['procs'] gloo processes, all patterns interleaved in one run;
-    its printed rows parsed into step ms, collectives ms and the measured all-reduce counts and sizes."""
+    """bench.py under torchrun with real TP over cfg['procs'] gloo processes, all patterns interleaved in one
+    run; its printed rows parsed into step ms, collectives ms and the measured all-reduce counts and sizes."""
     from tpcomm.bench.bench_config import pattern_label
 
     listed = "[" + ", ".join(shown(p) for p in patterns) + "]"
     args = ["bench.py", "--model_type=distributed_gpt", f"--tp_size={cfg['procs']}", "--tp_mode=real",
-            "--device=cpu", "--dtype=float32", *(f"--{k}={cfg[k]}" for k in BENCH_KEYS), f"--patterns={listed}"]
+            "--device=cpu", "--dtype=float32", *(f"--{k}={cfg[k]}" for k in BENCH_KEYS),
+            f"--patterns={listed}"]
     launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg['procs']}"]
     command = "OMP_NUM_THREADS=1 torchrun " + " ".join(launch[2:] + args[:-1]) + f' --patterns="{listed}"'
     print(f"in-training: {command}")
-    r = subprocess.run([sys.executable, *launch, *args], check=False, cwd=ROOT, capture_output=True, text=True,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    r = subprocess.run([sys.executable, *launch, *args], check=False, cwd=ROOT, capture_output=True,
+                       text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     print(r.stdout, end="")
     if r.returncode:
         last = next((line for line in reversed(r.stderr.splitlines()) if line.strip()), "")
         raise MeasureError(f"bench.py under torchrun failed (exit {r.returncode}): {last.strip()}")
-    row = re.compile(r"^(?P<name>.+?)\s+(?P<ms>[\d.]+) ms/iter .* all-reduces fwd (?P<fwd>\d+) bwd (?P<bwd>\d+)\s+"
-                     r"(?P<bpt>[\d.]+) B/token\s+collectives (?P<coll>[\d.]+) ms/iter")
+    row = re.compile(r"^(?P<name>.+?)\s+(?P<ms>[\d.]+) ms/iter .* all-reduces fwd (?P<fwd>\d+) bwd "
+                     r"(?P<bwd>\d+)\s+" r"(?P<bpt>[\d.]+) B/token\s+collectives (?P<coll>[\d.]+) ms/iter")
     found = {m["name"]: m for m in map(row.match, r.stdout.splitlines()) if m}
     tokens = cfg["batch_size"] * cfg["block_size"]
     rows = []
@@ -203,11 +215,11 @@ def training(cfg, patterns):
                      "bytes_per_allreduce": round(float(m["bpt"]) * tokens / (fwd + bwd)),
                      "step_ms": float(m["ms"]), "collectives_ms": float(m["coll"])})
     model = {k: cfg[k] for k in BENCH_KEYS[:-2]}
-    return {"command": command, "procs": cfg["procs"], "model": dict(model, tokens_per_iter=tokens, dtype="float32"),
-            "iters": cfg["iters"], "warmup": cfg["warmup"],
-            "statistic": "bench.py: best of 3 interleaved rounds of iters/3 steps; collectives include the per-step "
-                         "all-reduce of the block-replicated gradients and waiting for the other rank",
-            "patterns": rows, "bench_output": r.stdout}
+    return {"command": command, "procs": cfg["procs"], "model": dict(model, tokens_per_iter=tokens,
+                                                                     dtype="float32"), "iters": cfg["iters"],
+            "warmup": cfg["warmup"], "statistic": "bench.py: best of 3 interleaved rounds of iters/3 steps; "
+            "collectives include the per-step " "all-reduce of the block-replicated gradients and waiting "
+            "for the other rank", "patterns": rows, "bench_output": r.stdout}
 
 
 # ---------- python comm_model.py validate: measured against predicted ----------
@@ -216,11 +228,13 @@ VALIDATE_DEFAULTS = {"calibration": None}  # the JSON `measure` wrote
 
 
 def validate(cfg):
-    """The validation table of a calibration file: per pattern, measured ms/iter against predictors (i) and (ii)."""
+    """The validation table of a calibration file: per pattern, measured ms/iter
+    against predictors (i) and (ii)."""
     data, path = load_calibration(cfg["calibration"])
     micro, train = data["microbenchmark"], data["training"]
     m = train["model"]
-    rows, summary = validation(micro["samples"], train["patterns"], procs=micro["procs"], n_layer=m["n_layer"])
+    rows, summary = validation(micro["samples"], train["patterns"], procs=micro["procs"],
+                               n_layer=m["n_layer"])
     print(f"calibration {path}: {data.get('created', '?')}, {data['machine'].get('cpu', '?')}, "
           f"load average (1, 5, 15 min) before {data['machine'].get('loadavg_before', '?')}, after "
           f"{data['machine'].get('loadavg_after', '?')}")
@@ -234,32 +248,33 @@ def validate(cfg):
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         ii = "n/a" if r["loo_ms"] is None else f"{r['loo_ms']:.1f}"
-        print(f"| `{r['name']}` | {r['n']} | {r['overlapped']} | {r['step_ms']:.1f} | {r['collectives_ms']:.1f} | "
-              f"{r['micro_ms']:.1f} | "
-              f"{'anchor' if r['anchor'] else pct(r['micro_err'])} | {ii} | {pct(r['loo_err'])} |")
-    print(f"\n(i) microbenchmark alpha, B: ms/iter = compute + N x t(n, p), compute = the measured ms/iter of "
-          f"`{summary['anchor']}` (fewest all-reduces) minus its own {summary['anchor_n']} modelled all-reduces = "
-          f"{summary['compute_ms']:.1f} ms (so the per-step gradient sync and all pattern-independent work are in "
-          f"it). That row is the anchor, exact by construction. Mean |error| of the others: "
-          f"{pct(summary['micro_mae'], sign=False)}.")
+        print(f"| `{r['name']}` | {r['n']} | {r['overlapped']} | {r['step_ms']:.1f} | "
+              f"{r['collectives_ms']:.1f} | " f"{r['micro_ms']:.1f} | "
+              "" f"{'anchor' if r['anchor'] else pct(r['micro_err'])} | {ii} | {pct(r['loo_err'])} |")
+    print(f"\n(i) microbenchmark alpha, B: ms/iter = compute + N x t(n, p), compute = the measured ms/iter "
+          "of " f"`{summary['anchor']}` (fewest all-reduces) minus its own {summary['anchor_n']} modelled "
+          "all-reduces = " f"{summary['compute_ms']:.1f} ms (so the per-step gradient sync and all "
+          "pattern-independent work are in " f"it). That row is the anchor, exact by construction. Mean "
+          "|error| of the others: " f"{pct(summary['micro_mae'], sign=False)}.")
     print(f"(ii) in-training: ms/iter = C + N x t_eff - N_ovl x h (N_ovl: forward all-reduces overlapped by "
-          f"'ladder', h: the time each hides; h = 0 when no fitted pattern overlaps), least squares on every pattern "
-          f"but the predicted one "
-          f"(leave-one-pattern-out). Mean |error|: {pct(summary['loo_mae'], sign=False)}. On all patterns: C = "
-          + (f"{summary['C_ms']:.1f} ms, t_eff = {summary['t_eff_ms']:.3f} ms per all-reduce."
-             if summary["t_eff_ms"] is not None else "n/a (fewer than two distinct all-reduce counts)."))
+          "" f"'ladder', h: the time each hides; h = 0 when no fitted pattern overlaps), least squares on "
+          "every pattern " f"but the predicted one " f"(leave-one-pattern-out). Mean |error|: "
+          f"{pct(summary['loo_mae'], sign=False)}. On all patterns: C = "
+          "" + (f"{summary['C_ms']:.1f} ms, t_eff = {summary['t_eff_ms']:.3f} ms per "
+                "all-reduce." if summary["t_eff_ms"] is not None else "n/a (fewer than two distinct "
+                "all-reduce counts)."))
     if summary["hidden_ms"] is not None:
         print(f"Overlap: h = {summary['hidden_ms']:.3f} ms hidden per overlapped all-reduce, "
-              f"{summary['hidden_ms'] / summary['t_eff_ms']:.0%} of t_eff (100% would be fully hidden, 0 nothing). "
-              f"Without the overlap term (h = 0, a line in N): leave-one-out mean |error| "
-              f"{pct(summary['loo_line_mae'], sign=False)}.")
+              "" f"{summary['hidden_ms'] / summary['t_eff_ms']:.0%} of t_eff (100% would be fully hidden, 0 "
+              "nothing). " f"Without the overlap term (h = 0, a line in N): leave-one-out mean |error| "
+              "" f"{pct(summary['loo_line_mae'], sign=False)}.")
     if summary["t_eff_ms"] is not None:
-        print(f"Contention factor t_eff / t(n, p) = {summary['t_eff_ms'] / (summary['t_micro'] * 1e3):.2f}: an "
-              f"all-reduce costs the training step that many microbenchmark all-reduces. The slope of the measured "
-              f"collectives ms/iter on N is {summary['t_coll_ms']:.3f} ms "
-              f"({summary['t_coll_ms'] / (summary['t_micro'] * 1e3):.2f} x the microbenchmark).")
-    print("GPU predictions (python comm_model.py) use (i)'s form, compute + N x t(n, p), with t from the published "
-          "NVLink / InfiniBand constants; no contention factor is applied.")
+        print(f"Contention factor t_eff / t(n, p) = {summary['t_eff_ms'] / (summary['t_micro'] * 1e3):.2f}: "
+              "an " f"all-reduce costs the training step that many microbenchmark all-reduces. The slope of "
+              "the measured " f"collectives ms/iter on N is {summary['t_coll_ms']:.3f} ms "
+              "" f"({summary['t_coll_ms'] / (summary['t_micro'] * 1e3):.2f} x the microbenchmark).")
+    print("GPU predictions (python comm_model.py) use (i)'s form, compute + N x t(n, p), with t from the "
+          "published " "NVLink / InfiniBand constants; no contention factor is applied.")
 
 
 def pct(x, *, sign=True):
@@ -276,9 +291,9 @@ def row_overlapped(row, n_layer):
 
 
 def validation(samples, patterns, *, procs, n_layer=1):
-    """Per pattern: measured ms/iter, predictor (i) (microbenchmark t(n, p) + compute from the fewest-syncs pattern,
-    nothing hidden) and predictor (ii) (leave-one-pattern-out fit of ms/iter = C + N t_eff - N_ovl h, N_ovl the
-    overlapped all-reduces, h the time each hides), with signed errors in %."""
+    """Per pattern: measured ms/iter, predictor (i) (microbenchmark t(n, p) + compute from the fewest-syncs
+    pattern, nothing hidden) and predictor (ii) (leave-one-pattern-out fit of ms/iter = C + N t_eff - N_ovl h,
+    N_ovl the overlapped all-reduces, h the time each hides), with signed errors in %."""
     alpha, busbw = fit_allreduce([(s["bytes"], s["seconds"]) for s in samples], procs)
     t_ms = [allreduce_time(p["bytes_per_allreduce"], procs, alpha=alpha, busbw=busbw) * 1e3 for p in patterns]
     ns = [p["allreduces_per_step"] for p in patterns]
@@ -287,13 +302,14 @@ def validation(samples, patterns, *, procs, n_layer=1):
     compute = steps[a] - ns[a] * t_ms[a]
     ovl = [row_overlapped(p, n_layer) for p in patterns]
     loo = leave_one_out(ns, steps, zs=ovl)
-    line = [abs(error(y, m)) for y, m in zip(leave_one_out(ns, steps), steps) if y is not None]  # h = 0 always
+    # h = 0 always
+    line = [abs(error(y, m)) for y, m in zip(leave_one_out(ns, steps), steps) if y is not None]
     rows = []
     for i, p in enumerate(patterns):
         micro = compute + ns[i] * t_ms[i]
         rows.append({"name": p["name"], "n": ns[i], "overlapped": ovl[i], "step_ms": steps[i],
-                     "collectives_ms": p["collectives_ms"],
-                     "micro_ms": micro, "micro_err": error(micro, steps[i]), "anchor": i == a, "loo_ms": loo[i],
+                     "collectives_ms": p["collectives_ms"], "micro_ms": micro,
+                     "micro_err": error(micro, steps[i]), "anchor": i == a, "loo_ms": loo[i],
                      "loo_err": None if loo[i] is None else error(loo[i], steps[i])})
     try:
         C, t_eff, hidden = fit_step(ns, steps, ovl)
@@ -303,17 +319,19 @@ def validation(samples, patterns, *, procs, n_layer=1):
     others = [abs(r["micro_err"]) for r in rows if not r["anchor"]]
     looe = [abs(r["loo_err"]) for r in rows if r["loo_err"] is not None]
     return rows, {"alpha": alpha, "busbw": busbw, "nbytes": patterns[a]["bytes_per_allreduce"],
-                  "t_micro": t_ms[a] / 1e3, "anchor": patterns[a]["name"], "anchor_n": ns[a], "compute_ms": compute,
-                  "C_ms": C, "t_eff_ms": t_eff, "t_coll_ms": t_coll, "hidden_ms": hidden if any(ovl) else None,
-                  "micro_mae": statistics.mean(others) if others else None,
-                  "loo_mae": statistics.mean(looe) if looe else None,
+                  "t_micro": t_ms[a] / 1e3, "anchor": patterns[a]["name"], "anchor_n": ns[a],
+                  "compute_ms": compute, "C_ms": C, "t_eff_ms": t_eff, "t_coll_ms": t_coll,
+                  "hidden_ms": hidden if any(ovl) else None, "micro_mae": statistics.mean(others) if others
+                  else None, "loo_mae": statistics.mean(looe) if looe else None,
                   "loo_line_mae": statistics.mean(line) if line and any(ovl) else None}
 
 
 def load_calibration(path):
-    """The calibration JSON, checked for every key `validate` reads: ConfigError naming the file and the key."""
+    """The calibration JSON, checked for every key `validate` reads: ConfigError
+    naming the file and the key."""
     if not isinstance(path, str) or not path:
-        raise ConfigError(f"calibration must be the file `measure` wrote (--calibration=FILE.json), got {path!r}")
+        raise ConfigError(f"calibration must be the file `measure` wrote (--calibration=FILE.json), got "
+                          f"{path!r}")
     if not os.path.isfile(path):
         raise ConfigError(f"calibration file {path!r} not found")
     try:

@@ -1,10 +1,10 @@
 """
-`python experiment.py gpu-node`: what giving up a sync saves under real tensor parallelism on one GPU node (tp 8,
-NCCL). Every way of giving one up with a gpu-node row in tpcomm/experiments/ways.py (drop, hide, delay, shrink; timed_ways)
-is timed on GPT-2 124M and on a 1.3B shape, all the ways of a shape interleaved in rounds in one torchrun launch (as
-bench.py interleaves; best round kept): ms/iter, tokens/s, the time in collectives and its exposed part, measured
-counts; then the cost model's prediction for the same runs (tpcomm.costmodel.cost_model.train_variants, NVLink)
-beside each, with its error.
+`python experiment.py gpu-node`: what giving up a sync saves under real tensor parallelism on one GPU node (tp
+8, NCCL). Every way of giving one up with a gpu-node row in tpcomm/experiments/ways.py (drop, hide, delay,
+shrink; timed_ways) is timed on GPT-2 124M and on a 1.3B shape, all the ways of a shape interleaved in rounds
+in one torchrun launch (as bench.py interleaves; best round kept): ms/iter, tokens/s, the time in collectives
+and its exposed part, measured counts; then the cost model's prediction for the same runs
+(tpcomm.costmodel.cost_model.train_variants, NVLink) beside each, with its error.
 
 $ python experiment.py gpu-node                  # 8 GPUs, NCCL: 2 shapes x 9 ways, ~10 min (--dry-run says)
 $ python experiment.py gpu-node --dry-run        # the plan, each launch's command and the expected GPU-hours
@@ -13,15 +13,15 @@ $ python experiment.py gpu-node --rehearsal      # the same code path on CPU: gl
 
 Options: --nproc=N (tp, default 8), --shapes=gpt2-124m,1.3b, --out=DIR (default experiments/gpu-node; the
 rehearsal's experiments/gpu-node-rehearsal), --batch_size --block_size --iters --warmup --rounds, --mfu=F (the
-prediction's assumed MFU; default the cost model's), --backend=nccl|gloo, --device=cuda|cpu.
-Each shape's launch leaves one result file, OUT/runs/<shape>.json, committed like the CPU sweeps' (config, machine,
-git commit, every way's numbers); a launch whose result file exists with the same config is skipped, so the sweep
-resumes after a kill and a report needs only the files. The report: OUT/results.md.
-The in-collective and exposed columns come from the tp group's counters (tpcomm/tp/collectives.py), which time NCCL's
-collectives with CUDA events (tpcomm/tp/counting.py CudaEventClock); the 64 MiB all-reduce check each launch records
-(gpu_check.allreduce_sanity) holds that clock against a physical floor. Eager, for the reason docs/gpu.md states.
-A way that raises on any rank is dropped on every rank at the end of its round (agree_on_failure), its error in the
-result file, and the other ways go on.
+prediction's assumed MFU; default the cost model's), --backend=nccl|gloo, --device=cuda|cpu. Each shape's
+launch leaves one result file, OUT/runs/<shape>.json, committed like the CPU sweeps' (config, machine, git
+commit, every way's numbers); a launch whose result file exists with the same config is skipped, so the sweep
+resumes after a kill and a report needs only the files. The report: OUT/results.md. The in-collective and
+exposed columns come from the tp group's counters (tpcomm/tp/collectives.py), which time NCCL's collectives
+with CUDA events (tpcomm/tp/counting.py CudaEventClock); the 64 MiB all-reduce check each launch records
+(gpu_check.allreduce_sanity) holds that clock against a physical floor. Eager, for the reason docs/gpu.md
+states. A way that raises on any rank is dropped on every rank at the end of its round (agree_on_failure), its
+error in the result file, and the other ways go on.
 """
 
 import datetime
@@ -40,23 +40,24 @@ from tpcomm.train.output_path import check_output_dir
 
 
 def timed_ways():
-    """[(name, what it does, block_types for n layers, TP_COMM_OPTIONS, the cost model's train_variants key or None
-    (priced with every sync blocking: step_seconds), priced with the asynchronous backward where the options say
-    tp_async_grad)]: every way of tpcomm/experiments/ways.py with a gpu-node row (Way.node), both baselines among them."""
+    """[(name, what it does, block_types for n layers, TP_COMM_OPTIONS, the cost model's train_variants
+    key or None (priced with every sync blocking: step_seconds), priced with the asynchronous backward
+    where the options say tp_async_grad)]: every way of tpcomm/experiments/ways.py with a gpu-node row
+    (Way.node), both baselines among them."""
     return [(w.node.name, w.node.what, w.blocks, w.sync if w.node.sync is None else w.node.sync,
              None if w.node.blocking else w.price.label.format(chunks=2)) for w in ways.WAYS if w.node]
 
 
-# n_layer, n_embd, n_head: GPT-2 124M with 8 heads of 96 (its 12 do not split over 8 ranks; parameters and FLOPs are
-# GPT-2's), and GPT-3 XL's 24 x 2048 with 16 heads of 128 (the cost model's "1.3B" shape)
+# n_layer, n_embd, n_head: GPT-2 124M with 8 heads of 96 (its 12 do not split over 8 ranks; parameters and
+# FLOPs are GPT-2's), and GPT-3 XL's 24 x 2048 with 16 heads of 128 (the cost model's "1.3B" shape)
 NODE_SHAPES = {"gpt2-124m": (12, 768, 8), "1.3b": (24, 2048, 16), "tiny": (4, 32, 4)}
 GPU = dict(nproc=8, shapes="gpt2-124m,1.3b", batch_size=8, block_size=1024, iters=10, warmup=3, rounds=3,
            backend="nccl", device="cuda", out=os.path.join("experiments", "gpu-node"))
-REHEARSAL = dict(nproc=2, shapes="tiny", batch_size=4, block_size=16, iters=1, warmup=1, rounds=2, backend="gloo",
-                 device="cpu", out=os.path.join("experiments", "gpu-node-rehearsal"))
+REHEARSAL = dict(nproc=2, shapes="tiny", batch_size=4, block_size=16, iters=1, warmup=1, rounds=2,
+                 backend="gloo", device="cpu", out=os.path.join("experiments", "gpu-node-rehearsal"))
 VOCAB = {"tiny": 64}  # else GPT-2's, padded to a multiple of 64 (nanoGPT's 50304)
-OPTIONS = ("nproc", "shapes", "batch_size", "block_size", "iters", "warmup", "rounds", "backend", "device", "out",
-           "mfu")
+OPTIONS = ("nproc", "shapes", "batch_size", "block_size", "iters", "warmup", "rounds", "backend", "device",
+           "out", "mfu")
 FLAGS = ("dry-run", "report-only", "rehearsal")
 MFU_LEAST = 0.001  # below this a prediction is meaningless (and its times run to hundreds of digits)
 LAUNCH_S = {"gpt2-124m": 60, "1.3b": 150, "tiny": 10}  # start-up, NCCL init and building the models (assumed)
@@ -78,7 +79,8 @@ def parse(argv):
             given[key] = arg.split("=", 1)[1]
         else:
             raise NodeError(f"gpu-node: unknown argument {arg!r}; options are "
-                            f"{', '.join('--' + o + '=...' for o in OPTIONS)} and {', '.join('--' + f for f in FLAGS)}")
+                            "" f"{', '.join('--' + o + '=...' for o in OPTIONS)} and "
+                            f"{', '.join('--' + f for f in FLAGS)}")
     cfg = dict(REHEARSAL if "rehearsal" in flags else GPU)
     for key in ("nproc", "batch_size", "block_size", "iters", "warmup", "rounds"):
         if key in given:
@@ -101,7 +103,8 @@ def parse(argv):
     shapes = cfg["shapes"].split(",")
     bad = [s for s in shapes if s not in NODE_SHAPES]
     if bad or len(set(shapes)) != len(shapes):  # an empty name or a repeated one too
-        raise NodeError(f"shapes must be a comma-separated subset of {list(NODE_SHAPES)}, got {cfg['shapes']!r}")
+        raise NodeError(f"shapes must be a comma-separated subset of {list(NODE_SHAPES)}, got "
+                        f"{cfg['shapes']!r}")
     cfg["shapes"] = shapes
     check_output_dir(cfg["out"], key="out")
     if cfg["backend"] not in ("nccl", "gloo"):
@@ -122,25 +125,26 @@ def check_shape(shape, cfg):
     n_layer, n_embd, n_head = NODE_SHAPES[shape]
     for name, _, pattern, opts, _ in timed_ways():
         try:
-            TPConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=cfg["block_size"], vocab_size=64,
-                     bias=False, tp_size=cfg["nproc"], block_types=pattern(n_layer), **opts)
+            TPConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=cfg["block_size"],
+                     vocab_size=64, bias=False, tp_size=cfg["nproc"], block_types=pattern(n_layer), **opts)
         except ConfigError as e:
             raise NodeError(f"{shape} '{name}' at nproc (tp) {cfg['nproc']}: {e}") from None
         if cfg["batch_size"] % opts.get("tp_overlap", 1):
             raise NodeError(f"batch_size ({cfg['batch_size']}) must be divisible by tp_overlap "
                             f"({opts['tp_overlap']}) for '{name}'")
         if opts.get("sequence_parallel") and (cfg["batch_size"] * cfg["block_size"]) % cfg["nproc"]:
-            raise NodeError(f"batch_size x block_size must be divisible by nproc ({cfg['nproc']}) for '{name}'")
+            raise NodeError(f"batch_size x block_size must be divisible by nproc ({cfg['nproc']}) for "
+                            f"'{name}'")
 
 
 def run_config(shape, cfg):
     """What a result file records as its config: a file whose config differs is stale and rerun."""
     n_layer, n_embd, n_head = NODE_SHAPES[shape]
-    return dict(shape=shape, n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=VOCAB.get(shape, 50304),
-                tp=cfg["nproc"],
-                batch_size=cfg["batch_size"], block_size=cfg["block_size"], iters=cfg["iters"],
-                warmup=cfg["warmup"], rounds=cfg["rounds"], backend=cfg["backend"], device=cfg["device"],
-                dtype="bfloat16" if cfg["device"] == "cuda" else "float32", ways=[w[0] for w in timed_ways()])
+    return dict(shape=shape, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+                vocab_size=VOCAB.get(shape, 50304), tp=cfg["nproc"], batch_size=cfg["batch_size"],
+                block_size=cfg["block_size"], iters=cfg["iters"], warmup=cfg["warmup"], rounds=cfg["rounds"],
+                backend=cfg["backend"], device=cfg["device"], dtype="bfloat16" if cfg["device"] == "cuda"
+                else "float32", ways=[w[0] for w in timed_ways()])
 
 
 def result_path(cfg, shape):
@@ -159,18 +163,19 @@ def finished(cfg, shape):
 
 def launch_command(cfg, shape, out):
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg['nproc']}",
-            "-m", "tpcomm.experiments.gpu_node", "worker", f"--config={json.dumps(run_config(shape, cfg), separators=(',', ':'))}",
-            f"--out={out}"]
+            "-m", "tpcomm.experiments.gpu_node", "worker",
+            f"--config={json.dumps(run_config(shape, cfg), separators=(',', ':'))}", f"--out={out}"]
 
 
 # ---------- the cost model's prediction ----------
 
 def predictions(config, *, mfu, peak=None):
-    """{way: (predicted ms/iter, predicted exposed comm ms)} for one result's config: train_variants on NVLink (one
-    node), the step's tokens, at `mfu` of `peak` (None: the H100 datasheet's)."""
+    """{way: (predicted ms/iter, predicted exposed comm ms)} for one result's config: train_variants on NVLink
+    (one node), the step's tokens, at `mfu` of `peak` (None: the H100 datasheet's)."""
     from tpcomm.costmodel.cost_model import LINKS, Options, Shape, forward_syncs, step_seconds, train_variants
 
-    shape = Shape(config["shape"], config["n_layer"], config["n_embd"], config["n_head"], config["vocab_size"])
+    shape = Shape(config["shape"], config["n_layer"], config["n_embd"], config["n_head"],
+                  config["vocab_size"])
     kw = dict(tp=config["tp"], link=LINKS[0], tokens=config["batch_size"] * config["block_size"],
               seq_len=config["block_size"], mfu=mfu, peak=peak)
     variants = {a: train_variants(shape, opts=Options(chunks=2), async_grad=a, **kw) for a in (False, True)}
@@ -185,7 +190,8 @@ def predictions(config, *, mfu, peak=None):
 def expected_seconds(cfg, shape):
     """Wall seconds of one shape's launch as the cost model predicts it: start-up plus every way's steps."""
     config = run_config(shape, cfg)
-    steps = config["warmup"] + config["rounds"] * config["iters"] + 2  # + the counts' and the sanity check's passes
+    # + the counts' and the sanity check's passes
+    steps = config["warmup"] + config["rounds"] * config["iters"] + 2
     pred = predictions(config, mfu=cfg["mfu"])
     return LAUNCH_S[shape] + sum(ms for ms, _ in pred.values()) * steps / 1e3
 
@@ -231,8 +237,8 @@ def time_ways(models, opts, ctx, X, Y, config, device):
 
 
 def worker(argv):
-    """Under torch.distributed.run: build every way's model (real TP over all ranks), time them interleaved, run the
-    64 MiB all-reduce check; rank 0 writes the result file."""
+    """Under torch.distributed.run: build every way's model (real TP over all ranks), time them interleaved,
+    run the 64 MiB all-reduce check; rank 0 writes the result file."""
     import torch
     import torch.distributed as dist
 
@@ -254,11 +260,13 @@ def worker(argv):
                 vocab_size=config["vocab_size"], block_size=config["block_size"], bias=False, dropout=0.0,
                 tp_size=config["tp"])
     models, ref = {}, None
-    for name, _, pattern, opts, _ in timed_ways():  # one initialisation, copied: every way has the same parameters
+    # one initialisation, copied: every way has the same parameters
+    for name, _, pattern, opts, _ in timed_ways():
         m = build_model("distributed_gpt", dict(base, block_types=pattern(config["n_layer"]), **opts), pd=pd,
                         init_device="meta")
         if ref is None:
-            ref = m.materialize_(device).gpt_state_dict()  # GPT's layout: a way's rank may hold wte by vocabulary
+            # GPT's layout: a way's rank may hold wte by vocabulary
+            ref = m.materialize_(device).gpt_state_dict()
         else:
             m.to_empty(device=device)
             m.transformer.wte.weight = m.lm_head.weight
@@ -281,27 +289,30 @@ def worker(argv):
     rows = [None] * pd.world_size
     dist.all_gather_object(rows, best)
     if pd.is_master:
-        for name, row in best.items():  # the slowest rank's step and collectives: a step ends when every rank's does
+        # the slowest rank's step and collectives: a step ends when every rank's does
+        for name, row in best.items():
             row["ms_per_iter_max_rank"] = max(r[name]["ms_per_iter"] for r in rows if name in r)
             row["in_collectives_ms_max_rank"] = max(r[name]["in_collectives_ms"] for r in rows if name in r)
         cuda = device_type == "cuda"
-        write_json(dict(
-            schema=1, sweep="gpu-node", config=config, ways=best, errors=errors, allreduce_sanity=sanity,
-            timing_s=timing_s, machine=dict(
-                device=torch.cuda.get_device_name(device) if cuda else "CPU (rehearsal)",
-                peak_flops=device_peak_flops(device, config["dtype"]), torch=torch.__version__, cuda=torch.version.cuda,
-                nccl=".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
-                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
-            git=git_commit()), out)
+        write_json(dict(schema=1, sweep="gpu-node", config=config, ways=best, errors=errors,
+                        allreduce_sanity=sanity, timing_s=timing_s,
+                        machine=dict(device=torch.cuda.get_device_name(device) if cuda else "CPU (rehearsal)",
+                                     peak_flops=device_peak_flops(device, config["dtype"]),
+                                     torch=torch.__version__, cuda=torch.version.cuda,
+                                     nccl=".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+                                     date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d "
+                                                                                                "%H:%M UTC")),
+                        git=git_commit()), out)
     shutdown(pd, finished=True)
 
 
 def agree_on_failure(error, device):
-    """At the end of each way's round, on every rank: a flag (1 where this rank's way raised) all-reduced with MAX
-    over the group, so the ranks agree that the way failed and none runs the next way's collectives against another
-    rank still in this one's; where it failed, each failed rank's error, gathered ("rank r: ...", None where none did).
-    A rank that fails between two collectives of a step still leaves the others waiting in the next one (until the
-    process group's timeout ends the launch): the ranks' shards are alike, so an out-of-memory strikes them alike."""
+    """At the end of each way's round, on every rank: a flag (1 where this rank's way raised) all-reduced with
+    MAX over the group, so the ranks agree that the way failed and none runs the next way's collectives
+    against another rank still in this one's; where it failed, each failed rank's error, gathered ("rank r:
+    ...", None where none did). A rank that fails between two collectives of a step still leaves the others
+    waiting in the next one (until the process group's timeout ends the launch): the ranks' shards are alike,
+    so an out-of-memory strikes them alike."""
     import torch
     import torch.distributed as dist
 
@@ -328,8 +339,8 @@ def git_commit():
 
 def gpt2_gpu_hours(jobs):
     """One line for `experiment.py gpt2 --dry-run`: the GPU-hours of the jobs still to train, from their FLOPs
-    (tpcomm.costmodel.cost_model: 6 N + 12 L d T per token trained, a third of that per token evaluated) on H100 SXM bf16 at
-    the cost model's assumed MFU; and the wall time with each job's processes."""
+    (tpcomm.costmodel.cost_model: 6 N + 12 L d T per token trained, a third of that per token evaluated) on
+    H100 SXM bf16 at the cost model's assumed MFU; and the wall time with each job's processes."""
     from tpcomm.costmodel.cost_model import Shape, const
 
     peak, mfu = const("h100_bf16_flops"), const("mfu")
@@ -339,20 +350,23 @@ def gpt2_gpu_hours(jobs):
         shape = Shape("", c["n_layer"], c["n_embd"], c["n_head"], 50304)
         per_token = 6 * shape.params + 12 * c["n_layer"] * c["n_embd"] * c["block_size"]
         tokens = c["batch_size"] * c["block_size"] * c["gradient_accumulation_steps"] * (c["max_iters"] + 1)
-        evals = (c["max_iters"] // c["eval_interval"] + 1) * 2 * c["eval_iters"] * c["batch_size"] * c["block_size"]
+        evals = (c["max_iters"] // c["eval_interval"]
+                 + 1) * 2 * c["eval_iters"] * c["batch_size"] * c["block_size"]
         s = (tokens * per_token + evals * per_token / 3) / (peak * mfu)
         gpu_s += s
         wall_s += s / j.nproc
-    return (f"expected: {len(jobs)} run(s) to train, {gpu_s / 3600:,.0f} GPU-hours ({gpu_s / 3600 / max(1, len(jobs)):,.1f} "
-            f"per run; H100 SXM bf16 at the cost model's assumed {mfu:.0%} MFU, measured by `make gpu-check`), "
-            f"{wall_s / 3600:,.0f} h wall with each run's processes (--nproc); simulated TP computes every shard on "
-            f"each GPU (docs/gpu.md: sim_tp8's ratio to GPT), real TP adds its exposed communication (gpu-node)")
+    return (f"expected: {len(jobs)} run(s) to train, {gpu_s / 3600:,.0f} GPU-hours "
+            f"({gpu_s / 3600 / max(1, len(jobs)):,.1f} " f"per run; H100 SXM bf16 at the cost model's "
+            f"assumed {mfu:.0%} MFU, measured by `make gpu-check`), " f"{wall_s / 3600:,.0f} h wall with "
+            "each run's processes (--nproc); simulated TP computes every shard on " f"each GPU (docs/gpu.md: "
+            "sim_tp8's ratio to GPT), real TP adds its exposed communication (gpu-node)")
 
 
 # ---------- the runner and the report ----------
 
 def read_node_result(path, shape):
-    """A result file, checked by the one validator (tpcomm/experiments/result_check.py): ResultsError naming it otherwise."""
+    """A result file, checked by the one validator (tpcomm/experiments/result_check.py):
+    ResultsError naming it otherwise."""
     from tpcomm.experiments.result_check import check_node_result
     from tpcomm.experiments.results import _read_json
 
@@ -365,12 +379,12 @@ def report(cfg):
     """results.md from the result files: measured beside predicted, per shape."""
     from tpcomm.costmodel.cost_model import error
 
-    lines = ["# gpu-node: real tensor parallelism, every way of giving up a sync\n",
-             "Written by `python experiment.py gpu-node` from the result files in `runs/`. Measured: best of the "
-             "interleaved rounds, rank 0 (the slowest rank's step in `runs/`). Predicted: tpcomm/costmodel/cost_model.py "
-             "train_variants, NVLink 4 within one node, at the MFU shown and the device's dense bf16 peak "
-             "(H100 SXM's when unknown). In-collective and exposed times are the tp group's counters (CUDA events on "
-             "NCCL; the 64 MiB all-reduce check below holds them against a floor).\n"]
+    lines = ["# gpu-node: real tensor parallelism, every way of giving up a sync\n", "Written by `python "
+             "experiment.py gpu-node` from the result files in `runs/`. Measured: best of the " "interleaved "
+             "rounds, rank 0 (the slowest rank's step in `runs/`). Predicted: tpcomm/costmodel/cost_model.py "
+             "" "train_variants, NVLink 4 within one node, at the MFU shown and the device's dense bf16 peak "
+             "" "(H100 SXM's when unknown). In-collective and exposed times are the tp group's counters "
+             "(CUDA events on " "NCCL; the 64 MiB all-reduce check below holds them against a floor).\n"]
     found = 0
     for shape in cfg["shapes"]:
         path = result_path(cfg, shape)
@@ -382,12 +396,12 @@ def report(cfg):
         c, m = res["config"], res["machine"]
         pred = predictions(c, mfu=cfg["mfu"], peak=m.get("peak_flops"))
         base = res["ways"].get("all tp")
-        lines += [f"## {shape}: {c['n_layer']} x {c['n_embd']}, {c['n_head']} heads, tp {c['tp']} ({c['backend']}), "
-                  f"batch {c['batch_size']} x {c['block_size']}, {c['dtype']}\n",
+        lines += [f"## {shape}: {c['n_layer']} x {c['n_embd']}, {c['n_head']} heads, tp {c['tp']} "
+                  f"({c['backend']}), " f"batch {c['batch_size']} x {c['block_size']}, {c['dtype']}\n",
                   f"{m['device']}, torch {m['torch']}, CUDA {m['cuda'] or 'n/a'}, NCCL {m['nccl'] or 'n/a'}, "
-                  f"{m['date']}, commit {str(res.get('git'))[:10]}. Predictions at MFU {cfg['mfu']:.0%}.\n",
-                  "| way | what | fwd all-reduces | ms/iter | tokens/s | vs all tp | in collectives ms | exposed ms | "
-                  "predicted ms/iter | error | predicted exposed ms |",
+                  "" f"{m['date']}, commit {str(res.get('git'))[:10]}. Predictions at MFU "
+                  f"{cfg['mfu']:.0%}.\n", "| way | what | fwd all-reduces | ms/iter | tokens/s | vs all tp | "
+                  "in collectives ms | exposed ms | " "predicted ms/iter | error | predicted exposed ms |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for name, what, _, _, _ in timed_ways():
             p_ms, p_comm = pred[name]
@@ -397,16 +411,19 @@ def report(cfg):
                              f"{p_ms:.2f} | | {p_comm:.2f} |")
                 continue
             vs = f"{base['ms_per_iter'] / r['ms_per_iter']:.2f}x" if base else "n/a"
-            sp = f" (+{r['fwd_reduce_scatters']} RS, {r['fwd_all_gathers']} AG)" if r.get("fwd_reduce_scatters") else ""
+            sp = (f" (+{r['fwd_reduce_scatters']} RS, {r['fwd_all_gathers']} "
+                  "AG)" if r.get("fwd_reduce_scatters") else "")
             lines.append(f"| {name} | {what} | {r.get('fwd_allreduces', '')}{sp} | {r['ms_per_iter']:.2f} | "
-                         f"{r['tokens_per_s']:,.0f} | {vs} | {r['in_collectives_ms']:.2f} | {r['exposed_ms']:.2f} | "
-                         f"{p_ms:.2f} | {error(p_ms, r['ms_per_iter']):+.0f}% | {p_comm:.2f} |")
+                         "" f"{r['tokens_per_s']:,.0f} | {vs} | {r['in_collectives_ms']:.2f} | "
+                         f"{r['exposed_ms']:.2f} | " f"{p_ms:.2f} | {error(p_ms, r['ms_per_iter']):+.0f}% | "
+                         f"{p_comm:.2f} |")
         s = res["allreduce_sanity"]
         lines.append("")
         if "error" in s:
             lines.append(f"64 MiB all-reduce check: failed ({s['error']})\n")
         else:
-            lines.append(f"64 MiB all-reduce check ({s['backend']}, {s['ranks']} ranks): {s['in_collective_ms']:.3f} ms "
+            lines.append(f"64 MiB all-reduce check ({s['backend']}, {s['ranks']} ranks): "
+                         f"{s['in_collective_ms']:.3f} ms "
                          f"in the collective, step {s['step_ms']:.3f} ms, floor {s['floor_ms']:.3f} ms: "
                          f"**{'ok' if s['ok'] else 'FAILED: the in-collective clock does not time the collective'}**\n")
     text = "\n".join(lines)
@@ -427,9 +444,10 @@ def main(argv):
         print(text)
         return
     total = 0.0
-    print(f"gpu-node: {len(cfg['shapes'])} shape(s) x {len(timed_ways())} ways, tp {cfg['nproc']} ({cfg['backend']}, "
-          f"{cfg['device']}), batch {cfg['batch_size']} x {cfg['block_size']}, {cfg['warmup']} warm-up + "
-          f"{cfg['rounds']} x {cfg['iters']} timed steps per way, into {cfg['out']}")
+    print(f"gpu-node: {len(cfg['shapes'])} shape(s) x {len(timed_ways())} ways, tp {cfg['nproc']} "
+          f"({cfg['backend']}, " f"{cfg['device']}), batch {cfg['batch_size']} x {cfg['block_size']}, "
+          f"{cfg['warmup']} warm-up + " f"{cfg['rounds']} x {cfg['iters']} timed steps per way, into "
+          f"{cfg['out']}")
     for shape, done in plan:
         secs = 0.0 if done else expected_seconds(cfg, shape)
         total += secs
@@ -438,9 +456,10 @@ def main(argv):
         if "dry-run" in flags and not done:
             print("      " + shlex.join(launch_command(cfg, shape, result_path(cfg, shape))))
     gpus = cfg["nproc"] if cfg["device"] == "cuda" else 0
-    print(f"expected: {total / 60:.1f} min wall" + (f", {total * gpus / 3600:.2f} GPU-hours ({gpus} GPUs; cost "
-          f"model at MFU {cfg['mfu']:.0%} plus start-up)" if gpus else " (CPU rehearsal: the cost model's GPU times "
-                                                                         "say nothing about it)"))
+    print(f"expected: {total / 60:.1f} min wall" + (f", {total * gpus / 3600:.2f} GPU-hours ({gpus} GPUs; "
+                                                    "cost " f"model at MFU {cfg['mfu']:.0%} plus "
+                                                    "start-up)" if gpus else " (CPU rehearsal: the cost "
+                                                    "model's GPU times " "say nothing about it)"))
     if "dry-run" in flags:
         return
     os.makedirs(os.path.join(cfg["out"], "runs"), exist_ok=True)
@@ -476,7 +495,8 @@ def cli(argv):
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
-        print("\ninterrupted: finished shapes are kept; run the same command again to continue", file=sys.stderr)
+        print("\ninterrupted: finished shapes are kept; run the same command again to continue",
+              file=sys.stderr)
         sys.exit(130)
 
 

@@ -1,8 +1,9 @@
 """
-The paired comparison of a sweep's rows with their baseline: same seed, same initial weights and batches, so the
-difference config - baseline of the val loss, seed by seed, cancels most of the seed noise. Its mean and 95%
-confidence interval (Student's t over the seeds), over training and at the end; the ordering over training; whether
-the baseline is flat; the markdown tables of it (results.md's companion paired.md, docs/axes.md).
+The paired comparison of a sweep's rows with their baseline: same seed, same initial weights and
+batches, so the difference config - baseline of the val loss, seed by seed, cancels most of the seed
+noise. Its mean and 95% confidence interval (Student's t over the seeds), over training and at the
+end; the ordering over training; whether the baseline is flat; the markdown tables of it
+(results.md's companion paired.md, docs/axes.md).
 
     pairs = paired(rows)                 # rows: results.summarize's
     pairs["all-spd"]["final"]            # (mean, half-width, per-seed differences)
@@ -16,8 +17,9 @@ import statistics
 from tpcomm.experiments.results import baseline_of, fmt, size_label
 
 # two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (standard tables); beyond, t_975()
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
 CORRELATION_MIN_SEEDS = 10  # shared_baseline_correlation: r over fewer common seeds says little
 FLAT_FRACTION, FLAT_THRESHOLD = 0.2, 0.01  # flat: the val loss improved < 1% over the last fifth of training
 
@@ -32,7 +34,8 @@ def t_975(df):
 
 
 def _central_mass(t, df):
-    """P(|T| <= t) for Student's t with an integer df >= 1, in closed form (Abramowitz and Stegun 26.7.3-4)."""
+    """P(|T| <= t) for Student's t with an integer df >= 1, in closed form
+    (Abramowitz and Stegun 26.7.3-4)."""
     theta = math.atan(t / math.sqrt(df))
     s, c = math.sin(theta), math.cos(theta)
     if df % 2:  # odd: 2/pi (theta + sin(theta) (c + 2/3 c^3 + 2*4/(3*5) c^5 + ... up to c^(df-2)))
@@ -50,8 +53,8 @@ def _central_mass(t, df):
 
 @functools.lru_cache(maxsize=None)
 def t_quantile(alpha, df):
-    """The two-sided 1 - alpha quantile of Student's t (df an integer >= 1): t with P(|T| <= t) = 1 - alpha, by
-    bisection on the closed-form distribution (t_quantile(0.05, df) is t_975(df))."""
+    """The two-sided 1 - alpha quantile of Student's t (df an integer >= 1): t with P(|T| <= t) = 1 - alpha,
+    by bisection on the closed-form distribution (t_quantile(0.05, df) is t_975(df))."""
     lo, hi = 0.0, 1.0
     while _central_mass(hi, df) < 1 - alpha:
         lo, hi = hi, 2 * hi
@@ -62,11 +65,12 @@ def t_quantile(alpha, df):
 
 
 def familywise(diffs, *, alpha=0.05):
-    """Bonferroni's simultaneous intervals over the rows with 2+ paired seeds: {row: (mean, half-width)} at
-    1 - alpha/m each (m the number of such rows), so all m hold at once with probability >= 1 - alpha; and m."""
+    """Bonferroni's simultaneous intervals over the rows with 2+ paired seeds: {row: (mean, half-width)} at 1
+    - alpha/m each (m the number of such rows), so all m hold at once with probability >= 1 - alpha; and m."""
     rows = {k: d for k, d in diffs.items() if len(d) > 1}
     m = len(rows)
-    half = {k: t_quantile(alpha / m, len(d) - 1) * statistics.stdev(d) / len(d) ** 0.5 for k, d in rows.items()}
+    half = {k: t_quantile(alpha / m, len(d) - 1) * statistics.stdev(d) / len(d) ** 0.5 for k,
+            d in rows.items()}
     return {k: (statistics.fmean(d), half[k]) for k, d in rows.items()}, m
 
 
@@ -80,7 +84,8 @@ def shared_baseline_correlation(pairs, *, min_seeds=CORRELATION_MIN_SEEDS):
         for b in names[i + 1:]:
             seeds = sorted(set(per[a]) & set(per[b]))
             xs, ys = [per[a][s] for s in seeds], [per[b][s] for s in seeds]
-            if len(seeds) >= min_seeds and len(set(xs)) > 1 and len(set(ys)) > 1:  # r of a constant is undefined
+            # r of a constant is undefined
+            if len(seeds) >= min_seeds and len(set(xs)) > 1 and len(set(ys)) > 1:
                 out.append(statistics.correlation(xs, ys))
     return sorted(out)
 
@@ -98,9 +103,9 @@ def _by_seed(row):
 
 
 def paired(rows):
-    """Per config: the differences config - its baseline of the val loss on the seeds both ran, at every eval
-    iteration they share: {'final': (mean, ci, per-seed list), 'curve': [(iter, mean, ci)]}. A baseline's own is
-    zero."""
+    """Per config: the differences config - its baseline of the val loss on the seeds both ran, at
+    every eval iteration they share: {'final': (mean, ci, per-seed list), 'curve': [(iter, mean,
+    ci)]}. A baseline's own is zero."""
     out = {}
     for r in rows:
         base = baseline_of(r, rows)
@@ -131,8 +136,8 @@ def _verdicts(curve):
 
 
 def ordering(curve, tokens_per_iter):
-    """Where a config's paired difference is below the baseline's (CI entirely < 0), above (> 0) or tied (the CI
-    holds 0), as segments over training: 'lower 250-2000 (0.19M-1.5M tokens); tied 2250-5000 (...)'."""
+    """Where a config's paired difference is below the baseline's (CI entirely < 0), above (> 0) or tied (the
+    CI holds 0), as segments over training: 'lower 250-2000 (0.19M-1.5M tokens); tied 2250-5000 (...)'."""
     segments = []
     for i, v in _verdicts(curve):
         if segments and segments[-1][0] == v:
@@ -143,15 +148,16 @@ def ordering(curve, tokens_per_iter):
                      for v, a, b in segments)
 
 
-PHASE_MIN_EVALS = 2  # a side counts once it holds at this many evaluations in a row: one of 20 pointwise intervals
+# a side counts once it holds at this many evaluations in a row: one of 20 pointwise intervals
+PHASE_MIN_EVALS = 2
 
 
 def over_training(curve, tokens_per_iter):
-    """Where the sign of a paired difference changes over training, read from each evaluation's own 95% interval:
-    'leads until 1.15M tokens', 'leads until 0.38M tokens, costs from 0.77M', 'costs from 2.11M tokens', 'leads
-    from ...', or one side throughout ('tied throughout'). The end is the last evaluation's side; an earlier side
-    counts only where it holds at PHASE_MIN_EVALS evaluations in a row (a lone interval off 0 among 20 is what
-    pointwise 95% gives by chance)."""
+    """Where the sign of a paired difference changes over training, read from each evaluation's own 95%
+    interval: 'leads until 1.15M tokens', 'leads until 0.38M tokens, costs from 0.77M', 'costs from 2.11M
+    tokens', 'leads from ...', or one side throughout ('tied throughout'). The end is the last evaluation's
+    side; an earlier side counts only where it holds at PHASE_MIN_EVALS evaluations in a row (a lone interval
+    off 0 among 20 is what pointwise 95% gives by chance)."""
     marks = _verdicts(curve)
     if not marks:
         return "n/a"
@@ -169,12 +175,14 @@ def over_training(curve, tokens_per_iter):
         return min((i for i, v in marks if v == end and i > max(others, default=0)), default=last)
 
     if end == "lower":
-        return "leads throughout" if start_of_end() == first else f"leads from {tokens(start_of_end())} tokens"
+        return ("leads throughout" if start_of_end() == first else f"leads from {tokens(start_of_end())} "
+                "tokens")
     if lower:
         said = f"leads until {tokens(max(i for i, v in marks if v == 'lower'))} tokens"
         return said + (f", costs from {tokens(start_of_end())}" if end == "higher" else "")
     if end == "higher":
-        return "costs throughout" if start_of_end() == first else f"costs from {tokens(start_of_end())} tokens"
+        return ("costs throughout" if start_of_end() == first else f"costs from {tokens(start_of_end())} "
+                "tokens")
     return f"costs until {tokens(max(higher))} tokens" if higher else "tied throughout"
 
 
@@ -189,7 +197,8 @@ def flatness(row):
 
 
 def fmt_ci(mean, ci, digits=4):
-    return f"{mean:+.{digits}f}" + (f" [{mean - ci:+.{digits}f}, {mean + ci:+.{digits}f}]" if ci is not None else "")
+    return f"{mean:+.{digits}f}" + (f" [{mean - ci:+.{digits}f}, {mean + ci:+.{digits}f}]" if ci is not None
+                                    else "")
 
 
 def _paired_group(base, members, pairs, early_iter):
@@ -197,11 +206,11 @@ def _paired_group(base, members, pairs, early_iter):
     improvement, (a, b) = flatness(base)
     shared = sorted({i for r in members for i, _, _ in pairs[r["config"]]["curve"]})
     early = min((i for i in shared if i >= early_iter), default=early_iter)
-    lines = [f"Baseline flatness: its mean val loss fell {100 * improvement:.2f}% over the last fifth of training "
-             f"(iter {a} -> {b}); criterion for flat: under {100 * FLAT_THRESHOLD:.0f}%: "
-             f"{'met' if improvement < FLAT_THRESHOLD else 'NOT met'}.", "",
-             f"| config | block pattern | fwd all-reduces | final val loss | final difference [95% CI] | per seed | "
-             f"difference at iter {early} [95% CI] | ordering over training (vs baseline) |",
+    lines = [f"Baseline flatness: its mean val loss fell {100 * improvement:.2f}% over the last fifth of "
+             "training " f"(iter {a} -> {b}); criterion for flat: under {100 * FLAT_THRESHOLD:.0f}%: "
+             "" f"{'met' if improvement < FLAT_THRESHOLD else 'NOT met'}.", "", f"| config | block pattern | "
+             "fwd all-reduces | final val loss | final difference [95% CI] | per seed | " f"difference at "
+             f"iter {early} [95% CI] | ordering over training (vs baseline) |",
              "|---|---|---:|---:|---:|---|---:|---|"]
     for r in members:
         p = pairs[r["config"]]
@@ -215,16 +224,17 @@ def _paired_group(base, members, pairs, early_iter):
 
 
 def paired_markdown(rows, *, early_iter=500):
-    """The paired tables (one per baseline), each with the baseline's flatness and the ordering over training, as
-    markdown. The early column is the first eval at or after early_iter."""
+    """The paired tables (one per baseline), each with the baseline's flatness and the ordering over training,
+    as markdown. The early column is the first eval at or after early_iter."""
     pairs = paired(rows)
     bases = [r for r in rows if r["config"] == r["baseline"] and r["config"] in pairs]
     n_seeds = max((len(pairs[b["config"]]["seeds"]) for b in bases), default=0)
-    lines = [f"Paired with the baseline seed by seed (same seed: same initial weights, same batches); differences "
-             f"config - baseline in validation loss (nats/token), mean and 95% confidence interval (Student's t over "
-             f"the seeds, up to {n_seeds})."]
+    lines = [f"Paired with the baseline seed by seed (same seed: same initial weights, same batches); "
+             "differences " f"config - baseline in validation loss (nats/token), mean and 95% confidence "
+             "interval (Student's t over " f"the seeds, up to {n_seeds})."]
     for base in bases:
-        members = [r for r in rows if r["baseline"] == base["config"] and r is not base and r["config"] in pairs]
+        members = [r for r in rows if r["baseline"] == base["config"] and r is not base
+                   and r["config"] in pairs]
         if not members:
             continue
         lines += ["", f"Baseline `{base['block_pattern']}` ({base['config']}" +

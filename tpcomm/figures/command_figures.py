@@ -1,10 +1,9 @@
 """
 The figures a measuring command draws (`bench.py --plot=PNG`, decode or training under real TP, `spd.py`,
-`python -m tpcomm.bench.trace plot`), each as plain data and a
-drawing of it: the command writes the PNG (png.save_png: the data's digest inside) and the data beside it
-(<name>.data.json, atomically), so `python experiment.py report` redraws and `report --check` compares a committed
-docs/ PNG (COMMAND_PNGS) against its data file without rerunning the measurement. Reading a data file is json.load:
-nothing in it executes.
+`python -m tpcomm.bench.trace plot`), each as plain data and a drawing of it: the command writes the PNG
+(png.save_png: the data's digest inside) and the data beside it (<name>.data.json, atomically), so `python
+experiment.py report` redraws and `report --check` compares a committed docs/ PNG (COMMAND_PNGS) against its
+data file without rerunning the measurement. Reading a data file is json.load: nothing in it executes.
 """
 
 import errno
@@ -61,7 +60,8 @@ def host_note():
     """The host a timing ran on, for its figure: CPU cores and the load average when the figure was drawn (the
     measuring processes included), so a reader sees how loaded the host was."""
     one, _, fifteen = os.getloadavg()
-    return f"{os.cpu_count()} CPU cores, load average {one:.1f} (1 min) / {fifteen:.1f} (15 min) at the end of the run"
+    return (f"{os.cpu_count()} CPU cores, load average {one:.1f} (1 min) / {fifteen:.1f} (15 min) at the end "
+            "of the run")
 
 
 def decode_data(rows, *, cfg, device, prompt_len, host=None):
@@ -76,13 +76,15 @@ def decode_data(rows, *, cfg, device, prompt_len, host=None):
 
 
 def way_of_pattern(label):
-    """The key of the way (tpcomm/experiments/ways.py; one with a figure style and no sync option) whose block pattern a
-    bench.py row's label names ('spd' for every layer, "['parallel','spd']*6" at any depth), else the label itself."""
+    """The key of the way (tpcomm/experiments/ways.py; one with a figure style and no sync option) whose
+    block pattern a bench.py row's label names ('spd' for every layer, "['parallel','spd']*6" at any
+    depth), else the label itself."""
     for w in ways.WAYS:
         if w.sync or not w.style:
             continue
         patterns = [w.blocks(n) for n in range(1, 97)]
-        one_type = len({k for blocks in patterns for k in blocks}) == 1  # 'spd' names all 'spd', not a track's start
+        # 'spd' names all 'spd', not a track's start
+        one_type = len({k for blocks in patterns for k in blocks}) == 1
         for blocks in patterns:
             if blocks and label == compact_list(blocks) or (one_type and label == blocks[0]):
                 return w.key
@@ -95,7 +97,8 @@ def draw_decode(data):
     plt = png.pyplot()
     fig, ax = plt.subplots(figsize=(8, 5.4))
     batches = sorted({r[2] for r in data["rows"]})
-    for k, b in enumerate(batches):  # greys and markers: the ways' colours are for the ways (tpcomm/figures/way_styles.py)
+    # greys and markers: the ways' colours are for the ways (tpcomm/figures/way_styles.py)
+    for k, b in enumerate(batches):
         grey, marker = f"{0.15 + 0.5 * k / max(1, len(batches) - 1):.2f}", "osD^v"[k % 5]
         pts = sorted((r[1], r[3], r[4]) for r in data["rows"] if r[2] == b)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, ls="-", color=grey,
@@ -130,30 +133,30 @@ def spd_data(result):
     """result: sync_point_drop's spd.json content."""
     c = result["conversion"]
     kl = next((s["loss"] for s in c["stages"] if s["stage"].startswith("+ KL")), None)
-    return dict(kind="spd", tp_size=result["tp_size"], base_loss=result["base_loss"], tau_isb=result["tau_isb"],
-                tau_esb=result["tau_esb"], kl=None if kl is None else [c["fwd_allreduces"], kl],
-                kl_steps=result.get("settings", {}).get("kl_steps"),
-                curve=[[r["fwd_allreduces"], r["zero_shot_loss"], r["recovered_loss"]] for r in result["curve"]],
-                blocks=[[b["block"], b["class"], b["single"], b["paper"]] for b in result["blocks"]])
+    return dict(kind="spd", tp_size=result["tp_size"], base_loss=result["base_loss"],
+                tau_isb=result["tau_isb"], tau_esb=result["tau_esb"], kl=None if kl is None
+                else [c["fwd_allreduces"], kl], kl_steps=result.get("settings", {}).get("kl_steps"),
+                curve=[[r["fwd_allreduces"], r["zero_shot_loss"], r["recovered_loss"]]
+                       for r in result["curve"]], blocks=[[b["block"], b["class"], b["single"], b["paper"]]
+                                                          for b in result["blocks"]])
 
 
 ZERO, RECOVERED, KL = "#b2182b", "#2166ac", "#1b7837"  # the SPD figure's three stages (no way's colour)
 
 
 def _spd_curve(ax, hi, data, *, top):
-    """The loss against the syncs kept in ax (up to top) and, when a zero-shot loss is above top, in hi: the same
-    lines over the range of those losses (a broken y axis, so the one far point squashes nothing)."""
+    """The loss against the syncs kept in ax (up to top) and, when a zero-shot loss is above top, in hi: the
+    same lines over the range of those losses (a broken y axis, so the one far point squashes nothing)."""
     xs, zero, rec = ([r[k] for r in data["curve"]] for k in range(3))
     base = data["base_loss"]
     for a in [ax] + ([hi] if hi else []):
         a.axhline(base, color="gray", ls="--", label="original (all tp)")
         a.plot(xs, zero, "o-", color=ZERO, label="zero-shot: blocks made 'spd', no training")
-        a.plot(xs, rec, "s-", color=RECOVERED,
-               label="recovered: head grouping + block-to-block distillation\n(each block trained to match the "
-                     "original block's output)")
+        a.plot(xs, rec, "s-", color=RECOVERED, label="recovered: head grouping + block-to-block "
+               "distillation\n(each block trained to match the " "original block's output)")
         if data["kl"]:
-            a.plot([data["kl"][0]], [data["kl"][1]], "*", ms=15, color=KL, ls="none",
-                   label=f"recovered, then {data['kl_steps']} steps of KL distillation from the original's logits")
+            a.plot([data["kl"][0]], [data["kl"][1]], "*", ms=15, color=KL, ls="none", label=f"recovered, "
+                   f"then {data['kl_steps']} steps of KL distillation from the original's logits")
     # the end points' values to their right, in room kept free of lines (the x axis runs right to fewer syncs)
     marks = [ax.annotate(f"recovered {rec[-1]:.4f} ({rec[-1] - base:+.3f})", (xs[-1], rec[-1]), xytext=(9, 0),
                          textcoords="offset points", ha="left", va="center", fontsize=8, color=RECOVERED)]
@@ -170,7 +173,8 @@ def _spd_curve(ax, hi, data, *, top):
         hi.set_ylim(lo_far - pad, hi_far + pad)
         for x, z in far:
             marks.append(hi.annotate(f"zero-shot {z:.4f} ({z - base:+.3f})", (x, z), xytext=(9, 0),
-                                     textcoords="offset points", ha="left", va="center", fontsize=8, color=ZERO))
+                                     textcoords="offset points", ha="left", va="center", fontsize=8,
+                                     color=ZERO))
         # the break: the two panels' facing spines hidden, a diagonal cut on each
         hi.spines.bottom.set_visible(False)
         ax.spines.top.set_visible(False)
@@ -179,8 +183,8 @@ def _spd_curve(ax, hi, data, *, top):
                    clip_on=False)
         hi.plot([0, 1], [0, 0], transform=hi.transAxes, **cut)
         ax.plot([0, 1], [1, 1], transform=ax.transAxes, **cut)
-        hi.text(0.02, 0.92, "y axis broken: the upper panel\nshows the far zero-shot loss", transform=hi.transAxes,
-                va="top", fontsize=8, color="0.3")
+        hi.text(0.02, 0.92, "y axis broken: the upper panel\nshows the far zero-shot loss",
+                transform=hi.transAxes, va="top", fontsize=8, color="0.3")
     ax.set_xlabel("forward all-reduces kept (blocks made 'spd', most tolerant first)")
     ax.set_ylabel("validation loss (nats/token)")
     ax.set_xticks(xs)
@@ -209,8 +213,9 @@ def draw_spd(data):
     b.bar(xs - 0.2, [bl[2] for bl in data["blocks"]], 0.4, color="0.35", label="only this block 'spd'")
     b.bar(xs + 0.2, [bl[3] for bl in data["blocks"]], 0.4, color="0.7",
           label="this block 'spd', later blocks already 'spd'")
-    for tau, name, what, ls in ((data["tau_isb"], "τ ISB", "below: insensitive block, dropped zero-shot", ":"),
-                                (data["tau_esb"], "τ ESB", "from here: extremely sensitive block", "--")):
+    for tau, name, what, ls in ((data["tau_isb"], "τ ISB", "below: insensitive block, dropped zero-shot",
+                                 ":"), (data["tau_esb"], "τ ESB", "from here: extremely sensitive block",
+                                        "--")):
         b.axhline(tau, color="k", ls=ls, lw=1, label=f"{name} = {tau:g} nats ({what})")
         b.annotate(f"{name} = {tau:g}", (1.0, tau), xycoords=("axes fraction", "data"), xytext=(-4, 3),
                    textcoords="offset points", ha="right", va="bottom", fontsize=8)
@@ -237,8 +242,9 @@ STEP_VARIANTS = {"overlap2": ("tp_overlap=2", "hide"), "sp": ("sequence_parallel
 
 
 def step_label(name):
-    """(the answer table's name of a bench.py row such as 'spd +int8/32', its colour, its families): 'all spd +
-    int8', 'drop + shrink'; a combination the table has no row for is named by both ways and drawn dark grey."""
+    """(the answer table's name of a bench.py row such as 'spd +int8/32', its colour, its
+    families): 'all spd + int8', 'drop + shrink'; a combination the table has no row for is
+    named by both ways and drawn dark grey."""
     pattern, _, variant = name.partition(" +")
     key = way_of_pattern(pattern)
     families = [] if key == "all-tp" else ["delay" if key == "all-ladder" else "drop"]
@@ -254,9 +260,10 @@ def step_label(name):
 
 
 def draw_steps(data):
-    """One bar per pattern and variant: compute (the step less the exposed communication), the exposed
-    communication, and beside it the communication that ran hidden behind compute (in collectives less exposed).
-    Each row named as the answer table names the way, with its family (drop, hide, delay, shrink)."""
+    """One bar per pattern and variant: compute (the step less the exposed communication), the
+    exposed communication, and beside it the communication that ran hidden behind compute (in
+    collectives less exposed). Each row named as the answer table names the way, with its family
+    (drop, hide, delay, shrink)."""
     plt = png.pyplot()
     rows = data["rows"]
     fig, ax = plt.subplots(figsize=(10, 2.6 + 0.38 * len(rows)), layout="constrained")
@@ -270,7 +277,8 @@ def draw_steps(data):
     for y, (_, ms, busy, exposed) in zip(ys, rows):
         ax.text(ms + max(0.0, busy - exposed), y, f" {ms:.1f} ms", va="center", fontsize=8)
     labels = [step_label(r[0]) for r in rows]
-    ax.set_yticks(list(ys), [f"{name} ({' + '.join(fam) or 'baseline'})" for name, _, fam in labels], fontsize=8)
+    ax.set_yticks(list(ys), [f"{name} ({' + '.join(fam) or 'baseline'})" for name, _, fam in labels],
+                  fontsize=8)
     for tick, (_, colour, _) in zip(ax.get_yticklabels(), labels):
         tick.set_color(colour)
     ax.set_xlabel("ms per training step (best of 3 rounds)")
@@ -278,8 +286,8 @@ def draw_steps(data):
     ax.set_xlim(0, hi * 1.12)
     ax.set_title(f"Where a training step's time goes (measured), {data['tp']} (gloo) on {data['device']}:\n"
                  f"{data['model']}", fontsize=9)
-    measured_on(ax, data, caveat="; the small differences (int8's sign among them) move with the host's load: "
-                "docs/benchmarks.md times them on a quiet one")
+    measured_on(ax, data, caveat="; the small differences (int8's sign among them) move with the host's "
+                "load: " "docs/benchmarks.md times them on a quiet one")
     fig.legend(*ax.get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncol=2, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     return fig
@@ -289,8 +297,8 @@ TRACE_COLOURS = {"fwd": "tab:blue", "bwd": "tab:orange", "grad": "tab:green"}
 
 
 def draw_trace(data):
-    """tpcomm/bench/trace.plot_timeline's figure: a row per trace (step µs, compute intervals, collectives [ts, dur,
-    fwd/bwd/grad]), the compute grey, the collectives coloured."""
+    """tpcomm/bench/trace.plot_timeline's figure: a row per trace (step µs, compute intervals, collectives
+    [ts, dur, fwd/bwd/grad]), the compute grey, the collectives coloured."""
     from matplotlib.patches import Patch
 
     plt = png.pyplot()

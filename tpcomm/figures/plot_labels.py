@@ -1,8 +1,8 @@
 """
-Labels that never overprint: separate() moves each point's annotation (its offset, in points) up or down until its
-drawn box lies inside the figure and meets no other text of it; overlapping() lists the pairs of texts whose drawn
-boxes still intersect, cut_off() the texts past the figure's edges (tests/figures/test_figures.py asserts none of
-either, in every figure). Both measure matplotlib's text extents after a draw.
+Labels that never overprint: separate() moves each point's annotation (its offset, in points) up or down until
+its drawn box lies inside the figure and meets no other text of it; overlapping() lists the pairs of texts
+whose drawn boxes still intersect, cut_off() the texts past the figure's edges (tests/figures/test_figures.py
+asserts none of either, in every figure). Both measure matplotlib's text extents after a draw.
 """
 
 from itertools import combinations
@@ -14,8 +14,8 @@ def _shown_ticks(axis):
 
 
 def texts(fig):
-    """Every drawn, non-empty text of the figure (titles, axis labels, the tick labels inside the axes' limits,
-    legends, annotations)."""
+    """Every drawn, non-empty text of the figure (titles, axis labels, the tick labels inside the axes'
+    limits, legends, annotations)."""
     from matplotlib.axis import Tick
     from matplotlib.text import Text
 
@@ -51,14 +51,16 @@ def _inside(fig, box):
 
 
 def cut_off(fig):
-    """[text] of the figure's texts that reach past its edges (the saved image would cut them), after a draw."""
+    """[text] of the figure's texts that reach past its edges (the saved image
+    would cut them), after a draw."""
     fig.canvas.draw()
     return [t.get_text() for t, box in _boxes(fig, texts(fig)) if not _inside(fig, box)]
 
 
 def mark_boxes(ax, marks, *, pad=6):
-    """Display boxes (pixels) of marks drawn in ax: (x, y low, y high) in data coordinates (a marker: low = high;
-    an error bar: its ends), padded by `pad` pixels; obstacles for separate(). Call after the layout is final."""
+    """Display boxes (pixels) of marks drawn in ax: (x, y low, y high) in data coordinates (a
+    marker: low = high; an error bar: its ends), padded by `pad` pixels; obstacles for separate().
+    Call after the layout is final."""
     from matplotlib.transforms import Bbox
 
     out = []
@@ -69,18 +71,20 @@ def mark_boxes(ax, marks, *, pad=6):
 
 
 def _candidates(dx, dy, *, step, tries):
-    """Offsets to try: beside the point on its side, then farther up or down alternately, then the other side."""
+    """Offsets to try: beside the point on its side, then farther up or down
+    alternately, then the other side."""
     shifts = [step * ((k + 1) // 2) * (1 if k % 2 else -1) for k in range(tries + 1)]
     return [(x, dy + s) for x in (dx, -dx) for s in shifts]
 
 
 def separate(fig, annotations, *, obstacles=None, step=4, tries=40):
-    """Move each annotation, in the order given, until its box lies inside the figure and overlaps none of the
-    figure's other texts, none of the obstacles (boxes in display pixels: markers, error bars) and no annotation
-    already placed: first up and down on its side of the point (farther each try, `step` points at a time), then on
-    the other side. A label that finds no free place goes where it overlaps the fewest boxes, inside the figure if
-    any place there is. Draws the figure first, then calls `obstacles` (a function returning the boxes; mark_boxes
-    needs the final layout), so no caller draws the figure once more to measure them."""
+    """Move each annotation, in the order given, until its box lies inside the figure and overlaps none
+    of the figure's other texts, none of the obstacles (boxes in display pixels: markers, error bars) and
+    no annotation already placed: first up and down on its side of the point (farther each try, `step`
+    points at a time), then on the other side. A label that finds no free place goes where it overlaps
+    the fewest boxes, inside the figure if any place there is. Draws the figure first, then calls
+    `obstacles` (a function returning the boxes; mark_boxes needs the final layout), so no caller draws
+    the figure once more to measure them."""
     fig.canvas.draw()
     obstacles = obstacles() if obstacles else []
     movable = set(map(id, annotations))

@@ -1,7 +1,7 @@
 """
-PNGs that carry the digest of the numbers they draw: save_png stores the sha256 of those numbers (rounded) in the
-PNG's metadata, so `python experiment.py report --check` (tpcomm/experiments/report/report.py) tells a stale figure without drawing it.
-Every figure of the repository is saved through here.
+PNGs that carry the digest of the numbers they draw: save_png stores the sha256 of those numbers (rounded) in
+the PNG's metadata, so `python experiment.py report --check` (tpcomm/experiments/report/report.py) tells a
+stale figure without drawing it. Every figure of the repository is saved through here.
 """
 
 import hashlib
@@ -22,8 +22,8 @@ def _rounded(x):
 
 
 def data_digest(data):
-    """sha256 of the plotted numbers, rounded to 6 significant digits (so float noise in the last bits of a mean
-    does not count as a change)."""
+    """sha256 of the plotted numbers, rounded to 6 significant digits (so float noise in the last bits of a
+    mean does not count as a change)."""
     return hashlib.sha256(json.dumps(_rounded(data), sort_keys=True).encode()).hexdigest()
 
 
@@ -31,8 +31,8 @@ DIGEST_PREFIX = "report-data-sha256:"
 
 
 def save_png(fig, path, data, *, made_by="report"):
-    """Save fig with the digest of its data in the PNG's Description text chunk and what wrote it in its Software
-    chunk (output_path.written_by: a command may replace only its own kind of figure); closes fig."""
+    """Save fig with the digest of its data in the PNG's Description text chunk and what wrote it in its
+    Software chunk (output_path.written_by: a command may replace only its own kind of figure); closes fig."""
     import matplotlib.pyplot as plt
 
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

@@ -1,10 +1,10 @@
 """
-One name, one colour and one marker per way of giving up a sync, for every figure (tpcomm/experiments/plots.py and the
-answer's figure), all from the table of ways (tpcomm/experiments/ways.py: Way.name, Way.style). Keyed by a way's key: the
-sweeps' pattern names (readings.pattern_name: 'all-spd', 'all-tp-int8') and the ways that only the cost model prices
-('tp_overlap=2'). A pattern that is no way (a sweep's other budgets, e.g. "['tp','spd']*6") is named by its block
-pattern, coloured by its forward all-reduces on a grey ramp and given a marker by its name, the same in every
-figure.
+One name, one colour and one marker per way of giving up a sync, for every figure (tpcomm/experiments/plots.py
+and the answer's figure), all from the table of ways (tpcomm/experiments/ways.py: Way.name, Way.style). Keyed
+by a way's key: the sweeps' pattern names (readings.pattern_name: 'all-spd', 'all-tp-int8') and the ways that
+only the cost model prices ('tp_overlap=2'). A pattern that is no way (a sweep's other budgets, e.g.
+"['tp','spd']*6") is named by its block pattern, coloured by its forward all-reduces on a grey ramp and given
+a marker by its name, the same in every figure.
 """
 
 import zlib
@@ -21,12 +21,13 @@ class Style:
 
 
 def styles():
-    """{way key: Style} of every way the table gives a style (read when called: a way added is drawn at once)."""
+    """{way key: Style} of every way the table gives a style (read when called: a
+    way added is drawn at once)."""
     return {w.key: Style(w.name, *w.style) for w in ways.WAYS if w.style}
 
 
-# a pattern that is no way: a marker chosen from its name (the same in every figure and run), so two such patterns
-# with the same forward all-reduces (the same grey) are still told apart
+# a pattern that is no way: a marker chosen from its name (the same in every figure and run), so two such
+# patterns with the same forward all-reduces (the same grey) are still told apart
 OTHER_MARKERS = "x+1234"
 
 

@@ -1,10 +1,11 @@
 """
-The zeroed-c_proj identity in training passes under bf16 autocast: with every block's c_proj zeroed
-(weights and biases) each block must leave the residual stream as it came, so a DistributedGPT's loss is GPT's
-exactly, for every block type, tp and option that leaves the math unchanged (tp_async_grad, tp_overlap,
-sequence_parallel, alone and in the combinations the validator allows). Train mode with gradients on: the fused path
-of tp_async_grad runs only there (a pass without gradients has no backward to overlap). Read by
-tests/gpu/test_bf16_train_identity.py and by `make gpu-check`'s bf16_identity section (tpcomm/gpu/gpu_check.py).
+The zeroed-c_proj identity in training passes under bf16 autocast: with every block's c_proj zeroed (weights
+and biases) each block must leave the residual stream as it came, so a DistributedGPT's loss is GPT's exactly,
+for every block type, tp and option that leaves the math unchanged (tp_async_grad, tp_overlap,
+sequence_parallel, alone and in the combinations the validator allows). Train mode with gradients on: the
+fused path of tp_async_grad runs only there (a pass without gradients has no backward to overlap). Read by
+tests/gpu/test_bf16_train_identity.py and by `make gpu-check`'s bf16_identity section
+(tpcomm/gpu/gpu_check.py).
 """
 
 import itertools
@@ -14,14 +15,16 @@ import torch
 from tpcomm.errors import ConfigError
 from tpcomm.model.options import validate_sync_options
 
-KINDS = ("tp", "spd", "parallel")  # 'ladder' delays its syncs: its stream is not GPT's stream in the first place
+# 'ladder' delays its syncs: its stream is not GPT's stream in the first place
+KINDS = ("tp", "spd", "parallel")
 TPS = (2, 4, 8)
 # each option that leaves the math unchanged; option_sets combines them as the validator allows
 CHECKED_OPTIONS = (dict(tp_async_grad=True), dict(tp_overlap=2), dict(sequence_parallel=True))
 
 
 def option_sets(block_types, tp):
-    """Every combination of CHECKED_OPTIONS (none included) that validate_sync_options accepts for these blocks at this tp."""
+    """Every combination of CHECKED_OPTIONS (none included) that validate_sync_options accepts
+    for these blocks at this tp."""
     sets = []
     for n in range(len(CHECKED_OPTIONS) + 1):
         for combo in itertools.combinations(CHECKED_OPTIONS, n):
@@ -49,7 +52,8 @@ def zero_c_proj(model):
 
 
 def train_loss(model, idx, targets, ctx):
-    """One training pass's loss (train mode, gradients on, its backward run) under ctx (an autocast context)."""
+    """One training pass's loss (train mode, gradients on, its backward run) under
+    ctx (an autocast context)."""
     model.train()
     model.zero_grad(set_to_none=True)
     with ctx:
@@ -59,8 +63,8 @@ def train_loss(model, idx, targets, ctx):
 
 
 def train_grid(make, want, idx, targets, ctx, *, n_layer, tps=TPS, kinds=KINDS):
-    """{'kind tpN (options)': |loss - want|} over kinds x tps x option_sets; make(tp, block_types, options) -> a
-    DistributedGPT whose c_proj are zeroed, want: GPT's train_loss on the same batch."""
+    """{'kind tpN (options)': |loss - want|} over kinds x tps x option_sets; make(tp, block_types, options) ->
+    a DistributedGPT whose c_proj are zeroed, want: GPT's train_loss on the same batch."""
     out = {}
     for tp in tps:
         for kind in kinds:

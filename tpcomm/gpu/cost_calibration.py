@@ -1,6 +1,6 @@
 """
-`make gpu-check`'s cost_calibration section (tpcomm/gpu/gpu_check.py runs it; docs/gpu.md shows it): the compute terms the
-cost model prices, measured where they run, each beside the model's term.
+`make gpu-check`'s cost_calibration section (tpcomm/gpu/gpu_check.py runs it; docs/gpu.md shows it): the
+compute terms the cost model prices, measured where they run, each beside the model's term.
 
 - blocks: one tp-8 shard of a block of the cost model's 1.3B shape (24 x 2048, 16 heads; 8 x 1024 tokens, its
   PREDICT_DEFAULTS), forward and backward, eager and torch.compile'd, in bf16: the shard's own modules
@@ -40,7 +40,8 @@ def timed(fn, device, iters):
 
 
 def shard_block(c, device):
-    """(forward function of x (1, N, d), parameters) of one tp shard of a block: its real modules at local = 1."""
+    """(forward function of x (1, N, d), parameters) of one tp shard of a block: its
+    real modules at local = 1."""
     from model import LayerNorm
     from tpcomm.model.options import TPConfig
     from tpcomm.tp.sharded_layers import ShardedAttention, ShardedMLP, layer_norm
@@ -48,7 +49,8 @@ def shard_block(c, device):
     cfg = TPConfig(n_layer=1, n_head=c["n_head"], n_embd=c["n_embd"], tp_size=c["tp"], block_size=c["seq"],
                    bias=False)
     mods = torch.nn.ModuleDict(dict(ln_1=LayerNorm(c["n_embd"], bias=False), attn=ShardedAttention(cfg, 1),
-                                    ln_2=LayerNorm(c["n_embd"], bias=False), mlp=ShardedMLP(cfg, 1))).to(device)
+                                    ln_2=LayerNorm(c["n_embd"], bias=False), mlp=ShardedMLP(cfg,
+                                                                                            1))).to(device)
 
     def forward(x):
         x = x + mods["attn"].out(mods["attn"].heads(layer_norm(mods["ln_1"], x), c["seq"]))
@@ -58,7 +60,8 @@ def shard_block(c, device):
 
 
 def block_rows(st, c, peak, mfu):
-    """Forward and backward ms of the shard block, eager and compiled, beside the cost model's compute term."""
+    """Forward and backward ms of the shard block, eager and compiled, beside the
+    cost model's compute term."""
     device, ctx = st["device"], st["ctx"]
     forward, mods = shard_block(c, device)
     N, d, T, tp = c["batch"] * c["seq"], c["n_embd"], c["seq"], c["tp"]
@@ -84,21 +87,25 @@ def block_rows(st, c, peak, mfu):
 
 
 def gemm_rows(st, c, peak):
-    """The shard's GEMMs (c_attn, c_fc columns; c_proj rows) at all N tokens and at N/tp: ms and efficiency."""
+    """The shard's GEMMs (c_attn, c_fc columns; c_proj rows) at all N tokens and
+    at N/tp: ms and efficiency."""
     device, dtype = st["device"], getattr(torch, st["size"]["dtype"])
     N, d, tp = c["batch"] * c["seq"], c["n_embd"], c["tp"]
     rows = []
     for name, k, n in (("c_attn", d, 3 * d // tp), ("attn c_proj", d // tp, d), ("c_fc", d, 4 * d // tp),
                        ("mlp c_proj", 4 * d // tp, d)):
         for tokens in (N, N // tp):
-            a, b = torch.randn(tokens, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
+            a, b = torch.randn(tokens, k, device=device, dtype=dtype), torch.randn(k, n, device=device,
+                                                                                   dtype=dtype)
             s = timed(lambda: a @ b, device, c["iters"])
-            rows.append(dict(gemm=name, m=tokens, k=k, n=n, ms=s * 1e3, efficiency=2 * tokens * k * n / (s * peak)))
+            rows.append(dict(gemm=name, m=tokens, k=k, n=n, ms=s * 1e3,
+                             efficiency=2 * tokens * k * n / (s * peak)))
     return rows
 
 
 def codec_rows(st, c):
-    """int8 and fp8 quantize + dequantize of one (N, d) bf16 partial sum, beside the cost model's codec term."""
+    """int8 and fp8 quantize + dequantize of one (N, d) bf16 partial sum, beside
+    the cost model's codec term."""
     from tpcomm.tp.compress.compression import Codec
     from tpcomm.costmodel.cost_model import compressed_bytes, const
 
@@ -127,5 +134,5 @@ def cost_calibration(st):
     peak_from = "device" if peak else "H100 datasheet (no peak for this device)"
     peak = peak or const("h100_bf16_flops")
     mfu = const("mfu")
-    return dict(shape=c, peak_flops=peak, peak_from=peak_from, assumed_mfu=mfu, blocks=block_rows(st, c, peak, mfu),
-                gemms=gemm_rows(st, c, peak), codecs=codec_rows(st, c))
+    return dict(shape=c, peak_flops=peak, peak_from=peak_from, assumed_mfu=mfu,
+                blocks=block_rows(st, c, peak, mfu), gemms=gemm_rows(st, c, peak), codecs=codec_rows(st, c))

@@ -1,12 +1,14 @@
 """
-The model interface: what lets train.py, bench.py, sample.py, the pipeline and the sweeps treat the reference GPT
-(model.py) and DistributedGPT (tensor_parallel_model.py) alike, so that no script asks which model it holds:
-GPT-layout state and optimizer state in and out (whatever tensor-parallel and FSDP shards this rank holds), meta
-materialisation, gradient clipping and the replicated-gradient sync, the communication report, MFU, keyed dropout.
+The model interface: what lets train.py, bench.py, sample.py, the pipeline and the sweeps treat the
+reference GPT (model.py) and DistributedGPT (tensor_parallel_model.py) alike, so that no script asks
+which model it holds: GPT-layout state and optimizer state in and out (whatever tensor-parallel and FSDP
+shards this rank holds), meta materialisation, gradient clipping and the replicated-gradient sync, the
+communication report, MFU, keyed dropout.
 
-ModelInterface holds the single-device answers (the plain operations, or nothing to do); DistributedGPT overrides
-them. PlainGPT is model.py's GPT with this interface and keyed dropout: what model_type='gpt' trains. Its
-parameters and state dict are GPT's, so checkpoints stay nanoGPT's. tpcomm/train/build.py builds either from a config.
+ModelInterface holds the single-device answers (the plain operations, or nothing to do); DistributedGPT
+overrides them. PlainGPT is model.py's GPT with this interface and keyed dropout: what model_type='gpt'
+trains. Its parameters and state dict are GPT's, so checkpoints stay nanoGPT's. tpcomm/train/build.py
+builds either from a config.
 """
 
 import torch
@@ -17,7 +19,8 @@ from tpcomm.tp.dropout import ATTN_OUT, ATTN_PROBS, EMBED, MLP_OUT, DropoutKey, 
 
 
 def whole(t):
-    """A DTensor (e.g. an FSDP-sharded parameter or moment) gathered whole, a collective; a plain tensor as it is."""
+    """A DTensor (e.g. an FSDP-sharded parameter or moment) gathered whole, a
+    collective; a plain tensor as it is."""
     from torch.distributed.tensor import DTensor
 
     return t.full_tensor() if isinstance(t, DTensor) else t
@@ -31,7 +34,8 @@ def local(t):
 
 
 def laid_out_like(full, ref):
-    """full distributed as ref is (FSDP: each rank keeps its data-parallel shard); full itself when ref is plain."""
+    """full distributed as ref is (FSDP: each rank keeps its data-parallel shard); full
+    itself when ref is plain."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     if isinstance(ref, DTensor):
@@ -43,27 +47,30 @@ class ModelInterface:
     """Mixed into an nn.Module GPT (PlainGPT, DistributedGPT) with `config`, `transformer` and `lm_head`."""
 
     devices_per_replica = 1
-    group = None  # the tensor-parallel group (collectives.SimulatedTP / RealTP): DistributedGPT's; GPT has none
+    # the tensor-parallel group (collectives.SimulatedTP / RealTP): DistributedGPT's; GPT has none
+    group = None
     sharding = None  # how parameters are split over that group (sharding.TPSharding): none for GPT
 
     def desynced_after(self, layer):
-        """Whether the residual stream leaving block `layer` is desynced (a 'parallel' block): never for GPT."""
+        """Whether the residual stream leaving block `layer` is desynced (a
+        'parallel' block): never for GPT."""
         return False
 
     def seed_dropout(self, *key):
-        """Key the dropout masks of the next forward passes, e.g. (seed, iteration, micro_batch); no key: torch's
-        global RNG (see tpcomm.tp.dropout)."""
+        """Key the dropout masks of the next forward passes, e.g. (seed, iteration, micro_batch); no key:
+        torch's global RNG (see tpcomm.tp.dropout)."""
         self.dropout_key.set(key, self.lm_head.weight.device)
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, *, device=None, dtype=None):
-        """MFU over the peak of all the devices one model replica runs on (real TP: tp of them), for the training
-        dtype."""
+        """MFU over the peak of all the devices one model replica runs on (real TP: tp of
+        them), for the training dtype."""
         return super().estimate_mfu(fwdbwd_per_iter, dt, device=device, n_devices=self.devices_per_replica,
                                     dtype=dtype)
 
     def gpt_state_dict(self):
-        """The weights in GPT's unsharded layout (what checkpoints hold), gathered from wherever they are sharded:
-        tensor-parallel shards (DistributedGPT) and FSDP's data-parallel shards (DTensors). A collective then."""
+        """The weights in GPT's unsharded layout (what checkpoints hold), gathered from wherever
+        they are sharded: tensor-parallel shards (DistributedGPT) and FSDP's data-parallel shards
+        (DTensors). A collective then."""
         return {k: self.gpt_layout_whole(k, v) for k, v in self.state_dict().items()}
 
     def load_gpt_state_dict(self, state_dict):
@@ -100,11 +107,12 @@ class ModelInterface:
         optimizer.load_state_dict({"state": state, "param_groups": state_dict["param_groups"]})
 
     def materialize_(self, device):
-        """A model built under torch.device('meta') (init_device='meta'), possibly FSDP-sharded already: allocate
-        this rank's parameters on device and give them GPT(config)'s initial weights, bitwise, one full parameter
-        at a time (each rank keeps its tensor-parallel part, and of that its FSDP shard)."""
+        """A model built under torch.device('meta') (init_device='meta'), possibly FSDP-sharded already:
+        allocate this rank's parameters on device and give them GPT(config)'s initial weights, bitwise, one
+        full parameter at a time (each rank keeps its tensor-parallel part, and of that its FSDP shard)."""
         self.to_empty(device=device)
-        self.transformer.wte.weight = self.lm_head.weight  # to_empty allocates the tied weight twice: tie again
+        # to_empty allocates the tied weight twice: tie again
+        self.transformer.wte.weight = self.lm_head.weight
         own = dict(self.named_parameters())
         with torch.no_grad():
             for name, full in gpt_init_tensors(self.gpt_config()):
@@ -115,10 +123,12 @@ class ModelInterface:
         return self.config
 
     def sync_replicated_grads(self):
-        """After backward: make the gradients of parameters that several ranks hold whole. Nothing to do here."""
+        """After backward: make the gradients of parameters that several ranks hold
+        whole. Nothing to do here."""
 
     def clip_grad_norm_(self, max_norm):
-        """Clip by the norm of the whole model's gradient; returns that norm (torch's handles FSDP's DTensors)."""
+        """Clip by the norm of the whole model's gradient; returns that norm (torch's
+        handles FSDP's DTensors)."""
         return whole(torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm))
 
     def grad_sq_norm(self, named_grads):
@@ -130,12 +140,13 @@ class ModelInterface:
         """Start counting collectives afresh (GPT runs none)."""
 
     def comm_report(self, *, micro_steps, tokens):
-        """Collectives counted since reset_comm_counts, per forward/backward pass of `tokens` tokens: a dict of
-        metrics (empty for GPT, which communicates nothing)."""
+        """Collectives counted since reset_comm_counts, per forward/backward pass of `tokens` tokens: a dict
+        of metrics (empty for GPT, which communicates nothing)."""
         return {}
 
     def comm_per_forward(self, idx):
-        """The collectives of one forward+backward pass on idx (see comm_report); gradients are left cleared."""
+        """The collectives of one forward+backward pass on idx (see comm_report);
+        gradients are left cleared."""
         self.reset_comm_counts()
         _, loss = self(idx, idx)
         loss.backward()
@@ -146,8 +157,8 @@ class ModelInterface:
 
 
 class PlainGPT(ModelInterface, GPT):
-    """model.py's GPT with the model interface; its dropout masks are keyed (tpcomm.tp.dropout) by the same sites that
-    DistributedGPT uses, so at tp_size 1 every block type draws GPT's masks."""
+    """model.py's GPT with the model interface; its dropout masks are keyed (tpcomm.tp.dropout) by the same
+    sites that DistributedGPT uses, so at tp_size 1 every block type draws GPT's masks."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -161,13 +172,14 @@ class PlainGPT(ModelInterface, GPT):
 
 def gpt_init_tensors(config):
     """GPT(config)'s initial weights one tensor at a time, drawn from torch's RNG exactly as GPT(config) draws
-    them, so that a model built on the meta device materialises its own part of each (DistributedGPT: its shards)
-    bitwise equal to GPT's, holding at most one full parameter, never the whole model. Yields (name, tensor) in
-    named_parameters order; the RNG ends where GPT(config) leaves it."""
+    them, so that a model built on the meta device materialises its own part of each (DistributedGPT: its
+    shards) bitwise equal to GPT's, holding at most one full parameter, never the whole model. Yields (name,
+    tensor) in named_parameters order; the RNG ends where GPT(config) leaves it."""
     with torch.device("meta"):
         meta = GPT(config)  # shapes only: meta tensors draw nothing from the RNG
-    # construction: nn.Linear and nn.Embedding draw their default init, in construction order (= modules() order);
-    # GPT's init overwrites them, but the draws move the RNG, so they are replayed on a same-shaped module
+    # construction: nn.Linear and nn.Embedding draw their default init, in construction order (= modules()
+    # order); GPT's init overwrites them, but the draws move the RNG, so they are replayed on a same-shaped
+    # module
     for m in meta.modules():
         if isinstance(m, nn.Linear):
             nn.Linear(m.in_features, m.out_features, bias=m.bias is not None)
@@ -180,16 +192,18 @@ def gpt_init_tensors(config):
 
 
 def grad_sq_sums(named_grads, part, n_parts):
-    """Sums of squares of the local gradients in n_parts parts (part(name) -> index), in fp32 at least (float64
-    kept, as torch's clipping); FSDP's DTensor gradients are summed over their data-parallel shards as well (all
-    gradients share one mesh and placement: fully_shard is given one mesh for the blocks and the root)."""
+    """Sums of squares of the local gradients in n_parts parts (part(name) -> index), in fp32 at
+    least (float64 kept, as torch's clipping); FSDP's DTensor gradients are summed over their
+    data-parallel shards as well (all gradients share one mesh and placement: fully_shard is given
+    one mesh for the blocks and the root)."""
     grads = [g for _, g in named_grads]
     acc = torch.promote_types(grads[0].dtype, torch.float32)
     sq = torch.zeros(n_parts, dtype=acc, device=grads[0].device)
     for name, g in named_grads:
         sq[part(name)] += local(g).to(acc).pow(2).sum()
     mesh = getattr(grads[0], "device_mesh", None)
-    if mesh is not None:  # over the mesh dims the gradients are sharded on (HSDP: dp_shard; its replicas agree)
+    # over the mesh dims the gradients are sharded on (HSDP: dp_shard; its replicas agree)
+    if mesh is not None:
         for dim, placement in enumerate(grads[0].placements):
             if placement.is_shard():
                 torch.distributed.all_reduce(sq, group=mesh.get_group(dim))
@@ -197,7 +211,8 @@ def grad_sq_sums(named_grads, part, n_parts):
 
 
 def clip_to_norm_(grads, total, max_norm):
-    """Scale the gradients by min(1, max_norm / total) as torch.nn.utils.clip_grad_norm_ does; returns total."""
+    """Scale the gradients by min(1, max_norm / total) as
+    torch.nn.utils.clip_grad_norm_ does; returns total."""
     coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
     for g in grads:
         g.mul_(coef.to(g.dtype))
@@ -205,8 +220,8 @@ def clip_to_norm_(grads, total, max_norm):
 
 
 def timed_step(run, model, optimizer, ctx, X, Y):
-    """One plain training step as the timings run it (bench.py, tpcomm/gpu/gpu_check.py): forward under ctx, backward,
-    real TP's replicated-gradient sum, AdamW; returns the loss, detached."""
+    """One plain training step as the timings run it (bench.py, tpcomm/gpu/gpu_check.py): forward under ctx,
+    backward, real TP's replicated-gradient sum, AdamW; returns the loss, detached."""
     with ctx:
         _, loss = run(X, Y)
     loss.backward()

@@ -1,8 +1,8 @@
 """
 The execution strategies, applied from outside a block type's equations: a type that writes its block as
-`equations(x, r, T, kv, at)`, a generator that yields each of its syncs (a Sync) and is sent back the synced stream,
-runs under every strategy its facts permit without a branch of its own (its last sync, then=None, is its output:
-the stream leaves it synced):
+`equations(x, r, T, kv, at)`, a generator that yields each of its syncs (a Sync) and is sent back the synced
+stream, runs under every strategy its facts permit without a branch of its own (its last sync, then=None, is
+its output: the stream leaves it synced):
 - tp_overlap = K: the batch in K chunks of whole sequences, one generator each, run in lockstep: every chunk's sync
   is issued (not waited for) before the next chunk computes, and waited for just before its chunk goes on;
 - tp_async_grad: f fused with the LayerNorm and projection after it (ColumnInput), its backward all-reduce
@@ -24,10 +24,10 @@ from tpcomm.tp.sharded_layers import Reduced, SPStream, join
 
 
 class Sync(NamedTuple):
-    """One sync of a type's equations: the stream x plus the sum over shards of partials (L, N, C), plus the site's
-    c_proj bias, dropped with the replica mask R (applied to partials already). then: the LayerNorm the next module
-    applies to the result (tp_async_grad fuses f with it); None: the result is the block's output. masked: under sequence
-    parallelism, R is in partials already (drawn on the shard's rows otherwise)."""
+    """One sync of a type's equations: the stream x plus the sum over shards of partials (L, N, C), plus the
+    site's c_proj bias, dropped with the replica mask R (applied to partials already). then: the LayerNorm the
+    next module applies to the result (tp_async_grad fuses f with it); None: the result is the block's output.
+    masked: under sequence parallelism, R is in partials already (drawn on the shard's rows otherwise)."""
     partials: torch.Tensor
     site: str
     x: object  # (N, C), or under sequence parallelism the token shard (an SPStream when desynced)
@@ -37,17 +37,19 @@ class Sync(NamedTuple):
 
 
 class FusedInput(NamedTuple):
-    """A sync's result handed on under tp_async_grad: the next module's ColumnInput over x + the sum + the bias
-    (made before any chunk's module computes) and the all-reduce to wait for before its projection."""
+    """A sync's result handed on under tp_async_grad: the next module's ColumnInput over x + the sum + the
+    bias (made before any chunk's module computes) and the all-reduce to wait for before its projection."""
     src: ColumnInput
     reduced: object
 
 
 class Strategies:
-    """The drivers of a type's `equations` (ShardedBlock mixes this in; a type with a forward of its own runs that)."""
+    """The drivers of a type's `equations` (ShardedBlock mixes this in; a type with a
+    forward of its own runs that)."""
 
     def forward(self, xbar, r, T, kv=None, *, sequence_parallel=False):
-        """(xbar, None): the type's equations under this block's strategies (the stream contract: ShardedBlock)."""
+        """(xbar, None): the type's equations under this block's strategies (the
+        stream contract: ShardedBlock)."""
         if sequence_parallel and self.rings and self.collective_matmul:
             return self.collective_matmul_block(xbar, T, kv), None
         if sequence_parallel:
@@ -70,9 +72,10 @@ class Strategies:
         chunks = self.chunks(xbar, r, T, kv)
         overlap, fused = len(chunks) > 1, self.fused_f()
         # each chunk's first f, fused: its ColumnInput (and backward wait) made before any chunk computes
-        gens = [self.equations(x, rk, T, kv, dict(n0=n0, src=self.column_input(
-                    (x,), self.ln_1, synced=self.norm_before_f, defer=overlap) if fused and rk is None else None))
-                for n0, x, rk in chunks]
+        gens = [self.equations(x, rk, T, kv, dict(n0=n0, src=self.column_input((x,), self.ln_1,
+                                                                               synced=self.norm_before_f,
+                                                                               defer=overlap) if fused
+                                                  and rk is None else None)) for n0, x, rk in chunks]
         outs, sent, last = [None] * len(gens), {k: (lambda: None) for k in range(len(gens))}, set()
         while sent:  # a round: every chunk to its next sync, each issued before the next chunk computes
             issued = {}
@@ -84,17 +87,18 @@ class Strategies:
                 issued[k] = (req, self.g(req.partials, req.site, overlap=overlap))
                 if req.then is None:
                     last.add(k)
-            sent = {k: self.handed_back(req, reduced, fused=fused, defer=overlap) for k, (req, reduced) in issued.items()}
+            sent = {k: self.handed_back(req, reduced, fused=fused, defer=overlap) for k,
+                    (req, reduced) in issued.items()}
         return join(outs), None
 
     def handed_back(self, req, reduced, *, fused, defer):
-        """What a chunk's generator is sent for its sync (a thunk, called just before the chunk goes on): x + the
-        sum + the bias, waited for then; under tp_async_grad, for a sync with a next LayerNorm, a FusedInput made
-        now, before any chunk's next module computes."""
+        """What a chunk's generator is sent for its sync (a thunk, called just before the chunk goes on): x +
+        the sum + the bias, waited for then; under tp_async_grad, for a sync with a next LayerNorm, a
+        FusedInput made now, before any chunk's next module computes."""
         linear = self.site_linear(req.site)
         if fused and req.then is not None:
-            fi = FusedInput(self.column_input((req.x, reduced.value, self.synced_bias(linear, req.R)), req.then,
-                                              defer=defer), reduced)
+            fi = FusedInput(self.column_input((req.x, reduced.value, self.synced_bias(linear, req.R)),
+                                              req.then, defer=defer), reduced)
             return lambda: fi
         return lambda: self.add_synced_bias(req.x + reduced.wait(), linear, req.R)
 
@@ -103,8 +107,8 @@ class Strategies:
         while True:
             req = gen.send(value)
             shard = req.x.shard if isinstance(req.x, SPStream) else req.x
-            value = self.sp_close(shard, self.reduce_scatter(req.partials, req.site), self.site_linear(req.site),
-                                  req.site, masked=req.masked)
+            value = self.sp_close(shard, self.reduce_scatter(req.partials, req.site),
+                                  self.site_linear(req.site), req.site, masked=req.masked)
             if req.then is None:
                 return value, None
 
@@ -112,15 +116,16 @@ class Strategies:
         return {"attn": self.attn.c_proj, "mlp": self.mlp.c_proj}[site]
 
     def chunks(self, xbar, r, T, kv):
-        """[(n0, xbar_k, r_k)]: the batch in tp_overlap = K chunks of whole sequences, n0 each one's first token
-        (views, no copy); one chunk when K = 1, with a KV cache (decoding), or outside training when the batch does
-        not split (generation of one sequence)."""
+        """[(n0, xbar_k, r_k)]: the batch in tp_overlap = K chunks of whole sequences, n0 each one's first
+        token (views, no copy); one chunk when K = 1, with a KV cache (decoding), or outside training when the
+        batch does not split (generation of one sequence)."""
         N, K = xbar.shape[0], self.overlap
         B = N // T
         if K == 1 or kv is not None or (B % K and not self.training):
             return [(0, xbar, r)]
         if B % K:
-            raise ConfigError(f"tp_overlap={K} needs a batch of whole sequences divisible by it, got batch {B}")
+            raise ConfigError(f"tp_overlap={K} needs a batch of whole sequences divisible by it, got batch "
+                              f"{B}")
         n = N // K
         rs = [None] * K if r is None else r.split(n, dim=1)
         return [(k * n, x, rk) for k, (x, rk) in enumerate(zip(xbar.split(n), rs))]
@@ -131,9 +136,10 @@ class Strategies:
         return self.async_grad and torch.is_grad_enabled()
 
     def column_input(self, parts, ln, *, synced=True, defer=False):
-        """ColumnInput of the synced stream parts[0] + parts[1] + ... and the LayerNorm ln on it (synced: the
-        replica's, used on the synced stream; else each shard's own, used after f). defer: its backward wait is a
-        node made now (real mode), so what is computed from here to its projection runs backward meanwhile."""
+        """ColumnInput of the synced stream parts[0] + parts[1] + ... and the LayerNorm ln on it
+        (synced: the replica's, used on the synced stream; else each shard's own, used after f).
+        defer: its backward wait is a node made now (real mode), so what is computed from here to
+        its projection runs backward meanwhile."""
         g = self.group
         b = None if ln.bias is None else g.synced(ln.bias) if synced else ln.bias
         w = g.synced(ln.weight) if synced else ln.weight
@@ -146,10 +152,10 @@ class Strategies:
         return Reduced(reduce_from_tp_region(partials, self.group, site=self.sites[site]))
 
     def sp_close(self, x, reduced, linear, site, *, masked):
-        """Sequence parallelism, on the token shard x (N/tp, C): x + R ⊙ (reduced + b), R this shard's rows of the
-        replica mask (Megatron's bias-dropout-add); masked: reduced already holds R ⊙ its sum (applied before the
-        reduce-scatter), so only b is dropped here. b is used plainly: each rank's gradient of it is partial (its
-        tokens), summed over the tp group with the block-replicated gradients."""
+        """Sequence parallelism, on the token shard x (N/tp, C): x + R ⊙ (reduced + b), R this shard's rows of
+        the replica mask (Megatron's bias-dropout-add); masked: reduced already holds R ⊙ its sum (applied
+        before the reduce-scatter), so only b is dropped here. b is used plainly: each rank's gradient of it
+        is partial (its tokens), summed over the tp group with the block-replicated gradients."""
         R = self.replica_mask(x, site, n0=self.group.token_offset(x.shape[0]))
         b = linear.bias
         if not masked:

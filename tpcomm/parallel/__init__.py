@@ -1,1 +1,2 @@
-"""The other parallel dimensions around tensor parallelism: the pp x dp x tp process layout, data parallelism (DDP, FSDP2) and pipeline parallelism."""
+"""The other parallel dimensions around tensor parallelism: the pp x dp x tp process layout, data parallelism
+(DDP, FSDP2) and pipeline parallelism."""

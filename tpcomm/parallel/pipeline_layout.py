@@ -1,6 +1,7 @@
 """
-A pipeline's parameters in GPT's layout (tpcomm/parallel/pipeline.py): each rank holds its stages' slices; GPTLayout gathers
-them (state dict, gradients, optimizer state) over the pp ranks and loads a GPT-layout state back into them.
+A pipeline's parameters in GPT's layout (tpcomm/parallel/pipeline.py): each rank holds its stages'
+slices; GPTLayout gathers them (state dict, gradients, optimizer state) over the pp ranks and loads a
+GPT-layout state back into them.
 """
 
 import math
@@ -11,8 +12,8 @@ import torch.distributed as dist
 
 
 def stage_named_parameters(modules):
-    """(GPT name, parameter) of every parameter of the stage modules, each once; the last stage's copy of the tied
-    weight is named transformer.wte.weight as GPT's named_parameters() names it."""
+    """(GPT name, parameter) of every parameter of the stage modules, each once; the last stage's copy of the
+    tied weight is named transformer.wte.weight as GPT's named_parameters() names it."""
     seen, out = set(), []
     for module in modules:
         for name, p in module.named_parameters():
@@ -24,18 +25,18 @@ def stage_named_parameters(modules):
 
 
 class GPTLayout:
-    """The whole model's GPT-layout state (weights, gradients, AdamW state) gathered from every stage (and tp rank)
-    of a pipeline, so checkpoints stay unsharded GPT layout; and the inverse for the optimizer state. Each gather is
-    a collective over tp and pp: every rank calls it."""
+    """The whole model's GPT-layout state (weights, gradients, AdamW state) gathered from every stage (and tp
+    rank) of a pipeline, so checkpoints stay unsharded GPT layout; and the inverse for the optimizer state.
+    Each gather is a collective over tp and pp: every rank calls it."""
 
     def __init__(self, model, modules, dims):
         self.model, self.modules, self.dims = model, modules, dims
 
     def gather(self, local, name=lambda key: key):
-        """{key: this rank's tensor} -> the whole model's {key: tensor} on every rank: tensors of sharded parameters
-        (name(key) is the parameter's GPT name) gathered over tp, then every pp stage's entries, on the CPU
-        (collectives over tp and pp; dp replicas hold the same). The first pp rank's entry wins: its copy of the
-        tied weight."""
+        """{key: this rank's tensor} -> the whole model's {key: tensor} on every rank: tensors of sharded
+        parameters (name(key) is the parameter's GPT name) gathered over tp, then every pp stage's
+        entries, on the CPU (collectives over tp and pp; dp replicas hold the same). The first pp rank's
+        entry wins: its copy of the tied weight."""
         sharding = self.model.sharding
         if sharding is not None:
             local = {k: sharding.gather(name(k), t) if t.dim() > 0 else t for k, t in local.items()}
@@ -44,10 +45,10 @@ class GPTLayout:
         return self._gather_over_pp(local)
 
     def _gather_over_pp(self, local):
-        """Every pp rank's entries on every rank (CPU tensors), by tensor collectives: only the keys, shapes and
-        dtypes go round as objects; then each pp rank broadcasts the entries it is the first to hold, flattened into
-        one buffer per dtype, on the process group's device (NCCL: this rank's GPU), at most one such buffer on the
-        device at a time."""
+        """Every pp rank's entries on every rank (CPU tensors), by tensor collectives: only the keys, shapes
+        and dtypes go round as objects; then each pp rank broadcasts the entries it is the first to hold,
+        flattened into one buffer per dtype, on the process group's device (NCCL: this rank's GPU), at most
+        one such buffer on the device at a time."""
         group, pp, me = self.dims.pp_group, self.dims.pp, self.dims.pp_rank
         device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl"
                   else torch.device("cpu"))
@@ -73,7 +74,8 @@ class GPTLayout:
         return {k: merged[k] for k in owner}
 
     def local_named(self, value):
-        """{GPT name: value(p)} for every local (name, parameter), the tied weight under both of GPT's names."""
+        """{GPT name: value(p)} for every local (name, parameter), the tied weight
+        under both of GPT's names."""
         out = {}
         for module in self.modules:
             for name, p in module.named_parameters(remove_duplicate=False):
@@ -86,7 +88,8 @@ class GPTLayout:
         return {k: full[k] for k in self.model.state_dict()}  # GPT's key order
 
     def grads(self):
-        """The whole model's gradients by GPT name (both tied names; the last stage's copy under lm_head.weight)."""
+        """The whole model's gradients by GPT name (both tied names; the last stage's
+        copy under lm_head.weight)."""
         return self.gather(self.local_named(lambda p: p.grad))
 
     def load_state_dict(self, state_dict):
@@ -103,7 +106,8 @@ class GPTLayout:
         return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
     def optimizer_state(self, optimizer):
-        """The optimizer state dict GPT's own optimizer would have (unsharded moments, GPT's parameter indices)."""
+        """The optimizer state dict GPT's own optimizer would have (unsharded moments,
+        GPT's parameter indices)."""
         sd, names = optimizer.state_dict(), self._local_param_names(optimizer)
         local = {(names[i], k): v for i, s in sd["state"].items() for k, v in s.items()}
         full = self.gather(local, name=lambda key: key[0])  # moments are sharded like their parameters
@@ -119,7 +123,8 @@ class GPTLayout:
         return {"state": state, "param_groups": groups}
 
     def load_optimizer_state(self, optimizer, state_dict):
-        """Inverse of optimizer_state: each local parameter takes its GPT entry (its tp slice of the moments)."""
+        """Inverse of optimizer_state: each local parameter takes its GPT entry
+        (its tp slice of the moments)."""
         index = {n: i for i, n in enumerate(self._gpt_param_order())}
         sharding = self.model.sharding
         local = {}

@@ -1,17 +1,18 @@
 """
-The pipeline schedule as it ran: a Recorder notes each stage's forwards, backwards and transfers (RecordedStage, a
-torch PipelineStage that reports to it); replay orders the recorded actions in time, bubble_fraction and
-theoretical_bubble measure the idle share, format_timeline and format_events print them (tpcomm/parallel/pipeline.py runs
-the schedule; bench.py --mode=pipeline and tpcomm/bench/pipeline_demo.py show these).
+The pipeline schedule as it ran: a Recorder notes each stage's forwards, backwards and transfers
+(RecordedStage, a torch PipelineStage that reports to it); replay orders the recorded actions in time,
+bubble_fraction and theoretical_bubble measure the idle share, format_timeline and format_events print
+them (tpcomm/parallel/pipeline.py runs the schedule; bench.py --mode=pipeline and
+tpcomm/bench/pipeline_demo.py show these).
 """
 
 from torch.distributed.pipelining import PipelineStage
 
 
 class Recorder:
-    """This rank's actions in one step, in the order they ran: ('F'|'B', stage, micro_batch, 0) computations, and
-    ('send_act'|'recv_act'|'send_grad'|'recv_grad', stage, micro_batch, bytes) point-to-point transfers as the
-    schedule posts them. Before each forward it keys the model's dropout masks by the micro-batch."""
+    """This rank's actions in one step, in the order they ran: ('F'|'B', stage, micro_batch, 0) computations,
+    and ('send_act'|'recv_act'|'send_grad'|'recv_grad', stage, micro_batch, bytes) point-to-point transfers as
+    the schedule posts them. Before each forward it keys the model's dropout masks by the micro-batch."""
 
     def __init__(self, model):
         self.model, self.events, self.dropout_key = model, [], None
@@ -20,14 +21,16 @@ class Recorder:
         self.events, self.dropout_key = [], dropout_key
 
     def forward(self, stage, mb):
-        if self.dropout_key is not None:  # (seed, iteration, global index of this replica's first micro-batch)
+        # (seed, iteration, global index of this replica's first micro-batch)
+        if self.dropout_key is not None:
             seed, iteration, first = self.dropout_key
             self.model.seed_dropout(seed, iteration, first + mb)
         self.events.append(("F", stage, mb, 0))
 
     def transfer(self, kind, stage, mb, ops):
         if ops:
-            self.events.append((kind, stage, mb, sum(op.tensor.numel() * op.tensor.element_size() for op in ops)))
+            self.events.append((kind, stage, mb, sum(op.tensor.numel() * op.tensor.element_size()
+                                                     for op in ops)))
         return ops
 
 
@@ -60,11 +63,11 @@ class RecordedStage(PipelineStage):
 
 
 def replay(actions):
-    """Slots of a recorded timeline. actions: {pp_rank: [('F'|'B', stage, mb), ...]} in the order each rank ran
-    them. Every forward and backward of one stage on one micro-batch takes one slot; an action starts when its rank
-    is free and its inputs exist: F(s, m) after F(s-1, m), B(s, m) after F(s, m) and B(s+1, m). Returns
-    {pp_rank: [(slot, action)]} and the number of slots. (With equal stages the GPipe/1F1B bubble fraction does not
-    depend on the backward/forward cost ratio, so one slot each loses nothing there.)"""
+    """Slots of a recorded timeline. actions: {pp_rank: [('F'|'B', stage, mb), ...]} in the order each rank
+    ran them. Every forward and backward of one stage on one micro-batch takes one slot; an action starts when
+    its rank is free and its inputs exist: F(s, m) after F(s-1, m), B(s, m) after F(s, m) and B(s+1, m).
+    Returns {pp_rank: [(slot, action)]} and the number of slots. (With equal stages the GPipe/1F1B bubble
+    fraction does not depend on the backward/forward cost ratio, so one slot each loses nothing there.)"""
     n_stages = 1 + max(s for acts in actions.values() for _, s, _ in acts)
     done, pos, free, slots = {}, {r: 0 for r in actions}, {r: 0 for r in actions}, {r: [] for r in actions}
     progress = True
@@ -119,8 +122,8 @@ def format_timeline(actions, pp):
 
 
 def format_events(events, pp):
-    """A rank's recorded events in order: F3/B3 computations, >a3 / <a3 activations of micro-batch 3 sent / received,
-    >g3 / <g3 gradients."""
+    """A rank's recorded events in order: F3/B3 computations, >a3 / <a3 activations of micro-batch 3 sent /
+    received, >g3 / <g3 gradients."""
     arrows = {"send_act": ">a", "recv_act": "<a", "send_grad": ">g", "recv_grad": "<g"}
     multi = any(s >= pp for _, s, _, _ in events)
     return " ".join(f"{arrows.get(k, k)}{m}" + (f".{s // pp}" if multi else "") for k, s, m, _ in events)

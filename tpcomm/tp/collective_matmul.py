@@ -1,8 +1,9 @@
 """
-Collective matmul (tp_collective_matmul; docs/overlap.md): sequence parallelism's all-gather before a column-parallel
-GEMM and reduce-scatter after a row-parallel GEMM, each decomposed into tp ring steps of peer-to-peer transfers, the
-transfer of one step running while the GEMM of another computes (what PyTorch's async TP in torchtitan and Transformer
-Engine's tp-comm-overlap run; there on SymmetricMemory / userbuffers, here on torch.distributed isend/irecv).
+Collective matmul (tp_collective_matmul; docs/overlap.md): sequence parallelism's all-gather before a
+column-parallel GEMM and reduce-scatter after a row-parallel GEMM, each decomposed into tp ring steps of
+peer-to-peer transfers, the transfer of one step running while the GEMM of another computes (what PyTorch's
+async TP in torchtitan and Transformer Engine's tp-comm-overlap run; there on SymmetricMemory / userbuffers,
+here on torch.distributed isend/irecv).
 
     all_gather_matmul     (N/tp, C) token shard x, W (L, C, K) -> (L, N, K) = gather(x) @ W_i (+ b_i)
                           backward: the input gradient by matmul_reduce_scatter's ring, W's from the gathered x
@@ -13,9 +14,10 @@ The ring (tp ranks, N = tp chunks of n = N/tp tokens; rank j sends to j-1 and re
     all-gather    step s: rank j holds chunk (j + s) % tp, sends it on while multiplying it
     reduce-scat.  step s: rank j multiplies its part of chunk (j + s + 1) % tp, adds the sum received for that chunk
                   (sent on at step s - 1 while this GEMM ran) and sends it on; after tp steps it holds chunk j's sum
-Simulated (one process, every shard): the same steps in the same order, the sums in the ring's order, each transfer
-counted. Counted as kind 'p2p' (tpcomm/tp/counting.py): one count per transfer, its bytes what one rank sends, so a ring
-moves (tp - 1)/tp of the whole buffer that the all-gather or reduce-scatter it replaces is counted as.
+Simulated (one process, every shard): the same steps in the same order, the sums in the ring's order,
+each transfer counted. Counted as kind 'p2p' (tpcomm/tp/counting.py): one count per transfer, its bytes
+what one rank sends, so a ring moves (tp - 1)/tp of the whole buffer that the all-gather or
+reduce-scatter it replaces is counted as.
 """
 
 import torch
@@ -27,9 +29,9 @@ from tpcomm.tp.counting import P2P, SP_LABEL, Timing, count_sp, direction_now, n
 
 
 def _transfer(group, send, site, op):
-    """Step of the ring: send `send` to rank j-1, receive as much from rank j+1 (real); counted, traced, and timed
-    into the counter (real: its issue and its wait exposed, issue to the end of the wait in collectives).
-    Returns (received buffer, works, step) to finish with _finish."""
+    """Step of the ring: send `send` to rank j-1, receive as much from rank j+1 (real); counted, traced, and
+    timed into the counter (real: its issue and its wait exposed, issue to the end of the wait in
+    collectives). Returns (received buffer, works, step) to finish with _finish."""
     direction = direction_now()
     size = count_sp(group, direction, P2P, nbytes(send))
     span = (group, op, direction, site, size)
@@ -106,8 +108,9 @@ def ring_matmul_reduce_scatter(y, w, group, site, op="rs"):
 
 
 def _simulated_reduce_scatter(y, w, group, site, op):
-    """The ring of ring_matmul_reduce_scatter for every rank at once: chunk c's sum starts at rank c-1 and gathers
-    ranks c-2, ..., c in that order (part + received, as the real ring adds); tp - 1 transfers counted."""
+    """The ring of ring_matmul_reduce_scatter for every rank at once: chunk c's sum starts at
+    rank c-1 and gathers ranks c-2, ..., c in that order (part + received, as the real ring
+    adds); tp - 1 transfers counted."""
     tp, N = group.tp, y.shape[1]
     n = N // tp
     out = y.new_empty(N, w.shape[-1])
@@ -164,23 +167,24 @@ class _MatmulReduceScatter(torch.autograd.Function):
 
 
 def all_gather_matmul(x, w, b, group, *, site=None):
-    """(N/tp, C) token shard (simulated: (N, C)) -> (L, N, K) = gather(x) @ w_i + b_i, w (L, C, K), b (L, 1, K) or
-    None; plain sequence parallelism's gather_to_tp_region followed by the bmm, as one ring."""
+    """(N/tp, C) token shard (simulated: (N, C)) -> (L, N, K) = gather(x) @ w_i + b_i, w (L, C, K), b (L, 1,
+    K) or None; plain sequence parallelism's gather_to_tp_region followed by the bmm, as one ring."""
     x, w = in_autocast_dtype(x), in_autocast_dtype(w)
     b = None if b is None else in_autocast_dtype(b)
     return _AllGatherMatmul.apply(x.contiguous(), w, b, group, site)
 
 
 def matmul_reduce_scatter(y, w, group, *, site=None):
-    """(L, N, K) -> this rank's (N/tp, C) rows of sum_i y_i @ w_i (simulated: (N, C)), w (L, K, C): the bmm followed
-    by plain sequence parallelism's reduce_scatter_from_tp_region, as one ring."""
+    """(L, N, K) -> this rank's (N/tp, C) rows of sum_i y_i @ w_i (simulated: (N, C)), w (L, K, C): the bmm
+    followed by plain sequence parallelism's reduce_scatter_from_tp_region, as one ring."""
     return _MatmulReduceScatter.apply(in_autocast_dtype(y).contiguous(), in_autocast_dtype(w), group, site)
 
 
 def collective_matmul_block(block, x, T, kv):
-    """A 'tp' block (tpcomm/model/block_types/tp.py) under sequence parallelism with each all-gather fused with the
-    GEMM after it and each reduce-scatter with the GEMM before it (TP.equations' synced path under sequence
-    parallelism, its LN, bias and dropout as there): x (N/tp, C) this rank's token shard (simulated: (N, C)) -> the block's output shard."""
+    """A 'tp' block (tpcomm/model/block_types/tp.py) under sequence parallelism with each all-gather fused
+    with the GEMM after it and each reduce-scatter with the GEMM before it (TP.equations' synced path under
+    sequence parallelism, its LN, bias and dropout as there): x (N/tp, C) this rank's token shard (simulated:
+    (N, C)) -> the block's output shard."""
     group, sites, attn, mlp = block.group, block.sites, block.attn, block.mlp
     qkv = all_gather_matmul(layer_norm(block.ln_1, x), *attn.qkv_weight(), group, site=sites["attn"])
     y = attn.attend(qkv, T, block.probs_dropout(), kv)

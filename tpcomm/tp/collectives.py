@@ -17,9 +17,9 @@ The operators count every collective they run (CommCounter), so communication is
 While a profiler records (torch.profiler; comm_trace.trace_steps), every collective also runs inside a
 torch.profiler.record_function span named for a trace (comm_trace.collective_events parses it back):
 
-The collectives are counted and labelled for traces where they run (tpcomm/tp/counting.py); sequence parallelism's
-gathers and scatters: tpcomm/tp/sequence_parallel.py; the compressed exchanges of g: tpcomm/tp/compress/compressed_exchange.py;
-the vocabulary-parallel loss: tpcomm/tp/vocab_parallel.py.
+The collectives are counted and labelled for traces where they run (tpcomm/tp/counting.py); sequence
+parallelism's gathers and scatters: tpcomm/tp/sequence_parallel.py; the compressed exchanges of g:
+tpcomm/tp/compress/compressed_exchange.py; the vocabulary-parallel loss: tpcomm/tp/vocab_parallel.py.
 """
 
 import contextlib
@@ -29,7 +29,8 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 from tpcomm.tp.compress import compressed_exchange
-from tpcomm.tp.compress.compressed_exchange import all_gather_single, reduce_scatter_single  # torch < 2.13: the older names
+# torch < 2.13: the older names
+from tpcomm.tp.compress.compressed_exchange import all_gather_single, reduce_scatter_single
 from tpcomm.tp.counting import (CommCounter, CudaEventClock, GRAD_NORM, GRAD_SYNC, Timing, WALL_CLOCK,
                                 count_collective, direction_now, traced)
 
@@ -42,7 +43,8 @@ class SimulatedTP:
 
     def __init__(self, tp, *, codec=None):
         self.tp, self.local, self.first_shard = tp, tp, 0
-        self.codec = codec  # tpcomm.tp.compress.compression.Codec: g's partial sums move block-quantized; None: plain
+        # tpcomm.tp.compress.compression.Codec: g's partial sums move block-quantized; None: plain
+        self.codec = codec
         self.counter = CommCounter()
 
     def sum_shards(self, x):
@@ -55,8 +57,9 @@ class SimulatedTP:
         return x.sum(0), None
 
     def sum_partials(self, x):
-        """g's sum of the residual stream's partial sums (L, N, C) -> (N, C): sum_shards, or with a codec the sum of
-        what each shard's partial sum arrives as, dequantized (see tpcomm.tp.compress.compression), in shard order."""
+        """g's sum of the residual stream's partial sums (L, N, C) -> (N, C): sum_shards, or with a codec
+        the sum of what each shard's partial sum arrives as, dequantized (see
+        tpcomm.tp.compress.compression), in shard order."""
         return self.sum_shards(x) if self.codec is None else self.codec.reduce(x)
 
     def sum_partials_async(self, x):
@@ -85,7 +88,8 @@ class SimulatedTP:
         return x
 
     def reduce_scatter_tokens(self, x):
-        """Reduce-scatter along the tokens: (L, N, C) partials -> their sum, every token shard of it (N, C)."""
+        """Reduce-scatter along the tokens: (L, N, C) partials -> their sum, every
+        token shard of it (N, C)."""
         return x.sum(0)
 
     def delta(self, r, xbar):
@@ -93,9 +97,10 @@ class SimulatedTP:
         return _Delta.apply(r, xbar, 1.0)
 
     def fan_out(self, xbar, norm, site=None):
-        """The synced stream on the shards, r_i = f(xbar), and norm(r_i). Every shard's value is the same, so the
-        norm runs once on xbar; its gradient still reaches xbar once per shard (through the expand). r_i keeps the
-        stream's value exactly under autocast (see fan_out_stream); the norm feeds matmuls, which autocast casts."""
+        """The synced stream on the shards, r_i = f(xbar), and norm(r_i). Every shard's value is the
+        same, so the norm runs once on xbar; its gradient still reaches xbar once per shard (through the
+        expand). r_i keeps the stream's value exactly under autocast (see fan_out_stream); the norm feeds
+        matmuls, which autocast casts."""
         r = fan_out_stream(xbar, self, site)
         return r, norm(xbar).unsqueeze(0).expand_as(r)
 
@@ -111,11 +116,11 @@ class RealTP:
     """One shard per rank of a tp process group: shard-side tensors are (1, N, C)."""
 
     real = True
-    # torch.compile traces f and g into its graph, backward included: while compiling, every collective is one of
-    # torch's functional collectives (torch.distributed._functional_collectives: all_reduce, all_gather_tensor,
-    # reduce_scatter_tensor, all_to_all_single, each waited for by wait_tensor), which dynamo traces and inductor
-    # schedules; eager, the c10d calls below. A compiled step runs no Python per collective: it counts them (into
-    # the counter's compiled slots) but does not time them (docs/trace.md)
+    # torch.compile traces f and g into its graph, backward included: while compiling, every collective is one
+    # of torch's functional collectives (torch.distributed._functional_collectives: all_reduce,
+    # all_gather_tensor, reduce_scatter_tensor, all_to_all_single, each waited for by wait_tensor), which
+    # dynamo traces and inductor schedules; eager, the c10d calls below. A compiled step runs no Python per
+    # collective: it counts them (into the counter's compiled slots) but does not time them (docs/trace.md)
     traceable = True
 
     def __init__(self, tp, *, group, rank, codec=None, clock=None):
@@ -127,8 +132,8 @@ class RealTP:
         self.event_clock = None
 
     def clock_for(self, t):
-        """CUDA events for CUDA tensors (NCCL, and gloo on CUDA, return before the device has done the work), wall
-        time otherwise (gloo on CPU runs the collective on the host)."""
+        """CUDA events for CUDA tensors (NCCL, and gloo on CUDA, return before the device has done the work),
+        wall time otherwise (gloo on CPU runs the collective on the host)."""
         if self.clock is not None:
             return self.clock
         if t.is_cuda:
@@ -150,8 +155,8 @@ class RealTP:
 
     def all_reduce_async(self, t, op=dist.ReduceOp.SUM):
         """Start a sum (or op) over the tp group and return at once: (a fresh tensor, an InFlight holding its
-        torch.distributed work). The tensor holds the result only after wait(); the time to issue it is counted.
-        Compiling: (the functional all-reduce's result, None): inductor decides where it waits."""
+        torch.distributed work). The tensor holds the result only after wait(); the time to issue it is
+        counted. Compiling: (the functional all-reduce's result, None): inductor decides where it waits."""
         if torch.compiler.is_compiling():
             return self.all_reduce(t, op), None
         t = t.contiguous().clone()
@@ -161,26 +166,28 @@ class RealTP:
         return t, self.in_flight(work, start, clock)
 
     def blocked(self, start, clock=WALL_CLOCK, *, direction=None):
-        """A blocking collective that began at `start` (a mark of `clock`) has returned: exposed and busy alike."""
+        """A blocking collective that began at `start` (a mark of `clock`) has
+        returned: exposed and busy alike."""
         self.counter.add_timing(Timing(clock, direction or direction_now(), start, clock.now()))
 
     def in_flight(self, work, start, clock=WALL_CLOCK):
-        """An asynchronous collective issued at `start` (a mark of `clock`): its issue time is exposed; an InFlight
-        to wait() on."""
+        """An asynchronous collective issued at `start` (a mark of `clock`): its issue time is exposed;
+        an InFlight to wait() on."""
         return InFlight(work, Timing(clock, direction_now(), start, clock.now()), self.counter)
 
     @contextlib.contextmanager
     def codec_time(self, t):
-        """Times the enclosed codec work on t's device (quantize, dequantize, sum) as counter.codec_seconds."""
+        """Times the enclosed codec work on t's device (quantize, dequantize, sum)
+        as counter.codec_seconds."""
         clock = self.clock_for(t)
         start = clock.now()
         yield
         self.counter.add_timing(Timing(clock, direction_now(), start, clock.now(), codec=True))
 
     def wait(self, work):
-        """Block until an asynchronous collective is done (an InFlight, or what wraps one): the InFlight adds the
-        time blocked here as exposed communication, and its issue to completion as busy. None: nothing to wait for
-        (compiled: a functional collective)."""
+        """Block until an asynchronous collective is done (an InFlight, or what wraps one): the InFlight adds
+        the time blocked here as exposed communication, and its issue to completion as busy. None: nothing to
+        wait for (compiled: a functional collective)."""
         if work is not None:
             work.wait()
 
@@ -188,7 +195,8 @@ class RealTP:
         return self.all_reduce(x).squeeze(0)
 
     def sum_shards_async(self, x):
-        """(1, ...) -> (the sum over the tp shards (...), still being reduced, its work): wait(work) before use."""
+        """(1, ...) -> (the sum over the tp shards (...), still being reduced, its
+        work): wait(work) before use."""
         t, work = self.all_reduce_async(x)
         return t.squeeze(0), work
 
@@ -203,8 +211,8 @@ class RealTP:
 
     def sum_partials_async(self, x):
         """(1, N, C) -> ((N, C), work): sum_shards_async, or with a codec an all-gather of every rank's packed
-        partial sum (uint8: scales, then values) issued now; the (N, C) buffer holds the sum of the dequantized
-        partials, in rank order, once wait(work) has returned."""
+        partial sum (uint8: scales, then values) issued now; the (N, C) buffer holds the sum of the
+        dequantized partials, in rank order, once wait(work) has returned."""
         if self.codec is None:
             return self.sum_shards_async(x)
         if torch.compiler.is_compiling():  # functional collectives, the codec work traced around them
@@ -256,9 +264,9 @@ class RealTP:
         return out
 
     def synced(self, p):
-        """A replicated block parameter used on the synced stream. Real mode sums the gradients of block-replicated
-        parameters over the tp group after backward; this use's gradient is equal on every rank, so it enters that
-        sum as 1/tp of itself."""
+        """A replicated block parameter used on the synced stream. Real mode sums the gradients of
+        block-replicated parameters over the tp group after backward; this use's gradient is equal on every
+        rank, so it enters that sum as 1/tp of itself."""
         return _ScaleGrad.apply(p, 1.0 / self.tp)
 
     def delta(self, r, xbar):
@@ -271,12 +279,14 @@ class RealTP:
         return r, norm(r)
 
     def sync_replicated_grads(self, grads):
-        """Sum the given gradients over the tp group in one all-reduce (in place); counted as a gradient sync."""
+        """Sum the given gradients over the tp group in one all-reduce (in place);
+        counted as a gradient sync."""
         if not grads:
             return
         flat = torch.cat([g.reshape(-1) for g in grads])
         with traced(self, "sum", "bwd", GRAD_SYNC, flat.numel() * flat.element_size()):
-            flat = self.all_reduce(flat, direction="bwd")  # after backward, part of it (as its trace label says)
+            # after backward, part of it (as its trace label says)
+            flat = self.all_reduce(flat, direction="bwd")
         self.counter.grad_sync += 1
         offset = 0
         for g in grads:
@@ -292,9 +302,10 @@ _FUNCTIONAL_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MAX: "max"}  # c10d's
 
 
 class InFlight:
-    """An asynchronous collective's torch.distributed work and its Timing (issue marks taken): a callback on the
-    work's future marks its completion (a wall-clock time on gloo's thread; on CUDA an event on a stream that waits
-    for the collective), so wait() can add issue-to-completion as busy and the time it blocked as exposed."""
+    """An asynchronous collective's torch.distributed work and its Timing (issue marks taken): a
+    callback on the work's future marks its completion (a wall-clock time on gloo's thread; on CUDA
+    an event on a stream that waits for the collective), so wait() can add issue-to-completion as
+    busy and the time it blocked as exposed."""
 
     def __init__(self, work, timing, counter):
         self.work, self.timing, self.counter = work, timing, counter
@@ -315,26 +326,27 @@ class InFlight:
 
 
 def tp_group(tp, pd=None, *, codec=None):
-    """RealTP when the process grid has a tp dimension of more than one rank, else SimulatedTP. codec: compress g's
-    partial sums (tpcomm.tp.compress.compression.Codec; None: plain all-reduces)."""
+    """RealTP when the process grid has a tp dimension of more than one rank, else SimulatedTP. codec:
+    compress g's partial sums (tpcomm.tp.compress.compression.Codec; None: plain all-reduces)."""
     if pd is not None and pd.tp > 1:
         return RealTP(tp, group=pd.tp_group, rank=pd.tp_rank, codec=codec)
     return SimulatedTP(tp, codec=codec)
 
 
 def in_autocast_dtype(x):
-    """Under autocast f's output only feeds matmuls and g's input comes from them: both move in the autocast
-    dtype, so the collectives carry bf16 both ways, as Megatron's do (forward values do not change). Where that is
-    not so (the residual stream fanned out, the vocab-parallel embedding's sum), the caller runs f or g under
-    keep_dtype."""
+    """Under autocast f's output only feeds matmuls and g's input comes from them: both move in the
+    autocast dtype, so the collectives carry bf16 both ways, as Megatron's do (forward values do not
+    change). Where that is not so (the residual stream fanned out, the vocab-parallel embedding's sum),
+    the caller runs f or g under keep_dtype."""
     if torch.is_autocast_enabled(x.device.type):
         return x.to(torch.get_autocast_dtype(x.device.type))
     return x
 
 
 def keep_dtype(x):
-    """A context in which f and g move x in its own dtype, autocast or not: for a value that enters the residual
-    stream rather than a matmul (the vocab-parallel embedding's sum: fp32 under bf16 autocast, as GPT's embedding)."""
+    """A context in which f and g move x in its own dtype, autocast or not: for a value that enters
+    the residual stream rather than a matmul (the vocab-parallel embedding's sum: fp32 under bf16
+    autocast, as GPT's embedding)."""
     if torch.is_autocast_enabled(x.device.type):
         return torch.autocast(x.device.type, enabled=False)
     return contextlib.nullcontext()
@@ -342,11 +354,11 @@ def keep_dtype(x):
 
 def fan_out_stream(xbar, group, site):
     """r_i = f(xbar): the synced residual stream on the shards, its value exactly xbar's under autocast too.
-    f moves the autocast dtype (its backward all-reduce carries bf16, as before); its bf16(xbar) alone would start
-    each shard's stream rounded, and delta(y, xbar) would then add tp * (bf16(xbar) - xbar) to the fp32 stream in
-    every 'spd' and 'parallel' block. So the rounding error, xbar - bf16(xbar) (exact in fp32), is
-    added back, outside autograd: the value is xbar bit for bit (b + (x - b) = x when b is x rounded), the gradient
-    f's as before."""
+    f moves the autocast dtype (its backward all-reduce carries bf16, as before); its bf16(xbar) alone
+    would start each shard's stream rounded, and delta(y, xbar) would then add tp * (bf16(xbar) - xbar)
+    to the fp32 stream in every 'spd' and 'parallel' block. So the rounding error, xbar - bf16(xbar)
+    (exact in fp32), is added back, outside autograd: the value is xbar bit for bit (b + (x - b) = x when
+    b is x rounded), the gradient f's as before."""
     r = copy_to_tp_region(xbar, group, site=site)
     if r.dtype == xbar.dtype:
         return r
@@ -363,7 +375,8 @@ class _CopyToTPRegion(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        # compiled, this backward runs no Python per step: copy_to_tp_region counted it when tracing the forward
+        # compiled, this backward runs no Python per step: copy_to_tp_region counted it when tracing the
+        # forward
         nbytes = 0 if torch.compiler.is_compiling() else count_collective(ctx.group, "bwd", grad, ctx.vocab)
         with traced(ctx.group, "f", "bwd", ctx.site, nbytes):
             return ctx.group.sum_shards(grad), None, None, None
@@ -392,7 +405,8 @@ def copy_to_tp_region(x, group, *, vocab=False, site=None):
     site: where it runs, (layer, block type, site name), for its trace label only (see traced)."""
     x = in_autocast_dtype(x)
     if group.traceable and torch.compiler.is_compiling() and torch.is_grad_enabled() and x.requires_grad:
-        count_collective(group, "bwd", x.unsqueeze(0).expand(group.local, *x.shape), vocab)  # the backward all-reduce to come
+        # the backward all-reduce to come
+        count_collective(group, "bwd", x.unsqueeze(0).expand(group.local, *x.shape), vocab)
     return _CopyToTPRegion.apply(x, group, vocab, site)
 
 
@@ -402,9 +416,9 @@ def reduce_from_tp_region(x, group, *, vocab=False, site=None):
 
 
 class _Reduced(torch.autograd.Function):
-    """An asynchronous g's result as g's output in autograd: forward passes the (N, C) buffer the all-reduce writes
-    on (reading nothing: its data may still be on the way); backward is g's, the gradient fanned out to the
-    (L, N, C) partial results."""
+    """An asynchronous g's result as g's output in autograd: forward passes the (N, C) buffer the all-reduce
+    writes on (reading nothing: its data may still be on the way); backward is g's, the gradient fanned out to
+    the (L, N, C) partial results."""
 
     @staticmethod
     def forward(ctx, x, reduced):
@@ -417,10 +431,11 @@ class _Reduced(torch.autograd.Function):
 
 
 class AsyncReduction:
-    """An all-reduce issued by reduce_from_tp_region_async, maybe still running. `value` is g's result, (N, C),
-    already in autograd as g's output (backward: identity, fanned out to the partial results), but its data is
-    there only once wait() has returned: real mode blocks until the all-reduce is done (simulated mode summed at
-    issue). wait() returns value; waiting again does nothing. The wait is a trace span of its own."""
+    """An all-reduce issued by reduce_from_tp_region_async, maybe still running. `value` is g's
+    result, (N, C), already in autograd as g's output (backward: identity, fanned out to the partial
+    results), but its data is there only once wait() has returned: real mode blocks until the
+    all-reduce is done (simulated mode summed at issue). wait() returns value; waiting again does
+    nothing. The wait is a trace span of its own."""
 
     def __init__(self, x, group, site, nbytes):
         self.group, self.site, self.nbytes = group, site, nbytes
@@ -429,9 +444,9 @@ class AsyncReduction:
         if self.work is not None:
             # The buffer is written after this returns, by an in-place ATen write autograd forbids on a custom
             # Function's output: gloo's copy back of a CUDA tensor's sum (seen on an H100: "Output 0 of
-            # _ReducedBackward is a view and its base ... has been modified inplace"), the compressed exchanges'
-            # dequantized sum. The buffer's .data shares its storage but not its version counter: the one place
-            # every late write goes unseen.
+            # _ReducedBackward is a view and its base ... has been modified inplace"), the compressed
+            # exchanges' dequantized sum. The buffer's .data shares its storage but not its version counter:
+            # the one place every late write goes unseen.
             reduced = reduced.data
         self.value, self.waited = _Reduced.apply(x, reduced), False
 
@@ -445,11 +460,13 @@ class AsyncReduction:
 
 
 def reduce_from_tp_region_async(x, group, *, site=None):
-    """g issued without waiting: (L, N, C) partial results -> an AsyncReduction at once, whose wait() gives their
-    sum over all tp shards (N, C); backward identity, as g. In real mode the all-reduce runs in the background until
-    wait(), so work issued in between overlaps it. Counted as g (a forward all-reduce), and as asynchronous."""
+    """g issued without waiting: (L, N, C) partial results -> an AsyncReduction at once, whose wait()
+    gives their sum over all tp shards (N, C); backward identity, as g. In real mode the all-reduce runs
+    in the background until wait(), so work issued in between overlaps it. Counted as g (a forward
+    all-reduce), and as asynchronous."""
     x = in_autocast_dtype(x)
-    return AsyncReduction(x, group, site, count_collective(group, "fwd", x, overlapped=True, compressed=group.codec is not None))
+    return AsyncReduction(x, group, site, count_collective(group, "fwd", x, overlapped=True,
+                                                           compressed=group.codec is not None))
 
 
 f, g = copy_to_tp_region, reduce_from_tp_region  # the names the literature uses

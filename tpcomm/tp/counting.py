@@ -1,6 +1,6 @@
 """
-Counting and labelling the tensor-parallel collectives: every f, g, sequence-parallel and vocab-parallel collective
-is counted where it runs (CommCounter, one per group), so communication is measured, not computed.
+Counting and labelling the tensor-parallel collectives: every f, g, sequence-parallel and vocab-parallel
+collective is counted where it runs (CommCounter, one per group), so communication is measured, not computed.
 
 While a profiler records (torch.profiler; tpcomm.bench.trace), every collective also runs inside a
 torch.profiler.record_function span named for a trace (tpcomm.bench.trace.collective_events parses it back):
@@ -8,14 +8,14 @@ torch.profiler.record_function span named for a trace (tpcomm.bench.trace.collec
     allreduce <op> <fwd|bwd>[ L<layer> <block type>] <site> <bytes>B <sim|real>
     e.g.  allreduce g fwd L3 spd mlp 24576B real      allreduce f bwd L0 tp attn 24576B sim
 
-op: f (its backward all-reduce), g (its forward all-reduce), g_async (g issued without waiting: the span covers
-the issue; the wait for its result is a span of its own, the same label after 'wait ', e.g.
-`wait allreduce g_async fwd L3 ladder attn 24576B real`), max / sum (the vocab-parallel loss, the gradient
-syncs). site: attn or mlp inside a block (an 'spd' block's one all-reduce closes its MLP), final_sync (before
-ln_f), vocab_embed / vocab_head / vocab_loss (loss_parallel), grad_sync (real mode: the block-replicated
-gradients, once per step) and grad_norm (real mode: the clipping norm's scalar). Bytes: the tensor each rank
-contributes, as counted. Simulated TP has no real collective, but its sum over the shard dimension is the
-all-reduce: it is recorded too (sim). With no profiler recording nothing is formatted (one flag is read).
+op: f (its backward all-reduce), g (its forward all-reduce), g_async (g issued without waiting: the span
+covers the issue; the wait for its result is a span of its own, the same label after 'wait ', e.g. `wait
+allreduce g_async fwd L3 ladder attn 24576B real`), max / sum (the vocab-parallel loss, the gradient syncs).
+site: attn or mlp inside a block (an 'spd' block's one all-reduce closes its MLP), final_sync (before ln_f),
+vocab_embed / vocab_head / vocab_loss (loss_parallel), grad_sync (real mode: the block-replicated gradients,
+once per step) and grad_norm (real mode: the clipping norm's scalar). Bytes: the tensor each rank contributes,
+as counted. Simulated TP has no real collective, but its sum over the shard dimension is the all-reduce: it is
+recorded too (sim). With no profiler recording nothing is formatted (one flag is read).
 """
 
 import contextlib
@@ -23,8 +23,9 @@ import time
 
 import torch
 
-# sequence parallelism's collectives, counted apart from the all-reduces: reduce-scatter and all-gather, and the
-# peer-to-peer transfers of collective matmul's rings (tpcomm/tp/collective_matmul.py), one count per transfer
+# sequence parallelism's collectives, counted apart from the all-reduces: reduce-scatter and all-gather, and
+# the peer-to-peer transfers of collective matmul's rings (tpcomm/tp/collective_matmul.py), one count per
+# transfer
 RS, AG, P2P = "rs", "ag", "p2p"
 SP_LABEL = {RS: "reduce_scatter", AG: "all_gather", P2P: "ring_p2p"}
 
@@ -42,15 +43,18 @@ class CommCounter:
         self.fwd = self.bwd = self.grad_sync = 0
         self.fwd_bytes = self.bwd_bytes = 0
         self.overlapped = 0  # of the fwd ones: issued asynchronously (reduce_from_tp_region_async)
-        self.compressed = self.compressed_bytes = 0  # of the fwd ones: block-quantized (tp_comm_dtype), their bytes
-        self.vocab = self.vocab_bytes = 0  # the vocab-parallel embedding and loss, counted apart (loss_parallel)
-        # RealTP only, per direction (fwd: the forward pass; bwd: inside backward, and the per-step gradient syncs).
-        # exposed: the time the compute waits in collectives (waiting for the other ranks included): a blocking
-        # one's call, an asynchronous one's issue plus the time its wait() blocked. busy: how long the collectives
-        # ran, from issue to completion (a callback on the work's future), the compute they overlapped included;
-        # busy >= exposed by construction (see Timing). codec: tp_comm_dtype's quantize/dequantize/sum around the
-        # compressed exchanges, counted in neither. Times are marks of a Clock: wall time on CPU, CUDA events on
-        # CUDA, read (add_timing) when the marks are ready, at the latest when the counter is reported.
+        # of the fwd ones: block-quantized (tp_comm_dtype), their bytes
+        self.compressed = self.compressed_bytes = 0
+        # the vocab-parallel embedding and loss, counted apart (loss_parallel)
+        self.vocab = self.vocab_bytes = 0
+        # RealTP only, per direction (fwd: the forward pass; bwd: inside backward, and the per-step gradient
+        # syncs). exposed: the time the compute waits in collectives (waiting for the other ranks included): a
+        # blocking one's call, an asynchronous one's issue plus the time its wait() blocked. busy: how long
+        # the collectives ran, from issue to completion (a callback on the work's future), the compute they
+        # overlapped included; busy >= exposed by construction (see Timing). codec: tp_comm_dtype's
+        # quantize/dequantize/sum around the compressed exchanges, counted in neither. Times are marks of a
+        # Clock: wall time on CPU, CUDA events on CUDA, read (add_timing) when the marks are ready, at the
+        # latest when the counter is reported.
         self.exposed = {"fwd": 0.0, "bwd": 0.0}
         self.busy = {"fwd": 0.0, "bwd": 0.0}
         self.codec_seconds = 0.0
@@ -75,9 +79,10 @@ class CommCounter:
         return self.busy["fwd"] + self.busy["bwd"]
 
     def add_timing(self, timing):
-        """One collective's Timing: read now (a host clock), or once its marks are ready (a device clock: reading
-        an event before the device reached it would synchronize the host). A device clock's unread timings are
-        read when reported, or, past UNREAD_LIMIT of them, those already complete (no synchronization)."""
+        """One collective's Timing: read now (a host clock), or once its marks are ready (a device
+        clock: reading an event before the device reached it would synchronize the host). A device
+        clock's unread timings are read when reported, or, past UNREAD_LIMIT of them, those already
+        complete (no synchronization)."""
         if not timing.clock.lazy:
             return self.account(timing)
         self.unread.append(timing)
@@ -103,10 +108,10 @@ class CommCounter:
         self.busy[timing.direction] += timing.busy()
 
     def add(self, direction, nbytes, *, vocab=False, overlapped=False, compressed=False):
-        """Count one collective (overlapped: a forward one issued asynchronously; compressed: a forward one moved
-        block-quantized, nbytes its compressed payload, scales included). Inside torch.compile'd code
-        Python counts would make dynamo guard on their values (and trace again every step), so there the counts go
-        into a tensor that the graph updates in place."""
+        """Count one collective (overlapped: a forward one issued asynchronously; compressed: a forward one
+        moved block-quantized, nbytes its compressed payload, scales included). Inside torch.compile'd code
+        Python counts would make dynamo guard on their values (and trace again every step), so there the
+        counts go into a tensor that the graph updates in place."""
         if torch.compiler.is_compiling():
             kind = "vocab" if vocab else direction
             step = {kind: 1, f"{kind}_bytes": nbytes, "async": int(overlapped), "compressed": int(compressed),
@@ -124,8 +129,8 @@ class CommCounter:
             self.bwd, self.bwd_bytes = self.bwd + 1, self.bwd_bytes + nbytes
 
     def add_sp(self, direction, kind, nbytes):
-        """Count one reduce-scatter (kind 'rs') or all-gather ('ag') of sequence parallelism; nbytes: the whole
-        (N, C) buffer, a reduce-scatter's input or an all-gather's output (see _count_sp)."""
+        """Count one reduce-scatter (kind 'rs') or all-gather ('ag') of sequence parallelism; nbytes: the
+        whole (N, C) buffer, a reduce-scatter's input or an all-gather's output (see _count_sp)."""
         if torch.compiler.is_compiling():
             slot = 2 * list(self.sp).index((direction, kind))
             self.compiled_sp.add_(torch.tensor([1 if i == slot else nbytes if i == slot + 1 else 0
@@ -135,7 +140,8 @@ class CommCounter:
         entry[0], entry[1] = entry[0] + 1, entry[1] + nbytes
 
     def sp_report(self, n, tokens):
-        """The reduce-scatters and all-gathers per pass ({} when there were none), keyed apart from all-reduces."""
+        """The reduce-scatters and all-gathers per pass ({} when there were none),
+        keyed apart from all-reduces."""
         c = self.compiled_sp.tolist()
         counts = {dk: (v[0] + c[2 * i], v[1] + c[2 * i + 1]) for i, (dk, v) in enumerate(self.sp.items())}
         if not any(count for count, _ in counts.values()):
@@ -150,18 +156,19 @@ class CommCounter:
         return out
 
     def report(self, *, micro_steps, tokens):
-        """Per forward/backward pass (one micro-batch of `tokens` tokens); gradient syncs per optimizer step. The
-        residual-stream syncs (fwd/bwd_allreduces) never include the vocab-parallel collectives, reported apart.
-        async_allreduces: how many of the fwd_allreduces were issued asynchronously, free to overlap the compute
-        that follows them (real mode overlaps them; simulated mode sums at once, and counts them alike).
-        With sequence parallelism: fwd_reduce_scatters, fwd_all_gathers, bwd_reduce_scatters, bwd_all_gathers and
-        sp_bytes_per_token (their whole-buffer bytes), none of them in the all-reduce keys. With collective matmul
-        (tp_collective_matmul): fwd_ring_transfers, bwd_ring_transfers and ring_bytes_per_token (what a rank sent).
-        With tp_comm_dtype: compressed_allreduces (how many fwd_allreduces moved block-quantized) and
-        compressed_bytes_per_token (their compressed bytes, scales included, also in comm_bytes_per_token).
-        Times (real TP; seconds since reset, all passes together): comm_seconds exposed and comm_busy_seconds in
-        collectives, both directions; comm_fwd_seconds / comm_bwd_seconds and comm_fwd_busy_seconds /
-        comm_bwd_busy_seconds per direction; comm_codec_seconds (tp_comm_dtype) the quantize/dequantize work."""
+        """Per forward/backward pass (one micro-batch of `tokens` tokens); gradient syncs per optimizer step.
+        The residual-stream syncs (fwd/bwd_allreduces) never include the vocab-parallel collectives, reported
+        apart. async_allreduces: how many of the fwd_allreduces were issued asynchronously, free to overlap
+        the compute that follows them (real mode overlaps them; simulated mode sums at once, and counts them
+        alike). With sequence parallelism: fwd_reduce_scatters, fwd_all_gathers, bwd_reduce_scatters,
+        bwd_all_gathers and sp_bytes_per_token (their whole-buffer bytes), none of them in the all-reduce
+        keys. With collective matmul (tp_collective_matmul): fwd_ring_transfers, bwd_ring_transfers and
+        ring_bytes_per_token (what a rank sent). With tp_comm_dtype: compressed_allreduces (how many
+        fwd_allreduces moved block-quantized) and compressed_bytes_per_token (their compressed bytes, scales
+        included, also in comm_bytes_per_token). Times (real TP; seconds since reset, all passes together):
+        comm_seconds exposed and comm_busy_seconds in collectives, both directions; comm_fwd_seconds /
+        comm_bwd_seconds and comm_fwd_busy_seconds / comm_bwd_busy_seconds per direction; comm_codec_seconds
+        (tp_comm_dtype) the quantize/dequantize work."""
         n = max(1, micro_steps)
         c = dict(zip(self.COMPILED, self.compiled.tolist()))
         fwd, fwd_bytes = self.fwd + c["fwd"], self.fwd_bytes + c["fwd_bytes"]
@@ -174,23 +181,26 @@ class CommCounter:
                    comm_busy_seconds=self.busy_seconds,
                    comm_fwd_seconds=self.exposed["fwd"], comm_bwd_seconds=self.exposed["bwd"],
                    comm_fwd_busy_seconds=self.busy["fwd"], comm_bwd_busy_seconds=self.busy["bwd"])
-        if self.codec_seconds:  # tp_comm_dtype under real TP: quantize, dequantize and sum, outside both times
+        # tp_comm_dtype under real TP: quantize, dequantize and sum, outside both times
+        if self.codec_seconds:
             out.update(comm_codec_seconds=self.codec_seconds)
         if vocab:
             out.update(vocab_allreduces=vocab // n, vocab_bytes_per_token=vocab_bytes / (n * tokens))
         compressed = self.compressed + c["compressed"]
         compressed_bytes = self.compressed_bytes + c["compressed_bytes"]
-        if compressed:  # tp_comm_dtype: these fwd all-reduces moved compressed; their bytes are in comm_bytes too
+        # tp_comm_dtype: these fwd all-reduces moved compressed; their bytes are in comm_bytes too
+        if compressed:
             out.update(compressed_allreduces=compressed // n,
                        compressed_bytes_per_token=compressed_bytes / (n * tokens))
-        out.update(self.sp_report(n, tokens))  # sequence parallelism: fwd/bwd_reduce_scatters, _all_gathers, bytes
+        # sequence parallelism: fwd/bwd_reduce_scatters, _all_gathers, bytes
+        out.update(self.sp_report(n, tokens))
         return out
 
 
 
 class WallClock:
-    """Host time (perf_counter). Right where the host runs the collective (gloo on CPU tensors: the call blocks until
-    done, and an asynchronous one's future completes on gloo's thread when it is done)."""
+    """Host time (perf_counter). Right where the host runs the collective (gloo on CPU tensors: the call
+    blocks until done, and an asynchronous one's future completes on gloo's thread when it is done)."""
 
     lazy = False
 
@@ -205,11 +215,11 @@ class WallClock:
 
 
 class CudaEventClock:
-    """Device time: a mark is a CUDA event recorded on the current stream, so an interval is what the stream spent
-    between two points, not when the host queued them (NCCL returns once the work is queued). Events are read
-    lazily (CommCounter.add_timing): no synchronization per collective. A completion mark taken in a callback of
-    the work's future is recorded on the stream the future sets current there, which waits for the collective's
-    kernels (torch.futures: CUDA futures run callbacks on streams synchronized with the work)."""
+    """Device time: a mark is a CUDA event recorded on the current stream, so an interval is what the stream
+    spent between two points, not when the host queued them (NCCL returns once the work is queued). Events are
+    read lazily (CommCounter.add_timing): no synchronization per collective. A completion mark taken in a
+    callback of the work's future is recorded on the stream the future sets current there, which waits for the
+    collective's kernels (torch.futures: CUDA futures run callbacks on streams synchronized with the work)."""
 
     lazy = True
 
@@ -240,8 +250,8 @@ class Timing:
     asynchronous one. With every mark read relative to start:
         exposed = issued + (w1 - w0)                          the compute held up in the call and the wait
         busy    = the length of [0, max(issued, done)] U [w0, w1]   in flight from issue to completion; the calls
-    so exposed <= busy always. Without a done mark, an awaited collective counts as running until its wait ended.
-    codec=True: not a collective, the codec's work (start to issued)."""
+    so exposed <= busy always. Without a done mark, an awaited collective counts as running until its wait
+    ended. codec=True: not a collective, the codec's work (start to issued)."""
 
     __slots__ = ("clock", "direction", "start", "issued", "done", "waited", "codec")
 
@@ -274,8 +284,9 @@ class Timing:
 
 
 def count_collective(group, direction, t, vocab=False, overlapped=False, compressed=False):
-    """Count a collective of t (L, ...) and return the bytes each rank contributes (0: one rank, nothing moves);
-    compressed: g's partial sums block-quantized by group.codec, counted as their payload, scales included."""
+    """Count a collective of t (L, ...) and return the bytes each rank contributes (0: one rank,
+    nothing moves); compressed: g's partial sums block-quantized by group.codec, counted as their
+    payload, scales included."""
     if group.tp > 1:  # a collective over one rank moves nothing (Megatron skips it)
         values = t.numel() // group.local
         nbytes = group.codec.payload_bytes(values) if compressed else values * t.element_size()
@@ -286,8 +297,8 @@ def count_collective(group, direction, t, vocab=False, overlapped=False, compres
 
 
 def count_sp(group, direction, kind, nbytes):
-    """Count a reduce-scatter or all-gather of nbytes (the whole (N, C) buffer per rank: a reduce-scatter's input,
-    an all-gather's output); returns nbytes (0 at one rank: nothing moves)."""
+    """Count a reduce-scatter or all-gather of nbytes (the whole (N, C) buffer per rank: a reduce-scatter's
+    input, an all-gather's output); returns nbytes (0 at one rank: nothing moves)."""
     if group.tp == 1:
         return 0
     group.counter.add_sp(direction, kind, nbytes)
@@ -304,8 +315,8 @@ def nbytes(x):
 
 
 def backward_count(group, kind, nbytes):
-    """The count of a backward collective: in Python when backward runs; compiled code runs no Python there, so
-    the wrapper counted it when the forward was traced (count_when_compiling)."""
+    """The count of a backward collective: in Python when backward runs; compiled code runs no Python there,
+    so the wrapper counted it when the forward was traced (count_when_compiling)."""
     return 0 if torch.compiler.is_compiling() else count_sp(group, "bwd", kind, nbytes)
 
 
@@ -315,8 +326,8 @@ def count_when_compiling(group, x, kind, nbytes):
 
 
 
-# Where a collective runs, for its trace label: (layer or None, block type or None, site). Blocks pass their own
-# (ShardedBlock.sites); these are the model-level ones.
+# Where a collective runs, for its trace label: (layer or None, block type or None, site). Blocks pass their
+# own (ShardedBlock.sites); these are the model-level ones.
 FINAL_SYNC, OTHER = (None, None, "final_sync"), (None, None, "other")
 VOCAB_EMBED, VOCAB_HEAD = (None, None, "vocab_embed"), (None, None, "vocab_head")
 VOCAB_LOSS = (None, None, "vocab_loss")
@@ -325,8 +336,8 @@ _NOT_RECORDED = contextlib.nullcontext()  # stateless: one instance serves every
 
 
 def traced(group, op, direction, site, nbytes, *, waiting=False, collective="allreduce"):
-    """A profiler span labelled for this collective while a profiler records (see the module docstring), else a
-    context that does nothing: the label is formatted only while tracing. Not inside torch.compile'd code.
+    """A profiler span labelled for this collective while a profiler records (see the module docstring), else
+    a context that does nothing: the label is formatted only while tracing. Not inside torch.compile'd code.
     waiting=True: the span of the wait for an asynchronous one ('wait ' before its label)."""
     if group.tp == 1 or torch.compiler.is_compiling() or not torch.autograd.profiler._is_profiler_enabled:
         return _NOT_RECORDED

@@ -13,8 +13,8 @@ Between blocks the synced stream is sharded along the N = B*T tokens: rank j hol
 import torch
 
 from tpcomm.tp.collectives import in_autocast_dtype
-from tpcomm.tp.counting import (AG, RS, SP_LABEL, backward_count, count_sp, count_when_compiling, nbytes, traced,
-                             whole_bytes)
+from tpcomm.tp.counting import (AG, RS, SP_LABEL, backward_count, count_sp, count_when_compiling, nbytes,
+                                traced, whole_bytes)
 
 
 class _GatherToTPRegion(torch.autograd.Function):
@@ -43,7 +43,8 @@ class _ReduceScatterFromTPRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group, site):
         ctx.group, ctx.site = group, site
-        with traced(group, "g", "fwd", site, count_sp(group, "fwd", RS, nbytes(x[0])), collective=SP_LABEL[RS]):
+        with traced(group, "g", "fwd", site, count_sp(group, "fwd", RS, nbytes(x[0])),
+                    collective=SP_LABEL[RS]):
             return group.reduce_scatter_tokens(x)
 
     @staticmethod
@@ -56,8 +57,9 @@ class _ReduceScatterFromTPRegion(torch.autograd.Function):
 
 
 class _ScatterToSequence(torch.autograd.Function):
-    """The embedding output onto the token-sharded stream: this rank's rows forward (nothing moves), all-gather of
-    the gradient backward (so the replicated embedding gets every token's gradient on every rank)."""
+    """The embedding output onto the token-sharded stream: this rank's rows forward
+    (nothing moves), all-gather of the gradient backward (so the replicated embedding gets
+    every token's gradient on every rank)."""
 
     @staticmethod
     def forward(ctx, x, group, site):
@@ -75,8 +77,9 @@ class _ScatterToSequence(torch.autograd.Function):
 
 
 class _GatherFromSequence(torch.autograd.Function):
-    """The token-sharded stream gathered whole (before ln_f): all-gather forward; backward this rank's rows of the
-    gradient, which is the same on every rank (what follows is replicated, or begins with f): nothing moves."""
+    """The token-sharded stream gathered whole (before ln_f): all-gather forward; backward this
+    rank's rows of the gradient, which is the same on every rank (what follows is replicated, or
+    begins with f): nothing moves."""
 
     @staticmethod
     def forward(ctx, x, group, site):
@@ -91,23 +94,24 @@ class _GatherFromSequence(torch.autograd.Function):
 
 
 def gather_to_tp_region(x, group, *, site=None):
-    """f under sequence parallelism: the token shards (N/tp, C) (simulated: held whole, (N, C)) -> (L, N, C) on the
-    tp shards (all-gather); backward reduce-scatters the shards' gradients back to the token shards."""
+    """f under sequence parallelism: the token shards (N/tp, C) (simulated: held whole, (N, C)) -> (L, N, C)
+    on the tp shards (all-gather); backward reduce-scatters the shards' gradients back to the token shards."""
     x = in_autocast_dtype(x)
     count_when_compiling(group, x, RS, whole_bytes(group, x))
     return _GatherToTPRegion.apply(x, group, site)
 
 
 def reduce_scatter_from_tp_region(x, group, *, site=None):
-    """g under sequence parallelism: (L, N, C) partial results -> this rank's token shard of their sum (N/tp, C)
-    (simulated: every shard, (N, C)) (reduce-scatter); backward all-gathers the gradient."""
+    """g under sequence parallelism: (L, N, C) partial results -> this rank's token shard of their sum (N/tp,
+    C) (simulated: every shard, (N, C)) (reduce-scatter); backward all-gathers the gradient."""
     x = in_autocast_dtype(x)
     count_when_compiling(group, x, AG, nbytes(x[0]))
     return _ReduceScatterFromTPRegion.apply(x, group, site)
 
 
 def scatter_to_sequence_region(x, group, *, site=None):
-    """(N, C) replicated -> this rank's token shard (N/tp, C) (simulated: the whole (N, C)); backward all-gather."""
+    """(N, C) replicated -> this rank's token shard (N/tp, C) (simulated: the whole (N,
+    C)); backward all-gather."""
     count_when_compiling(group, x, AG, nbytes(x))
     return _ScatterToSequence.apply(x, group, site)
 

@@ -1,7 +1,7 @@
 """
-The shard-side layers of DistributedGPT's blocks (tensor_parallel_model.py): attention and MLP holding their heads'
-and hidden units' slices, the projection that accumulates the shards' partial results, and the pieces of the
-stream a ladder block carries (a pending all-reduce and its bias).
+The shard-side layers of DistributedGPT's blocks (tensor_parallel_model.py): attention and MLP holding their
+heads' and hidden units' slices, the projection that accumulates the shards' partial results, and the pieces
+of the stream a ladder block carries (a pending all-reduce and its bias).
 """
 
 from typing import NamedTuple, Optional
@@ -24,10 +24,10 @@ def synced_layer_norm(ln, x, group):
 
 
 def project(y, w, *, acc=None, own_acc=False, bias=None, mask=None):
-    """acc + mask * (y @ w + bias), batched over shards: y (L, N, K), w (L, K, C), acc (L, N, C) or None (no add),
-    bias (C,) or None, mask a dropout keep-mask or None. Without dropout or autocast the add is fused into the
-    matmul, in place when acc is a temporary nothing else uses (own_acc); under autocast it is not fused, so a
-    float32 residual stream stays float32."""
+    """acc + mask * (y @ w + bias), batched over shards: y (L, N, K), w (L, K, C), acc (L, N, C) or None (no
+    add), bias (C,) or None, mask a dropout keep-mask or None. Without dropout or autocast the add is fused
+    into the matmul, in place when acc is a temporary nothing else uses (own_acc); under autocast it is not
+    fused, so a float32 residual stream stays float32."""
     if mask is None and not torch.is_autocast_enabled(y.device.type):
         out = torch.bmm(y, w) if acc is None else acc.baddbmm_(y, w) if own_acc else torch.baddbmm(acc, y, w)
         return out if bias is None else out + bias
@@ -71,7 +71,8 @@ class ShardedAttention(nn.Module):
         q, k, v = qkv.view(L * B, T, 3, nh, Cs // nh).permute(2, 0, 3, 1, 4).unbind(0)  # (L*B, nh, T, hs)
         if kv is not None:
             k, v = kv.update(k, v)  # each shard's heads' keys/values of every token so far
-        y = causal_attention(q, k, v, drop)  # drop: the attention probabilities' dropout (each shard its own mask)
+        # drop: the attention probabilities' dropout (each shard its own mask)
+        y = causal_attention(q, k, v, drop)
         return y.transpose(1, 2).reshape(L, N, Cs)  # each shard's heads side by side
 
     def out(self, y, **kw):
@@ -84,8 +85,8 @@ class ShardedAttention(nn.Module):
 
 
 class ShardedMLP(nn.Module):
-    """MLP of the L local shards at once: hidden() gives each shard's GELU units, out() projects them through the
-    shard's columns of c_proj (M_i: without c_proj's bias b_M) and adds them to a stream."""
+    """MLP of the L local shards at once: hidden() gives each shard's GELU units, out() projects them through
+    the shard's columns of c_proj (M_i: without c_proj's bias b_M) and adds them to a stream."""
 
     def __init__(self, config, local):
         super().__init__()
@@ -131,10 +132,10 @@ def join(chunks):
 
 
 class Pending(NamedTuple):
-    """A module's output on its way to the synced stream (a ladder block's): its all-reduce, maybe still running,
-    the all-reduce's result (valid once waited for) and the c_proj bias to add once after it, dropped with the same
-    replica mask (None without biases). The tensors are fields of their own, so that what maps over a block's
-    outputs and inputs (FSDP's backward hooks) sees them."""
+    """A module's output on its way to the synced stream (a ladder block's): its all-reduce, maybe still
+    running, the all-reduce's result (valid once waited for) and the c_proj bias to add once after it, dropped
+    with the same replica mask (None without biases). The tensors are fields of their own, so that what maps
+    over a block's outputs and inputs (FSDP's backward hooks) sees them."""
     reduction: AsyncReduction
     value: torch.Tensor  # (N, C): reduction.value
     bias: Optional[torch.Tensor]  # (C,) or (N, C)
@@ -146,10 +147,10 @@ class Pending(NamedTuple):
 
 
 class SPStream(NamedTuple):
-    """Sequence parallelism, the stream desynced (after a 'parallel' block): this rank's token shard of the last
-    synced stream (N/tp, C), and that stream gathered (L, N, C), the value every shard's r_i started from (rounded
-    to bf16 under autocast, as the all-gather moves it). r_i - base is the shard's d_i, exact in fp32, so a sync
-    reduce-scatters d_i, not the stream itself, and adds it to the unrounded token shard."""
+    """Sequence parallelism, the stream desynced (after a 'parallel' block): this rank's token shard of the
+    last synced stream (N/tp, C), and that stream gathered (L, N, C), the value every shard's r_i started from
+    (rounded to bf16 under autocast, as the all-gather moves it). r_i - base is the shard's d_i, exact in
+    fp32, so a sync reduce-scatters d_i, not the stream itself, and adds it to the unrounded token shard."""
     shard: torch.Tensor
     base: torch.Tensor
 
@@ -160,8 +161,8 @@ class SPStream(NamedTuple):
 
 
 def stream_parts(x, pending):
-    """x plus one pending output (or None) as the parts a ColumnInput sums, (x, value, bias); a stand-in for Pending
-    that is already added (a pipeline cut's) as its sum."""
+    """x plus one pending output (or None) as the parts a ColumnInput sums, (x, value, bias); a stand-in for
+    Pending that is already added (a pipeline cut's) as its sum."""
     if pending is None:
         return (x,)
     if isinstance(pending, Pending):
@@ -170,10 +171,10 @@ def stream_parts(x, pending):
 
 
 def full(parts, like):
-    """The stream's parts with a broadcast one (a bias, (C,)) expanded to like's shape (N, C): a part read twice (by a
-    fused projection and by the stream formed apart, or by two projections) then has its two (N, C) gradients summed
-    before the sum over tokens, as when one sum of the parts is read twice (bit for bit: the blocking path's
-    gradient). None parts (no bias) stay None."""
+    """The stream's parts with a broadcast one (a bias, (C,)) expanded to like's shape (N, C): a part read
+    twice (by a fused projection and by the stream formed apart, or by two projections) then has its two (N,
+    C) gradients summed before the sum over tokens, as when one sum of the parts is read twice (bit for bit:
+    the blocking path's gradient). None parts (no bias) stay None."""
     return tuple(p if p is None or p.shape == like.shape else p.expand(like.shape) for p in parts)
 
 

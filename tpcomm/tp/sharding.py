@@ -3,8 +3,8 @@ How GPT-layout tensors split into tensor-parallel shards: the plan as data, and 
 tensor into this rank's shard and gathers the shards back. Weights and optimizer moments go through the same
 adapter, so checkpoints are always GPT's unsharded layout, whatever the layout of the run that wrote them.
 
-Shard i of tp owns attention heads [i*H/tp, (i+1)*H/tp) (its rows of each of q, k, v in c_attn and the matching
-input columns of attn.c_proj) and MLP hidden units [i*4C/tp, (i+1)*4C/tp) (rows of c_fc, columns of
+Shard i of tp owns attention heads [i*H/tp, (i+1)*H/tp) (its rows of each of q, k, v in c_attn and the
+matching input columns of attn.c_proj) and MLP hidden units [i*4C/tp, (i+1)*4C/tp) (rows of c_fc, columns of
 mlp.c_proj). Everything else (embeddings, layer norms, lm_head, both c_proj biases) is replicated.
 """
 
@@ -29,23 +29,25 @@ def shard_rule(name):
 
 
 def is_block_replicated(name):
-    """Replicated parameters inside the blocks (layer norms, c_proj biases): in real mode each rank's gradient of
-    them is a partial one, summed over the tp group once per step."""
+    """Replicated parameters inside the blocks (layer norms, c_proj biases): in real mode each rank's gradient
+    of them is a partial one, summed over the tp group once per step."""
     return ".h." in name and shard_rule(name) is None
 
 
-VOCAB_PARALLEL = ("transformer.wte.weight", "lm_head.weight")  # rows split by vocabulary id with loss_parallel
+# rows split by vocabulary id with loss_parallel
+VOCAB_PARALLEL = ("transformer.wte.weight", "lm_head.weight")
 
 
 def padded_vocab(vocab_size, tp):
-    """The vocabulary padded up to a multiple of tp, so every shard holds as many rows (Megatron pads likewise)."""
+    """The vocabulary padded up to a multiple of tp, so every shard holds as many rows
+    (Megatron pads likewise)."""
     return -(-vocab_size // tp) * tp
 
 
 class TPSharding:
     """GPT-layout tensor <-> this rank's tensor. Simulated (every shard in one process) the two are the same,
-    but for the vocabulary padding; in real mode a rank holds the slice of its tp rank. With vocab_parallel the
-    tied wte/lm_head weight (V, C) is padded to (V', C) and split by rows: shard i holds ids [i*V'/tp,
+    but for the vocabulary padding; in real mode a rank holds the slice of its tp rank. With vocab_parallel
+    the tied wte/lm_head weight (V, C) is padded to (V', C) and split by rows: shard i holds ids [i*V'/tp,
     (i+1)*V'/tp); the padding rows are zeros and never reach a checkpoint."""
 
     def __init__(self, *, n_embd, tp, group, vocab_size=None, vocab_parallel=False):

@@ -11,8 +11,8 @@ from tpcomm.tp.counting import VOCAB_LOSS, count_collective, traced
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     """Cross-entropy from logits sharded over the vocabulary, without gathering them (Megatron-LM's
-    vocab-parallel cross-entropy): three per-token all-reduces (max, sum of exp, target logit). Backward is local:
-    softmax - one-hot on each shard's columns."""
+    vocab-parallel cross-entropy): three per-token all-reduces (max, sum of exp, target logit). Backward is
+    local: softmax - one-hot on each shard's columns."""
 
     @staticmethod
     def forward(ctx, logits, targets, group, vocab_start, ignore_index):
@@ -27,7 +27,8 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         local = targets.unsqueeze(0) - vocab_start  # (L, N) target's column on each shard
         mine = (local >= 0) & (local < logits.size(-1))
         t = logits.gather(-1, local.clamp(0, logits.size(-1) - 1).unsqueeze(-1)).squeeze(-1)
-        t = reduce(group.sum_shards, "sum", torch.where(mine, t, torch.zeros_like(t)))  # (N,) the target's logit
+        # (N,) the target's logit
+        t = reduce(group.sum_shards, "sum", torch.where(mine, t, torch.zeros_like(t)))
         valid = targets != ignore_index
         n = valid.sum().clamp(min=1)
         loss = ((s.log() + m - t) * valid).sum() / n.to(logits.dtype)
@@ -45,7 +46,8 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 def vocab_parallel_cross_entropy(logits, targets, group, vocab_start, *, ignore_index=-1):
     """Mean cross-entropy over the tokens whose target is not ignore_index; logits (L, N, Vs) of the local
     vocabulary shards, with padded columns set to -inf."""
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least (bf16 logits), fp64 kept
+    # fp32 at least (bf16 logits), fp64 kept
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     return _VocabParallelCrossEntropy.apply(logits, targets, group, vocab_start, ignore_index)
 
 

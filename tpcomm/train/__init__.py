@@ -1,1 +1,2 @@
-"""A training run: its configuration and checks, device and precision, data batches, the model it builds, checkpoints (full and sharded), metrics and output paths."""
+"""A training run: its configuration and checks, device and precision, data batches, the model it builds,
+checkpoints (full and sharded), metrics and output paths."""

@@ -14,9 +14,9 @@ FULL_SCAN_TOKENS = 128 << 20  # data files up to this many tokens are scanned wh
 
 
 def check_data(cfg, data_dir, vocab_size):
-    """train.bin and val.bin: present, whole uint16 tokens, longer than a block, every id < vocab_size. Files up to
-    FULL_SCAN_TOKENS tokens are scanned whole for their largest id; larger ones (OpenWebText) in 1024 evenly spaced
-    chunks of 64K tokens, a sample that catches a wrong tokenizer but not a single stray id."""
+    """train.bin and val.bin: present, whole uint16 tokens, longer than a block, every id < vocab_size. Files
+    up to FULL_SCAN_TOKENS tokens are scanned whole for their largest id; larger ones (OpenWebText) in 1024
+    evenly spaced chunks of 64K tokens, a sample that catches a wrong tokenizer but not a single stray id."""
     for split in ("train", "val"):
         path = os.path.join(data_dir, f"{split}.bin")
         if not os.path.isfile(path):
@@ -56,7 +56,9 @@ class Batches:
         g = torch.Generator().manual_seed(int(np.random.SeedSequence(key).generate_state(1)[0]))
         ix = torch.randint(len(data) - self.block_size - 1, (self.batch_size,), generator=g)
         x = torch.stack([torch.from_numpy(data[i:i + self.block_size].astype(np.int64)) for i in ix.tolist()])
-        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + self.block_size].astype(np.int64)) for i in ix.tolist()])
+        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + self.block_size].astype(np.int64))
+                         for i in ix.tolist()])
         if self.device.startswith("cuda"):
-            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
+            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device,
+                                                                                        non_blocking=True)
         return x.to(self.device), y.to(self.device)

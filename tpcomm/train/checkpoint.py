@@ -1,6 +1,6 @@
 """
-Checkpoint files: the format (GPT layout, nanoGPT-compatible both ways), atomic writes, weights_only loads, and
-one-line errors for anything unreadable.
+Checkpoint files: the format (GPT layout, nanoGPT-compatible both ways), atomic writes, weights_only loads,
+and one-line errors for anything unreadable.
 """
 
 import contextlib
@@ -32,8 +32,8 @@ from tpcomm.train.runtime import RunError
 #                         caat_sync_fraction when a block is 'caat' (tpcomm/model/block_types/caat.py)
 #   iter_num, best_val_loss, config (the run's resolved configuration)
 #   rng_state             CPU RNG; cuda_rng_state when the model was on CUDA; scaler (GradScaler state dict)
-# Also read: nanoGPT's own checkpoints (no model_type/model_options/rng_state/scaler: a GPT with the exact GELU) and
-# this repo's older ones (tp_size and block_types inside model_args).
+# Also read: nanoGPT's own checkpoints (no model_type/model_options/rng_state/scaler: a GPT with the exact
+# GELU) and this repo's older ones (tp_size and block_types inside model_args).
 
 CHECKPOINT_NAME = "ckpt.pt"
 
@@ -51,10 +51,12 @@ def model_spec(model_type, model):
     return model_args, model_options
 
 
-def make_checkpoint(raw_model, optimizer, scaler, *, model_type, iter_num, best_val_loss, config, tensors=True):
-    """The checkpoint dict of a training run. With real tensor parallelism or FSDP gathering the GPT-layout state
-    is a collective, so every rank calls this (and only the master saves). tensors=False: everything but the model
-    and optimizer state, gathering nothing (a sharded checkpoint's meta.pt, see tpcomm/train/sharded_checkpoint.py)."""
+def make_checkpoint(raw_model, optimizer, scaler, *, model_type, iter_num, best_val_loss, config,
+                    tensors=True):
+    """The checkpoint dict of a training run. With real tensor parallelism or FSDP gathering the GPT-layout
+    state is a collective, so every rank calls this (and only the master saves). tensors=False: everything but
+    the model and optimizer state, gathering nothing (a sharded checkpoint's meta.pt, see
+    tpcomm/train/sharded_checkpoint.py)."""
     model_args, model_options = model_spec(model_type, raw_model)
     checkpoint = {
         "model": raw_model.gpt_state_dict() if tensors else None,
@@ -98,8 +100,8 @@ def checkpoint_model(checkpoint):
 
 
 def checkpoint_sync_options(checkpoint):
-    """The TP_COMM_OPTIONS the run that wrote a distributed_gpt checkpoint used (from its resolved config; only the
-    keys it holds); {} for a 'gpt' one."""
+    """The TP_COMM_OPTIONS the run that wrote a distributed_gpt checkpoint used (from its resolved config;
+    only the keys it holds); {} for a 'gpt' one."""
     if checkpoint.get("model_type", "gpt") != "distributed_gpt":
         return {}
     trained = checkpoint.get("config")
@@ -109,13 +111,13 @@ def checkpoint_sync_options(checkpoint):
 
 def check_same_function(model_type, spec, sync, *, tp_size):
     """A tp_size other than the checkpoint's is taken only where the model computes the same function at every
-    tp_size: never for a 'gpt' (which has no shards: the flag would be ignored), nor for 'spd'/'parallel' blocks
-    or compressed syncs (docs/model.md). ConfigError naming the values otherwise."""
+    tp_size: never for a 'gpt' (which has no shards: the flag would be ignored), nor for 'spd'/'parallel'
+    blocks or compressed syncs (docs/model.md). ConfigError naming the values otherwise."""
     if tp_size is None or tp_size == spec.get("tp_size"):
         return
     if model_type != "distributed_gpt":
-        raise ConfigError(f"tp_size={tp_size!r} has no effect: the checkpoint holds a {model_type!r} model (no "
-                          f"tensor-parallel shards); leave tp_size unset")
+        raise ConfigError(f"tp_size={tp_size!r} has no effect: the checkpoint holds a {model_type!r} model "
+                          "(no " f"tensor-parallel shards); leave tp_size unset")
     dependent = sorted(block_types_with("tp_dependent", spec["block_types"]))
     if dependent or sync.get("tp_comm_dtype") is not None:
         why = f"{dependent} blocks" if dependent else f"tp_comm_dtype={sync['tp_comm_dtype']!r}"
@@ -125,10 +127,10 @@ def check_same_function(model_type, spec, sync, *, tp_size):
 
 def build_model_from_checkpoint(checkpoint, *, pd=None, dropout=None, tp_size=None, loss_parallel=False):
     """The checkpoint's model with its weights: its own type, sizes, GELU, block pattern and compressed syncs
-    (FUNCTION_SYNC_OPTIONS); dropout and (for distributed_gpt) loss_parallel may be changed, and tp_size where the
-    function does not depend on it (check_same_function), since checkpoints are GPT-layout whatever tp_size wrote
-    them. loss_parallel is off unless asked for (None: the checkpoint's), so a sampled or evaluated model returns
-    (B, T, V) logits whatever the training run used."""
+    (FUNCTION_SYNC_OPTIONS); dropout and (for distributed_gpt) loss_parallel may be changed, and tp_size where
+    the function does not depend on it (check_same_function), since checkpoints are GPT-layout whatever
+    tp_size wrote them. loss_parallel is off unless asked for (None: the checkpoint's), so a sampled or
+    evaluated model returns (B, T, V) logits whatever the training run used."""
     model_type, spec = checkpoint_model(checkpoint)
     sync = checkpoint_sync_options(checkpoint)
     check_same_function(model_type, spec, sync, tp_size=tp_size)
@@ -154,7 +156,8 @@ def save_checkpoint(checkpoint, out_dir):
         os.close(fd)
         torch.save(checkpoint, tmp)
         os.replace(tmp, path)
-    except (OSError, RuntimeError) as e:  # torch's writer reports a failed write (e.g. ENOSPC) as a RuntimeError
+    # torch's writer reports a failed write (e.g. ENOSPC) as a RuntimeError
+    except (OSError, RuntimeError) as e:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.remove(tmp)
@@ -192,8 +195,8 @@ def pid_alive(pid):
 
 
 def load_checkpoint(out_dir, map_location="cpu"):
-    """out_dir/ckpt.pt, read with weights_only (plain data and tensors only). Any unreadable, truncated, empty or
-    foreign file is a ConfigError naming the path."""
+    """out_dir/ckpt.pt, read with weights_only (plain data and tensors only). Any unreadable, truncated, empty
+    or foreign file is a ConfigError naming the path."""
     path = os.path.join(out_dir, CHECKPOINT_NAME)
     if not os.path.isfile(path):
         raise ConfigError(f"no checkpoint at {path} (out_dir={out_dir!r})")
@@ -212,7 +215,8 @@ def load_checkpoint(out_dir, map_location="cpu"):
             raise ValueError("no 'model' state dict")
         checkpoint_model(checkpoint)
     except (KeyError, ValueError, TypeError, AttributeError) as e:
-        raise ConfigError(f"checkpoint {path} is not a training checkpoint ({type(e).__name__}: {e})") from None
+        raise ConfigError(f"checkpoint {path} is not a training checkpoint ({type(e).__name__}: "
+                          f"{e})") from None
     check_type_options(checkpoint, path)
     check_weights(checkpoint, path)
     check_fields(checkpoint, path)
@@ -220,8 +224,8 @@ def load_checkpoint(out_dir, map_location="cpu"):
 
 
 def check_type_options(checkpoint, path):
-    """A checkpoint's block types' options, checked as the command line's are: a ConfigError naming the path and the
-    option. A type no longer registered is left to the model's check, which names it."""
+    """A checkpoint's block types' options, checked as the command line's are: a ConfigError naming the path
+    and the option. A type no longer registered is left to the model's check, which names it."""
     model_type, spec = checkpoint_model(checkpoint)
     if model_type != "distributed_gpt" or not all(kind in BLOCK_TYPES for kind in spec["block_types"]):
         return
@@ -235,16 +239,19 @@ RESUME_FIELDS = ("iter_num", "best_val_loss", "optimizer")  # what a resume read
 
 
 def check_fields(checkpoint, path, *, need=()):
-    """The one check of a checkpoint's fields beside its weights, shared by train.py (need=RESUME_FIELDS),
-    sample.py, export and the sharded loader: each present field has its type and range, each needed one is
-    there. A ConfigError naming the path, the field and its value otherwise, before anything is built or written."""
+    """The one check of a checkpoint's fields beside its weights, shared by train.py
+    (need=RESUME_FIELDS), sample.py, export and the sharded loader: each present field has its type and
+    range, each needed one is there. A ConfigError naming the path, the field and its value otherwise,
+    before anything is built or written."""
     def bad(field, what):
-        shown = type(checkpoint[field]).__name__ if torch.is_tensor(checkpoint[field]) else repr(checkpoint[field])
+        shown = (type(checkpoint[field]).__name__ if torch.is_tensor(checkpoint[field])
+                 else repr(checkpoint[field]))
         return ConfigError(f"checkpoint {path}: {field}={shown[:60]} is not {what}; refusing to load it")
 
     missing = [k for k in need if k not in checkpoint]
     if missing:
-        raise ConfigError(f"checkpoint {path} has no {missing[0]!r}, which a resume needs; refusing to load it")
+        raise ConfigError(f"checkpoint {path} has no {missing[0]!r}, which a resume needs; refusing to load "
+                          "it")
     number = (int, float)
     value = checkpoint.get("iter_num", 0)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -261,19 +268,22 @@ def check_fields(checkpoint, path, *, need=()):
     rng = checkpoint.get("rng_state", torch.get_rng_state())
     if not (torch.is_tensor(rng) and rng.dtype == torch.uint8 and rng.shape == torch.get_rng_state().shape):
         raise bad("rng_state", "torch's random state")
-    for field, kind, what in (("config", dict, "a run's config (a dict)"), ("scaler", dict, "a loss scaler's state"),
-                              ("vocab_chars", str, "a vocabulary (a str)")):
+    for field, kind, what in (("config", dict, "a run's config (a dict)"),
+                              ("scaler", dict, "a loss scaler's state"), ("vocab_chars", str, "a vocabulary "
+                                                                          "(a str)")):
         if field in checkpoint and not isinstance(checkpoint[field], kind):
             raise bad(field, what)
 
 
 def check_weights(checkpoint, path):
-    """A checkpoint's config (model_args) must describe its weights: the GPT-layout keys and shapes of a model of
-    that config (built on the meta device: no memory), and as many blocks as n_layer. Otherwise a ConfigError
-    naming the path, the key and both shapes, before any model is built. Every block type has GPT's layout."""
+    """A checkpoint's config (model_args) must describe its weights: the GPT-layout keys and shapes
+    of a model of that config (built on the meta device: no memory), and as many blocks as n_layer.
+    Otherwise a ConfigError naming the path, the key and both shapes, before any model is built.
+    Every block type has GPT's layout."""
     _, spec = checkpoint_model(checkpoint)
     weights = clean_state_dict(checkpoint["model"])
-    shown = ", ".join(f"{k}={spec[k]}" for k in ("n_layer", "n_embd", "n_head", "vocab_size", "block_size", "bias"))
+    shown = ", ".join(f"{k}={spec[k]}" for k in ("n_layer", "n_embd", "n_head", "vocab_size", "block_size",
+                                                 "bias"))
     where = f"checkpoint {path} contradicts itself: its model_args ({shown})"
     blocks = {int(m[1]) for k in weights for m in [re.match(r"transformer\.h\.(\d+)\.", k)] if m}
     if len(blocks) != spec["n_layer"]:
@@ -282,7 +292,8 @@ def check_weights(checkpoint, path):
     try:
         with torch.device("meta"):
             expected = GPT(GPTConfig(**{k: spec[k] for k in NANOGPT_ARGS})).state_dict()
-    except (TypeError, ValueError, RuntimeError, AssertionError) as e:  # sizes no GPT has, e.g. n_embd % n_head
+    # sizes no GPT has, e.g. n_embd % n_head
+    except (TypeError, ValueError, RuntimeError, AssertionError) as e:
         raise ConfigError(f"{where} describe no GPT ({type(e).__name__}: {e})") from None
     for key, want in expected.items():
         have = weights.get(key)
@@ -295,7 +306,8 @@ def check_weights(checkpoint, path):
     broken = next((k for k, v in weights.items() if torch.is_tensor(v) and v.is_floating_point()
                    and not torch.isfinite(v).all()), None)
     if broken is not None:  # train.py never saves a non-finite model: this one was made or damaged elsewhere
-        raise ConfigError(f"checkpoint {path}: its weight {broken} holds NaN or inf values; refusing to load it")
+        raise ConfigError(f"checkpoint {path}: its weight {broken} holds NaN or inf values; refusing to load "
+                          "it")
     extra = sorted(set(weights) - set(expected))
     if extra:
         raise ConfigError(f"{where} have no place for {extra[0]} of its weights"

@@ -1,7 +1,8 @@
 """
-Files a user names for a command's output (a trace, a plot, gpu_check's reports, a calibration, a sweep's --out):
-checked before any work by one helper, so a typo never overwrites a checkpoint, never writes `<dir>.png`, and never
-fails after the work is done. A refusal is a ConfigError naming the key and the value (one line, exit 2).
+Files a user names for a command's output (a trace, a plot, gpu_check's reports, a calibration, a sweep's
+--out): checked before any work by one helper, so a typo never overwrites a checkpoint, never writes
+`<dir>.png`, and never fails after the work is done. A refusal is a ConfigError naming the key and the
+value (one line, exit 2).
 """
 
 import json
@@ -37,9 +38,9 @@ def png_text(path, keyword):
 
 
 def written_by(maker):
-    """A predicate: the file is this project's output of kind `maker` ('report', 'figure steps', 'trace'): a PNG
-    whose Software chunk, or a JSON object whose 'written_by', is MARK + maker. Not a sniff of the file type: a
-    figure of another command, or any other file, is not one."""
+    """A predicate: the file is this project's output of kind `maker` ('report', 'figure steps', 'trace'): a
+    PNG whose Software chunk, or a JSON object whose 'written_by', is MARK + maker. Not a sniff of the file
+    type: a figure of another command, or any other file, is not one."""
     def own(path):
         if path.lower().endswith(".png"):
             return png_text(path, "Software") == MARK + maker
@@ -65,10 +66,11 @@ def json_with(*keys):
 
 
 def check_folder(folder, *, key, value):
-    """`folder` exists, is a directory, and a file can be created in it (tried: permissions, read-only mounts and
-    /proc all refuse)."""
+    """`folder` exists, is a directory, and a file can be created in it (tried: permissions, read-only
+    mounts and /proc all refuse)."""
     if not os.path.isdir(folder):
-        raise ConfigError(f"{key}: the folder {folder!r} does not exist or is not a directory ({key}={value!r})")
+        raise ConfigError(f"{key}: the folder {folder!r} does not exist or is not a directory "
+                          f"({key}={value!r})")
     try:
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-check-")
         os.close(fd)
@@ -79,8 +81,8 @@ def check_folder(folder, *, key, value):
 
 
 def check_makeable(path, *, key):
-    """A folder that exists or can be made: not a file, and its nearest existing ancestor a folder a file can be
-    created in (tried, so /proc refuses); nothing is made."""
+    """A folder that exists or can be made: not a file, and its nearest existing ancestor a folder a file can
+    be created in (tried, so /proc refuses); nothing is made."""
     if os.path.lexists(path) and not os.path.isdir(path):
         raise ConfigError(f"{key}={path} is a file, not a directory")
     folder = os.path.abspath(path)
@@ -92,9 +94,9 @@ def check_makeable(path, *, key):
 
 
 def check_output_file(path, *, key, own=None, suffixes=(), overwrite=False):
-    """Refuse, before any work, an output file path that is empty or not a string, lacks one of `suffixes`, is a
-    directory, lies in a folder that is missing or unwritable, or names an existing file that is not this command's
-    own output (own(path) says whether it is) unless overwrite. Returns the path."""
+    """Refuse, before any work, an output file path that is empty or not a string, lacks one of `suffixes`, is
+    a directory, lies in a folder that is missing or unwritable, or names an existing file that is not this
+    command's own output (own(path) says whether it is) unless overwrite. Returns the path."""
     if not isinstance(path, str) or not path.strip():
         raise ConfigError(f"{key} must be a file path, got {path!r}")
     if suffixes and not path.lower().endswith(tuple(suffixes)):
@@ -119,9 +121,9 @@ def check_output_dir(path, *, key):
 
 
 def replace_atomically(write, path):
-    """write(tmp) into a temporary file beside `path` (its name ends as path's: writers that pick the format by
-    the extension pick the same), then rename it into place: a failed write leaves the old file (if any) whole and
-    no temporary file behind."""
+    """write(tmp) into a temporary file beside `path` (its name ends as path's: writers that pick the format
+    by the extension pick the same), then rename it into place: a failed write leaves the old file (if any)
+    whole and no temporary file behind."""
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=f"-{os.path.basename(path)}")
     os.close(fd)

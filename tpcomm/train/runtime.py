@@ -1,6 +1,6 @@
 """
-Run-time set-up shared by the scripts: device and precision, autocast, CPU memory, seeds, the fp16 loss scaler, run
-errors and the run-directory lock.
+Run-time set-up shared by the scripts: device and precision, autocast, CPU memory, seeds, the fp16 loss
+scaler, run errors and the run-directory lock.
 """
 
 import contextlib
@@ -30,13 +30,15 @@ def pick_device(device="auto"):
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError, TypeError):
-        raise ConfigError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got {device!r}") from None
+        raise ConfigError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got "
+                          f"{device!r}") from None
     if dev.type == "cuda":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n == 0:
             raise ConfigError(f"device={device!r} but CUDA is not available here; use --device=cpu or auto")
         if dev.index is not None and dev.index >= n:
-            raise ConfigError(f"device={device!r} but there are only {n} CUDA device(s) (cuda:0..cuda:{n - 1})")
+            raise ConfigError(f"device={device!r} but there are only {n} CUDA device(s) "
+                              f"(cuda:0..cuda:{n - 1})")
     elif dev.type == "mps":
         if getattr(torch.backends, "mps", None) is None or not torch.backends.mps.is_available():
             raise ConfigError(f"device={device!r} but MPS is not available here; use --device=cpu or auto")
@@ -47,7 +49,8 @@ def pick_device(device="auto"):
 
 def check_dtype(dtype):
     if dtype not in DTYPES:
-        raise ConfigError(f"dtype must be {', '.join(map(repr, DTYPES[:-1]))} or {DTYPES[-1]!r}, got {dtype!r}")
+        raise ConfigError(f"dtype must be {', '.join(map(repr, DTYPES[:-1]))} or {DTYPES[-1]!r}, got "
+                          f"{dtype!r}")
 
 
 def pick_dtype(dtype, device_type):
@@ -61,8 +64,8 @@ def pick_dtype(dtype, device_type):
 
 
 def pick_device_and_dtype(device, dtype):
-    """(device, device_type, dtype) of a script's device and dtype options: device_type is what autocast and the
-    scaler take ('cuda' for 'cuda:1')."""
+    """(device, device_type, dtype) of a script's device and dtype options: device_type is what autocast and
+    the scaler take ('cuda' for 'cuda:1')."""
     device = pick_device(device)
     device_type = "cuda" if device.startswith("cuda") else device
     return device, device_type, pick_dtype(dtype, device_type)
@@ -77,9 +80,9 @@ def autocast_context(device_type, dtype):
 
 
 def device_synchronizer(device):
-    """A function that returns once the work queued on `device` so far is done: torch.cuda.synchronize on CUDA
-    (kernels are queued and run later), torch.mps.synchronize on MPS, nothing on CPU (work is done when the call
-    returns)."""
+    """A function that returns once the work queued on `device` so far is done:
+    torch.cuda.synchronize on CUDA (kernels are queued and run later), torch.mps.synchronize on MPS,
+    nothing on CPU (work is done when the call returns)."""
     device = torch.device(device)
     if device.type == "cuda":
         return lambda: torch.cuda.synchronize(device)
@@ -89,11 +92,11 @@ def device_synchronizer(device):
 
 
 class DeviceClock:
-    """Seconds as the device's work sees them: now() first waits for everything queued on the device, then reads
-    the host clock. A timing between two now() calls bills exactly the work queued between them: not the warm-up
-    still running on a GPU when the first is read (perf_counter alone would bill it), and all of the timed work
-    (perf_counter alone would miss what is still queued). clock and synchronize are injectable (tests substitute a
-    fake device)."""
+    """Seconds as the device's work sees them: now() first waits for everything queued on the device, then
+    reads the host clock. A timing between two now() calls bills exactly the work queued between them: not the
+    warm-up still running on a GPU when the first is read (perf_counter alone would bill it), and all of the
+    timed work (perf_counter alone would miss what is still queued). clock and synchronize are injectable
+    (tests substitute a fake device)."""
 
     def __init__(self, device, *, clock=time.perf_counter, synchronize=None):
         self.clock = clock
@@ -131,10 +134,10 @@ def setup_runtime(device_type, seed):
 
 
 def make_grad_scaler(device_type, dtype, pd=None, *, data_parallel="ddp"):
-    """fp16's loss scaler (a no-op for other dtypes). When ranks hold different gradients, an inf/nan on one rank
-    must skip the step on all of them: FSDP's ShardedGradScaler all-reduces the found-inf flag over the ranks that
-    hold different gradients. Real tensor parallelism: the tp group (DDP already makes gradients agree across dp);
-    FSDP: every rank (its gradients are sharded over dp, and over tp too with real TP)."""
+    """fp16's loss scaler (a no-op for other dtypes). When ranks hold different gradients, an inf/nan on one
+    rank must skip the step on all of them: FSDP's ShardedGradScaler all-reduces the found-inf flag over the
+    ranks that hold different gradients. Real tensor parallelism: the tp group (DDP already makes gradients
+    agree across dp); FSDP: every rank (its gradients are sharded over dp, and over tp too with real TP)."""
     enabled = dtype == "float16"
     if pd is not None and pd.distributed and (pd.tp > 1 or (data_parallel == "fsdp" and pd.dp > 1)):
         import torch.distributed as dist
@@ -150,12 +153,12 @@ def agreeing_grad_scaler(device_type, *, enabled, process_group):
 
     class AgreeingGradScaler(ShardedGradScaler):
         """torch's GradScaler.step, given an optimizer that unscales inside its own kernel (fused AdamW:
-        _step_supports_amp_scaling), checks each device for inf/nan and steps without calling unscale_, which is
-        where ShardedGradScaler all-reduces found_inf over its group: with grad_clip=0 (nothing calls unscale_
-        before step) a rank whose gradients overflowed would skip the step while the others took it, and the
-        shards would drift apart. So step() calls unscale_ itself when the caller has not: found_inf is then
-        always the group's, and every rank skips or steps together (one extra pass over the gradients, fp16
-        only)."""
+        _step_supports_amp_scaling), checks each device for inf/nan and steps without calling unscale_,
+        which is where ShardedGradScaler all-reduces found_inf over its group: with grad_clip=0 (nothing
+        calls unscale_ before step) a rank whose gradients overflowed would skip the step while the
+        others took it, and the shards would drift apart. So step() calls unscale_ itself when the caller
+        has not: found_inf is then always the group's, and every rank skips or steps together (one extra
+        pass over the gradients, fp16 only)."""
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
@@ -166,11 +169,13 @@ def agreeing_grad_scaler(device_type, *, enabled, process_group):
             if not self.is_enabled():  # fp32/bf16: a no-op scaler holds no per-optimizer state
                 return
             self._unscaled.add(id(optimizer))
-            # ShardedGradScaler keeps found_inf as shape (1,), GradScaler as (); a fused AdamW subtracts it from its
-            # () step counters in place, which fails on (1,) (torch 2.13: "output with shape [] doesn't match the
-            # broadcast shape [1]"), so after an unscale_ (grad clipping) FSDP/TP fp16 with fused AdamW crashed
+            # ShardedGradScaler keeps found_inf as shape (1,), GradScaler as (); a fused AdamW subtracts it
+            # from its () step counters in place, which fails on (1,) (torch 2.13: "output with shape []
+            # doesn't match the broadcast shape [1]"), so after an unscale_ (grad clipping) FSDP/TP fp16 with
+            # fused AdamW crashed
             state = self._per_optimizer_states[id(optimizer)]
-            state["found_inf_per_device"] = {d: t.reshape(()) for d, t in state["found_inf_per_device"].items()}
+            state["found_inf_per_device"] = {d: t.reshape(()) for d,
+                                             t in state["found_inf_per_device"].items()}
 
         def step(self, optimizer, *args, **kwargs):
             if self.is_enabled() and id(optimizer) not in self._unscaled:
@@ -185,18 +190,19 @@ def agreeing_grad_scaler(device_type, *, enabled, process_group):
 
 
 class RunError(Exception):
-    """A run that cannot go on, for a reason shown as one line with exit status 1 (a non-finite loss, a checkpoint
-    that could not be written); unlike a ConfigError it is found while the run works."""
+    """A run that cannot go on, for a reason shown as one line with exit status 1 (a non-finite loss, a
+    checkpoint that could not be written); unlike a ConfigError it is found while the run works."""
 
 
 exit_on_run_error = exit_in_one_line(RunError, 1)  # a run that cannot go on: one line, exit status 1
 
 
 class RunLock:
-    """An exclusive lock on a run (or sweep) directory, held while the run works in it: a second run in the same
-    directory refuses at start, in one line, instead of interleaving its files with the first. It is an OS lock
-    (flock on DIR/NAME, default DIR/.lock), released by the kernel when the holding process ends, so a killed run
-    never leaves a stuck lock behind. wait=True blocks until the holder lets go instead of refusing."""
+    """An exclusive lock on a run (or sweep) directory, held while the run works in it: a second run in
+    the same directory refuses at start, in one line, instead of interleaving its files with the first.
+    It is an OS lock (flock on DIR/NAME, default DIR/.lock), released by the kernel when the holding
+    process ends, so a killed run never leaves a stuck lock behind. wait=True blocks until the holder
+    lets go instead of refusing."""
 
     def __init__(self, directory, *, what="run", name=".lock", wait=False):
         self.directory, self.what, self.name, self.wait, self.fd = directory, what, name, wait, None
@@ -223,8 +229,8 @@ class RunLock:
     def __enter__(self):
         if not self.acquire():
             path = os.path.join(self.directory, self.name)
-            raise ConfigError(f"{self.directory!r} is in use by another {self.what} (lock {path}); wait for it "
-                              f"or use another directory")
+            raise ConfigError(f"{self.directory!r} is in use by another {self.what} (lock {path}); wait for "
+                              "it " f"or use another directory")
         return self
 
     def __exit__(self, *exc):

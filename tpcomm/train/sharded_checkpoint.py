@@ -1,20 +1,21 @@
 """
-Sharded checkpoints (train.py --checkpoint_format=sharded), for models too large to gather on one rank: written with
-torch.distributed.checkpoint (DCP), every rank writing the shards it holds, nothing gathered. Converted to the
-single GPT-layout ckpt.pt (what sample.py, export_hf.py and a full-format resume read) on one process:
+Sharded checkpoints (train.py --checkpoint_format=sharded), for models too large to gather on one rank:
+written with torch.distributed.checkpoint (DCP), every rank writing the shards it holds, nothing
+gathered. Converted to the single GPT-layout ckpt.pt (what sample.py, export_hf.py and a full-format
+resume read) on one process:
 $ python -m tpcomm.train.sharded_checkpoint OUT_DIR        # OUT_DIR/ckpt_sharded -> OUT_DIR/ckpt.pt
 
-Layout on disk: OUT_DIR/ckpt_sharded is a symlink to OUT_DIR/ckpt_sharded.<iter>/, swapped atomically (os.replace of a
-new link) once a save is complete, so a crash mid-save leaves the previous checkpoint in place. The directory holds
-DCP's files and meta.pt (plain data: what ckpt.pt holds besides the tensors, and the layout).
-Each tensor is saved as this rank's tensor-parallel part, whatever data parallelism holds of it:
+Layout on disk: OUT_DIR/ckpt_sharded is a symlink to OUT_DIR/ckpt_sharded.<iter>/, swapped atomically
+(os.replace of a new link) once a save is complete, so a crash mid-save leaves the previous checkpoint in
+place. The directory holds DCP's files and meta.pt (plain data: what ckpt.pt holds besides the tensors, and
+the layout). Each tensor is saved as this rank's tensor-parallel part, whatever data parallelism holds of it:
   model/NAME                   a parameter every tp rank holds whole (or any parameter when tp is simulated)
   model/NAME/tpRofT            tp rank R's part of a real-TP-sharded parameter (sharding.py's rules)
   optim/NAME/KEY[/tpRofT]      its AdamW state (exp_avg, exp_avg_sq; step)
 Under FSDP these are DTensors over the dp mesh (DCP writes each rank's dp shard, and one copy of what tp ranks
-share); under DDP plain tensors (DCP writes one copy). So a sharded checkpoint resumes at any dp and with DDP or
-FSDP, but only with the tp layout (tp_size, real or simulated, loss_parallel) and block_size that wrote it; for any
-other, convert it to ckpt.pt (GPT layout, exact: the parts are only moved) and resume from that.
+share); under DDP plain tensors (DCP writes one copy). So a sharded checkpoint resumes at any dp and with DDP
+or FSDP, but only with the tp layout (tp_size, real or simulated, loss_parallel) and block_size that wrote it;
+for any other, convert it to ckpt.pt (GPT layout, exact: the parts are only moved) and resume from that.
 """
 
 import contextlib
@@ -44,7 +45,8 @@ def layout_of(raw_model):
 
 
 def _tp_suffix(raw_model, name):
-    """'/tpRofT' for a parameter this rank holds a real-TP part of, '' for one it holds whole (or simulated)."""
+    """'/tpRofT' for a parameter this rank holds a real-TP part of, '' for one it
+    holds whole (or simulated)."""
     group, sharding = raw_model.group, raw_model.sharding
     if group is None or not group.real or not sharding.is_sharded(name):
         return ""
@@ -64,8 +66,8 @@ def unique_params(raw_model):
 
 
 def resharded(raw_model):
-    """raw_model with its parameters registered as the sharded DTensors the optimizer holds: FSDP2 leaves the root
-    module's parameters gathered (unsharded) after a forward without backward, e.g. evaluation."""
+    """raw_model with its parameters registered as the sharded DTensors the optimizer holds: FSDP2 leaves the
+    root module's parameters gathered (unsharded) after a forward without backward, e.g. evaluation."""
     from torch.distributed.fsdp import FSDPModule
 
     if isinstance(raw_model, FSDPModule):
@@ -74,7 +76,8 @@ def resharded(raw_model):
 
 
 def dcp_state(raw_model, optimizer):
-    """The flat state dict DCP saves or loads in place: parameters and AdamW state, detached (same storage)."""
+    """The flat state dict DCP saves or loads in place: parameters and AdamW
+    state, detached (same storage)."""
     params, _ = unique_params(resharded(raw_model))
     state = {f"model/{name}{_tp_suffix(raw_model, name)}": p.detach() for name, p in params}
     for name, p in params:
@@ -89,7 +92,8 @@ def init_optimizer_state(raw_model, optimizer):
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p not in optimizer.state or not optimizer.state[p]:
-                on_device = group.get("fused") or group.get("capturable")  # AdamW keeps step on the device then
+                # AdamW keeps step on the device then
+                on_device = group.get("fused") or group.get("capturable")
                 step_device = getattr(p, "device", None) if on_device else None
                 optimizer.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=step_device),
                                       "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
@@ -118,13 +122,13 @@ def remove_sharded(out_dir):
 
 
 def save_sharded(raw_model, optimizer, meta, out_dir, pd):
-    """Every rank writes its shards into ckpt_sharded.<iter>/ (DCP, a collective); the master adds meta.pt and then
-    points the ckpt_sharded link at it (atomic), and removes the older directories. `meta` is the checkpoint dict
-    of common.make_checkpoint without model and optimizer tensors."""
+    """Every rank writes its shards into ckpt_sharded.<iter>/ (DCP, a collective); the master adds meta.pt and
+    then points the ckpt_sharded link at it (atomic), and removes the older directories. `meta` is the
+    checkpoint dict of common.make_checkpoint without model and optimizer tensors."""
     params, aliases = unique_params(resharded(raw_model))
     names = [n for n, _ in params]
-    meta = dict(meta, layout=layout_of(raw_model), param_names=raw_model._param_names(optimizer), aliases=aliases,
-                state_keys=list(raw_model.state_dict().keys()), unique_names=names,
+    meta = dict(meta, layout=layout_of(raw_model), param_names=raw_model._param_names(optimizer),
+                aliases=aliases, state_keys=list(raw_model.state_dict().keys()), unique_names=names,
                 param_groups=optimizer.state_dict()["param_groups"])
     target = f"{SHARDED_NAME}.{meta['iter_num']}"
     path = os.path.join(out_dir, target)
@@ -152,14 +156,14 @@ META_KEYS = ("model_args", "iter_num", "best_val_loss", "layout", "param_names",
 
 
 def corrupt(out_dir, why):
-    return ConfigError(f"the sharded checkpoint {sharded_path(out_dir)} is corrupt or incomplete: {why}; resume "
-                       f"from another checkpoint, or start afresh")
+    return ConfigError(f"the sharded checkpoint {sharded_path(out_dir)} is corrupt or incomplete: {why}; "
+                       "resume " f"from another checkpoint, or start afresh")
 
 
 def load_sharded_meta(out_dir):
-    """meta.pt of OUT_DIR/ckpt_sharded (weights_only), once the folder is checked whole: meta.pt readable, DCP's
-    .metadata readable and every file it points into long enough. A ConfigError naming the folder otherwise: none
-    there, or a corrupt or incomplete one."""
+    """meta.pt of OUT_DIR/ckpt_sharded (weights_only), once the folder is checked whole: meta.pt readable,
+    DCP's .metadata readable and every file it points into long enough. A ConfigError naming the folder
+    otherwise: none there, or a corrupt or incomplete one."""
     from tpcomm.train.checkpoint import check_fields, check_type_options, checkpoint_model
 
     folder = sharded_path(out_dir)
@@ -185,9 +189,9 @@ def load_sharded_meta(out_dir):
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    """Unpickles DCP's .metadata, building only what such a file holds: DCP's metadata classes, torch's Size, dtypes,
-    layouts and memory formats, paths. torch's own reader unpickles the file unrestricted, so a planted
-    `__reduce__` would run there: this one reads it first, and refuses any other global."""
+    """Unpickles DCP's .metadata, building only what such a file holds: DCP's metadata classes, torch's Size,
+    dtypes, layouts and memory formats, paths. torch's own reader unpickles the file unrestricted, so a
+    planted `__reduce__` would run there: this one reads it first, and refuses any other global."""
 
     METADATA = "torch.distributed.checkpoint.metadata"  # its classes (dataclasses and enums), any of them
     NAMES = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
@@ -207,15 +211,16 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def read_dcp_metadata(folder):
-    """DCP's Metadata of a sharded checkpoint folder, read by _MetadataUnpickler (no code from the file runs)."""
+    """DCP's Metadata of a sharded checkpoint folder, read by _MetadataUnpickler (no
+    code from the file runs)."""
     with open(os.path.join(folder, ".metadata"), "rb") as f:
         return _MetadataUnpickler(f).load()
 
 
 def check_dcp_files(out_dir):
     """DCP's .metadata loads (holding nothing but metadata), and each .distcp file holds the bytes it says (a
-    truncated or missing file is found here, before any process group starts; junk of the right length only when
-    the tensors are read)."""
+    truncated or missing file is found here, before any process group starts; junk of the right length only
+    when the tensors are read)."""
     folder = sharded_path(out_dir)
     try:
         md = read_dcp_metadata(folder)
@@ -240,13 +245,15 @@ def check_dcp_files(out_dir):
 
 
 def dcp_load(state, out_dir, *, no_dist):
-    """dcp.load into `state` in place; a file that does not read (junk where tensors should be) is a ConfigError."""
+    """dcp.load into `state` in place; a file that does not read (junk where tensors
+    should be) is a ConfigError."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: the ranks' failures
 
     check_dcp_files(out_dir)  # its .metadata read safely first: torch's reader unpickles it unrestricted
     try:
-        with warnings.catch_warnings():  # "torch.distributed is ... uninitialized, assuming ... a single process"
+        # "torch.distributed is ... uninitialized, assuming ... a single process"
+        with warnings.catch_warnings():
             if no_dist:
                 warnings.simplefilter("ignore", UserWarning)
             dcp.load(state, checkpoint_id=sharded_path(out_dir), no_dist=no_dist)
@@ -256,13 +263,14 @@ def dcp_load(state, out_dir, *, no_dist):
 
 
 def check_resumable(theirs, ours, out_dir):
-    """A sharded checkpoint's layout (`theirs`, layout_of) must be this run's (`ours`); otherwise a ConfigError
-    telling how to go on."""
+    """A sharded checkpoint's layout (`theirs`, layout_of) must be this run's (`ours`); otherwise a
+    ConfigError telling how to go on."""
     if theirs != ours:
-        diff = ", ".join(f"{k}={theirs[k]} (this run: {ours.get(k)})" for k in theirs if theirs[k] != ours.get(k))
-        raise ConfigError(f"the sharded checkpoint in {out_dir!r} was written with {diff}; resume with its layout, "
-                          f"or convert it (python -m tpcomm.train.sharded_checkpoint {out_dir}) and resume with "
-                          f"checkpoint_format='full'")
+        diff = ", ".join(f"{k}={theirs[k]} (this run: {ours.get(k)})" for k in theirs
+                         if theirs[k] != ours.get(k))
+        raise ConfigError(f"the sharded checkpoint in {out_dir!r} was written with {diff}; resume with its "
+                          "layout, " f"or convert it (python -m tpcomm.train.sharded_checkpoint {out_dir}) "
+                          "and resume with " f"checkpoint_format='full'")
 
 
 def load_sharded(raw_model, optimizer, out_dir, pd):
@@ -322,8 +330,8 @@ def to_full_checkpoint(meta, state):
     for i, name in enumerate(meta["param_names"]):
         keys = sorted({k.split("/")[2] for k in state if k.startswith(f"optim/{name}/")})
         if keys:
-            opt_state[i] = {key: whole(f"optim/{name}/{key}", name) if key != "step" else state[f"optim/{name}/step"]
-                            for key in keys}
+            opt_state[i] = {key: whole(f"optim/{name}/{key}", name) if key != "step"
+                            else state[f"optim/{name}/step"] for key in keys}
     skip = ("layout", "param_names", "aliases", "state_keys", "unique_names", "param_groups")
     checkpoint = {k: v for k, v in meta.items() if k not in skip}
     checkpoint.update(model=model, optimizer={"state": opt_state, "param_groups": meta["param_groups"]})
@@ -337,7 +345,8 @@ def convert(out_dir):
     meta, state = read_sharded(out_dir)
     try:
         checkpoint = to_full_checkpoint(meta, state)
-    except (KeyError, IndexError, ValueError, RuntimeError, AssertionError) as e:  # meta.pt and the tensors disagree
+    # meta.pt and the tensors disagree
+    except (KeyError, IndexError, ValueError, RuntimeError, AssertionError) as e:
         raise corrupt(out_dir, f"{META_NAME} does not match its tensors ({type(e).__name__}: {e})") from None
     save_checkpoint(checkpoint, out_dir)
     return os.path.join(out_dir, "ckpt.pt")
@@ -346,8 +355,8 @@ def convert(out_dir):
 @exit_on_config_error
 def main(argv):
     if len(argv) != 1 or argv[0].startswith("-"):
-        raise ConfigError("usage: python -m tpcomm.train.sharded_checkpoint OUT_DIR (converts OUT_DIR/ckpt_sharded to "
-                          "OUT_DIR/ckpt.pt)")
+        raise ConfigError("usage: python -m tpcomm.train.sharded_checkpoint OUT_DIR (converts "
+                          "OUT_DIR/ckpt_sharded to " "OUT_DIR/ckpt.pt)")
     with contextlib.redirect_stdout(sys.stderr):
         path = convert(argv[0])
     print(f"wrote {path}")

@@ -1,6 +1,7 @@
 """
-train.py's configuration: its options (DEFAULTS), and every check a user can fail, once, before any work: nothing
-is written until all pass (prepare). A refusal is a ConfigError naming the key and the value: one line, exit 2.
+train.py's configuration: its options (DEFAULTS), and every check a user can fail, once, before
+any work: nothing is written until all pass (prepare). A refusal is a ConfigError naming the
+key and the value: one line, exit 2.
 """
 
 import os
@@ -19,8 +20,8 @@ from tpcomm.train.checkpoint import (CHECKPOINT_NAME, RESUME_FIELDS, check_field
 from tpcomm.parallel.data_parallel import DATA_PARALLEL, INIT_DEVICES
 from tpcomm.train.output_path import check_output_file, written_by
 from tpcomm.model.block_types.registry import option_defaults, option_fields
-from tpcomm.model.options import (FUNCTION_SYNC_OPTIONS, MODEL_TYPES, TP_DEFAULTS, check_batch, expand_block_types,
-                                  model_config, private_head)
+from tpcomm.model.options import (FUNCTION_SYNC_OPTIONS, MODEL_TYPES, TP_DEFAULTS, check_batch,
+                                  expand_block_types, model_config, private_head)
 from tpcomm.parallel.parallel_dims import check_backend, check_dp_shard, check_layout
 from tpcomm.parallel.pipeline_config import SCHEDULE_NAMES, validate_pp_layout
 from tpcomm.train.runtime import check_dtype, pick_device_and_dtype
@@ -33,11 +34,14 @@ DEFAULTS = dict(
     eval_iters=200,
     eval_only=False,
     always_save_checkpoint=True,
-    trace=None,  # a file path: profile step trace_iter into a Chrome trace of every collective (tpcomm/bench/trace.py)
+    # a file path: profile step trace_iter into a Chrome trace of every collective (tpcomm/bench/trace.py)
+    trace=None,
     trace_iter=5,  # the step traced (after a few, so start-up is not in it)
-    checkpoint_format="full",  # 'full': out_dir/ckpt.pt, GPT layout, gathered | 'sharded': out_dir/ckpt_sharded (DCP)
+    # 'full': out_dir/ckpt.pt, GPT layout, gathered | 'sharded': out_dir/ckpt_sharded (DCP)
+    checkpoint_format="full",
     init_from="scratch",  # 'scratch' | 'resume' | 'gpt2' | 'gpt2-medium' | 'gpt2-large' | 'gpt2-xl'
-    overwrite=False,  # a fresh run (scratch, gpt2*) into an out_dir holding another run's checkpoint: refused unless
+    # a fresh run (scratch, gpt2*) into an out_dir holding another run's checkpoint: refused unless
+    overwrite=False,
     # True, which removes that checkpoint (ckpt.pt, ckpt_sharded) at the start so the folder holds one run
     # wandb
     wandb_log=False,
@@ -58,10 +62,13 @@ DEFAULTS = dict(
     bias=False,
     gelu_approximate="none",  # 'none' (exact, nanoGPT's) | 'tanh' (GPT-2's; forced by init_from=gpt2*)
     tp_size=TP_DEFAULTS["tp_size"],  # shards per layer (DistributedGPT)
-    # 'tp' | 'spd' | 'parallel' | 'ladder' | 'caat' per layer (a list), or one for every layer; None = all 'tp'
+    # 'tp' | 'spd' | 'parallel' | 'ladder' | 'caat' per layer (a list), or one for every layer; None = all
+    # 'tp'
     block_types=TP_DEFAULTS["block_types"],
-    # here too (defaults()): each block type's own options, e.g. caat_sync_fraction (tpcomm/model/block_types/)
-    tp_mode="simulated",  # 'simulated' (one process holds every shard) | 'real' (torchrun, one shard per rank)
+    # here too (defaults()): each block type's own options, e.g. caat_sync_fraction
+    # (tpcomm/model/block_types/)
+    # 'simulated' (one process holds every shard) | 'real' (torchrun, one shard per rank)
+    tp_mode="simulated",
     # distributed_gpt: wte/lm_head sharded by vocabulary, vocab-parallel cross-entropy
     loss_parallel=TP_DEFAULTS["loss_parallel"],
     # distributed_gpt: how the syncs move (none changes the weights; docs/overlap.md, docs/compression.md)
@@ -97,12 +104,16 @@ DEFAULTS = dict(
     compile=True,
     seed=1337,
     # data parallelism and memory
-    data_parallel="ddp",  # 'ddp' (replicas, gradients all-reduced) | 'fsdp' (FSDP2: params/grads/AdamW sharded over dp)
-    dp_shard=None,  # fsdp: ranks of one shard group; None = dp (plain FSDP); a divisor of dp = HSDP, sharded within
-    # groups of dp_shard ranks, replicated across dp / dp_shard of them (2 nodes: dp_shard x tp = GPUs per node)
-    init_device="default",  # 'default' (build whole, then shard) | 'meta' (each rank allocates only what it holds)
-    # pipeline parallelism (tpcomm/parallel/pipeline.py): world = pp_size x dp x tp, micro-batches per step = the dp rank's share
-    # of gradient_accumulation_steps
+    # 'ddp' (replicas, gradients all-reduced) | 'fsdp' (FSDP2: params/grads/AdamW sharded over dp)
+    data_parallel="ddp",
+    # fsdp: ranks of one shard group; None = dp (plain FSDP); a divisor of dp = HSDP, sharded within
+    dp_shard=None,
+    # groups of dp_shard ranks, replicated across dp / dp_shard of them (2 nodes: dp_shard x tp = GPUs per
+    # node)
+    # 'default' (build whole, then shard) | 'meta' (each rank allocates only what it holds)
+    init_device="default",
+    # pipeline parallelism (tpcomm/parallel/pipeline.py): world = pp_size x dp x tp, micro-batches per step =
+    # the dp rank's share of gradient_accumulation_steps
     pp_size=1,  # pipeline stages of contiguous layers
     pp_schedule="1f1b",  # 'gpipe' | '1f1b' | 'interleaved_1f1b'
     pp_virtual_stages=1,  # stages per pp rank (interleaved_1f1b)
@@ -116,8 +127,8 @@ MODEL_KEYS = ("model_type", "n_layer", "n_head", "n_embd", "bias", "gelu_approxi
 
 
 def with_type_options(defaults):
-    """defaults with every registered block type's options (their config keys) after block_types: the keys of a
-    type registered after this module was imported (a plug-in) included."""
+    """defaults with every registered block type's options (their config keys) after block_types: the keys of
+    a type registered after this module was imported (a plug-in) included."""
     keys = list(defaults)
     at = keys.index("block_types") + 1
     extra = option_defaults()
@@ -144,14 +155,15 @@ class Setup:
     device: str
     device_type: str
     dtype: str
-    model_config: GPTConfig  # or TPConfig (distributed_gpt): checked (tpcomm/model/options.py), built by start_run
+    # or TPConfig (distributed_gpt): checked (tpcomm/model/options.py), built by start_run
+    model_config: GPTConfig
     checkpoint: Optional[dict] = None  # init_from='resume'
     pretrained: Optional[dict] = None  # init_from=gpt2*: GPT-2's state dict
 
 
 def explicit_keys(cfg, argv):
-    """The keys the user set: every --key=value on the command line, and every key a config file changed from its
-    default (a file that sets a key to its default value is not told apart from leaving it alone)."""
+    """The keys the user set: every --key=value on the command line, and every key a config file changed from
+    its default (a file that sets a key to its default value is not told apart from leaving it alone)."""
     known = defaults()
     return command_line_keys(argv) | {k for k in cfg if cfg[k] != known[k]}
 
@@ -165,16 +177,17 @@ CPU_EVAL_FLOPS = 1e12  # an evaluation's forward FLOPs per split on a CPU before
 
 
 def cpu_eval_iters(cfg, config, argv):
-    """On a CPU, a recipe's eval_iters (one written for GPUs: config/train_shakespeare_char.py's 200 batches of
-    64 x 256 take about 20 minutes an evaluation here) is cut to what CPU_EVAL_FLOPS allows, with one line saying
-    so, unless the command line sets it, as nanoGPT's own CPU recipe passes --eval_iters=20."""
+    """On a CPU, a recipe's eval_iters (one written for GPUs: config/train_shakespeare_char.py's 200 batches
+    of 64 x 256 take about 20 minutes an evaluation here) is cut to what CPU_EVAL_FLOPS allows, with one line
+    saying so, unless the command line sets it, as nanoGPT's own CPU recipe passes --eval_iters=20."""
     tokens = cfg["batch_size"] * cfg["block_size"]
     flops = 2 * tokens * (12 * config.n_layer * config.n_embd ** 2 + config.vocab_size * config.n_embd)
     fits = max(1, int(CPU_EVAL_FLOPS // flops))
     if cfg["eval_iters"] > fits and "eval_iters" not in command_line_keys(argv):
         if int(os.environ.get("RANK", "0")) == 0:
-            print(f"eval_iters={cfg['eval_iters']} -> {fits} on CPU ({flops * cfg['eval_iters']:.1e} FLOPs an "
-                  f"evaluation of each split would take minutes); --eval_iters={cfg['eval_iters']} to keep it")
+            print(f"eval_iters={cfg['eval_iters']} -> {fits} on CPU ({flops * cfg['eval_iters']:.1e} FLOPs "
+                  "an " f"evaluation of each split would take minutes); --eval_iters={cfg['eval_iters']} to "
+                  "keep it")
         cfg["eval_iters"] = fits
 
 
@@ -183,16 +196,18 @@ FLOAT32_MAX = 3.4028234663852886e38
 
 def check_train_settings(cfg):
     """Ranges and choices of the plain settings."""
-    positive = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "tp_size", "pp_size", "pp_virtual_stages",
-                "gradient_accumulation_steps", "eval_iters", "eval_interval", "log_interval")
+    positive = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "tp_size", "pp_size",
+                "pp_virtual_stages", "gradient_accumulation_steps", "eval_iters", "eval_interval",
+                "log_interval")
     for key in positive:
         if cfg[key] < 1:
             raise ConfigError(f"{key} must be >= 1, got {cfg[key]}")
-    for key in ("max_iters", "warmup_iters", "lr_decay_iters", "seed", "learning_rate", "min_lr", "weight_decay",
-                "grad_clip"):
+    for key in ("max_iters", "warmup_iters", "lr_decay_iters", "seed", "learning_rate", "min_lr",
+                "weight_decay", "grad_clip"):
         if cfg[key] < 0:
             raise ConfigError(f"{key} must be >= 0, got {cfg[key]}")
-    for key in ("learning_rate", "min_lr", "weight_decay", "grad_clip"):  # optimizers hold them as float32 tensors
+    # optimizers hold them as float32 tensors
+    for key in ("learning_rate", "min_lr", "weight_decay", "grad_clip"):
         if cfg[key] > FLOAT32_MAX:
             raise ConfigError(f"{key} must be a float32 number (<= {FLOAT32_MAX:.3g}), got {cfg[key]:g}")
     for key in ("beta1", "beta2"):
@@ -207,7 +222,8 @@ def check_train_settings(cfg):
     check_dtype(cfg["dtype"])
     if cfg["data_parallel"] not in DATA_PARALLEL:
         raise ConfigError(f"data_parallel must be one of {DATA_PARALLEL}, got {cfg['data_parallel']!r}")
-    check_dp_shard(cfg["dp_shard"], data_parallel=cfg["data_parallel"])  # against dp in prepare, once it is known
+    # against dp in prepare, once it is known
+    check_dp_shard(cfg["dp_shard"], data_parallel=cfg["data_parallel"])
     if cfg["init_device"] not in INIT_DEVICES:
         raise ConfigError(f"init_device must be one of {INIT_DEVICES}, got {cfg['init_device']!r}")
     if cfg["init_from"] not in ("scratch", "resume") and cfg["init_from"] not in PRETRAINED_SIZES:
@@ -223,17 +239,20 @@ def check_train_settings(cfg):
     if not isinstance(cfg["trace_iter"], int) or cfg["trace_iter"] < 0:
         raise ConfigError(f"trace_iter must be an iteration >= 0, got {cfg['trace_iter']!r}")
     if cfg["trace"] is not None:  # a Chrome trace of an earlier run may be replaced; no other file
-        check_output_file(cfg["trace"], key="trace", own=written_by("trace"))  # --overwrite is the out_dir's only
+        # --overwrite is the out_dir's only
+        check_output_file(cfg["trace"], key="trace", own=written_by("trace"))
         if cfg["trace_iter"] > cfg["max_iters"]:
             raise ConfigError(f"trace_iter must be an iteration in 0..max_iters ({cfg['max_iters']}), "
                               f"got {cfg['trace_iter']!r}")
     if cfg["checkpoint_format"] not in CHECKPOINT_FORMATS:
-        raise ConfigError(f"checkpoint_format must be one of {CHECKPOINT_FORMATS}, got {cfg['checkpoint_format']!r}")
+        raise ConfigError(f"checkpoint_format must be one of {CHECKPOINT_FORMATS}, got "
+                          f"{cfg['checkpoint_format']!r}")
     if cfg["init_from"] == "resume":
         full = os.path.join(cfg["out_dir"], CHECKPOINT_NAME)
         if cfg["checkpoint_format"] == "full" and not os.path.isfile(full):
-            hint = (" (there is a sharded one: resume with checkpoint_format='sharded', or convert it with python "
-                    "-m tpcomm.train.sharded_checkpoint OUT_DIR)" if sharded_checkpoint.has_sharded(cfg["out_dir"]) else "")
+            hint = (" (there is a sharded one: resume with checkpoint_format='sharded', or convert it with "
+                    "python " "-m tpcomm.train.sharded_checkpoint OUT_DIR)"
+                    if sharded_checkpoint.has_sharded(cfg["out_dir"]) else "")
             raise ConfigError(f"init_from='resume' but there is no checkpoint at {full}{hint}")
         if cfg["checkpoint_format"] == "sharded" and not sharded_checkpoint.has_sharded(cfg["out_dir"]):
             raise ConfigError(f"init_from='resume' with checkpoint_format='sharded' but there is no sharded "
@@ -241,14 +260,15 @@ def check_train_settings(cfg):
     elif not cfg["overwrite"]:
         found = previous_checkpoints(cfg["out_dir"])
         if found:
-            raise ConfigError(f"out_dir {cfg['out_dir']!r} holds another run's checkpoint ({found[0]}); a fresh run "
-                              f"(init_from={cfg['init_from']!r}) would leave it beside its own config and metrics: "
-                              f"continue that run with --init_from=resume, use another out_dir, or give "
-                              f"--overwrite=True to replace it")
+            raise ConfigError(f"out_dir {cfg['out_dir']!r} holds another run's checkpoint ({found[0]}); a "
+                              "fresh run " f"(init_from={cfg['init_from']!r}) would leave it beside its own "
+                              "config and metrics: " f"continue that run with --init_from=resume, use "
+                              "another out_dir, or give " f"--overwrite=True to replace it")
 
 
 def check_wandb():
-    """wandb_log=True: wandb installed, found before the run starts (a failing wandb.init is train.py's RunError)."""
+    """wandb_log=True: wandb installed, found before the run starts (a failing
+    wandb.init is train.py's RunError)."""
     try:
         import wandb  # noqa: F401  (only to see that it is installed; train.py imports it where it logs)
     except ImportError:
@@ -263,8 +283,8 @@ def previous_checkpoints(out_dir):
 
 
 def adopt_model(cfg, explicit, *, source, model_type, spec):
-    """Take the model from a checkpoint or GPT-2 (`spec`): cfg's model keys become the source's; one the user set
-    explicitly to another value is an error naming the key and both values."""
+    """Take the model from a checkpoint or GPT-2 (`spec`): cfg's model keys become the source's; one the user
+    set explicitly to another value is an error naming the key and both values."""
     given = dict(cfg, block_types=expand_block_types(cfg["block_types"], cfg["n_layer"]))
     wanted = dict(spec, model_type=model_type or cfg["model_type"])
     for key in model_keys():
@@ -276,13 +296,14 @@ def adopt_model(cfg, explicit, *, source, model_type, spec):
         cfg[key] = wanted[key]
     if wanted["model_type"] == "distributed_gpt" and "tp_size" not in explicit and "tp_size" in spec:
         cfg["tp_size"] = spec["tp_size"]  # may change on resume (checkpoints are GPT-layout); kept unless set
-    if wanted["model_type"] == "distributed_gpt" and "loss_parallel" not in explicit and "loss_parallel" in spec:
+    if (wanted["model_type"] == "distributed_gpt" and "loss_parallel" not in explicit
+        and "loss_parallel" in spec):
         cfg["loss_parallel"] = spec["loss_parallel"]  # likewise
     if "dropout" not in explicit and "dropout" in spec:
         cfg["dropout"] = spec["dropout"]  # may change on resume; kept unless set
     if source == "the checkpoint" and "block_size" in explicit and cfg["block_size"] < spec["block_size"]:
-        raise ConfigError(f"block_size={cfg['block_size']} is below the checkpoint's {spec['block_size']}: a resume "
-                          f"goes on with its model and optimizer as they are; drop the setting")
+        raise ConfigError(f"block_size={cfg['block_size']} is below the checkpoint's {spec['block_size']}: a "
+                          "resume " f"goes on with its model and optimizer as they are; drop the setting")
     if cfg["block_size"] > spec["block_size"]:
         if "block_size" in explicit:
             raise ConfigError(f"block_size ({cfg['block_size']}) exceeds {source}'s ({spec['block_size']})")
@@ -291,39 +312,45 @@ def adopt_model(cfg, explicit, *, source, model_type, spec):
 
 def adopt_sync_options(cfg, explicit, trained, *, iter_num):
     """Resume: the sync options (TP_COMM_OPTIONS) are the checkpoint's run's unless set; one that changes the
-    model's function (FUNCTION_SYNC_OPTIONS) set to another value is refused, as a contradicting block_types is (the
-    schedule ones, tp_overlap, tp_async_grad, sequence_parallel, may change with the layout). A max_iters the
-    checkpoint has passed is refused too: the run would train a step past it and save."""
+    model's function (FUNCTION_SYNC_OPTIONS) set to another value is refused, as a contradicting block_types
+    is (the schedule ones, tp_overlap, tp_async_grad, sequence_parallel, may change with the layout). A
+    max_iters the checkpoint has passed is refused too: the run would train a step past it and save."""
     for key, value in trained.items():
         if key in explicit and cfg[key] != value and key in FUNCTION_SYNC_OPTIONS:
-            raise ConfigError(f"{key}={cfg[key]!r} contradicts the checkpoint's {key}={value!r} (it changes the "
-                              f"model's function); drop the setting (the model comes from the checkpoint)")
+            raise ConfigError(f"{key}={cfg[key]!r} contradicts the checkpoint's {key}={value!r} (it changes "
+                              "the " f"model's function); drop the setting (the model comes from the "
+                              "checkpoint)")
         if key not in explicit:
             cfg[key] = value
     if not cfg["eval_only"] and isinstance(iter_num, int) and cfg["max_iters"] < iter_num:
-        raise ConfigError(f"max_iters={cfg['max_iters']} is below the checkpoint's iteration {iter_num}: nothing is "
-                          f"left to train (give a larger max_iters, or eval_only=True)")
+        raise ConfigError(f"max_iters={cfg['max_iters']} is below the checkpoint's iteration {iter_num}: "
+                          "nothing is " f"left to train (give a larger max_iters, or eval_only=True)")
 
 
 def vocab_chars(vocab):
-    """A character vocabulary (data.vocab.load_vocab's) as one string, id i at position i; None for BPE data."""
+    """A character vocabulary (data.vocab.load_vocab's) as one string, id i at
+    position i; None for BPE data."""
     return None if vocab is None else "".join(vocab["itos"].get(i, "") for i in range(vocab["vocab_size"]))
 
 
 def check_vocab(checkpoint, vocab, data_dir):
-    """A resume onto a dataset whose characters are not the checkpoint's (by content: the same size can map other
-    characters) is refused; a checkpoint from before checkpoints recorded their vocabulary is taken as it is."""
+    """A resume onto a dataset whose characters are not the checkpoint's (by content: the same size
+    can map other characters) is refused; a checkpoint from before checkpoints recorded their
+    vocabulary is taken as it is."""
     trained, here = checkpoint.get("vocab_chars"), vocab_chars(vocab)
     if trained is not None and here is not None and trained != here:
-        differ = next((i for i, (a, b) in enumerate(zip(trained, here)) if a != b), min(len(trained), len(here)))
-        raise ConfigError(f"the dataset in {data_dir} has another vocabulary than the checkpoint's ({len(here)} "
-                          f"against {len(trained)} characters, first differing at id {differ}): its token ids would "
-                          f"mean other characters; resume on the checkpoint's dataset")
+        differ = next((i for i, (a, b) in enumerate(zip(trained, here)) if a != b),
+                      min(len(trained), len(here)))
+        raise ConfigError(f"the dataset in {data_dir} has another vocabulary than the checkpoint's "
+                          f"({len(here)} " f"against {len(trained)} characters, first differing at id "
+                          f"{differ}): its token ids would " f"mean other characters; resume on the "
+                          "checkpoint's dataset")
 
 
 def check_model(cfg, **sizes):
-    """The model's options (tpcomm/model/options.py, the one validator) and the sync options against this run's batch;
-    returns the model's config. sizes: vocab_size and block_size when they are not cfg's (a checkpoint, GPT-2)."""
+    """The model's options (tpcomm/model/options.py, the one validator) and the sync options against
+    this run's batch; returns the model's config. sizes: vocab_size and block_size when they are not
+    cfg's (a checkpoint, GPT-2)."""
     config = model_config(cfg["model_type"], dict(cfg, **sizes), tp_mode=cfg["tp_mode"])
     check_batch(config, batch_size=cfg["batch_size"], block_size=cfg["block_size"])
     return config
@@ -336,29 +363,32 @@ def ends_private(cfg):
 
 
 def check_pipeline(cfg, explicit, *, dp, tp, dtype):
-    """pp_size > 1: the pipeline layout (pipeline_config.validate_pp_layout) and what does not run with it yet."""
+    """pp_size > 1: the pipeline layout (pipeline_config.validate_pp_layout) and what
+    does not run with it yet."""
     if cfg["pp_schedule"] not in SCHEDULE_NAMES:
         raise ConfigError(f"pp_schedule must be one of {list(SCHEDULE_NAMES)}, got {cfg['pp_schedule']!r}")
     if cfg["pp_size"] == 1:
         if cfg["pp_virtual_stages"] != 1 or cfg["pp_layers"] is not None:
-            raise ConfigError(f"pp_virtual_stages ({cfg['pp_virtual_stages']}) and pp_layers ({cfg['pp_layers']}) "
-                              f"need pp_size > 1")
+            raise ConfigError(f"pp_virtual_stages ({cfg['pp_virtual_stages']}) and pp_layers "
+                              f"({cfg['pp_layers']}) " f"need pp_size > 1")
         return
     validate_pp_layout(world=cfg["pp_size"] * dp * tp, pp_size=cfg["pp_size"], tp=tp, n_layer=cfg["n_layer"],
                        schedule=cfg["pp_schedule"], n_microbatches=cfg["gradient_accumulation_steps"] // dp,
                        virtual_stages=cfg["pp_virtual_stages"], pp_layers=cfg["pp_layers"],
                        keys=dict(schedule="pp_schedule", virtual_stages="pp_virtual_stages",
-                                 n_microbatches="micro-batches per replica (gradient_accumulation_steps / dp)"))
+                                 n_microbatches="micro-batches per replica (gradient_accumulation_steps / "
+                                 "dp)"))
     unsupported = dict(data_parallel=cfg["data_parallel"] == "fsdp", init_device=cfg["init_device"] == "meta",
-                       loss_parallel=bool(cfg["loss_parallel"]), sequence_parallel=cfg["sequence_parallel"] is True,
+                       loss_parallel=bool(cfg["loss_parallel"]),
+                       sequence_parallel=cfg["sequence_parallel"] is True,
                        checkpoint_format=cfg["checkpoint_format"] == "sharded", dtype=dtype == "float16",
-                       block_types=ends_private(cfg),
-                       compile=cfg["compile"] and "compile" in explicit)
+                       block_types=ends_private(cfg), compile=cfg["compile"] and "compile" in explicit)
     for key, bad in unsupported.items():
         if bad:
             value = dtype if key == "dtype" else cfg[key]
-            raise ConfigError(f"{key}={value!r} does not run with pp_size={cfg['pp_size']} (pipeline stages run "
-                              f"DDP, fp32/bf16, full checkpoints, no torch.compile, a whole-vocabulary head)")
+            raise ConfigError(f"{key}={value!r} does not run with pp_size={cfg['pp_size']} (pipeline stages "
+                              "run " f"DDP, fp32/bf16, full checkpoints, no torch.compile, a "
+                              "whole-vocabulary head)")
     cfg["compile"] = False  # the default (True) is not applied to pipeline stages
 
 
@@ -371,15 +401,18 @@ def load_pretrained(name, *, dropout):
 
 
 def prepare(argv):
-    """(cfg, Setup): the configuration resolved and checked. Reads the checkpoint (resume) or GPT-2's weights."""
+    """(cfg, Setup): the configuration resolved and checked. Reads the checkpoint
+    (resume) or GPT-2's weights."""
     cfg = configure(defaults(), argv)
     explicit = explicit_keys(cfg, argv)
     check_train_settings(cfg)
     device, device_type, dtype = pick_device_and_dtype(cfg["device"], cfg["dtype"])
     if device_type == "cpu" and cfg["compile"] and "compile" not in explicit:
-        cfg["compile"] = False  # torch.compile's first steps on a CPU take minutes: nanoGPT's recipes say compile=False
+        # torch.compile's first steps on a CPU take minutes: nanoGPT's recipes say compile=False
+        cfg["compile"] = False
         if int(os.environ.get("RANK", "0")) == 0:
-            print("compile=False on CPU (compiling would take minutes before the first step); --compile=True to compile")
+            print("compile=False on CPU (compiling would take minutes before the first step); --compile=True "
+                  "to compile")
     data_dir = cfg["data_dir"] or os.path.join(ROOT, "data", cfg["dataset"])
     vocab = load_vocab(data_dir) if os.path.isdir(data_dir) else None
     meta_vocab = vocab["vocab_size"] if vocab is not None else None
@@ -394,7 +427,8 @@ def prepare(argv):
         check_vocab(checkpoint, vocab, data_dir)
         model_type, spec = checkpoint_model(checkpoint)
         adopt_model(cfg, explicit, source="the checkpoint", model_type=model_type, spec=spec)
-        adopt_sync_options(cfg, explicit, checkpoint_sync_options(checkpoint), iter_num=checkpoint.get("iter_num"))
+        adopt_sync_options(cfg, explicit, checkpoint_sync_options(checkpoint),
+                           iter_num=checkpoint.get("iter_num"))
         vocab_size = spec["vocab_size"]
     elif cfg["init_from"] in PRETRAINED_SIZES:
         spec = dict(PRETRAINED_SIZES[cfg["init_from"]], **GPT2_FIXED)
@@ -402,19 +436,21 @@ def prepare(argv):
         vocab_size = spec["vocab_size"]
     else:
         vocab_size = meta_vocab if meta_vocab is not None else GPTConfig.vocab_size  # GPT-2's 50257 padded
-    config = check_model(cfg, vocab_size=vocab_size, block_size=spec["block_size"] if cfg["init_from"] != "scratch"
-                         else cfg["block_size"])
+    config = check_model(cfg, vocab_size=vocab_size, block_size=spec["block_size"]
+                         if cfg["init_from"] != "scratch" else cfg["block_size"])
     if device_type == "cpu":
         cpu_eval_iters(cfg, config, argv)
     dp, tp = check_layout(tp_size=cfg["tp_size"], tp_mode=cfg["tp_mode"], pp_size=cfg["pp_size"])
-    if checkpoint is not None and "layout" in checkpoint:  # a sharded checkpoint loads into its own tp layout only
+    # a sharded checkpoint loads into its own tp layout only
+    if checkpoint is not None and "layout" in checkpoint:
         sharded_checkpoint.check_resumable(checkpoint["layout"], dict(
             tp_size=cfg["tp_size"] if cfg["model_type"] == "distributed_gpt" else 1, tp_real=tp > 1,
-            loss_parallel=bool(cfg["loss_parallel"]) or (tp > 1 and ends_private(cfg)), block_size=cfg["block_size"]),
+            loss_parallel=bool(cfg["loss_parallel"]) or (tp > 1 and ends_private(cfg)),
+                                                                      block_size=cfg["block_size"]),
             cfg["out_dir"])
     if cfg["gradient_accumulation_steps"] % dp:
-        raise ConfigError(f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) must be divisible "
-                          f"by the number of data-parallel ranks ({dp})")
+        raise ConfigError(f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) must be "
+                          "divisible " f"by the number of data-parallel ranks ({dp})")
     dp_shard = check_dp_shard(cfg["dp_shard"], data_parallel=cfg["data_parallel"], dp=dp)
     check_pipeline(cfg, explicit, dp=dp, tp=tp, dtype=dtype)
     if meta_vocab is not None and meta_vocab > vocab_size:
@@ -431,10 +467,10 @@ def prepare(argv):
 
 
 def check_offline(cfg):
-    """The checks of a resolved config that need no data, no checkpoint and no launch, so that a sweep with a bad
-    override (--eval_interval=0) stops before its first run. What happens to a checkpoint left in a run directory is
-    the sweep's choice, not a reason to refuse: the out_dir check is skipped. Raises ConfigError naming key and
-    value."""
+    """The checks of a resolved config that need no data, no checkpoint and no launch, so that a sweep
+    with a bad override (--eval_interval=0) stops before its first run. What happens to a checkpoint left
+    in a run directory is the sweep's choice, not a reason to refuse: the out_dir check is skipped.
+    Raises ConfigError naming key and value."""
     for key, default in defaults().items():  # configure() lets None through for any key (--batch_size=None)
         if isinstance(default, (int, float)) and not isinstance(default, bool) and \
                 (not isinstance(cfg[key], (int, float)) or isinstance(cfg[key], bool)):

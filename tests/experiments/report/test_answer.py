@@ -1,7 +1,8 @@
-"""The README's answer (tpcomm/experiments/report/report.py): each way of giving up a sync, its quality cost stated as a bound at 95%
-and its predicted GPU speedup, in one table, a few generated sentences and one figure; and the README's shape
-around it (what it is, the answer, the Quickstart's two commands before line 60, the GPU pointer, the tools).
-Nothing is trained: the quality side reads made-up result files (test_experiment.fake_results)."""
+"""The README's answer (tpcomm/experiments/report/report.py): each way of giving up a sync, its quality cost
+stated as a bound at 95% and its predicted GPU speedup, in one table, a few generated sentences and one
+figure; and the README's shape around it (what it is, the answer, the Quickstart's two commands before line
+60, the GPU pointer, the tools). Nothing is trained: the quality side reads made-up result files
+(test_experiment.fake_results)."""
 
 import os
 import re
@@ -20,11 +21,11 @@ from tpcomm.experiments.report import report
 # ---------- a paired difference stated at 95% ----------
 
 def test_claim_bounds_a_cost_where_the_interval_holds_zero():
-    """Holding 0: the largest cost ruled out (the interval's upper end) and its share of the baseline; excluding 0:
-    the cost (or the gain) with its interval; under 2 paired seeds: pending."""
+    """Holding 0: the largest cost ruled out (the interval's upper end) and its share of the baseline;
+    excluding 0: the cost (or the gain) with its interval; under 2 paired seeds: pending."""
     assert readings.claim((0.002, 0.006, 10), 1.7) == "costs at most +0.008 nats (0.5%)"
-    # a bound is printed no finer than a tenth of its half-width, rounded up (never understated): +0.0005 with a
-    # half-width of 0.005 is +0.001 (0.1%), not the +0.0005 (0.03%) one more seed would move
+    # a bound is printed no finer than a tenth of its half-width, rounded up (never understated): +0.0005 with
+    # a half-width of 0.005 is +0.001 (0.1%), not the +0.0005 (0.03%) one more seed would move
     assert readings.claim((-0.0045, 0.0050, 10), 1.7) == "costs at most +0.001 nats (0.1%)"
     # 0.025 (1.47%) with a half-width of 0.021 (1.2%): 2 decimals in nats, none in percent, each rounded up
     assert readings.claim((0.004, 0.021, 3), 1.7) == "costs at most +0.03 nats (2%)"
@@ -46,8 +47,9 @@ def test_claim_bounds_a_cost_where_the_interval_holds_zero():
 # ---------- the GPU side: the cost model, called in one place ----------
 
 def test_gpu_speedups_are_the_cost_models():
-    """The answer's speedups are the cost model's predicted_speedups over Megatron's baseline, for every way that
-    has a GPU variant; drops order as their syncs do; every published-figure check comes back with its error."""
+    """The answer's speedups are the cost model's predicted_speedups over Megatron's baseline, for
+    every way that has a GPU variant; drops order as their syncs do; every published-figure check
+    comes back with its error."""
     from tpcomm.costmodel import cost_model as cm
 
     gpu, links, assumes, checks = ans.gpu_speedups()
@@ -59,7 +61,8 @@ def test_gpu_speedups_are_the_cost_models():
                 assert gpu[variant][link.name] == pytest.approx(want[variant], rel=1e-12), variant
         assert gpu["all-parallel"][link.name] > gpu["parallel-spd"][link.name] > gpu["all-spd"][link.name] > 1
         blocking = cm.predicted_speedups(link.name, "blocking")
-        assert blocking["all-spd"] != gpu["all-spd"][link.name]  # the baseline matters: the comparison can fail
+        # the baseline matters: the comparison can fail
+        assert blocking["all-spd"] != gpu["all-spd"][link.name]
     cfg = cm.PREDICT_DEFAULTS
     published = cm.published_checks(cfg, cm.options(cfg))
     ends = sum(2 if isinstance(p, tuple) else 1 for _, p, _ in published)
@@ -119,15 +122,16 @@ def test_a_pattern_without_result_files_is_pending(tmp_path, fake_long):
 
 
 def test_a_seed_the_baseline_lacks_is_not_counted_as_paired(tmp_path, fake_long):
-    """While all tp has not finished a seed another pattern has, the answer's seeds cell says how many seeds its
-    interval is over, and the results table's gap pairs seeds as the interval does."""
+    """While all tp has not finished a seed another pattern has, the answer's seeds cell says how many seeds
+    its interval is over, and the results table's gap pairs seeds as the interval does."""
     shutil.copytree(fake_long, tmp_path, dirs_exist_ok=True)
     runs = tmp_path / "experiments" / "cpu-long" / "runs"
     n_spd = len(list(runs.glob("all-spd-seed*.json")))
     last = max(runs.glob("all-tp-seed*.json"))
     last.unlink()
     ctx = report.Results(root=str(tmp_path), say=lambda *a: None)
-    row = next(line for line in report.sweep_answer(ctx, "cpu-long").splitlines() if line.startswith("| `['spd']*12`"))
+    row = next(line for line in report.sweep_answer(ctx, "cpu-long").splitlines()
+               if line.startswith("| `['spd']*12`"))
     assert f"| {n_spd - 1} paired of {n_spd} |" in row, row
     rows = ctx.rows("cpu-long")
     spd = next(r for r in rows if r["config"] == "all-spd")
@@ -135,8 +139,9 @@ def test_a_seed_the_baseline_lacks_is_not_counted_as_paired(tmp_path, fake_long)
 
 
 def test_the_figure_marks_the_ways_that_keep_the_math(fake_long):
-    """Hiding (tp_overlap, sequence parallelism) is 0 by construction and drawn so; every way in the figure has
-    both networks' speedups; a changed cost-model number changes the figure's digest (report --check sees it)."""
+    """Hiding (tp_overlap, sequence parallelism) is 0 by construction and drawn so; every way in the
+    figure has both networks' speedups; a changed cost-model number changes the figure's digest
+    (report --check sees it)."""
     ctx = report.Results(root=str(fake_long), say=lambda *a: None)
     data, _ = ans.tradeoff_plot(ctx)
     status = {p["label"]: p["status"] for p in data["points"]}
@@ -157,9 +162,9 @@ def readme_lines():
 
 
 def test_readme_leads_with_the_answer_then_the_quickstart():
-    """The first screen: the question in one sentence, the answer in 3-5 plain sentences (none over ~40 words, no
-    nested parentheses), the figure, one compact table, and the quickstart (set-up, prepare, a minute of training,
-    sample, make experiment, make test) within the first 60 lines; the README at most 200 lines."""
+    """The first screen: the question in one sentence, the answer in 3-5 plain sentences (none over ~40 words,
+    no nested parentheses), the figure, one compact table, and the quickstart (set-up, prepare, a minute of
+    training, sample, make experiment, make test) within the first 60 lines; the README at most 200 lines."""
     lines = readme_lines()
     assert len(lines) <= 201, f"README.md has {len(lines)} lines (at most 200)"
     heads = [(i + 1, line) for i, line in enumerate(lines) if line.startswith("## ")]
@@ -190,8 +195,8 @@ def test_readme_leads_with_the_answer_then_the_quickstart():
 
 
 def test_over_training_reads_where_the_sign_changes():
-    """Each evaluation's side (its 95% interval against 0), a side counted once it holds at two evaluations in a
-    row, the end read from the last evaluation."""
+    """Each evaluation's side (its 95% interval against 0), a side counted once it holds at two evaluations in
+    a row, the end read from the last evaluation."""
     def reading(sides, tokens_per_iter=1000):
         curve = [(0, 0.0, 0.01)] + [(250 * k, {"l": -0.05, "h": 0.05, "t": 0.0}[c], 0.01)
                                     for k, c in enumerate(sides, 1)]
@@ -203,7 +208,8 @@ def test_over_training_reads_where_the_sign_changes():
     assert reading("hhhhh") == "costs throughout"
     assert reading("lllll") == "leads throughout"
     assert reading("ttlll") == "leads from 0.75M tokens"
-    assert reading("ttttt") == reading("thttt") == reading("ltltt") == "tied throughout"  # a lone side is chance
+    # a lone side is chance
+    assert reading("ttttt") == reading("thttt") == reading("ltltt") == "tied throughout"
     assert reading("thhtt") == "costs until 0.75M tokens"
     assert reading("llttl") == "leads from 1.25M tokens"  # the end's own side, though the lead lapsed
     assert pairing.over_training([(0, 0.0, None)], 1000) == "n/a"
@@ -217,24 +223,27 @@ def test_the_readme_does_not_claim_the_exposed_invariant_or_a_cpu_build():
 
 
 def test_the_sentences_follow_the_intervals(fake_long):
-    """Where every interval excludes 0 there is no bound to state: the first sentence names each cost instead."""
+    """Where every interval excludes 0 there is no bound to state: the first
+    sentence names each cost instead."""
     ctx = report.Results(root=str(fake_long), say=lambda *a: None)
     first = ans.answer_long(ctx).split(". On GPUs")[0]
     assert first.startswith("After 3.84M tokens the per-row 95% intervals rule out costs above ")
     assert "of all `tp`'s validation loss (" in first
-    assert re.search(r"all `parallel` costs \+0\.017\d? \[", first) and re.search(r"all `ladder` costs \+0\.002\d? \[", first)
+    assert re.search(r"all `parallel` costs \+0\.017\d? \[", first) and re.search(r"all `ladder` costs "
+                                                                                  r"\+0\.002\d? \[", first)
     pen, base = ans._long_penalties(ctx)
     narrow = {k: (abs(m) + 0.01, 0.001, n) for k, (m, c, n) in pen.items() if c is not None}  # all above 0
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ans, "_long_penalties", lambda ctx: (narrow, base))
         first = ans.answer_long(ctx).split(". On GPUs")[0]
-    assert first.startswith("After 3.84M tokens, at 95%: all `spd` costs +0.0130 [") and "rule out" not in first
+    assert first.startswith("After 3.84M tokens, at 95%: all `spd` costs +0.0130 "
+                            "[") and "rule out" not in first
 
 
 def test_the_time_side_is_a_band_and_holds_at_both_ends(fake_long):
-    """Issue 48.3: each speedup cell prints the point and [low, high] over the declared ranges (the point inside),
-    the collective-matmul row is the strongest hide, and the time sentences give ms saved a micro-step with where
-    each comparison holds, not ratios of (speedup - 1)."""
+    """Issue 48.3: each speedup cell prints the point and [low, high] over the declared ranges (the point
+    inside), the collective-matmul row is the strongest hide, and the time sentences give ms saved a
+    micro-step with where each comparison holds, not ratios of (speedup - 1)."""
     import re
 
     from tpcomm.costmodel import cost_bands
@@ -249,8 +258,10 @@ def test_the_time_side_is_a_band_and_holds_at_both_ends(fake_long):
     assert "dropping beats hiding them" in summary and " ms" in summary
     lo, hi = cost_bands.step_saved_ms("nvlink", "all-spd")
     assert f"dropping half of them (all `spd`) {lo:+.1f} to {hi:+.1f} ms" in summary
-    assert "-0.0 " not in summary and "+0.0 " not in summary  # a band's end near 0 keeps its sign and size: -0.02
+    # a band's end near 0 keeps its sign and size: -0.02
+    assert "-0.0 " not in summary and "+0.0 " not in summary
     assert ans._ms((-0.0248, 5.3)) == "-0.02 to +5.3 ms" and ans._ms((0.0, 0.04)) == "+0.0 to +0.04 ms"
     data, _ = ans.tradeoff_plot(ctx)
-    assert all(len(p["speedup_band"]) == 2 and p["speedup_band"][0][0] <= p["speedup"][0] <= p["speedup_band"][0][1]
+    assert all(len(p["speedup_band"]) == 2
+               and p["speedup_band"][0][0] <= p["speedup"][0] <= p["speedup_band"][0][1]
                for p in data["points"])

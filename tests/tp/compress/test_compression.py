@@ -1,7 +1,8 @@
-"""Block-quantized tensor-parallel reductions (tp_comm_dtype, docs/compression.md): the quantizer's error bounds,
-the simulated model against the per-shard reference of test_tensor_parallel.py with its sums made the quantized
-sum written here from the equations, compression off = the plain all-reduces bit for bit, counted bytes = the
-compressed payloads, real tp=2 = simulated (tests/workers/compression_worker.py under torchrun), bad input."""
+"""Block-quantized tensor-parallel reductions (tp_comm_dtype, docs/compression.md): the quantizer's
+error bounds, the simulated model against the per-shard reference of test_tensor_parallel.py with
+its sums made the quantized sum written here from the equations, compression off = the plain
+all-reduces bit for bit, counted bytes = the compressed payloads, real tp=2 = simulated
+(tests/workers/compression_worker.py under torchrun), bad input."""
 
 import json
 
@@ -12,7 +13,8 @@ import test_tensor_parallel
 from conftest import TINY, metrics, one_line_error, run_script, shared_launch, train
 from tpcomm.errors import ConfigError
 from test_generate import stepwise_logits
-from test_tensor_parallel import N_EMBD, assert_same, batch, make_gpt, run, run_keyed, run_reference, with_dropout
+from test_tensor_parallel import (N_EMBD, assert_same, batch, make_gpt, run, run_keyed, run_reference,
+                                  with_dropout)
 from tensor_parallel_model import DistributedGPT
 from tpcomm.model.options import TPConfig
 from tpcomm.tp.compress.compression import QMAX, Codec
@@ -22,7 +24,8 @@ DTYPES = ("bf16", "fp8", "int8")
 
 
 def activations(seed=0, shape=(4, 6, 64)):
-    """Heavy-tailed values with one all-zero block (values 0..7 of row 0) and one tiny block (8..15 of row 1)."""
+    """Heavy-tailed values with one all-zero block (values 0..7 of row 0) and one
+    tiny block (8..15 of row 1)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(*shape, generator=g) ** 3
     x[0, 0, :8] = 0
@@ -34,15 +37,18 @@ def activations(seed=0, shape=(4, 6, 64)):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_roundtrip_error_bounds(dtype):
-    """Per value: int8 rounds to a step of scale = absmax/127, |err| <= scale/2; fp8 e4m3 keeps 3 mantissa bits,
+    """Per value: int8 rounds to a step of scale = absmax/127, |err| <= scale/2; fp8
+    e4m3 keeps 3 mantissa bits,
     |err| <= |x|/16 for normal values and <= scale * 2^-10 (half its subnormal step) below; bf16 keeps 8
-    significant bits, |err| <= |x| 2^-8. The slack 1e-6 relative is fp32's rounding of x / scale and q * scale."""
+    significant bits, |err| <= |x| 2^-8. The slack 1e-6 relative is fp32's rounding
+    of x / scale and q * scale."""
     block = 8
     codec, x = Codec(dtype, block), activations()
     err = (codec.roundtrip(x) - x).abs()
     xb = x.unflatten(-1, (-1, block))
     scale = (xb.abs().amax(-1, keepdim=True) / QMAX.get(dtype, 1.0)).expand_as(xb).flatten(-2)
-    bound = dict(int8=scale / 2, fp8=torch.maximum(x.abs() / 16, scale * 2 ** -10), bf16=x.abs() * 2 ** -8)[dtype]
+    bound = dict(int8=scale / 2, fp8=torch.maximum(x.abs() / 16, scale * 2 ** -10),
+                 bf16=x.abs() * 2 ** -8)[dtype]
     assert (err <= bound * (1 + 1e-6) + 1e-45).all(), (err - bound).max()
     assert (err / bound)[bound > 0].max() > 0.5  # some value comes near the bound: it is the quantizer's own
     assert (codec.roundtrip(x)[0, 0, :8] == 0).all()  # an all-zero block stays zero (scale 1, not 0/0)
@@ -73,9 +79,9 @@ def test_a_non_finite_value_spoils_its_block_only():
 # ---------- the model against the per-shard reference ----------
 
 def quantized_sum(dtype, block, exchange="one_shot"):
-    """sum_i deq(s_i) over a list of shard partial sums, written from docs/compression.md: fp32 arithmetic, shard
-    order, the gradient reaching every s_i unchanged (straight-through, g's backward); two_shot: that sum's
-    deq(q(.)) again, as it is all-gathered."""
+    """sum_i deq(s_i) over a list of shard partial sums, written from docs/compression.md: fp32 arithmetic,
+    shard order, the gradient reaching every s_i unchanged (straight-through, g's backward); two_shot: that
+    sum's deq(q(.)) again, as it is all-gathered."""
     def deq(s):
         v = s.detach().float()
         if dtype == "bf16":
@@ -114,16 +120,18 @@ def reference_gpt(block_types):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block_types", REF_PATTERNS, ids=["-".join(p) for p in REF_PATTERNS])
 def test_simulated_equals_per_shard_reference(dtype, block_types, monkeypatch):
-    """Logits, loss and every gradient, fp64, tp=4, block 8. Tolerance 1e-9: the model and the reference add the
-    same terms in another order (~1e-16 relative); both quantize in fp32 the same fp64 sums, which agree to ~1e-16
-    and so round to the same fp32 values but for odds of ~1e-9 per value, while one value quantized differently
-    (or a reduction compressed that should not be, or not one that should) moves the results by >1e-4."""
+    """Logits, loss and every gradient, fp64, tp=4, block 8. Tolerance 1e-9: the model and the reference
+    add the same terms in another order (~1e-16 relative); both quantize in fp32 the same fp64 sums,
+    which agree to ~1e-16 and so round to the same fp32 values but for odds of ~1e-9 per value, while one
+    value quantized differently (or a reduction compressed that should not be, or not one that should)
+    moves the results by >1e-4."""
     tol = dict(rtol=1e-9, atol=1e-9)
     gpt, (idx, tgt) = reference_gpt(block_types), batch()
     model = DistributedGPT.from_gpt(gpt, 4, block_types, tp_comm_dtype=dtype, tp_comm_block=8).double()
     got = run(model, idx, tgt)
     plain = run_reference(gpt, idx, tgt, 4, block_types)
-    monkeypatch.setattr(test_tensor_parallel, "sum", quantized_sum(dtype, 8), raising=False)  # its every sum is a g
+    # its every sum is a g
+    monkeypatch.setattr(test_tensor_parallel, "sum", quantized_sum(dtype, 8), raising=False)
     assert_same(got, run_reference(gpt, idx, tgt, 4, block_types), **tol)
     with pytest.raises(AssertionError):  # compression changes the results: the match above is not vacuous
         assert_same(got, plain, **tol)
@@ -136,25 +144,27 @@ def test_simulated_equals_per_shard_reference(dtype, block_types, monkeypatch):
 
 @pytest.mark.parametrize("dtype", ["bf16", "int8"])
 def test_two_shot_simulated_equals_per_shard_reference(dtype, monkeypatch):
-    """tp_comm_exchange='two_shot': the sum of the dequantized partials quantized and dequantized once more, as
-    in the reference written above (fp64, tp=4, block 8, tolerance as above); told apart from one_shot."""
+    """tp_comm_exchange='two_shot': the sum of the dequantized partials quantized and dequantized once more,
+    as in the reference written above (fp64, tp=4, block 8, tolerance as above); told apart from one_shot."""
     tol, block_types = dict(rtol=1e-9, atol=1e-9), REF_PATTERNS[1]
     gpt, (idx, tgt) = reference_gpt(block_types), batch()
     model = DistributedGPT.from_gpt(gpt, 4, block_types, tp_comm_dtype=dtype, tp_comm_block=8,
                                     tp_comm_exchange="two_shot").double()
     got = run(model, idx, tgt)
-    one_shot = run(DistributedGPT.from_gpt(gpt, 4, block_types, tp_comm_dtype=dtype, tp_comm_block=8).double(),
-                   idx, tgt)
+    one_shot = run(DistributedGPT.from_gpt(gpt, 4, block_types, tp_comm_dtype=dtype,
+                                           tp_comm_block=8).double(), idx, tgt)
     monkeypatch.setattr(test_tensor_parallel, "sum", quantized_sum(dtype, 8, "two_shot"), raising=False)
     assert_same(got, run_reference(gpt, idx, tgt, 4, block_types), **tol)
     with pytest.raises(AssertionError):  # the second quantization changes the results
         assert_same(got, one_shot, **tol)
-    counts = model.comm_per_forward(idx)  # the same payload per rank counted as one_shot's (bench: wire bytes)
+    # the same payload per rank counted as one_shot's (bench: wire bytes)
+    counts = model.comm_per_forward(idx)
     assert counts["compressed_allreduces"] == counts["fwd_allreduces"] > 0
 
 
 def test_compressed_model_stays_close_to_uncompressed():
-    """int8 with 32-value blocks moves an fp32 model's loss by far less than training noise (measured ~1e-5)."""
+    """int8 with 32-value blocks moves an fp32 model's loss by far less than
+    training noise (measured ~1e-5)."""
     gpt, (idx, tgt) = make_gpt(), batch()
     off = DistributedGPT.from_gpt(gpt, 4, ["tp", "spd", "ladder", "parallel"])(idx, tgt)[1]
     on = DistributedGPT.from_gpt(gpt, 4, ["tp", "spd", "ladder", "parallel"], tp_comm_dtype="int8")(idx, tgt)[1]
@@ -164,8 +174,10 @@ def test_compressed_model_stays_close_to_uncompressed():
 # ---------- off: what it was, bit for bit ----------
 
 def plain_collectives(model):
-    """model with g bound to the plain all-reduce, as before compression existed (sum_shards, sum_shards_async)."""
-    model.group.sum_partials, model.group.sum_partials_async = model.group.sum_shards, model.group.sum_shards_async
+    """model with g bound to the plain all-reduce, as before compression existed
+    (sum_shards, sum_shards_async)."""
+    model.group.sum_partials, model.group.sum_partials_async = (model.group.sum_shards,
+                                                                model.group.sum_shards_async)
     return model
 
 
@@ -175,8 +187,10 @@ def test_off_is_the_plain_all_reduce_bit_for_bit(block_types):
     models = [DistributedGPT.from_gpt(gpt, 4, block_types, tp_comm_dtype=None) for _ in range(2)]
     plain_collectives(models[1])
     a, b = run(models[0], idx, tgt), run(models[1], idx, tgt)
-    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and all(torch.equal(a[2][k], b[2][k]) for k in a[2])
-    dropped = [DistributedGPT.from_gpt(with_dropout(gpt, 0.2), 4, block_types, tp_overlap=3) for _ in range(2)]
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and all(torch.equal(a[2][k], b[2][k])
+                                                                       for k in a[2])
+    dropped = [DistributedGPT.from_gpt(with_dropout(gpt, 0.2), 4, block_types, tp_overlap=3)
+               for _ in range(2)]
     plain_collectives(dropped[1])
     a, b = run_keyed(dropped[0], idx, tgt), run_keyed(dropped[1], idx, tgt)
     assert torch.equal(a[0], b[0]) and all(torch.equal(a[2][k], b[2][k]) for k in a[2])
@@ -203,13 +217,16 @@ def test_counted_bytes_are_the_compressed_payload(dtype):
     per_token = Codec(dtype, 8).payload_bytes(N_EMBD)  # one token's C values
     assert on["compressed_bytes_per_token"] == fwd * per_token
     assert on["comm_bytes_per_token"] == fwd * per_token + on["bwd_allreduces"] * N_EMBD * 4
-    assert off["comm_bytes_per_token"] == (fwd + off["bwd_allreduces"]) * N_EMBD * 4 > on["comm_bytes_per_token"]
-    assert on["vocab_bytes_per_token"] == off["vocab_bytes_per_token"]  # the vocab-parallel ones: not compressed
+    assert off["comm_bytes_per_token"] == (fwd
+                                           + off["bwd_allreduces"]) * N_EMBD * 4 > on["comm_bytes_per_token"]
+    # the vocab-parallel ones: not compressed
+    assert on["vocab_bytes_per_token"] == off["vocab_bytes_per_token"]
 
 
 def test_error_table():
-    """The command's table (heavy-tailed data, quick): one row per dtype and block, smaller blocks more accurate,
-    bf16 (2 bytes a value) the most, every error below 5%; bytes ratio vs fp32: 1.25/4 at block 16."""
+    """The command's table (heavy-tailed data, quick): one row per dtype and block, smaller
+    blocks more accurate, bf16 (2 bytes a value) the most, every error below 5%; bytes ratio vs
+    fp32: 1.25/4 at block 16."""
     rows = reduction_errors(source="heavy", tps=(2, 4), blocks=(16, 128))
     two = {(r["dtype"], r["block"]): r for r in rows if r["exchange"] == "two_shot"}
     by = {(r["dtype"], r["block"]): r for r in rows if r["exchange"] == "one_shot"}
@@ -245,14 +262,17 @@ def test_config_refuses_bad_compression(options, words):
     assert all(w in str(e.value) for w in words), str(e.value)
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--tp_comm_dtype=int4"], ["tp_comm_dtype", "'int4'"]),
-    (["--tp_comm_dtype=int8", "--tp_comm_block=5"], ["tp_comm_block (5)", "n_embd (32)"]),
-    (["--tp_comm_dtype=int8", "--tp_comm_block=-1"], ["tp_comm_block", "-1"]),
-    (["--tp_comm_dtype=fp8", "--tp_size=1"], ["tp_comm_dtype='fp8'", "tp_size=1"]),
-    (["--tp_comm_dtype=int8", "--sequence_parallel=True"], ["tp_comm_dtype='int8'", "sequence_parallel=True"]),
-    (["--tp_comm_exchange=two_shot"], ["tp_comm_exchange='two_shot'", "tp_comm_dtype"]),
-])
+@pytest.mark.parametrize("args, words", [(["--tp_comm_dtype=int4"], ["tp_comm_dtype", "'int4'"]),
+                                         (["--tp_comm_dtype=int8", "--tp_comm_block=5"],
+                                          ["tp_comm_block (5)", "n_embd (32)"]), (["--tp_comm_dtype=int8",
+                                                                                   "--tp_comm_block=-1"],
+                                                                                  ["tp_comm_block", "-1"]),
+                                         (["--tp_comm_dtype=fp8", "--tp_size=1"], ["tp_comm_dtype='fp8'",
+                                                                                   "tp_size=1"]),
+                                         (["--tp_comm_dtype=int8", "--sequence_parallel=True"],
+                                          ["tp_comm_dtype='int8'", "sequence_parallel=True"]),
+                                         (["--tp_comm_exchange=two_shot"], ["tp_comm_exchange='two_shot'",
+                                                                            "tp_comm_dtype"]),])
 def test_train_refuses_bad_compression(tmp_path, char_data, args, words):
     r = run_script("train.py", "config/train_shakespeare_char_spd.py", *TINY, f"--data_dir={char_data}",
                    f"--out_dir={tmp_path / 'out'}", *args, timeout=120)
@@ -287,9 +307,10 @@ def real_results(request):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_real_tp2_equals_simulated(real_results, dtype):
     """Real tp=2 (compressed partial sums all-gathered as bytes, gloo) against simulated, fp64 (worker's TOL):
-    logits, loss, gradients with dropout 0 and 0.2, tp_overlap=2, and the counts; KV-cache decoding's logits and
-    tokens on every rank."""
-    checks = {k: v for k, v in real_results.items() if k.split("/")[1] == dtype and not k.startswith("can_fail")}
+    logits, loss, gradients with dropout 0 and 0.2, tp_overlap=2, and the counts; KV-cache decoding's logits
+    and tokens on every rank."""
+    checks = {k: v for k, v in real_results.items() if k.split("/")[1] == dtype
+              and not k.startswith("can_fail")}
     assert len(checks) == 2 * 2 + 1 + 2 * 2, sorted(checks)
     for key, result in checks.items():
         if "ok" in result:
@@ -302,8 +323,9 @@ def test_real_tp2_equals_simulated(real_results, dtype):
 
 
 def test_real_tp2_two_shot_equals_simulated(real_results):
-    """Real tp=2 two_shot (all-to-all, then all-gather, both of packed bytes) against its simulation, fp64 (the
-    worker's TOL): training with dropout, the ladder's asynchronous reductions, decoding with padded chunks."""
+    """Real tp=2 two_shot (all-to-all, then all-gather, both of packed bytes) against its
+    simulation, fp64 (the worker's TOL): training with dropout, the ladder's asynchronous
+    reductions, decoding with padded chunks."""
     checks = {k: v for k, v in real_results.items() if k.startswith("two_shot/")}
     assert len(checks) == 3 * 2 * 2, sorted(checks)
     for key, result in checks.items():

@@ -1,17 +1,19 @@
 """
-The answer's figure, docs/answer_tradeoff.png (data: tpcomm/experiments/report/answer.tradeoff_plot): one panel per network, each way
-of giving up a sync at its predicted step speedup (true x, log scale) against its paired quality cost with its 95%
-interval, named beside its point in its way_styles colour and marker. Drawn to be read at the README's width.
+The answer's figure, docs/answer_tradeoff.png (data: tpcomm/experiments/report/answer.tradeoff_plot): one
+panel per network, each way of giving up a sync at its predicted step speedup (true x, log scale) against its
+paired quality cost with its 95% interval, named beside its point in its way_styles colour and marker. Drawn
+to be read at the README's width.
 
-A point may carry "speedup_band": one [low, high] per network (the range of the predicted speedup); where it does,
-a horizontal band is drawn through the point.
+A point may carry "speedup_band": one [low, high] per network (the range of the predicted speedup); where it
+does, a horizontal band is drawn through the point.
 """
 
 import textwrap
 
 from tpcomm.figures import plot_labels, way_styles
 
-README_WIDTH_PX = 830  # assumed: the README's column on GitHub beside the repository's sidebar, 1280-px window
+# assumed: the README's column on GitHub beside the repository's sidebar, 1280-px window
+README_WIDTH_PX = 830
 MIN_TEXT_PX = 11  # the smallest text at that width
 FIG_WIDTH_IN = 9.0
 MIN_FONT_PT = 9  # 9 pt at 120 dpi is 15 px; scaled by 830 / (9 in x 120 dpi) it is 11.5 px
@@ -19,8 +21,8 @@ TICKS = (0.4, 0.5, 0.6, 0.8, 1, 1.25, 1.5, 2, 3, 4, 6, 8)
 
 
 def text_px_at_readme_width(points, *, fig_width_in=FIG_WIDTH_IN):
-    """The height in README pixels of text of `points` size in a figure `fig_width_in` wide shown README_WIDTH_PX
-    wide (independent of the dpi it is saved at)."""
+    """The height in README pixels of text of `points` size in a figure `fig_width_in` wide shown
+    README_WIDTH_PX wide (independent of the dpi it is saved at)."""
     return points / 72 * README_WIDTH_PX / fig_width_in
 
 
@@ -56,9 +58,10 @@ def _panel(ax, data, k, *, floor, top):
     for p, x in zip(data["points"], xs):
         y = _point(ax, p, x, k, floor=floor)
         st = way_styles.style(p["key"])
-        labels.append(ax.annotate(st.name, (x, y), xytext=(9, 0), textcoords="offset points", va="center", ha="left",
-                                  fontsize=MIN_FONT_PT + 1, color=st.color, weight="bold",
-                                  arrowprops=dict(arrowstyle="-", color=st.color, lw=0.6, shrinkA=0, shrinkB=5)))
+        labels.append(ax.annotate(st.name, (x, y), xytext=(9, 0), textcoords="offset points", va="center",
+                                  ha="left", fontsize=MIN_FONT_PT + 1, color=st.color, weight="bold",
+                                  arrowprops=dict(arrowstyle="-", color=st.color, lw=0.6, shrinkA=0,
+                                                  shrinkB=5)))
     ax.set_xscale("log")
     lo, hi = min(xs) / 1.12, max(xs) * 1.6  # room on the right for the labels
     ax.set_xlim(lo, hi)
@@ -68,7 +71,8 @@ def _panel(ax, data, k, *, floor, top):
     ax.tick_params(labelsize=MIN_FONT_PT + 1)
     ax.set_ylim(floor - 0.003, top)
     ax.grid(alpha=0.3)
-    ax.set_title(f"{link} (predicted speedup, x from {lo:.2g} to {hi:.2g})", fontsize=MIN_FONT_PT + 2, loc="left")
+    ax.set_title(f"{link} (predicted speedup, x from {lo:.2g} to {hi:.2g})", fontsize=MIN_FONT_PT + 2,
+                 loc="left")
     ax.annotate("better: faster, no costlier", xy=(1, 0), xycoords="axes fraction", xytext=(-6, 26),
                 textcoords="offset points", ha="right", va="bottom", fontsize=MIN_FONT_PT, color="0.3",
                 arrowprops=dict(arrowstyle="->", color="0.3", lw=1))  # the corner to be in: lower right
@@ -76,20 +80,23 @@ def _panel(ax, data, k, *, floor, top):
 
 
 def _legend(ax, points):
-    """Only the encodings drawn: an error bar, a hollow marker (same math), a marker on the floor (pending); under
-    the figure's lower panel (ax)."""
+    """Only the encodings drawn: an error bar, a hollow marker (same math), a marker on the floor (pending);
+    under the figure's lower panel (ax)."""
     from matplotlib.lines import Line2D
 
     drawn = {p["status"] for p in points}
     handles = [Line2D([], [], color="0.3", marker="o", ls="", label="measured: mean, 95% interval (seeds)")] \
         if "measured" in drawn else []
     if "same math" in drawn:
-        handles.append(Line2D([], [], color="0.3", marker="D", mfc="white", ls="", label="0 by construction: same math"))
+        handles.append(Line2D([], [], color="0.3", marker="D", mfc="white", ls="", label="0 by construction: "
+                              "same math"))
     if "pending" in drawn:
-        handles.append(Line2D([], [], color="0.3", marker="o", mfc="none", ls="", label="on the floor: cost pending"))
+        handles.append(Line2D([], [], color="0.3", marker="o", mfc="none", ls="", label="on the floor: cost "
+                              "pending"))
     if any(p.get("speedup_band") for p in points):
         handles.append(Line2D([], [], color="0.3", lw=6, alpha=0.25, label="range of the predicted speedup"))
-    # under the lower panel's x label, outside both panels: no point, interval or label of the data can reach it
+    # under the lower panel's x label, outside both panels: no point, interval or label of the data can reach
+    # it
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=MIN_FONT_PT,
               frameon=False)
 
@@ -119,15 +126,18 @@ def draw_tradeoff(data, *, title):
         fig.text(0.01, 0.005, "Not drawn (no GPU prediction, the cost model does not price it): " +
                  ", ".join(left_out) + ".", fontsize=MIN_FONT_PT, va="bottom")
     fig.tight_layout(rect=(0, 0.03 if left_out else 0, 1, 1))
-    plot_labels.separate(fig, labels, obstacles=lambda: [
-        b for k, ax in enumerate(axes) for b in plot_labels.mark_boxes(ax, _marks(points, k, floor=floor), pad=7)])
+    plot_labels.separate(fig, labels, obstacles=lambda: [b for k, ax in enumerate(axes)
+                                                         for b in plot_labels.mark_boxes(ax,
+                                                                                         _marks(points, k,
+                                                                                                floor=floor),
+                                                                                         pad=7)])
     return fig
 
 
 
 def _marks(points, k, *, floor):
-    """(x, y low, y high) of each drawn point's marker and error bar, a pending one's on the floor (the labels keep
-    off them)."""
+    """(x, y low, y high) of each drawn point's marker and error bar, a pending one's on the floor
+    (the labels keep off them)."""
     return [(p["speedup"][k], p["mean"] - p["ci"], p["mean"] + p["ci"]) if p["status"] == "measured" else
             (p["speedup"][k], floor, floor) if p["status"] == "pending" else (p["speedup"][k], 0.0, 0.0)
             for p in points]

@@ -1,8 +1,8 @@
-"""docs/layout.md, generated from the modules' own docstrings: the layering of tpcomm/ (LAYERS, the one table of
-which subpackage may import which) drawn as one diagram, then every module with the first sentence of its
+"""docs/layout.md, generated from the modules' own docstrings: the layering of tpcomm/ (LAYERS, the one table
+of which subpackage may import which) drawn as one diagram, then every module with the first sentence of its
 docstring, grouped by subpackage under the subpackage's own docstring. `python experiment.py report` writes it
-(report.py's blocks(): `layout`), `report --check` fails when it is stale; tests/house/test_layering.py checks every
-import of the package against LAYERS."""
+(report.py's blocks(): `layout`), `report --check` fails when it is stale; tests/house/test_layering.py checks
+every import of the package against LAYERS."""
 
 import ast
 import glob
@@ -11,10 +11,11 @@ import re
 
 from tpcomm import ROOT
 
-# The layering, low to high: a module imports only from rows below its own (never from its own row's other units,
-# never upward); the entry scripts (train.py, bench.py, ...) sit above every row and nothing here imports them.
-# A unit is a subpackage of tpcomm/ (all its modules, its subfolders too, except experiments/report, a unit of its
-# own), the package root tpcomm/__init__.py ("tpcomm": ROOT), or one of the two top-level model files.
+# The layering, low to high: a module imports only from rows below its own (never from its own row's other
+# units, never upward); the entry scripts (train.py, bench.py, ...) sit above every row and nothing here
+# imports them. A unit is a subpackage of tpcomm/ (all its modules, its subfolders too, except
+# experiments/report, a unit of its own), the package root tpcomm/__init__.py ("tpcomm": ROOT), or one of the
+# two top-level model files.
 LAYERS = (
     ("model.py", "tpcomm"),
     ("tp",),
@@ -34,8 +35,8 @@ LEVEL = {unit: i for i, row in enumerate(LAYERS) for unit in row}
 
 
 def unit_of(module, root=ROOT):
-    """The LAYERS unit of a dotted module name ('tpcomm.tp.compress.compression' -> 'tp'); 'script' for another
-    top-level module of the repository (an entry script); None for anything outside the repository."""
+    """The LAYERS unit of a dotted module name ('tpcomm.tp.compress.compression' -> 'tp'); 'script' for
+    another top-level module of the repository (an entry script); None for anything outside the repository."""
     parts = module.split(".")
     if parts[0] in TOP_LEVEL_UNITS:
         return TOP_LEVEL_UNITS[parts[0]]
@@ -75,15 +76,16 @@ def imports_of(source, module, is_package=False):
 
 
 def layered_sources(root=ROOT):
-    """{path relative to root: source} of every module LAYERS orders: tpcomm/**/*.py and the two model files."""
+    """{path relative to root: source} of every module LAYERS orders:
+    tpcomm/**/*.py and the two model files."""
     paths = sorted(glob.glob(os.path.join(root, "tpcomm", "**", "*.py"), recursive=True))
     paths += [os.path.join(root, f) for f in TOP_LEVEL_UNITS.values()]
     return {os.path.relpath(p, root): open(p, encoding="utf-8").read() for p in paths}
 
 
 def wrong_way_imports(sources, root=ROOT):
-    """One line per import against LAYERS in {path: source}: a unit importing its own row's other units, a higher
-    row, an entry script, or a unit LAYERS does not list."""
+    """One line per import against LAYERS in {path: source}: a unit importing its own row's other units, a
+    higher row, an entry script, or a unit LAYERS does not list."""
     problems = []
     for path, source in sorted(sources.items()):
         module = module_name(os.path.join(root, path), root)
@@ -93,7 +95,8 @@ def wrong_way_imports(sources, root=ROOT):
             if there is None or there == here:
                 continue
             if here not in LEVEL or there not in LEVEL:
-                why = "an entry script" if there == "script" else f"a unit LAYERS does not list ({here} -> {there})"
+                why = ("an entry script" if there == "script" else f"a unit LAYERS does not list ({here} -> "
+                       f"{there})")
             elif LEVEL[there] >= LEVEL[here]:
                 why = f"{here} may not import {there} (" + ("the same row" if LEVEL[there] == LEVEL[here] else
                                                              "a higher row") + ")"
@@ -126,8 +129,8 @@ def diagram():
     """LAYERS drawn top (imports the most) to bottom, one row per line."""
     rows = ["   ".join(label(u) for u in row) for row in reversed(LAYERS)]
     width = max(map(len, rows))
-    lines = ["entry scripts (train.py, bench.py, sample.py, experiment.py, ...): import any row, imported by none",
-             " " * (width // 2) + "|"]
+    lines = ["entry scripts (train.py, bench.py, sample.py, experiment.py, ...): import any row, imported by "
+             "none", " " * (width // 2) + "|"]
     for i, row in enumerate(rows):
         lines.append(row.center(width).rstrip())
         if i < len(rows) - 1:
@@ -136,8 +139,8 @@ def diagram():
 
 
 def sentence_of(path):
-    """The first sentence of a module's docstring, as prose: its `code` marks dropped (a command quoted in part,
-    `python experiment.py report [SWEEP ...]`, is no command tests/house/test_docs.py could run)."""
+    """The first sentence of a module's docstring, as prose: its `code` marks dropped (a command quoted in
+    part, `python experiment.py report [SWEEP ...]`, is no command tests/house/test_docs.py could run)."""
     return first_sentence(docstring_of(path)).replace("`", "")
 
 
@@ -150,11 +153,10 @@ def module_lines(paths, root):
 def layout_page(ctx=None, root=None):
     """The generated part of docs/layout.md (report.py's block `layout`)."""
     root = root or (ctx.root if ctx is not None else ROOT)
-    out = ["### The layers", "",
-           "Each row imports only from the rows below it, never from its own row's other units "
-           "(`tpcomm/experiments/report/layout.py` LAYERS; tests/house/test_layering.py checks every import):", "",
-           "```text", diagram(), "```", "", "### Top-level files", "",
-           "The entry scripts, and the two model files LAYERS places.", ""]
+    out = ["### The layers", "", "Each row imports only from the rows below it, never from its own row's "
+           "other units " "(`tpcomm/experiments/report/layout.py` LAYERS; tests/house/test_layering.py "
+           "checks every import):", "", "```text", diagram(), "```", "", "### Top-level files", "", "The "
+           "entry scripts, and the two model files LAYERS places.", ""]
     out += module_lines(sorted(glob.glob(os.path.join(root, "*.py"))), root)
     for package in sorted(glob.glob(os.path.join(root, "tpcomm", "**", "__init__.py"), recursive=True),
                           key=lambda p: (LEVEL.get(unit_of(module_name(p, root), root), len(LEVEL)), p)):

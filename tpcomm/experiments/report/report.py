@@ -1,6 +1,6 @@
 """
-`python experiment.py report [SWEEP ...] [--check]`: the README's and docs' result tables and plots, regenerated from
-the committed result files alone (experiments/<sweep>/runs/*.json; no run directory needed).
+`python experiment.py report [SWEEP ...] [--check]`: the README's and docs' result tables and plots,
+regenerated from the committed result files alone (experiments/<sweep>/runs/*.json; no run directory needed).
 
 A table lives in a markdown file (README.md, docs/*.md) between two markers:
 
@@ -8,19 +8,21 @@ A table lives in a markdown file (README.md, docs/*.md) between two markers:
     (generated: `report` replaces everything between the markers)
     <!-- /report:NAME -->
 
-NAME is a key of blocks(): `<sweep>` (its results table), `<sweep>-paired` (paired differences to the baseline, 95%
-CIs), `<sweep>-answer` (each pattern's claim at 95%, claim(); pending for a run without files), the axes tables
-(tp-axis-penalty, tp-axis-alltp, size-axis-penalty, axes-compute), `<axes sweep>-provenance` (each row's commits,
-the rerun checks and the rows mixing code states or from dirty trees: tpcomm/experiments/provenance.py), `answer-table` and `answer` (the README's answer:
-each way of giving up a sync, its quality cost at 95% and its predicted GPU speedup from tpcomm/costmodel/cost_model.py,
-called in tpcomm/experiments/report/answer.py's gpu_speedups() alone; the figure docs/answer_tradeoff.png draws the same). A plot is a PNG in docs/
-(plot_specs()) whose metadata holds the sha256 of the numbers it shows (png.save_png). `report` also rewrites
-each sweep's own outputs (experiments/<sweep>/results.md ...). `report --check` regenerates everything in memory and
-exits 0 only when every marked table equals the generated one and every plot's stored digest equals the generated
-data's; otherwise it prints one line per mismatch and exits 1. A sweep without result files gets a note in place of
-its tables, and no plot. A figure a measuring command draws (tpcomm/figures/command_figures.py) is checked against the data
-file it wrote beside it, and redrawn from it; every PNG in docs/ must be one of these two kinds with its digest, so a
-hand-made, unregistered or data-less figure fails the check.
+NAME is a key of blocks(): `<sweep>` (its results table), `<sweep>-paired` (paired differences to the
+baseline, 95% CIs), `<sweep>-answer` (each pattern's claim at 95%, claim(); pending for a run without files),
+the axes tables (tp-axis-penalty, tp-axis-alltp, size-axis-penalty, axes-compute), `<axes sweep>-provenance`
+(each row's commits, the rerun checks and the rows mixing code states or from dirty trees:
+tpcomm/experiments/provenance.py), `answer-table` and `answer` (the README's answer: each way of giving up a
+sync, its quality cost at 95% and its predicted GPU speedup from tpcomm/costmodel/cost_model.py, called in
+tpcomm/experiments/report/answer.py's gpu_speedups() alone; the figure docs/answer_tradeoff.png draws the
+same). A plot is a PNG in docs/ (plot_specs()) whose metadata holds the sha256 of the numbers it shows
+(png.save_png). `report` also rewrites each sweep's own outputs (experiments/<sweep>/results.md ...). `report
+--check` regenerates everything in memory and exits 0 only when every marked table equals the generated one
+and every plot's stored digest equals the generated data's; otherwise it prints one line per mismatch and
+exits 1. A sweep without result files gets a note in place of its tables, and no plot. A figure a measuring
+command draws (tpcomm/figures/command_figures.py) is checked against the data file it wrote beside it, and
+redrawn from it; every PNG in docs/ must be one of these two kinds with its digest, so a hand-made,
+unregistered or data-less figure fails the check.
 """
 
 import glob
@@ -38,7 +40,8 @@ from tpcomm.experiments.report.answer import (answer_details, answer_long, answe
                                              tradeoff_plot)
 from tpcomm.experiments.report.layout import layout_page
 from tpcomm.experiments.provenance import provenance_markdown
-from tpcomm.experiments.readings import claim, comm_dtype_label, data_warning, interval_cell, no_results, pattern_name, penalties
+from tpcomm.experiments.readings import (claim, comm_dtype_label, data_warning, interval_cell, no_results,
+                                         pattern_name, penalties)
 from tpcomm.experiments.report.scale_report import PLOT as SCALE_PLOT, scale_axis, scale_plot
 from tpcomm.experiments.result_check import stray_files
 
@@ -48,15 +51,15 @@ AXES = ("cpu-long", "tp-axis", "size-axis", "convergence")
 
 
 class Results:
-    """The rows (results.summarize) of each sweep's result files, loaded once; a stale file (its config is no longer
-    the sweep's) is left out, said once."""
+    """The rows (results.summarize) of each sweep's result files, loaded once; a stale file (its config is no
+    longer the sweep's) is left out, said once."""
 
     def __init__(self, *, root=ROOT, say=print):
         self._rows, self._planned, self.root, self.say = {}, {}, root, say
 
     def jobs(self, name, *, seeds=None):
-        """The sweep's jobs for the seeds of its result files (or the given ones), paths anchored at the repo root;
-        planned once per report (the tables, the plan check and the stray-file check each ask)."""
+        """The sweep's jobs for the seeds of its result files (or the given ones), paths anchored at the repo
+        root; planned once per report (the tables, the plan check and the stray-file check each ask)."""
         key = (name, None if seeds is None else tuple(seeds))
         if key not in self._planned:
             self._planned[key] = self._plan(name, seeds)
@@ -70,7 +73,8 @@ class Results:
             seeds = sorted({int(m.group(1)) for d in {sweep_dir, *homes.values()}
                             for f in glob.glob(os.path.join(self.root, d, "runs", "*.json"))
                             for m in [re.search(r"-seed(\d+)\.json$", f)] if m})
-        # planned from the repo-relative directories the runner uses, so the configs (out_dir) are the recorded ones
+        # planned from the repo-relative directories the runner uses, so the configs (out_dir) are the
+        # recorded ones
         jobs = sweeps.plan(runs, sweep_dir=sweep_dir, seeds=seeds, sweep=name, homes=homes, check_data=False)
         for j in jobs:
             j.result_path = os.path.join(self.root, j.result_path)
@@ -86,7 +90,8 @@ class Results:
 def source_line(name, rows):
     n = sum(r["n_seeds"] for r in rows)
     seeds = sorted({s for r in rows for s in r["seeds"]})
-    return f"From {n} result files of `{name}` (seeds {', '.join(map(str, seeds))}), by `python experiment.py report`."
+    return (f"From {n} result files of `{name}` (seeds {', '.join(map(str, seeds))}), by `python "
+            "experiment.py report`.")
 
 
 def sweep_table(ctx, name):
@@ -105,7 +110,8 @@ def sweep_paired(ctx, name):
     if not rows:
         return no_results(name)
     if not pairing.has_pairs(rows):
-        return f"_`{name}`: no config shares 2+ seeds with its baseline yet; the paired comparison needs them._"
+        return (f"_`{name}`: no config shares 2+ seeds with its baseline yet; the paired comparison needs "
+                "them._")
     image = f"\n\n![{name}: paired difference to the baseline during training]({PAIRED_IMAGES[name]})" \
         if name in PAIRED_IMAGES else ""
     return data_warning(rows) + pairing.paired_markdown(rows) + image
@@ -121,15 +127,14 @@ def seeds_cell(row, diff):
 
 def sweep_answer(ctx, name):
     """A sweep's compact quality table: per pattern its forward syncs, the mean final val loss, the paired
-    difference to the all-tp baseline with its 95% interval (one seed: the difference alone), seeds counted, and
-    what that says at 95% (claim())."""
+    difference to the all-tp baseline with its 95% interval (one seed: the difference alone), seeds counted,
+    and what that says at 95% (claim())."""
     rows = ctx.rows(name)
     if not rows:
         return no_results(name)
     pairs = pairing.paired(rows)
-    lines = [source_line(name, rows), "",
-             "| pattern | fwd syncs | val loss (mean) | difference to all `tp` [95% CI] | seeds | at 95% it |",
-             "|---|---:|---:|---:|---:|---|"]
+    lines = [source_line(name, rows), "", "| pattern | fwd syncs | val loss (mean) | difference to all `tp` "
+             "[95% CI] | seeds | at 95% it |", "|---|---:|---:|---:|---:|---|"]
     for r in rows:
         diff = pairs.get(r["config"])
         cell = "baseline" if r["config"] == r["baseline"] else "—" if diff is None else \
@@ -142,8 +147,8 @@ def sweep_answer(ctx, name):
         lines.append(f"| `{r['block_pattern']}` | {r['fwd_allreduces']}{note} | {r['val_loss_mean']:.4f} | "
                      f"{cell} | {seeds_cell(r, diff)} | {reading} |")
     have = {r["config"] for r in rows}
-    lines += [f"| {run.name} | — | — | — | 0 | pending (no result file yet) |" for run in sweep_plan.SWEEPS[name]
-              if run.name not in have]
+    lines += [f"| {run.name} | — | — | — | 0 | pending (no result file yet) "
+              "|" for run in sweep_plan.SWEEPS[name] if run.name not in have]
     return data_warning(rows) + "\n".join(lines)
 
 
@@ -158,19 +163,19 @@ def tp_axis_penalty(ctx):
     tps = sorted({tp for _, tp, _ in pen})
     base = next(r for r in rows if r["config"] == r["baseline"])
     lines = [f"Final val loss minus the all-`tp` baseline's (tp {base['tp_size']}, {base['n_seeds']} seeds: "
-             f"{base['val_loss_mean']:.4f} ± {base['val_loss_std']:.4f}), same seed, at {base['tokens']:,} tokens; "
-             f"mean [95% CI] (seeds). All-`tp` is the same model at every tp degree, up to fp32 rounding (table "
-             f"`tp-axis-alltp`).", "",
-             "| block pattern | fwd all-reduces | " + " | ".join(f"tp {tp}" for tp in tps) + " |",
+             "" f"{base['val_loss_mean']:.4f} ± {base['val_loss_std']:.4f}), same seed, at "
+             f"{base['tokens']:,} tokens; " f"mean [95% CI] (seeds). All-`tp` is the same model at every tp "
+             "degree, up to fp32 rounding (table " f"`tp-axis-alltp`).", "", "| block pattern | fwd "
+             "all-reduces | " + " | ".join(f"tp {tp}" for tp in tps) + " |",
              "|---|---:|" + "---:|" * len(tps)]
     for name in [p for p in sweep_plan.PATTERNS if any(k[0] == p for k in pen)]:
         r = next(r for r in rows if pattern_name(r) == name)
-        lines.append(f"| `{r['block_pattern']}` | {r['fwd_allreduces']} | " +
-                     " | ".join(interval_cell(next((v for k, v in pen.items() if k[:2] == (name, tp)), None),
-                                      empty="baseline" if (r["block_pattern"], tp) == (base["block_pattern"],
-                                                                                       base["tp_size"]) else "—")
-                                for tp in tps)
-                     + " |")
+        lines.append(f"| `{r['block_pattern']}` | {r['fwd_allreduces']} | " + " | "
+                     "".join(interval_cell(next((v for k, v in pen.items() if k[:2] == (name, tp)), None),
+                                           empty="baseline"
+                                           if (r["block_pattern"], tp) == (base["block_pattern"],
+                                                                           base["tp_size"]) else "—")
+                             for tp in tps) + " |")
     lines += ["", "![cost of dropping syncs vs tensor-parallel degree](docs/axes_penalty_vs_tp.png)"]
     return data_warning(rows) + "\n".join(lines)
 
@@ -179,9 +184,10 @@ ROUNDING = 1e-4  # nats/token: two curves within it agree up to fp32 rounding (a
 
 
 def tp_axis_alltp(ctx):
-    """All-tp at each tp degree against the tp-4 baseline, same seed: how long the val curves agree up to fp32
-    rounding, and how far apart they wander once rounding differences compound (as any two runs that sum in another
-    order do), against the seed-to-seed spread. The step-level equality to GPT is proved by the tests."""
+    """All-tp at each tp degree against the tp-4 baseline, same seed: how long the val curves agree up
+    to fp32 rounding, and how far apart they wander once rounding differences compound (as any two
+    runs that sum in another order do), against the seed-to-seed spread. The step-level equality to
+    GPT is proved by the tests."""
     rows = [r for r in ctx.rows("tp-axis") if pattern_name(r) == "all-tp"]
     ref = next((r for r in rows if r["config"] == r["baseline"]), None)
     if ref is None or len(rows) < 2:
@@ -189,7 +195,8 @@ def tp_axis_alltp(ctx):
     table, agreed, largest, final = [], [], 0.0, 0.0
     for r in sorted((r for r in rows if r is not ref), key=lambda r: r["tp_size"]):
         for seed, curve in zip(r["seeds"], r["curves"]):
-            mine, theirs = dict(curve), dict(ref["curves"][ref["seeds"].index(seed)]) if seed in ref["seeds"] else {}
+            mine, theirs = (dict(curve), dict(ref["curves"][ref["seeds"].index(seed)]) if seed in ref["seeds"]
+                            else {})
             shared = sorted(set(mine) & set(theirs))
             if not shared:
                 continue
@@ -202,22 +209,25 @@ def tp_axis_alltp(ctx):
                          f"{mine[shared[-1]] - theirs[shared[-1]]:+.1e} | {diffs[0]:.0e} | "
                          f"{'—' if through is None else f'{through:,}'} | {max(diffs):.1e} |")
     spread = ref["val_loss_std"]
-    first = None if None in agreed else min(agreed)  # a degree apart from the first eval on: not the same model
+    # a degree apart from the first eval on: not the same model
+    first = None if None in agreed else min(agreed)
     if first is None:
         verdict = "a degree's curve differs from the first eval on: NOT the same model"
     else:
-        verdict = (f"the curves agree within {ROUNDING:.0e} through iter {first:,} at least, then fp32 rounding "
-                   f"differences compound (each degree sums its shards in another order) and the curves wander up "
-                   f"to {largest:.1e} apart, {final:.1e} at the end: {largest / spread:.2f} and {final / spread:.2f} "
-                   f"of the seed-to-seed std of the final loss ({spread:.4f}), " +
-                   ("noise the paired intervals already carry: one baseline serves every degree" if final < spread
-                    else "NOT small beside the seed spread"))
-    return "\n".join([
-        f"The all-`tp` model at each tp degree against tp {ref['tp_size']}, same seed (same initial weights, same "
-        f"batches): {verdict}. That the models are the same step by step is proved by the tests "
-        f"(docs/tests.md); this table shows how far rounding alone carries two such runs apart.", "",
-        f"| tp | seed | final val loss | final difference to tp {ref['tp_size']} | difference at iter 0 | within "
-        f"{ROUNDING:.0e} through iter | largest abs difference |", "|---:|---:|---:|---:|---:|---:|---:|", *table])
+        verdict = (f"the curves agree within {ROUNDING:.0e} through iter {first:,} at least, then fp32 "
+                   "rounding " f"differences compound (each degree sums its shards in another order) and the "
+                   "curves wander up " f"to {largest:.1e} apart, {final:.1e} at the end: "
+                   f"{largest / spread:.2f} and {final / spread:.2f} " f"of the seed-to-seed std of the "
+                   f"final loss ({spread:.4f}), " + ("noise the paired intervals already carry: one baseline "
+                                                     "serves every degree" if final < spread else "NOT small "
+                                                     "beside the seed spread"))
+    return "\n".join([f"The all-`tp` model at each tp degree against tp {ref['tp_size']}, same seed (same "
+                      "initial weights, same " f"batches): {verdict}. That the models are the same step by "
+                      "step is proved by the tests " f"(docs/tests.md); this table shows how far rounding "
+                      "alone carries two such runs apart.", "", f"| tp | seed | final val loss | final "
+                      f"difference to tp {ref['tp_size']} | difference at iter 0 | within " f"{ROUNDING:.0e} "
+                      "through iter | largest abs difference |", "|---:|---:|---:|---:|---:|---:|---:|",
+                      *table])
 
 
 def size_axis_penalty(ctx):
@@ -226,27 +236,30 @@ def size_axis_penalty(ctx):
     if not pen:
         return no_results("size-axis", "cpu-long")
     patterns = [p for p in sweep_plan.PATTERNS if any(k[0] == p for k in pen)]
-    lines = ["Final val loss minus the all-`tp` baseline's of the same size, same seed; mean [95% CI] (seeds). "
-             "Tokens per non-embedding parameter fixed (docs/axes.md, the size axis); epochs over the training "
-             "data's train.bin.", "",
-             "| model (layers x width, heads) | non-embedding params | params | steps | tokens | tokens/param | epochs "
-             "| all-tp final val loss | " + " | ".join(f"{p} − all-tp" for p in patterns) + " |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(patterns)]
-    bases = sorted((r for r in rows if r["config"] == r["baseline"]), key=lambda r: -(r["params_non_embedding"] or 0))
+    lines = ["Final val loss minus the all-`tp` baseline's of the same size, same seed; mean [95% CI] "
+             "(seeds). " "Tokens per non-embedding parameter fixed (docs/axes.md, the size axis); epochs "
+             "over the training " "data's train.bin.", "", "| model (layers x width, heads) | non-embedding "
+             "params | params | steps | tokens | tokens/param | epochs " "| all-tp final val loss | " + " | "
+             "".join(f"{p} − all-tp" for p in patterns) + " |", "|---|---:|---:|---:|---:|---:|---:|---:|"
+             + "---:|" * len(patterns)]
+    bases = sorted((r for r in rows if r["config"] == r["baseline"]),
+                   key=lambda r: -(r["params_non_embedding"] or 0))
     for b in bases:
         n = b["params_non_embedding"]
         lines.append(f"| {b['n_layer']} x {b['n_embd']}, {b['n_head']} heads | {results.fmt(n, ',d')} | "
-                     f"{results.fmt(b['params_total'], ',d')} | {b['final_iter']:,} | {b['tokens']:,} | "
-                     f"{results.fmt(b['tokens'] / n if n else None, '.2f')} | {results.fmt(b['epochs'], '.3f')} | "
-                     f"{b['val_loss_mean']:.4f} | " +
-                     " | ".join(interval_cell(pen.get((p, b["tp_size"], results.group_key(b)))) for p in patterns) + " |")
+                     "" f"{results.fmt(b['params_total'], ',d')} | {b['final_iter']:,} | {b['tokens']:,} | "
+                     "" f"{results.fmt(b['tokens'] / n if n else None, '.2f')} | "
+                     f"{results.fmt(b['epochs'], '.3f')} | " f"{b['val_loss_mean']:.4f} | " + " | "
+                     "".join(interval_cell(pen.get((p, b["tp_size"], results.group_key(b))))
+                             for p in patterns) + " |")
     lines += ["", "![cost of dropping syncs vs model size](docs/axes_penalty_vs_size.png)"]
     return data_warning(rows) + "\n".join(lines)
 
 
 def axes_compute(ctx):
-    lines = ["| sweep | runs (own + shared) | with a result file | wall hours of its own finished runs | ms/step, "
-             "median (range over runs) | runs flagged scattered |", "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| sweep | runs (own + shared) | with a result file | wall hours of its own finished runs | "
+             "ms/step, " "median (range over runs) | runs flagged scattered |",
+             "|---|---:|---:|---:|---:|---:|"]
     for name in AXES:
         planned = ctx.jobs(name, seeds=list(sweep_plan.SWEEP_SEEDS[name]))
         own = [j for j in planned if j.sweep == name]
@@ -255,16 +268,18 @@ def axes_compute(ctx):
         ms = sorted(r["timing"]["step_ms"] for r in recs if r["timing"].get("step_ms"))
         hours = sum(r["timing"].get("wall_s") or 0 for r in mine) / 3600
         span = f"{statistics.median(ms):.1f} ({ms[0]:.1f}–{ms[-1]:.1f})" if ms else "—"
-        lines.append(f"| `{name}` | {len(own)} + {len(planned) - len(own)} | {len(recs)} | {hours:.2f} | {span} | "
-                     f"{sum(1 for r in recs if r['timing'].get('scattered'))} |")
+        lines.append(f"| `{name}` | {len(own)} + {len(planned) - len(own)} | {len(recs)} | {hours:.2f} | "
+                     f"{span} | " f"{sum(1 for r in recs if r['timing'].get('scattered'))} |")
     return "\n".join(lines)
 
 
 def penalty_data(pen, *, x_of):
     """One series per pattern (all-tp, the baseline, left out), points [x, mean, ci, seeds] by x."""
-    names = [p for p in sweep_plan.PATTERNS if p != "all-tp"] + sorted({k[0] for k in pen} - set(sweep_plan.PATTERNS))
-    return [dict(label=name, points=sorted([x_of(k), mean, ci or 0.0, n] for k, (mean, ci, n) in pen.items()
-                                           if k[0] == name)) for name in names if any(k[0] == name for k in pen)]
+    names = [p for p in sweep_plan.PATTERNS if p != "all-tp"] + sorted({k[0] for k in pen}
+                                                                       - set(sweep_plan.PATTERNS))
+    return [dict(label=name, points=sorted([x_of(k), mean, ci or 0.0, n] for k,
+                                           (mean, ci, n) in pen.items() if k[0] == name)) for name in names
+            if any(k[0] == name for k in pen)]
 
 
 def penalty_vs_tp(ctx):
@@ -273,8 +288,9 @@ def penalty_vs_tp(ctx):
         return None
     data = penalty_data(pen, x_of=lambda k: k[1])
     title = "tp-axis: cost of dropping syncs vs tensor-parallel degree (12 x 64 model, 3.84M tokens)"
-    return data, lambda: plots.draw_penalty(data, xlabel="tensor-parallel degree (shards per layer, simulated)",
-                                      title=title, xticks=sorted({p[0] for s in data for p in s["points"]}))
+    return data, lambda: plots.draw_penalty(data, xlabel="tensor-parallel degree (shards per layer, "
+                                            "simulated)", title=title, xticks=sorted({p[0] for s in data
+                                                                                      for p in s["points"]}))
 
 
 def penalty_vs_size(ctx):
@@ -287,14 +303,16 @@ def penalty_vs_size(ctx):
     tokens = {params[k]: k[3] for k in params}  # group_key's last field: a size's tokens grow with it
     xticks = sorted({p[0] for s in data for p in s["points"]})
     title = "size-axis: cost of dropping syncs at three model sizes (tp 4; the tokens grow with the size)"
-    return data, lambda: plots.draw_penalty(data, xlabel="non-embedding parameters (and the tokens that size trains "
-                                            "on)", title=title, xticks=xticks,
-                                            xticklabels=[f"{x:,}\n{tokens[x] / 1e6:.2f}M tokens" for x in xticks])
+    return data, lambda: plots.draw_penalty(data, xlabel="non-embedding parameters (and the tokens that size "
+                                            "trains " "on)", title=title, xticks=xticks,
+                                            xticklabels=[f"{x:,}\n{tokens[x] / 1e6:.2f}M "
+                                                         "tokens" for x in xticks])
 
 
 def sweep_plot(name, index):
     def spec(ctx):
-        made = plots.sweep_plots(ctx.rows(name), title=f"{name} sweep", note=sweep_plan.SWEEP_REMARKS.get(name, ""))
+        made = plots.sweep_plots(ctx.rows(name), title=f"{name} sweep",
+                                 note=sweep_plan.SWEEP_REMARKS.get(name, ""))
         return made.get(plots.PLOTS[index])
     return spec
 
@@ -329,7 +347,8 @@ def blocks():
 
 
 def plot_specs():
-    """{PNG path under the repo root: (sweeps it reads, function(Results) -> (data, draw) or None: no data)}."""
+    """{PNG path under the repo root: (sweeps it reads, function(Results) -> (data,
+    draw) or None: no data)}."""
     return {
         "docs/val_loss_vs_allreduces.png": (("cpu",), sweep_plot("cpu", 0)),
         "docs/val_loss_curves.png": (("cpu",), sweep_plot("cpu", 1)),
@@ -357,7 +376,8 @@ IMAGE_LINK = re.compile(r"\]\((docs/[^)\s]+\.png)\)")
 
 def relink(content, md_dir, root):
     """Image paths written from the repo root (docs/x.png), made relative to the markdown file's folder."""
-    return IMAGE_LINK.sub(lambda m: "](" + os.path.relpath(os.path.join(root, m.group(1)), md_dir) + ")", content)
+    return IMAGE_LINK.sub(lambda m: "](" + os.path.relpath(os.path.join(root, m.group(1)), md_dir) + ")",
+                          content)
 
 
 def update_blocks(text, generate, where, *, known):
@@ -372,7 +392,8 @@ def update_blocks(text, generate, where, *, known):
     def replace(m):
         name = m.group(1)
         if name not in known:
-            problems.append(f"{where}: unknown report block {name!r} (tpcomm/experiments/report/report.py blocks() lists them)")
+            problems.append(f"{where}: unknown report block {name!r} (tpcomm/experiments/report/report.py "
+                            "blocks() lists them)")
             return m.group(0)
         content = generate(name)
         if content is None:
@@ -386,9 +407,11 @@ def update_blocks(text, generate, where, *, known):
 
 
 def main(selected=(), *, check=False, root=ROOT, say=print):
-    """Regenerate (with check: compare) the marked tables, the plots and the sweeps' own outputs; returns the exit
-    status: 1 when check found a mismatch, or a marker is unknown or unclosed (each printed as one line), else 0."""
-    stale = []  # with check, a result file left out as stale is a mismatch: the tables it would change are wrong
+    """Regenerate (with check: compare) the marked tables, the plots and the sweeps' own outputs;
+    returns the exit status: 1 when check found a mismatch, or a marker is unknown or unclosed (each
+    printed as one line), else 0."""
+    # with check, a result file left out as stale is a mismatch: the tables it would change are wrong
+    stale = []
     ctx = Results(root=root, say=stale.append if check else say)
     chosen = lambda deps: not selected or any(d in selected for d in deps)  # noqa: E731
     table_of, cache = blocks(), {}
@@ -430,13 +453,14 @@ def main(selected=(), *, check=False, root=ROOT, say=print):
     if check and not (problems or mismatches):
         files = {j.result_path for name in sweep_plan.SWEEPS for j in ctx.jobs(name)
                  if os.path.exists(os.path.join(root, j.result_path))}  # a shared run's file once
-        print(f"report --check: every marked table and report figure equals what the {len(files)} result files give")
+        print(f"report --check: every marked table and report figure equals what the {len(files)} result "
+              "files give")
     return 1 if problems or mismatches else 0
 
 
 def stray_lines(ctx):
-    """One line per entry of the sweeps' runs/ folders that is no sweep's result file (another name, a seed no run
-    has, a folder): the report leaves it out, and says so."""
+    """One line per entry of the sweeps' runs/ folders that is no sweep's result file (another name, a seed no
+    run has, a folder): the report leaves it out, and says so."""
     jobs = [j for name in sweep_plan.SWEEPS for j in ctx.jobs(name)]
     folders = {os.path.join(ctx.root, sweeps.sweep_dir_for(name, ()), "runs") for name in sweep_plan.SWEEPS}
     return [f"{os.path.relpath(p, ctx.root)}: not a result file of any sweep's run (its name); left out"
@@ -447,21 +471,24 @@ def unregistered_pngs(root):
     """docs/*.png that neither the report nor a command's data file (plot_specs) accounts for: a figure whose
     staleness nothing can tell."""
     known = set(plot_specs())
-    return sorted(rel for rel in (os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "docs", "*.png")))
+    return sorted(rel for rel in (os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "docs",
+                                                                                           "*.png")))
                   if rel not in known)
 
 
-# (figure, data digest) of the command figures' data files that drew in this process: the same data draws the same
+# (figure, data digest) of the command figures' data files that drew in this process: the same data draws the
+# same
 DRAWN = set()
 
 
 def update_plots(ctx, chosen, *, check, root, say):
-    """Write (with check: compare) the registered plots; returns the mismatch lines. With check, a committed figure
-    that carries no data digest fails too: one not registered here, one whose result files are not committed, a
-    command's figure without its data file; and a command's data file must draw (its figure is redrawn, not
-    kept)."""
-    mismatches = [f"{rel}: no data digest can be checked: not registered in tpcomm/experiments/report/report.py plot_specs() (a "
-                  "command's figure: tpcomm/figures/command_figures.py COMMAND_PNGS)" for rel in unregistered_pngs(root)]
+    """Write (with check: compare) the registered plots; returns the mismatch lines. With check, a
+    committed figure that carries no data digest fails too: one not registered here, one whose result
+    files are not committed, a command's figure without its data file; and a command's data file must
+    draw (its figure is redrawn, not kept)."""
+    mismatches = [f"{rel}: no data digest can be checked: not registered in "
+                  "tpcomm/experiments/report/report.py plot_specs() (a " "command's figure: "
+                  "tpcomm/figures/command_figures.py COMMAND_PNGS)" for rel in unregistered_pngs(root)]
     for line in [] if check else mismatches:
         say("note: " + line)
     mismatches = mismatches if check else []
@@ -471,10 +498,11 @@ def update_plots(ctx, chosen, *, check, root, say):
             continue
         path = os.path.join(root, rel)
         stored, made = png.png_digest(path), spec(ctx)
-        if made is None:  # no data: a plot made from data that is gone is stale; an older hand-made one is noted
+        # no data: a plot made from data that is gone is stale; an older hand-made one is noted
+        if made is None:
             if rel in commands and os.path.exists(path):
-                line = (f"{rel}: has no data file ({os.path.basename(command_figures.data_path(rel))}) beside it: "
-                        "draw it with the command its docs page shows")
+                line = (f"{rel}: has no data file ({os.path.basename(command_figures.data_path(rel))}) "
+                        "beside it: " "draw it with the command its docs page shows")
                 if check:
                     mismatches.append(line)
                 else:
@@ -493,7 +521,8 @@ def update_plots(ctx, chosen, *, check, root, say):
             continue
         data, draw = made
         digest = png.data_digest(data)
-        if check and rel in commands and (rel, digest) not in DRAWN:  # the data file must still draw (a hand-edited
+        # the data file must still draw (a hand-edited
+        if check and rel in commands and (rel, digest) not in DRAWN:
             try:                                                       # one may not)
                 png.pyplot().close(draw())
             except Exception as e:  # noqa: BLE001 - any failure to draw is the mismatch to report
@@ -507,7 +536,8 @@ def update_plots(ctx, chosen, *, check, root, say):
                                             "its data digest differs from the result files'" if stored else
                                             "has no data digest (not made by `python experiment.py report`)"))
         else:
-            png.save_png(draw(), path, data, made_by=f"figure {data['kind']}" if rel in commands else "report")
+            png.save_png(draw(), path, data, made_by=f"figure {data['kind']}" if rel in commands
+                         else "report")
             say(f"wrote {rel}")
     return mismatches
 

@@ -1,9 +1,9 @@
 """
-The scale axis in the report (`python experiment.py report`; tpcomm/experiments/report/report.py registers these): from the gpu-scale
-sweep's result files, each pattern's paired cost to all `tp` at each size with its 95% interval, whether that cost
-grows, shrinks or holds from the smallest size to the largest (the per-seed change, paired, with its interval),
-each pattern's measured step time over GPT's at the largest size, and the plot of cost against size. Without result
-files it says the axis is pending and why.
+The scale axis in the report (`python experiment.py report`; tpcomm/experiments/report/report.py registers
+these): from the gpu-scale sweep's result files, each pattern's paired cost to all `tp` at each size with its
+95% interval, whether that cost grows, shrinks or holds from the smallest size to the largest (the per-seed
+change, paired, with its interval), each pattern's measured step time over GPT's at the largest size, and the
+plot of cost against size. Without result files it says the axis is pending and why.
 """
 
 from tpcomm.experiments import pairing, plots, results
@@ -23,27 +23,31 @@ def model_rows(ctx):
 def pending():
     (l0, c0, _), (l1, c1, _) = AXES_SIZE, max(SCALE_SIZES, key=lambda s: s[0] * s[1] ** 2)
     small, large = SCALE_SIZES[AXES_SIZE], SCALE_SIZES[(l1, c1, 8)]
-    params, tokens = l1 * c1 ** 2 / (l0 * c0 ** 2), large / small  # same steps and block: tokens scale as the batch
-    return (f"_The scale axis is pending: no `{NAME}` result files yet (experiments/{NAME}/runs/). It needs a GPU: "
-            f"the largest size, {l1} x {c1}, has {params:.0f}x the parameters of cpu-long's {l0} x {c0} and trains "
-            f"{tokens:.0f}x its tokens ({AXES_STEPS:,} steps of {large} x 64), about {params * tokens:.0f}x the "
-            f"compute of a cpu-long run (each of those took about 19 minutes on the 2 CPU cores here: months for the "
-            f"sweep's {len(SCALE_SEEDS)} seeds x {len(SCALE_PATTERNS)} patterns). "
-            f"`python experiment.py {NAME} --dry-run` prints the plan and its GPU-minutes; docs/gpu.md says how a "
-            f"GPU session runs the next chunk._")
+    # same steps and block: tokens scale as the batch
+    params, tokens = l1 * c1 ** 2 / (l0 * c0 ** 2), large / small
+    return (f"_The scale axis is pending: no `{NAME}` result files yet (experiments/{NAME}/runs/). It needs "
+            "a GPU: " f"the largest size, {l1} x {c1}, has {params:.0f}x the parameters of cpu-long's {l0} x "
+            f"{c0} and trains " f"{tokens:.0f}x its tokens ({AXES_STEPS:,} steps of {large} x 64), about "
+            f"{params * tokens:.0f}x the " f"compute of a cpu-long run (each of those took about 19 minutes "
+            "on the 2 CPU cores here: months for the " f"sweep's {len(SCALE_SEEDS)} seeds x "
+            f"{len(SCALE_PATTERNS)} patterns). " f"`python experiment.py {NAME} --dry-run` prints the plan "
+            "and its GPU-minutes; docs/gpu.md says how a " f"GPU session runs the next chunk._")
 
 
 def started(rows):
     """One line while no pattern is paired with all `tp` yet: what has run, and what the costs wait for."""
-    done = "; ".join(f"{r['config']} {r['val_loss_mean']:.4f} ({r['n_seeds']} seed{'s' if r['n_seeds'] > 1 else ''})"
+    done = "; ".join(f"{r['config']} {r['val_loss_mean']:.4f} ({r['n_seeds']} "
+                     f"seed{'s' if r['n_seeds'] > 1 else ''})"
                      for r in sorted(rows, key=lambda r: (r["params_non_embedding"] or 0, r["config"])))
-    return (f"_The scale axis has begun: {sum(r['n_seeds'] for r in rows)} `{NAME}` run(s) (final val loss: {done}); no "
-            f"pattern has a seed paired with all `tp` of its size yet, so each cost and its trend with size are "
-            f"pending. `python experiment.py {NAME} --dry-run` prints what is left and its GPU-minutes._")
+    return (f"_The scale axis has begun: {sum(r['n_seeds'] for r in rows)} `{NAME}` run(s) (final val loss: "
+            f"{done}); no " f"pattern has a seed paired with all `tp` of its size yet, so each cost and its "
+            "trend with size are " f"pending. `python experiment.py {NAME} --dry-run` prints what is left "
+            "and its GPU-minutes._")
 
 
 def trend(rows, pattern, pairs):
-    """Per seed, the pattern's cost at the largest size minus at the smallest, paired: (mean, ci, seeds) or None."""
+    """Per seed, the pattern's cost at the largest size minus at the smallest, paired:
+    (mean, ci, seeds) or None."""
     by_size = {}
     for r in rows:
         if pattern_name(r) == pattern and r["config"] in pairs:
@@ -69,13 +73,16 @@ def trend_cell(t):
 
 
 def step_line(ctx):
-    """Each pattern's median step over GPT's at the largest size (the sweep's own timing), against STEP_LIMIT."""
+    """Each pattern's median step over GPT's at the largest size (the sweep's own
+    timing), against STEP_LIMIT."""
     rows = ctx.rows(NAME)
     gpt = [r for r in rows if r["config"].startswith("gpt-") and r["step_ms"]]
     if not gpt:
-        return "Step time of simulated tp 4 over GPT's: pending (GPT's run at the largest size has no result file)."
+        return ("Step time of simulated tp 4 over GPT's: pending (GPT's run at the largest size has no "
+                "result file).")
     ref = gpt[0]
-    same = [r for r in rows if r not in gpt and results.group_key(r) == results.group_key(ref) and r["step_ms"]]
+    same = [r for r in rows if r not in gpt and results.group_key(r) == results.group_key(ref)
+            and r["step_ms"]]
     parts = [f"{pattern_name(r)} {r['step_ms'] / ref['step_ms']:.2f}x" for r in same]
     over = [pattern_name(r) for r in same if r["step_ms"] / ref["step_ms"] > STEP_LIMIT]
     return (f"Step time over GPT's ({ref['step_ms']:.1f} ms, median) at {ref['n_layer']} x {ref['n_embd']}: "
@@ -90,13 +97,15 @@ def scale_axis(ctx):
     pen, pairs = penalties(rows), pairing.paired(rows)
     if not pen:  # the first chunks: only all `tp` files, nothing paired yet
         return started(rows)
-    bases = sorted((r for r in rows if r["config"] == r["baseline"]), key=lambda r: r["params_non_embedding"] or 0)
+    bases = sorted((r for r in rows if r["config"] == r["baseline"]),
+                   key=lambda r: r["params_non_embedding"] or 0)
     head = " | ".join(f"{b['n_layer']} x {b['n_embd']} ({results.fmt(b['params_non_embedding'], ',d')})"
                       for b in bases)
-    lines = ["Final val loss minus all `tp`'s of the same size and seed, mean [95% CI] (seeds), by non-embedding "
-             "parameters; the last column: that cost at the largest size minus at the smallest, paired by seed.",
-             "", f"| pattern | {head} | with size |", "|---|" + "---:|" * len(bases) + "---|",
-             "| all-tp final val loss | " + " | ".join(f"{b['val_loss_mean']:.4f}" for b in bases) + " | |"]
+    lines = ["Final val loss minus all `tp`'s of the same size and seed, mean [95% CI] (seeds), by "
+             "non-embedding " "parameters; the last column: that cost at the largest size minus at the "
+             "smallest, paired by seed.", "", f"| pattern | {head} | with size |",
+             "|---|" + "---:|" * len(bases) + "---|", "| all-tp final val loss | " + " | "
+             "".join(f"{b['val_loss_mean']:.4f}" for b in bases) + " | |"]
     for p in SCALE_PATTERNS[1:]:
         cells = [interval_cell(pen.get((p, b["tp_size"], results.group_key(b)))) for b in bases]
         lines.append(f"| {p} | " + " | ".join(cells) + f" | {trend_cell(trend(rows, p, pairs))} |")
@@ -112,8 +121,9 @@ def scale_plot(ctx):
     if not pen:
         return None
     params = {results.group_key(r): r["params_non_embedding"] for r in rows}
-    data = [dict(label=p, points=sorted([params[k[2]], m, ci or 0.0, n] for k, (m, ci, n) in pen.items() if k[0] == p))
-            for p in SCALE_PATTERNS[1:] if any(k[0] == p for k in pen)]
+    data = [dict(label=p, points=sorted([params[k[2]], m, ci or 0.0, n] for k,
+                                        (m, ci, n) in pen.items() if k[0] == p)) for p in SCALE_PATTERNS[1:]
+            if any(k[0] == p for k in pen)]
     title = f"{NAME}: cost of each pattern vs model size (tp 4 simulated, 6.49 tokens per parameter, Linux C)"
     return data, lambda: plots.draw_penalty(data, xlabel="non-embedding parameters", title=title,
                                             xticks=sorted({pt[0] for s in data for pt in s["points"]}))

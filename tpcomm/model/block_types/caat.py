@@ -1,14 +1,15 @@
 """
 'caat': partial-channel sync (CAAT-Net, arXiv 2506.19645), as its authors' Megatron fork runs it. At each of a
-block's two syncs only the first k = p * n_embd channels S of the module's output are all-reduced; on the other
-channels P each shard adds its own partial result, scaled by sqrt(tp), to its own stream. p is the option
-`caat_sync_fraction` (default 0.5, the paper's main setting). docs/model.md has the equations, each line mapped to
-the authors' code.
+block's two syncs only the first k = p * n_embd channels S of the module's output are all-reduced; on the
+other channels P each shard adds its own partial result, scaled by sqrt(tp), to its own stream. p is the
+option `caat_sync_fraction` (default 0.5, the paper's main setting). docs/model.md has the equations, each
+line mapped to the authors' code.
 
-In the stream contract of tpcomm/model/blocks.ShardedBlock a 'caat' block leaves the stream desynced: xbar (N, C)
-holds S's synced value and, on P, the value at the last full sync; r (L, N, C) each shard's stream, r_i = xbar on
-S. A later 'tp' or 'spd' block sums d_i = r_i - xbar as after a 'parallel' block. After a last 'caat' block there is
-no final sync (its fact private_head): each shard's ln_f and vocabulary slice of the head read its own stream.
+In the stream contract of tpcomm/model/blocks.ShardedBlock a 'caat' block leaves the stream desynced:
+xbar (N, C) holds S's synced value and, on P, the value at the last full sync; r (L, N, C) each shard's
+stream, r_i = xbar on S. A later 'tp' or 'spd' block sums d_i = r_i - xbar as after a 'parallel' block.
+After a last 'caat' block there is no final sync (its fact private_head): each shard's ln_f and
+vocabulary slice of the head read its own stream.
 """
 
 from dataclasses import dataclass, field
@@ -19,7 +20,8 @@ from tpcomm.model.block_types.registry import BlockType, register
 
 @dataclass(frozen=True)
 class CAATOptions:
-    # p: the share of each sync's channels all-reduced (the paper's main setting: 0.5); short: its name in run names
+    # p: the share of each sync's channels all-reduced (the paper's main setting: 0.5); short: its name in run
+    # names
     sync_fraction: float = field(default=0.5, metadata={"short": "p"})
 
     def check(self, *, n_embd, tp_size):
@@ -27,11 +29,11 @@ class CAATOptions:
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
             raise ConfigError(f"caat_sync_fraction must be a number in (0, 1], got {p!r}")
         if abs(p * n_embd - round(p * n_embd)) > 1e-9 or round(p * n_embd) < 1:
-            raise ConfigError(f"caat_sync_fraction={p!r} times n_embd ({n_embd}) must be a whole number of channels, "
-                              f"at least 1")
+            raise ConfigError(f"caat_sync_fraction={p!r} times n_embd ({n_embd}) must be a whole number of "
+                              "channels, " f"at least 1")
         if tp_size == 1 and p != CAATOptions.sync_fraction:  # one shard: every channel is the one stream's
-            raise ConfigError(f"caat_sync_fraction={p!r} needs tp_size > 1, got tp_size=1: one shard syncs nothing, "
-                              f"so every fraction is the same model as all 'tp'")
+            raise ConfigError(f"caat_sync_fraction={p!r} needs tp_size > 1, got tp_size=1: one shard syncs "
+                              "nothing, " f"so every fraction is the same model as all 'tp'")
 
 
 class CAAT(BlockType):
@@ -39,9 +41,11 @@ class CAAT(BlockType):
         z_i = M_i * (A_i(LN1(r_i)) + [b_A[S] / tp, b_A[P]]),  M_i = R on the synced channels S, D_i on P
         xbar[S] += sum_i (d_i[S] + z_i[S]),  r_i[S] = xbar[S];   r_i[P] += sqrt(tp) * z_i[P]   (xbar[P] unchanged)
     then the same for the MLP. d_i = r_i - xbar: non-zero on S only after a 'parallel' block."""
-    forward_syncs, backward_syncs = 2, (3, 2)  # each sync's fan-out (a fraction), and a synced input's (whole)
+    # each sync's fan-out (a fraction), and a synced input's (whole)
+    forward_syncs, backward_syncs = 2, (3, 2)
     desyncs = tp_dependent = private_head = True
-    sequence_parallel = compressible = False  # its streams are not token-sharded; its syncs move a channel slice
+    # its streams are not token-sharded; its syncs move a channel slice
+    sequence_parallel = compressible = False
     Options = CAATOptions
 
     @staticmethod
@@ -74,9 +78,9 @@ class CAAT(BlockType):
         return None if b is None else self.cat([b[:self.k] / self.group.tp, b[self.k:]])
 
     def channel_mask(self, r, xbar, site):
-        """(L, N, C) keep-mask, or None without dropout: the replica's mask R on the synced channels (their sum is
-        dropped once, on every shard alike, as a 'tp' block drops it), each shard's own mask D_i on the others (as a
-        'parallel' block). At tp 1 both are GPT's mask."""
+        """(L, N, C) keep-mask, or None without dropout: the replica's mask R on the synced channels (their
+        sum is dropped once, on every shard alike, as a 'tp' block drops it), each shard's own mask D_i on the
+        others (as a 'parallel' block). At tp 1 both are GPT's mask."""
         D = self.shard_mask(r, site)
         if D is None:
             return None
@@ -84,11 +88,11 @@ class CAAT(BlockType):
         return self.cat([R.unsqueeze(0).expand(D.shape[0], *R.shape), D[..., self.k:]], dim=-1)
 
     def partial_sync(self, xbar, r, z, site, *, in_sync):
-        """(xbar, r) after adding the module outputs z (L, N, C): g of the first k channels' summands d_i + z_i (the
-        all-reduce, p of a full sync's bytes), fanned back out by f (its backward all-reduce, p too: the authors'
-        partial reduce all-reduces the same channels of the gradient); the other channels' sqrt(tp) * z_i added to
-        each shard's own stream (the authors' ForwardScaling; times 1.0 at tp 1: exact, GPT's block). in_sync: the
-        input's S channels agree (d_i[S] = 0)."""
+        """(xbar, r) after adding the module outputs z (L, N, C): g of the first k channels' summands d_i +
+        z_i (the all-reduce, p of a full sync's bytes), fanned back out by f (its backward all-reduce, p too:
+        the authors' partial reduce all-reduces the same channels of the gradient); the other channels'
+        sqrt(tp) * z_i added to each shard's own stream (the authors' ForwardScaling; times 1.0 at tp 1:
+        exact, GPT's block). in_sync: the input's S channels agree (d_i[S] = 0)."""
         k = self.k
         s = z[..., :k] if in_sync else self.group.delta(r[..., :k], xbar[:, :k]) + z[..., :k]
         xs = xbar[:, :k] + self.all_reduce(s.contiguous(), site)  # (N, k), synced

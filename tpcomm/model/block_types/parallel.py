@@ -19,9 +19,11 @@ class Parallel(BlockType):
         r, y = self.shard_heads(xbar, r, T, kv, sequence_parallel=sequence_parallel, src=src)
         if sequence_parallel and synced:  # the token shard and the gathered stream the r_i start from
             xbar = self.sp_stream(xbar, r)
-        r = self.attn.out(y, acc=r, bias=self.bias_share(self.attn.c_proj, 1 / tp), mask=self.shard_mask(r, "attn"))
+        r = self.attn.out(y, acc=r, bias=self.bias_share(self.attn.c_proj, 1 / tp),
+                          mask=self.shard_mask(r, "attn"))
         u = self.mlp.hidden(self.layer_norm(self.ln_2, r))
-        r = self.mlp.out(u, acc=r, bias=self.bias_share(self.mlp.c_proj, 1 / tp), mask=self.shard_mask(r, "mlp"))
+        r = self.mlp.out(u, acc=r, bias=self.bias_share(self.mlp.c_proj, 1 / tp),
+                         mask=self.shard_mask(r, "mlp"))
         return xbar, r
 
 

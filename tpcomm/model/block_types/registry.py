@@ -1,12 +1,13 @@
 """
-The block-type registry, torch-free: each type is one class holding its facts (what its syncs are, whether it leaves
-the stream desynced or its outputs pending, which execution strategies it runs under), its options and its forward.
-The validator (tpcomm/model/options.py), config parsing, checkpoints, the cost model, the pipeline's cuts and the
-reports read a type through here, never by its name.
+The block-type registry, torch-free: each type is one class holding its facts (what its syncs are, whether it
+leaves the stream desynced or its outputs pending, which execution strategies it runs under), its options and
+its forward. The validator (tpcomm/model/options.py), config parsing, checkpoints, the cost model, the
+pipeline's cuts and the reports read a type through here, never by its name.
 
-A type's forward runs on a tpcomm/model/blocks.ShardedBlock (the sharded attention and MLP, the masks, f and g), which
-DistributedGPT mixes in when it builds the block (blocks.block_class); so a type's module needs no torch, and the
-cost model, which imports no torch, reads the same class. A new type is one class and one `register` call.
+A type's forward runs on a tpcomm/model/blocks.ShardedBlock (the sharded attention and MLP, the
+masks, f and g), which DistributedGPT mixes in when it builds the block (blocks.block_class); so a
+type's module needs no torch, and the cost model, which imports no torch, reads the same class. A
+new type is one class and one `register` call.
 """
 
 import dataclasses
@@ -24,21 +25,26 @@ class NoOptions:
 
 
 class BlockType:
-    """The facts every block type declares (class attributes), with their defaults. Options: a frozen dataclass of
-    the type's own options, each field `f` the config key `<kind>_<f>` (caat's sync_fraction: caat_sync_fraction)."""
+    """The facts every block type declares (class attributes), with their defaults. Options: a frozen
+    dataclass of the type's own options, each field `f` the config key `<kind>_<f>` (caat's
+    sync_fraction: caat_sync_fraction)."""
     kind = None  # its name in block_types (register sets it)
-    forward_syncs = 0  # g's all-reduces in its forward (on the whole stream; 'caat': each of a fraction of it)
+    # g's all-reduces in its forward (on the whole stream; 'caat': each of a fraction of it)
+    forward_syncs = 0
     backward_syncs = (0, 0)  # f's all-reduces in its backward: (its input synced, its input desynced)
     desyncs = False  # leaves the stream desynced (r_i differ): a later sync, or the final one, sums the d_i
     delays = False  # leaves its reduced outputs pending, added by the next block (they cross a pipeline cut)
     overlaps = False  # tp_overlap chunks its batch, each chunk's all-reduce behind the next chunk's compute
-    sequence_parallel = True  # runs under sequence_parallel (its syncs become reduce-scatters and all-gathers)
+    # runs under sequence_parallel (its syncs become reduce-scatters and all-gathers)
+    sequence_parallel = True
     collective_matmul = False  # runs under tp_collective_matmul (its syncs are SP's all-gather/GEMM pairs)
     compressible = True  # runs under tp_comm_dtype (its syncs move whole rows of partial sums)
     gpt_at_tp1 = True  # at tp_size 1 it is GPT's block
     tp_dependent = False  # its function changes with tp_size (at tp >= 2 another model than at tp 1)
-    private_head = False  # as the last block: no final sync, each shard's ln_f and vocabulary slice read its stream
-    norm_before_f = True  # a type written as `equations`: its first module reads LN1 of the synced stream through f
+    # as the last block: no final sync, each shard's ln_f and vocabulary slice read its stream
+    private_head = False
+    # a type written as `equations`: its first module reads LN1 of the synced stream through f
+    norm_before_f = True
     #                       ('tp'), rather than each shard's LN1 of the stream f fanned out ('spd')
     Options = NoOptions
 
@@ -53,8 +59,8 @@ BLOCK_TYPES = {}
 
 
 def register(kind, cls):
-    """Enter cls (a BlockType) as the block type `kind`: block_types accepts it, DistributedGPT builds it, its options
-    are config keys, and every place reads its facts."""
+    """Enter cls (a BlockType) as the block type `kind`: block_types accepts it, DistributedGPT builds it, its
+    options are config keys, and every place reads its facts."""
     if not (isinstance(cls, type) and issubclass(cls, BlockType)):
         raise TypeError(f"block type {kind!r}: {cls!r} is not a BlockType")
     if not (dataclasses.is_dataclass(cls.Options) and cls.Options.__dataclass_params__.frozen):
@@ -69,12 +75,15 @@ def block_type(kind):
     try:
         return BLOCK_TYPES[kind]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown block type {kind!r}; the registered types are {list(BLOCK_TYPES)}") from None
+        raise ValueError(f"unknown block type {kind!r}; the registered types are "
+                         f"{list(BLOCK_TYPES)}") from None
 
 
 def option_fields():
-    """{config key: (block type, its Options field)} over every registered type: caat_sync_fraction -> ('caat', ...)."""
-    return {f"{kind}_{f.name}": (kind, f) for kind, cls in BLOCK_TYPES.items() for f in dataclasses.fields(cls.Options)}
+    """{config key: (block type, its Options field)} over every registered type:
+    caat_sync_fraction -> ('caat', ...)."""
+    return {f"{kind}_{f.name}": (kind, f) for kind, cls in BLOCK_TYPES.items()
+            for f in dataclasses.fields(cls.Options)}
 
 
 def option_defaults():
@@ -89,9 +98,9 @@ def quoted(kinds):
 
 
 def type_options(values, block_types, *, n_embd, tp_size):
-    """{kind: its Options} for each type in block_types (the expanded list) from values, a dict holding config keys
-    (missing ones take their defaults), each checked. A key of a type the model has none of, set to other than its
-    default, is refused: it would do nothing."""
+    """{kind: its Options} for each type in block_types (the expanded list) from values, a dict holding config
+    keys (missing ones take their defaults), each checked. A key of a type the model has none of, set to other
+    than its default, is refused: it would do nothing."""
     kinds, chosen = dict.fromkeys(block_types), {}
     for key, (kind, f) in option_fields().items():
         if key in values and kind not in kinds and values[key] != f.default:
@@ -111,8 +120,8 @@ def option_values(options):
 
 
 def synced_share(values, block_types, *, n_embd, tp_size):
-    """The smallest share of the channels a sync of these block types moves under the options in values (config
-    keys; a key of a type not among them is ignored): p for 'caat', 1 for a full sync."""
+    """The smallest share of the channels a sync of these block types moves under the options in values
+    (config keys; a key of a type not among them is ignored): p for 'caat', 1 for a full sync."""
     kinds = dict.fromkeys(block_types)
     given = {k: v for k, v in values.items() if k in option_fields() and option_fields()[k][0] in kinds}
     options = type_options(given, kinds, n_embd=n_embd, tp_size=tp_size)

@@ -8,11 +8,13 @@ from tpcomm.model.block_types.registry import BlockType, register
 
 
 class TP(BlockType):
-    """Megatron's block, written as its two syncs (`equations`), which tpcomm/model/strategies.py runs under
-    tp_overlap (the batch in chunks, each chunk's all-reduce issued before the next chunk computes), tp_async_grad
-    (f fused with its LayerNorm and projection, its backward all-reduce asynchronous), sequence parallelism (each
-    sync a reduce-scatter, each f an all-gather) and tp_collective_matmul (docs/overlap.md)."""
-    forward_syncs, backward_syncs = 2, (2, 1)  # desynced input: only the MLP reads the synced stream through f
+    """Megatron's block, written as its two syncs (`equations`), which tpcomm/model/strategies.py runs
+    under tp_overlap (the batch in chunks, each chunk's all-reduce issued before the next chunk
+    computes), tp_async_grad (f fused with its LayerNorm and projection, its backward all-reduce
+    asynchronous), sequence parallelism (each sync a reduce-scatter, each f an all-gather) and
+    tp_collective_matmul (docs/overlap.md)."""
+    # desynced input: only the MLP reads the synced stream through f
+    forward_syncs, backward_syncs = 2, (2, 1)
     overlaps = collective_matmul = True
 
     def equations(self, x, r, T, kv, at):
