@@ -9,32 +9,33 @@ $ torchrun --standalone --nproc_per_node=2 bench.py --model_type=distributed_gpt
 $ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 bench.py --model_type=distributed_gpt --tp_size=2 \
       --tp_mode=real --device=cpu --n_layer=12 --n_head=8 --n_embd=128 --block_size=64 --vocab_size=65 \
       --patterns="['tp', 'spd', ['parallel','spd']*6, 'parallel']"
-Every model key train.py takes is a flag here too (--tp_overlap=2, --sequence_parallel=True, --tp_comm_dtype=int8,
-...; tpcomm/bench/bench_config.py), checked as train.py checks it; --variants times several settings of the sync keys in
-one run, each over the flags.
---mode=decode times generation instead (KV cache, greedy): prefill ms and per-token decode ms for each pattern and
-each of --batch_sizes, with the time in collectives, and --plot=FILE draws ms/token against the all-reduces (in
-training mode under real TP, --plot=FILE draws each step's compute, hidden and exposed communication).
---mode=memory measures each rank's peak memory when the model is built and during training steps, for any
-data-parallel layout (--data_parallel=ddp|fsdp, --init_device=meta, --loss_parallel):
+Every model key train.py takes is a flag here too (--tp_overlap=2, --sequence_parallel=True,
+--tp_comm_dtype=int8, ...; tpcomm/bench/bench_config.py), checked as train.py checks it; --variants times
+several settings of the sync keys in one run, each over the flags. --mode=decode times generation instead (KV
+cache, greedy): prefill ms and per-token decode ms for each pattern and each of --batch_sizes, with the time
+in collectives, and --plot=FILE draws ms/token against the all-reduces (in training mode under real TP,
+--plot=FILE draws each step's compute, hidden and exposed communication). --mode=memory measures each rank's
+peak memory when the model is built and during training steps, for any data-parallel layout
+(--data_parallel=ddp|fsdp, --init_device=meta, --loss_parallel):
 $ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=4 bench.py --mode=memory --data_parallel=fsdp \
       --init_device=meta --device=cpu --block_size=128 --batch_size=1 --iters=2
---trace=FILE (mode=train) then profiles --trace_steps more training steps of each model (after its timed ones) and
-writes a Chrome trace (tpcomm/bench/trace.py: open it in ui.perfetto.dev; `python -m tpcomm.bench.trace plot` draws it), every
-tensor-parallel collective a labelled span, and prints how many collectives each step holds. One model writes
-FILE; several (--patterns) write one file each, FILE with `-<N>comm` before its extension, N the pattern's forward
-all-reduces (trace-24comm.json, trace-6comm.json; -<N>comm-2 for a second pattern of the same count; the comparison
-GPT of a simulated run is not traced). Under real TP rank 0 writes those names and rank r > 0 adds `.rank<r>`
-(trace-24comm.rank1.json):
+--trace=FILE (mode=train) then profiles --trace_steps more training steps of each model (after its timed ones)
+and writes a Chrome trace (tpcomm/bench/trace.py: open it in ui.perfetto.dev; `python -m tpcomm.bench.trace
+plot` draws it), every tensor-parallel collective a labelled span, and prints how many collectives each step
+holds. One model writes FILE; several (--patterns) write one file each, FILE with `-<N>comm` before its
+extension, N the pattern's forward all-reduces (trace-24comm.json, trace-6comm.json; -<N>comm-2 for a second
+pattern of the same count; the comparison GPT of a simulated run is not traced). Under real TP rank 0 writes
+those names and rank r > 0 adds `.rank<r>` (trace-24comm.rank1.json):
 $ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 bench.py --model_type=distributed_gpt --tp_size=2 \
       --tp_mode=real --device=cpu --n_layer=12 --n_head=8 --n_embd=128 --block_size=64 --vocab_size=65 \
       --patterns="['tp', ['parallel','spd']*6]" --iters=3 --warmup=2 --trace=/tmp/trace.json
---profile=N (mode=train) then profiles N more steps of each model in 3 interleaved rounds and prints the self CPU time
-per kind of op (tpcomm/bench/op_profile.py) of each, and each one's difference from GPT's (docs/benchmarks.md).
---mode=pipeline times training steps through pipeline stages (tpcomm/bench/pipeline_demo.py) under torchrun with pp_size x tp
-processes, for each of --pp_schedules at each of --microbatches (micro-batches of batch_size rows): ms/iter,
-tokens/s, the bubble of the recorded timeline next to (p-1)/(v m+p-1), each pp rank's peak activation memory (bytes
-autograd saves for backward, live at once) and the stage-boundary bytes per token:
+--profile=N (mode=train) then profiles N more steps of each model in 3 interleaved rounds and prints the self
+CPU time per kind of op (tpcomm/bench/op_profile.py) of each, and each one's difference from GPT's
+(docs/benchmarks.md). --mode=pipeline times training steps through pipeline stages
+(tpcomm/bench/pipeline_demo.py) under torchrun with pp_size x tp processes, for each of --pp_schedules at each
+of --microbatches (micro-batches of batch_size rows): ms/iter, tokens/s, the bubble of the recorded timeline
+next to (p-1)/(v m+p-1), each pp rank's peak activation memory (bytes autograd saves for backward, live at
+once) and the stage-boundary bytes per token:
 $ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 bench.py --mode=pipeline --pp_size=2 --device=cpu \
       --n_layer=12 --n_head=8 --n_embd=128 --block_size=64 --batch_size=4 --vocab_size=65 --microbatches=[4,8,16]
 """
@@ -54,7 +55,8 @@ from tpcomm.train.runtime import DeviceClock, autocast_context, pick_device_and_
 from tpcomm.parallel.parallel_dims import check_layout, init_parallel, launched_by_torchrun, shutdown
 
 def training_setup(model, cfg, device, device_type, dtype):
-    """What a training step needs: (the model to call, a fresh AdamW, the autocast context, inputs X, targets Y)."""
+    """What a training step needs: (the model to call, a fresh AdamW, the autocast
+    context, inputs X, targets Y)."""
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device_type)
     ctx = autocast_context(device_type, dtype)
     g = torch.Generator().manual_seed(cfg["seed"])
@@ -65,10 +67,10 @@ def training_setup(model, cfg, device, device_type, dtype):
 
 
 def timed_steps(model, cfg, device, device_type, dtype, n, *, clock=None):
-    """Run n training steps; return seconds per step and, per step, the exposed and the busy seconds of the model's
-    collectives (comm_report's comm_seconds, comm_busy_seconds: 0 for GPT and simulated TP). The clock
-    (runtime.DeviceClock of `device` unless given) waits for the device before each reading: the warm-up's queued
-    work is done before the timing starts, the timed steps' work before it ends."""
+    """Run n training steps; return seconds per step and, per step, the exposed and the busy seconds of the
+    model's collectives (comm_report's comm_seconds, comm_busy_seconds: 0 for GPT and simulated TP). The clock
+    (runtime.DeviceClock of `device` unless given) waits for the device before each reading: the warm-up's
+    queued work is done before the timing starts, the timed steps' work before it ends."""
     clock = clock or DeviceClock(device)
     run, optimizer, ctx, X, Y = training_setup(model, cfg, device, device_type, dtype)
     for _ in range(cfg["warmup"]):
@@ -85,11 +87,12 @@ def timed_steps(model, cfg, device, device_type, dtype, n, *, clock=None):
 
 
 def training_step(model, cfg, device, device_type, dtype):
-    """One more training step of model, as a function of nothing; one untimed step first (AdamW creates its state
-    in its first step)."""
+    """One more training step of model, as a function of nothing; one untimed step first (AdamW creates its
+    state in its first step)."""
     run, optimizer, ctx, X, Y = training_setup(model, cfg, device, device_type, dtype)
     timed_step(run, model, optimizer, ctx, X, Y)
-    return lambda: timed_step(run, model, optimizer, ctx, X, Y).item()  # the step's device work ends inside the call
+    # the step's device work ends inside the call
+    return lambda: timed_step(run, model, optimizer, ctx, X, Y).item()
 
 
 def traced_steps(model, cfg, device, device_type, dtype, path):
@@ -106,9 +109,9 @@ def traced_steps(model, cfg, device, device_type, dtype, path):
 
 
 def trace_paths(path, fwd_allreduces, rank=0):
-    """{model name: its trace file}. fwd_allreduces: {name: forward all-reduces, None for GPT}, the traced models
-    in order. One model: `path`; several: `-<N>comm` (or `-gpt`) before the extension, `-<N>comm-2`, ... for
-    later patterns of the same count. Rank r > 0 adds `.rank<r>` before the extension."""
+    """{model name: its trace file}. fwd_allreduces: {name: forward all-reduces, None for GPT}, the traced
+    models in order. One model: `path`; several: `-<N>comm` (or `-gpt`) before the extension, `-<N>comm-2`,
+    ... for later patterns of the same count. Rank r > 0 adds `.rank<r>` before the extension."""
     from tpcomm.bench.trace import rank_path, split_extension
 
     if len(fwd_allreduces) == 1:
@@ -124,9 +127,11 @@ def trace_paths(path, fwd_allreduces, rank=0):
 
 
 def describe_counts(per_step):
-    """'24 fwd + 24 bwd all-reduces, 1 grad sync = 49 collective events per step' (steps that differ listed)."""
+    """'24 fwd + 24 bwd all-reduces, 1 grad sync = 49 collective events per step'
+    (steps that differ listed)."""
     def one(c):
-        extra = "".join(f", {c[k]} {k.replace('_', ' ')}" for k in ("grad_sync", "grad_norm", "vocab", "reduce_scatter", "all_gather")
+        extra = "".join(f", {c[k]} {k.replace('_', ' ')}" for k in ("grad_sync", "grad_norm", "vocab",
+                                                                    "reduce_scatter", "all_gather")
                         if c.get(k))
         return f"{c['fwd']} fwd + {c['bwd']} bwd all-reduces{extra} = {c['all']} collective events"
     if all(c == per_step[0] for c in per_step):
@@ -143,15 +148,17 @@ def main(argv):
         raise ConfigError(f"pp_size must be >= 1, got {pp}")
     if cfg["mode"] == "pipeline" and not launched_by_torchrun():
         raise ConfigError(f"mode='pipeline' runs under torchrun with pp_size x tp processes, e.g. torchrun "
-                          f"--standalone --nproc_per_node={pp * (cfg['tp_size'] if cfg['tp_mode'] == 'real' else 1)} "
+                          f"--standalone "
+                          f"--nproc_per_node={pp * (cfg['tp_size'] if cfg['tp_mode'] == 'real' else 1)} "
                           f"bench.py --mode=pipeline ...")
     dp, tp = check_layout(tp_size=cfg["tp_size"], tp_mode=cfg["tp_mode"], pp_size=pp)
     if cfg["mode"] == "pipeline":
         validate_pipeline(cfg, tp)
     if dp != 1 and cfg["mode"] != "memory":
-        raise ConfigError(f"bench.py times one model replica: launch tp_size ({cfg['tp_size']}) processes, not "
-                          f"{dp * tp} (only --mode=memory runs data-parallel replicas)")
-    device, device_type, dtype = pick_device_and_dtype(cfg["device"], cfg["dtype"])  # ConfigError: no such device
+        raise ConfigError(f"bench.py times one model replica: launch tp_size ({cfg['tp_size']}) processes, "
+                          "not " f"{dp * tp} (only --mode=memory runs data-parallel replicas)")
+    # ConfigError: no such device
+    device, device_type, dtype = pick_device_and_dtype(cfg["device"], cfg["dtype"])
     pd = init_parallel(dp=dp, tp=tp, pp=pp, device_type=device_type, backend=cfg["backend"])
     finished = False
     try:
@@ -175,14 +182,15 @@ def pipeline_bench(cfg, pd, device, device_type, dtype):
 
     say = print if pd.is_master else (lambda *a, **k: None)
     say(f"device {device}, dtype {dtype}, {cfg['n_layer']}x{cfg['n_embd']} ({cfg['n_head']} heads), "
-        f"{cfg['model_type']} {cfg['block_types'] or ''}, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    return pipeline_demo.bench(cfg, pd, new_model=new_model, device=device, ctx=autocast_context(device_type, dtype),
-                               say=say)
+        f"{cfg['model_type']} {cfg['block_types'] or ''}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads")
+    return pipeline_demo.bench(cfg, pd, new_model=new_model, device=device,
+                               ctx=autocast_context(device_type, dtype), say=say)
 
 
 def peak_memory_mb(device):
-    """This process's peak memory so far: CUDA's max allocated on a GPU, else the peak resident set (ru_maxrss,
-    which includes the Python interpreter and torch itself)."""
+    """This process's peak memory so far: CUDA's max allocated on a GPU, else the peak resident set
+    (ru_maxrss, which includes the Python interpreter and torch itself)."""
     if str(device).startswith("cuda"):
         return torch.cuda.max_memory_allocated(device) / 2**20
     import resource
@@ -196,7 +204,8 @@ def memory_bench(cfg, pd, device, device_type, dtype):
     from tpcomm.parallel.data_parallel import parallelize
     from tpcomm.model.interface import local
 
-    torch.manual_seed(cfg["seed"])  # not setup_runtime: keeping freed memory in the process would inflate the peaks
+    # not setup_runtime: keeping freed memory in the process would inflate the peaks
+    torch.manual_seed(cfg["seed"])
     args = dict(cfg, dropout=0.0, block_types=cfg["block_types"])
     before = peak_memory_mb(device)
     meta = cfg["init_device"] == "meta"
@@ -204,8 +213,8 @@ def memory_bench(cfg, pd, device, device_type, dtype):
     if not meta:
         model.to(device)
     # DDP needs the weights before wrapping (it broadcasts rank 0's), FSDP shards before materialising
-    run, _ = parallelize(model, pd, kind=cfg["data_parallel"], device=device, device_type=device_type, meta=meta,
-                         dtype=dtype)
+    run, _ = parallelize(model, pd, kind=cfg["data_parallel"], device=device, device_type=device_type,
+                         meta=meta, dtype=dtype)
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device_type)
     held = sum(local(p).numel() * local(p).element_size() for p in model.parameters()) / 2**20
     at_init = peak_memory_mb(device)
@@ -214,7 +223,8 @@ def memory_bench(cfg, pd, device, device_type, dtype):
     for _ in range(cfg["iters"]):
         X = torch.randint(cfg["vocab_size"], (cfg["batch_size"], cfg["block_size"]), generator=g).to(device)
         timed_step(run, model, optimizer, ctx, X, X)
-    state = sum(local(t).numel() * local(t).element_size() for s in optimizer.state.values() for t in s.values()
+    state = sum(local(t).numel() * local(t).element_size() for s in optimizer.state.values()
+                for t in s.values()
                 if torch.is_tensor(t) and t.dim() > 0) / 2**20  # AdamW's moments, as held here
     row = dict(rank=pd.rank, dp_rank=pd.dp_rank, tp_rank=pd.tp_rank, params_mb=held, state_mb=state,
                before_mb=before, init_mb=at_init, step_mb=peak_memory_mb(device))
@@ -223,12 +233,13 @@ def memory_bench(cfg, pd, device, device_type, dtype):
         rows = [None] * pd.world_size
         torch.distributed.all_gather_object(rows, row)
     if pd.is_master:
-        print(f"memory: {cfg['model_type']} {cfg['n_layer']}x{cfg['n_embd']} ({model.get_num_params() / 1e6:.1f}M "
-              f"params), dp={pd.dp} {cfg['data_parallel']}, tp={cfg['tp_size']} {cfg['tp_mode']}, init_device="
-              f"{cfg['init_device']}, loss_parallel={cfg['loss_parallel']}, {cfg['iters']} steps of "
+        print(f"memory: {cfg['model_type']} {cfg['n_layer']}x{cfg['n_embd']} "
+              f"({model.get_num_params() / 1e6:.1f}M params), dp={pd.dp} {cfg['data_parallel']}, "
+              f"tp={cfg['tp_size']} {cfg['tp_mode']}, init_device={cfg['init_device']}, "
+              f"loss_parallel={cfg['loss_parallel']}, {cfg['iters']} steps of "
               f"{cfg['batch_size']}x{cfg['block_size']} tokens, {device}")
-        print("| rank | parameters held MiB | AdamW state held MiB | peak before model MiB | peak after init MiB | "
-              "peak in steps MiB |")
+        print("| rank | parameters held MiB | AdamW state held MiB | peak before model MiB | peak after init "
+              "MiB | peak in steps MiB |")
         print("|---:|---:|---:|---:|---:|---:|")
         for r in rows:
             print(f"| {r['rank']} | {r['params_mb']:.0f} | {r['state_mb']:.0f} | {r['before_mb']:.0f} | "
@@ -239,12 +250,13 @@ def memory_bench(cfg, pd, device, device_type, dtype):
 def decode_times(model, *, batch, prompt_len, new_tokens, vocab_size, device, ctx, clock=None):
     """One greedy generation with the KV cache: (prefill ms, decode ms per token, ms per decoded token in
     collectives and the exposed part of it). Every tp rank runs it alike; the clock (runtime.DeviceClock of
-    `device` unless given) waits for the device at each reading, so the prompt's copy is not billed to the prefill
-    nor the prefill to the decode."""
+    `device` unless given) waits for the device at each reading, so the prompt's copy is not billed to the
+    prefill nor the prefill to the decode."""
     from model import KVCache
 
     clock = clock or DeviceClock(device)
-    prompt = torch.randint(vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(0)).to(device)
+    prompt = torch.randint(vocab_size, (batch, prompt_len),
+                           generator=torch.Generator().manual_seed(0)).to(device)
     cache = KVCache(model.config.n_layer, prompt_len + new_tokens)
     with torch.no_grad(), ctx:
         t0 = clock.now()
@@ -263,8 +275,8 @@ def decode_times(model, *, batch, prompt_len, new_tokens, vocab_size, device, ct
 
 
 def decode_bench(models, cfg, *, device, dtype, device_type, say):
-    """Prefill and per-token decode latency of each model at each batch size, interleaved in rounds (best round
-    kept); rows for the table and the plot."""
+    """Prefill and per-token decode latency of each model at each batch size, interleaved in rounds (best
+    round kept); rows for the table and the plot."""
     sizes = cfg["batch_sizes"] or [cfg["batch_size"]]
     prompt = cfg["prompt_len"] or cfg["block_size"] // 2
     ctx = autocast_context(device_type, dtype)
@@ -280,8 +292,8 @@ def decode_bench(models, cfg, *, device, dtype, device_type, say):
                                  vocab_size=cfg["vocab_size"], device=device, ctx=ctx)
                 best[name, b] = min(best.get((name, b), t), t, key=lambda x: x[1])
     say(f"decode: prompt {prompt} tokens, {cfg['new_tokens']} new tokens, greedy, KV cache")
-    say("| block pattern | fwd all-reduces (async) | batch | prefill ms | decode ms/token | in collectives ms/token | "
-        "exposed comm ms/token |")
+    say("| block pattern | fwd all-reduces (async) | batch | prefill ms | decode ms/token | in collectives "
+        "ms/token | exposed comm ms/token |")
     say("|---|---:|---:|---:|---:|---:|---:|")
     rows = []
     for name, model in models.items():
@@ -289,9 +301,10 @@ def decode_bench(models, cfg, *, device, dtype, device_type, say):
         fwd, asyn = comm.get("fwd_allreduces", 0), comm.get("async_allreduces", 0)
         for b in sizes:
             prefill, per_token, coll, exposed = best[name, b]
-            rows.append(dict(pattern=name, fwd_allreduces=fwd, batch=b, prefill_ms=prefill, decode_ms=per_token,
-                             collectives_ms=coll, exposed_ms=exposed))
-            say(f"| `{name}` | {fwd} ({asyn}) | {b} | {prefill:.2f} | {per_token:.3f} | {coll:.3f} | {exposed:.3f} |")
+            rows.append(dict(pattern=name, fwd_allreduces=fwd, batch=b, prefill_ms=prefill,
+                             decode_ms=per_token, collectives_ms=coll, exposed_ms=exposed))
+            say(f"| `{name}` | {fwd} ({asyn}) | {b} | {prefill:.2f} | {per_token:.3f} | {coll:.3f} | "
+                f"{exposed:.3f} |")
     if cfg["plot"] and say is print:
         data = command_figures.decode_data(rows, cfg=cfg, device=device, prompt_len=prompt,
                                             host=command_figures.host_note())
@@ -307,7 +320,8 @@ def bench(cfg, pd, device, device_type, dtype):
     if cfg["model_type"] == "distributed_gpt":
         runs, skipped = combinations(cfg)
         models = {pattern_label(p) + variant_name(sync_options(cfg, v)):
-                  build_model("distributed_gpt", dict(args, block_types=p, **v), pd=pd).to(device) for p, v in runs}
+                  build_model("distributed_gpt", dict(args, block_types=p, **v), pd=pd).to(device)
+                  for p, v in runs}
         if cfg["compare"] and cfg["tp_mode"] == "simulated":
             models["gpt"] = build_model("gpt", args).to(device)
     else:
@@ -320,13 +334,13 @@ def bench(cfg, pd, device, device_type, dtype):
         f"{torch.get_num_threads()} threads")
     if cfg["mode"] == "decode":
         return decode_bench(models, cfg, device=device, dtype=dtype, device_type=device_type, say=say)
-    # interleave the models in rounds so that machine noise hits all alike
     times = {name: [] for name in models}
-    rounds = 3
+    rounds = 3  # the models interleaved in rounds, so that machine noise hits all alike
     for _ in range(rounds):
         for name, model in models.items():
             n = max(1, cfg["iters"] // rounds)
-            times[name].append((*timed_steps(model, cfg, device, device_type, dtype, n), direction_seconds(model, n)))
+            times[name].append((*timed_steps(model, cfg, device, device_type, dtype, n),
+                                direction_seconds(model, n)))
     results, fwd_allreduces, rows = {}, {}, []
     width = max(16, *map(len, models))
     for name, model in models.items():
@@ -341,13 +355,16 @@ def bench(cfg, pd, device, device_type, dtype):
         if comm:  # a model that communicates (GPT's report is empty)
             line += (f"  tp={cfg['tp_size']} {cfg['tp_mode']}  all-reduces fwd {comm['fwd_allreduces']} "
                      f"bwd {comm['bwd_allreduces']}  {comm['comm_bytes_per_token']:.0f} B/token")
-            if cfg["tp_mode"] == "real":  # wall time this rank spent in all-reduces, waiting for the others included
+            # wall time this rank spent in all-reduces, waiting for the others included
+            if cfg["tp_mode"] == "real":
                 line += (f"  collectives {busy_dt * 1000:.2f} ms/iter, exposed {comm_dt * 1000:.2f} "
-                         f"({100 * comm_dt / dt:.0f}%); fwd / bwd: collectives {split['fwd_busy'] * 1000:.2f} / "
-                         f"{split['bwd_busy'] * 1000:.2f}, exposed {split['fwd'] * 1000:.2f} / {split['bwd'] * 1000:.2f}")
+                         f"({100 * comm_dt / dt:.0f}%); fwd / bwd: collectives "
+                         f"{split['fwd_busy'] * 1000:.2f} / {split['bwd_busy'] * 1000:.2f}, exposed "
+                         f"{split['fwd'] * 1000:.2f} / {split['bwd'] * 1000:.2f}")
         say(line)
         results[name] = dt
-        rows.append(dict(comm_row(name, model, cfg, comm, dt=dt, exposed=comm_dt, busy=busy_dt, X=X), split=split))
+        rows.append(dict(comm_row(name, model, cfg, comm, dt=dt, exposed=comm_dt, busy=busy_dt, X=X),
+                         split=split))
     if cfg["model_type"] == "distributed_gpt":
         comm_table(rows, cfg, say)
     if cfg["plot"] and cfg["tp_mode"] == "real" and say is print:  # where each step's time goes, measured
@@ -358,7 +375,8 @@ def bench(cfg, pd, device, device_type, dtype):
     for name in results:
         if name != "gpt" and "gpt" in results:
             say(f"ratio {name} / gpt: {results[name] / results['gpt']:.3f}")
-    if cfg["profile"]:  # where each model's step time goes, by kind of op, interleaved in rounds as the timing
+    # where each model's step time goes, by kind of op, interleaved in rounds as the timing
+    if cfg["profile"]:
         from tpcomm.bench.op_profile import breakdown_table, compare
 
         steps = {name: training_step(m, cfg, device, device_type, dtype) for name, m in models.items()}
@@ -367,25 +385,28 @@ def bench(cfg, pd, device, device_type, dtype):
     if cfg["trace"]:  # the models the command names: not the comparison GPT of a distributed_gpt run
         traced = {n: c for n, c in fwd_allreduces.items() if n != "gpt" or cfg["model_type"] == "gpt"}
         paths = trace_paths(cfg["trace"], traced, pd.rank)
-        others = [trace_paths(cfg["trace"], traced, r) for r in range(1, pd.world_size)] if pd.distributed else []
+        others = [trace_paths(cfg["trace"], traced, r) for r in range(1, pd.world_size)]  # none undistributed
         for name in traced:
             counts = traced_steps(models[name], cfg, device, device_type, dtype, paths[name])
             ranks = (f" (rank 0; rank{'s 1-' if len(others) > 1 else ' '}{len(others)}: "
                      f"{', '.join(o[name] for o in others)})" if others else "")
-            say(f"trace {name}: {paths[name]}{ranks}, {cfg['trace_steps']} step(s): {describe_counts(counts)}")
+            say(f"trace {name}: {paths[name]}{ranks}, {cfg['trace_steps']} step(s): "
+                f"{describe_counts(counts)}")
     return results
 
 
 def direction_seconds(model, n):
-    """Seconds per step of the n steps timed last, per direction (real TP; 0 otherwise): exposed fwd / bwd and in
-    collectives fwd_busy / bwd_busy (comm_report's comm_fwd_seconds, ..., on the device's clock: tpcomm/tp/counting.py)."""
+    """Seconds per step of the n steps timed last, per direction (real TP; 0 otherwise): exposed fwd /
+    bwd and in collectives fwd_busy / bwd_busy (comm_report's comm_fwd_seconds, ..., on the device's
+    clock: tpcomm/tp/counting.py)."""
     report = model.comm_report(micro_steps=n, tokens=1)
     return {k: report.get(f"comm_{k}_seconds", 0.0) / n for k in ("fwd", "bwd", "fwd_busy", "bwd_busy")}
 
 
 def comm_row(name, model, cfg, comm, *, dt, exposed, busy, X):
-    """One row of the communication table: the counts, the times, and the activations autograd saves (measured on
-    this rank) beside the prediction for the blocks (tpcomm.costmodel.activation_memory: fp32 values and masks here)."""
+    """One row of the communication table: the counts, the times, and the activations autograd saves
+    (measured on this rank) beside the prediction for the blocks (tpcomm.costmodel.activation_memory:
+    fp32 values and masks here)."""
     from tpcomm.costmodel.activation_memory import measure_saved_bytes, predicted_activation_bytes
 
     row = dict(name=name, ms=dt * 1e3, exposed_ms=exposed * 1e3, busy_ms=busy * 1e3,
@@ -401,17 +422,18 @@ def comm_row(name, model, cfg, comm, *, dt, exposed, busy, X):
     real = cfg["tp_mode"] == "real"  # simulated: one process holds every shard, as at tp 1
     shape = dict(batch_size=cfg["batch_size"], seq_len=cfg["block_size"], n_embd=c.n_embd, n_head=c.n_head,
                  tp=c.tp_size if real else 1, dropout=False, value_bytes=4, mask_bytes=4)
-    row["pred_mb"] = sum(predicted_activation_bytes(  # sequence parallelism shards the LN regions of 'tp' blocks
-        **shape, sequence_parallel=c.sequence_parallel and real and kind == "tp") for kind in c.block_types) / 2**20
+    # sequence parallelism shards the LN regions of 'tp' blocks
+    row["pred_mb"] = sum(predicted_activation_bytes(**shape, sequence_parallel=c.sequence_parallel and real
+                                                    and kind == "tp") for kind in c.block_types) / 2**20
     return row
 
 
 def wire_bytes(comm, p, *, two_shot=False):
-    """Bytes per token one rank sends over a ring, forward and backward, from the counted payloads: an all-reduce
-    2(p-1)/p of its tensor, a compressed one p-1 times its payload (one_shot: an all-gather of the packed partial
-    sums) or 2(p-1)/p of it (two_shot: all-to-all + all-gather, padding aside), a reduce-scatter or an all-gather
-    (sequence parallelism; counted as the whole (N, C) buffer) (p-1)/p of it, collective matmul's ring transfers
-    as counted (what a rank sends)."""
+    """Bytes per token one rank sends over a ring, forward and backward, from the counted payloads: an
+    all-reduce 2(p-1)/p of its tensor, a compressed one p-1 times its payload (one_shot: an all-gather of the
+    packed partial sums) or 2(p-1)/p of it (two_shot: all-to-all + all-gather, padding aside), a
+    reduce-scatter or an all-gather (sequence parallelism; counted as the whole (N, C) buffer) (p-1)/p of it,
+    collective matmul's ring transfers as counted (what a rank sends)."""
     compressed = comm.get("compressed_bytes_per_token", 0.0)
     plain = comm.get("comm_bytes_per_token", 0.0) - compressed
     shrunk = (2 * (p - 1) / p if two_shot else p - 1) * compressed
@@ -423,8 +445,8 @@ def comm_table(rows, cfg, say):
     """The table of every pattern and variant of this run: step time, time in collectives and the exposed part
     (real TP; the compute thread blocked in them), the collectives per forward and the saved activations."""
     real = cfg["tp_mode"] == "real"
-    say("\n| pattern +variant | fwd all-reduces (async) | fwd RS / AG | ring B/token sent per rank | ms/iter | "
-        "in collectives ms/iter | exposed comm ms/iter | saved activations MB (blocks predicted) | "
+    say("\n| pattern +variant | fwd all-reduces (async) | fwd RS / AG | ring B/token sent per rank | ms/iter "
+        "| in collectives ms/iter | exposed comm ms/iter | saved activations MB (blocks predicted) | "
         "in collectives fwd / bwd | exposed fwd / bwd |")
     say("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
@@ -432,7 +454,8 @@ def comm_table(rows, cfg, say):
             continue
         times = f"{r['busy_ms']:.2f} | {r['exposed_ms']:.2f}" if real else "n/a (simulated) | n/a"
         ms = {k: 1e3 * v for k, v in r["split"].items()}
-        split = f"{ms['fwd_busy']:.2f} / {ms['bwd_busy']:.2f} | {ms['fwd']:.2f} / {ms['bwd']:.2f}" if real else "n/a | n/a"
+        split = (f"{ms['fwd_busy']:.2f} / {ms['bwd_busy']:.2f} | {ms['fwd']:.2f} / "
+                 f"{ms['bwd']:.2f}" if real else "n/a | n/a")
         say(f"| `{r['name']}` | {r['fwd']} ({r['asyn']}) | {r['rs']} / {r['ag']} | {r['wire']:,.0f} | "
             f"{r['ms']:.2f} | {times} | {r['act_mb']:.2f} ({r['pred_mb']:.2f}) | {split} |")
 

@@ -44,7 +44,7 @@ from tpcomm.train.train_config import prepare
 from tpcomm.train.training import all_reduce_mean, closing_line, evaluate, save, start_run
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # the learning rate and the step
 
 def get_lr(it, cfg):
@@ -122,7 +122,7 @@ def stop_if_not_finite(training, what, value):
                        "checkpoint " f"(if any) is kept in {training.cfg['out_dir']}")
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # the loop
 
 def start_wandb(cfg, master):
@@ -220,7 +220,7 @@ def train(training):
         if training.iter_num % cfg["eval_interval"] == 0 or training.iter_num == cfg["max_iters"]:
             if last_eval is None and master:  # so a long first evaluation is not taken for a hang
                 print(f"evaluating: {cfg['eval_iters']} batches of {cfg['batch_size']} x {cfg['block_size']} "
-                      "tokens " "from each of train and val (eval_iters sets how many)")
+                      "tokens from each of train and val (eval_iters sets how many)")
             paused, host = clock.now(), time.perf_counter()
             last_eval = (training.iter_num, evaluate_and_save(training, lr, wandb, running_mfu,
                                                               stepped=training.iter_num > first_iter))

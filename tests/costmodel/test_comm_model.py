@@ -19,6 +19,7 @@ from conftest import fork_server_for_children, one_line_error, run_script
 import comm_model
 from tpcomm.experiments import calibration as cal
 from tpcomm.costmodel import cost_model as cm
+from tpcomm.costmodel import fitting
 from tpcomm.costmodel.collective_matmul_cost import BF16
 from tpcomm.costmodel import cost_tables
 
@@ -78,39 +79,39 @@ def test_forward_syncs_match_the_cpu_sweep_config_names():
 @pytest.mark.parametrize("p", [2, 4, 8])
 def test_fit_recovers_alpha_and_bandwidth(p):
     samples = [(n, cm.allreduce_time(n, p, alpha=2e-4, busbw=1.5e9)) for n in SIZES]
-    alpha, busbw = cm.fit_allreduce(samples, p)
+    alpha, busbw = fitting.fit_allreduce(samples, p)
     assert alpha == pytest.approx(2e-4, rel=1e-9)  # noiseless: exact up to the sums' rounding
     assert busbw == pytest.approx(1.5e9, rel=1e-9)
     # ring factor matters: the same times read as 2-rank all-reduces give another bandwidth (anti-vacuity)
     if p > 2:
-        assert cm.fit_allreduce(samples, 2)[1] == pytest.approx(1.5e9 / ((p - 1) / p * 2), rel=1e-9)
+        assert fitting.fit_allreduce(samples, 2)[1] == pytest.approx(1.5e9 / ((p - 1) / p * 2), rel=1e-9)
 
 
 def test_fit_with_noise_is_within_the_noise():
     # every time off by +-2% (alternating): the relative-error fit stays within that 2% on both parameters
     samples = [(n, cm.allreduce_time(n, 2, alpha=2e-4, busbw=1.5e9) * (1 + 0.02 * (-1) ** k))
                for k, n in enumerate(SIZES)]
-    alpha, busbw = cm.fit_allreduce(samples, 2)
+    alpha, busbw = fitting.fit_allreduce(samples, 2)
     assert alpha == pytest.approx(2e-4, rel=0.02)
     assert busbw == pytest.approx(1.5e9, rel=0.02)
 
 
 def test_fit_refuses_what_cannot_be_a_bandwidth():
     with pytest.raises(ValueError, match="do not grow"):
-        cm.fit_allreduce([(1024, 2e-3), (1 << 20, 1e-3)], 2)
+        fitting.fit_allreduce([(1024, 2e-3), (1 << 20, 1e-3)], 2)
     with pytest.raises(ValueError, match="two distinct"):
-        cm.fit_line([1.0, 1.0], [2.0, 3.0])
+        fitting.fit_line([1.0, 1.0], [2.0, 3.0])
 
 
 def test_leave_one_out_is_exact_on_a_line_and_can_fail():
     xs = [2, 6, 12, 24, 48]
     ys = [3.0 + 0.5 * x for x in xs]
-    assert cm.leave_one_out(xs, ys) == pytest.approx(ys, rel=EXACT)
+    assert fitting.leave_one_out(xs, ys) == pytest.approx(ys, rel=EXACT)
     ys[2] += 1.0  # one perturbed point: its own prediction (from the others, still on the line) misses by 1.0
-    loo = cm.leave_one_out(xs, ys)
+    loo = fitting.leave_one_out(xs, ys)
     assert loo[2] == pytest.approx(ys[2] - 1.0, rel=EXACT)
     assert all(abs(p - y) > 1e-3 for p, y in zip(loo, ys))  # and it pulls every other point's fit off too
-    assert cm.leave_one_out([1, 2], [1.0, 2.0]) == [None, None]  # one point left: no line
+    assert fitting.leave_one_out([1, 2], [1.0, 2.0]) == [None, None]  # one point left: no line
 
 
 def calibration(*, factor=1.0, alpha=3e-4, busbw=1e9, compute_ms=50.0, counts=(48, 24, 12, 2), nbytes=393216):
@@ -172,7 +173,8 @@ def test_default_command_prints_the_gpu_tables():
     shape, link = cm.TABLE_SHAPES[2], cm.LINKS[0]
     compute, comm = cm.step_seconds(shape, tp=8, link=link, tokens=8192, seq_len=1024, mfu=0.4, fwd_syncs=64)
     megatron = cm.train_variants(shape, tp=8, link=link, tokens=8192, seq_len=1024, mfu=0.4, async_grad=True)
-    assert f"| {shape.name} | {shape.params / 1e6:,.0f}M | 8 | {link.name} | {compute * 1e3:.2f} | " in r.stdout
+    assert (f"| {shape.name} | {shape.params / 1e6:,.0f}M | 8 | {link.name} | {compute * 1e3:.2f} | "
+            "" in r.stdout)
     assert (f"| {(compute + comm) * 1e3:.2f} | {sum(megatron['all tp']) * 1e3:.2f} | "
             f"{comm / (compute + comm):.1%} |" in r.stdout)
     assert "baseline megatron" in r.stdout and "## Predicted speedups against both baselines" in r.stdout
@@ -408,12 +410,13 @@ def test_variants_are_consistent_with_the_blocking_model():
 def test_plane_fit_and_leave_one_out_with_overlap():
     ns, zs = [48, 24, 2, 48, 36, 18], [0, 0, 0, 23, 6, 6]
     steps = [100 + 1.2 * n - 0.8 * z for n, z in zip(ns, zs)]
-    assert cm.fit_plane(ns, zs, steps) == pytest.approx((100, 1.2, 0.8), rel=1e-9)
-    assert cm.leave_one_out(ns, steps, zs=zs) == pytest.approx(steps, rel=1e-9)
+    assert fitting.fit_plane(ns, zs, steps) == pytest.approx((100, 1.2, 0.8), rel=1e-9)
+    assert fitting.leave_one_out(ns, steps, zs=zs) == pytest.approx(steps, rel=1e-9)
     # without the overlap term the ladder rows miss (anti-vacuity)
-    assert abs(cm.leave_one_out(ns, steps)[3] - steps[3]) > 5
+    assert abs(fitting.leave_one_out(ns, steps)[3] - steps[3]) > 5
     with pytest.raises(ValueError, match="plane"):
-        cm.fit_plane([1, 2, 3], [2, 4, 6], [1.0, 2.0, 3.0])  # z proportional to x: h cannot be told from t
+        # z proportional to x: h cannot be told from t
+        fitting.fit_plane([1, 2, 3], [2, 4, 6], [1.0, 2.0, 3.0])
 
 
 def test_validation_recovers_the_hidden_time():

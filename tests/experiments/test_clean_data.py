@@ -41,7 +41,8 @@ def test_the_sweep_refuses_a_committed_file_from_a_dirty_tree(monkeypatch, capsy
     with pytest.raises(SystemExit) as e:  # before any work: one line, exit status 2
         sweeps.cli(["cpu-long", "--runs=all-tp", "--seeds=99999"])
     err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and "\n" not in err and "uncommitted changes" in err and "--allow-dirty" in err, err
+    assert (e.value.code == 2 and "\n" not in err and "uncommitted changes" in err
+            and "--allow-dirty" in err), err
     job = committed_job()
     assert sweep_records.committed(job.result_path)
     # and again at each run's start
@@ -150,7 +151,8 @@ def test_the_report_prints_commits_and_rerun_checks(tmp_path):
     row = {line.split(" | ")[0][2:]: line for line in table.splitlines() if line.startswith("| ")}
     assert row["all-tp"] == "| all-tp | bbbbbbb (3) | one code state |"
     assert "**mixes 2 code states**" in row["all-spd"] and "bbbbbbb (2), ccccccc (1)" in row["all-spd"]
-    assert "aaaaaaa+dirty (1)" in row["all-parallel"] and "**from unnamed code until rerun**" in row["all-parallel"]
+    assert ("aaaaaaa+dirty (1)" in row["all-parallel"] and "**from unnamed code until "
+            "rerun**" in row["all-parallel"])
     assert "No rerun checks yet" in table
     n = len(SWEEPS["cpu-long"])  # every planned row has fake files here
     assert f"code: {n - 2} of {n} rows from one named code state, 2 flagged" in provenance.summary(ctx,
@@ -265,7 +267,8 @@ def test_the_answer_table_states_its_family_wise_intervals():
     from tpcomm.experiments.report import answer
     table = answer.answer_details(ctx)
     family, m = answer._familywise(ctx)
-    assert f"Bonferroni over the {m} measured rows" in table and f"family-wise [95%, Bonferroni over {m}]" in table
+    assert (f"Bonferroni over the {m} measured rows" in table and f"family-wise [95%, Bonferroni over "
+            f"{m}]" in table)
     # r < 0 too
     assert re.search(r"Pearson r between two rows' per-seed differences from -?0\.\d\d to -?0\.\d\d", table)
     pen, _ = answer._long_penalties(ctx)

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from tpcomm.experiments import sweep as experiment
+from tpcomm.experiments.sweep_records import SweepError
 from tpcomm.experiments import pairing, plots, results, sweep_plan, sweep_records
 from tpcomm.experiments.result_check import ResultsError
 from tpcomm.model import options
@@ -170,7 +171,7 @@ def test_sweep_output_in_a_log_has_no_escape_codes(tmp_path, monkeypatch, capfd)
 def test_unequal_token_budgets_are_refused(tmp_path, char_data):
     runs = tiny_runs(tmp_path)
     runs[1] = sweep_plan.Run("par", runs[1].config, ("--gradient_accumulation_steps=4",))  # the configs': 2
-    with pytest.raises(experiment.SweepError, match=r"same tokens.*tp=.*par="):
+    with pytest.raises(SweepError, match=r"same tokens.*tp=.*par="):
         experiment.plan(runs, sweep_dir=str(tmp_path / "s"), seeds=[1],
                         overrides=[*TINY_SWEEP, f"--data_dir={char_data}"])
     assert not os.path.exists(tmp_path / "s")  # refused before any work
@@ -321,7 +322,8 @@ def test_writers_use_the_measured_numbers(tmp_path):
 
     b, lo = rows
     assert (b["fwd_allreduces"], lo["fwd_allreduces"]) == (8, 3) and b["baseline"] == "99comm"
-    assert b["val_loss_mean"] == pytest.approx(2.1) and b["val_loss_std"] == pytest.approx(statistics.stdev([2, 2.2]))
+    assert (b["val_loss_mean"] == pytest.approx(2.1)
+            and b["val_loss_std"] == pytest.approx(statistics.stdev([2, 2.2])))
     assert lo["gap_to_baseline"] == pytest.approx(0.35)  # over seed 1, the one both ran: 2.35 - 2.0
     # median step of records after the first two
     assert b["tokens_per_s"] == 200 and lo["tokens_per_s"] == 500
@@ -330,8 +332,8 @@ def test_writers_use_the_measured_numbers(tmp_path):
     assert b["wall_s"] == pytest.approx(11.5) and b["tokens"] == 2 * 8 * 40
     text = open(md).read()
     for cell in ("| cfg_99comm.py | `['parallel','spd']*2` | 8 | 8 | 2.1000 ± 0.1414 | 2.0000–2.2000 | 2 | "
-                 "+0.0000 " "| 80.0 | 200 | 1.80 scattered | 11.5 |", "| cfg_98comm.py | "
-                 "`['parallel','spd']*2` | 3 | 3 | 2.3500 | — | 1 | +0.3500 | 32.0 | 500 | 1.20 | " "9.0 |"):
+                 "+0.0000 | 80.0 | 200 | 1.80 scattered | 11.5 |", "| cfg_98comm.py | "
+                 "`['parallel','spd']*2` | 3 | 3 | 2.3500 | — | 1 | +0.3500 | 32.0 | 500 | 1.20 | 9.0 |"):
         assert cell in text, text
     with open(csv_path) as f:
         got = list(csv.DictReader(f))
@@ -400,7 +402,7 @@ def test_counts_refuse_a_model_without_communication(tmp_path):
     path.write_text("model_type = 'gpt'\nn_layer = 2\n")
     jobs = experiment.plan([sweep_plan.Run("gpt", str(path))], sweep_dir=str(tmp_path / "s"), seeds=[1],
                            overrides=TINY_SWEEP, check_data=False)
-    with pytest.raises(experiment.SweepError, match=r"gpt: model_type='gpt' has no tensor-parallel "
+    with pytest.raises(SweepError, match=r"gpt: model_type='gpt' has no tensor-parallel "
                        r"communication"):
         experiment.comm_counts(jobs)
     assert "| 4 | 4 |" in experiment.comm_counts(experiment.plan(  # anti-vacuity: a TP config is counted
@@ -431,7 +433,7 @@ def test_counts_refuse_a_model_without_communication(tmp_path):
                                          (["--out="], "--out takes a directory"),])
 def test_bad_runner_options_and_overrides_stop_before_any_work(tmp_path, args, words):
     out = tmp_path / "sweep"
-    with pytest.raises(experiment.SweepError) as e:
+    with pytest.raises(SweepError) as e:
         experiment.main(["cpu", "--dry-run", f"--out={out}", *args] if args[0] != "--out="
                         else ["cpu", *args])
     assert words in str(e.value) and "\n" not in str(e.value)
@@ -530,7 +532,7 @@ def test_a_corrupt_result_file_is_redone_by_a_sweep_and_named_by_a_report(tmp_pa
         text = f.read()
     with open(job.result_path, "w") as f:
         f.write(edit(text))
-    with pytest.raises(experiment.SweepError) as e:
+    with pytest.raises(SweepError) as e:
         experiment.report([job], sweep_dir, title="tiny")
     assert job.result_path in str(e.value) and words in str(e.value) and "\n" not in str(e.value)
     monkeypatch.setattr(experiment, "run_job", fake_run_job)
@@ -838,7 +840,8 @@ def test_report_regenerates_tables_and_plots_and_check_catches_an_edit(docs_copy
     assert "| `['spd']*12` | 12 | +0.0030 [+0.0005, +0.0055] (3) | +0.0030 [+0.0024, +0.0036] (11) | " \
         "+0.0030 [+0.0005, +0.0055] (3) |" in text, text
     assert "| 2 x 32, 4 heads | 24,736 |" in text and "| 4 x 48, 4 heads | 111,024 |" in text
-    assert "| 12 x 64, 8 heads | 591,424 | " in text and "| `['tp']*12` | 24 | -0.0000 (1) | baseline |" in text
+    assert ("| 12 x 64, 8 heads | 591,424 | " in text and "| `['tp']*12` | 24 | -0.0000 (1) | baseline "
+            "|" in text)
     for name in ("axes_penalty_vs_tp.png", "axes_penalty_vs_size.png", "cpu_long_paired_difference.png"):
         assert png.png_digest(str(docs_copy / "docs" / name)) is not None, name
     assert (docs_copy / "experiments" / "tp-axis" / "results.md").exists()  # the sweep's own outputs too
@@ -860,7 +863,8 @@ def test_report_regenerates_tables_and_plots_and_check_catches_an_edit(docs_copy
     # the run directories were never there: the report read the result files alone. Now edit one number ...
     axes_md.write_text(text.replace("+0.0030 [+0.0005, +0.0055] (3)", "+0.0031 [+0.0005, +0.0055] (3)", 1))
     assert report.main(check=True, root=root) == 1
-    assert capsys.readouterr().out.strip() == "docs/axes.md: report:tp-axis-penalty differs from the result files"
+    assert (capsys.readouterr().out.strip() == "docs/axes.md: report:tp-axis-penalty differs from the result "
+            "files")
     axes_md.write_text(text)
     # ... or one result: the tables and the plots that show it no longer match
     path = docs_copy / "experiments" / "size-axis" / "runs" / "all-spd-2x32-seed1338.json"
@@ -884,7 +888,8 @@ def test_alltp_table_says_how_long_the_degrees_agree(tmp_path):
     for name in ("cpu-long", "tp-axis"):
         fake_results(root, name)
     text = report.tp_axis_alltp(report.Results(root=root, say=lambda *a: None))
-    assert "agree within 1e-04 through iter 5,000 at least" in text and "one baseline serves every degree" in text
+    assert ("agree within 1e-04 through iter 5,000 at least" in text and "one baseline serves every "
+            "degree" in text)
     assert "| 2 | 1337 | " in text and "| 8 | 1337 | " in text
 
     path = os.path.join(root, "experiments", "tp-axis", "runs", "all-tp-tp8-seed1337.json")

@@ -187,7 +187,7 @@ def test_bad_options_are_one_line(args, words):
 def test_the_real_plan_wants_a_gpu(monkeypatch):
     import torch
     from tpcomm.experiments import gpu_scale
-    from tpcomm.experiments.sweep import SweepError
+    from tpcomm.experiments.sweep_records import SweepError
 
     job = type("Job", (), dict(cfg=dict(device="auto")))()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -249,7 +249,8 @@ def test_scale_axis_says_grows_shrinks_or_holds():
                     "all-ladder": lambda k: 0.03 - 0.01 * k})
     text = scale_report.scale_axis(FakeResults(rows))
     line = {ln.split(" |")[0][2:]: ln for ln in text.splitlines() if ln.startswith("| all-")}
-    assert "grows: +0.040" in line["all-spd"] and "holds" in line["all-parallel"] and "shrinks" in line["all-ladder"]
+    assert ("grows: +0.040" in line["all-spd"] and "holds" in line["all-parallel"]
+            and "shrinks" in line["all-ladder"])
     assert "(3)" in line["all-spd"]  # the paired intervals, 3 seeds each
     assert "all-spd 1.20x" in text and "over 1.4x" not in text and "within 1.4x" in text
     # the reading follows the data: the same check on a flat spd cost fails

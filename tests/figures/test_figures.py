@@ -301,9 +301,11 @@ def test_the_command_figures_carry_their_data_and_report_check_sees_a_stale_one(
             lower = [ax for ax in fig.axes if ax.get_ylabel().startswith("validation loss (nats/token)")][0]
             assert lower.get_ylim()[1] < 2.0 and max(r[1] for r in SPD["curve"]) > 2.5
         if data is SPD:
-            assert "zero-shot 2.5200 (+0.650)" in texts and "y axis broken" in texts and "KL distillation" in texts
+            assert ("zero-shot 2.5200 (+0.650)" in texts and "y axis broken" in texts and "KL "
+                    "distillation" in texts)
             assert "+ KL 1.8800 (+0.010)" in texts and "recovered 1.9070 (+0.037)" in texts
-            assert "τ ISB = 0.01 nats" in texts and "block-to-block distillation" in texts and "B2B" not in texts
+            assert ("τ ISB = 0.01 nats" in texts and "block-to-block distillation" in texts
+                    and "B2B" not in texts)
         else:
             assert "12 layers x 128 wide" in texts and "32-token prompt then 32 new tokens" in texts
             assert {"all tp", "all spd", "all parallel"} <= set(texts_of(fig))  # each x named as its way
@@ -340,7 +342,7 @@ def test_report_check_fails_on_a_figure_without_its_data(tmp_path):
     decode = str(tmp_path / "docs" / "decode_latency_cpu_real.png")
     png.save_png(cf.DRAW["decode"](DECODE), decode, DECODE)  # a digest, but no data file beside it
     assert check() == ["docs/decode_latency_cpu_real.png: has no data file "
-                       "(decode_latency_cpu_real.data.json) " "beside it: draw it with the command its docs "
+                       "(decode_latency_cpu_real.data.json) beside it: draw it with the command its docs "
                        "page shows"]
     cf.write(cf.DRAW["decode"](DECODE), decode, DECODE)
     assert check() == []

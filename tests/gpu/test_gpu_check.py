@@ -80,7 +80,8 @@ def test_identity_and_cost_model_fields(tiny):
     # (tests/gpu/test_bf16_train_identity.py)
     train = s["bf16_identity"]["train_loss_deviation"]
     assert len(train) == 3 * 13 and set(train.values()) == {0.0}, train
-    assert "parallel tp8 (tp_async_grad=True)" in train and "spd tp4 (tp_async_grad=True, tp_overlap=2)" in train
+    assert ("parallel tp8 (tp_async_grad=True)" in train and "spd tp4 (tp_async_grad=True, "
+            "tp_overlap=2)" in train)
     assert s["cost_model"]["assumed_mfu"] == pytest.approx(0.40) and s["cost_model"]["measured_mfu"] is None
 
 
@@ -134,7 +135,8 @@ def test_some_sections_rerun_replace_only_theirs(tmp_path, monkeypatch):
     cfg = dict(gpu_check.DEFAULTS, sizes="tiny", device="cpu", out_dir=str(tmp_path), sections="cost_model")
     gpu_check.run_check(cfg, say=lambda *a: None)
     merged = json.loads((tmp_path / "gpu.json").read_text())
-    assert merged["sections"]["decode"] == dict(error="kept") and merged["sections"]["cost_model"]["error"] is None
+    assert (merged["sections"]["decode"] == dict(error="kept")
+            and merged["sections"]["cost_model"]["error"] is None)
     assert merged["git"] == base["git"] and [r["sections"] for r in merged["reruns"]] == [["cost_model"]]
     md = (tmp_path / "gpu.md").read_text()
     assert "at 8a5aaf4." in md and "in place of the first run's: `cost_model`" in md, md

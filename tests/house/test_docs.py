@@ -49,7 +49,7 @@ INLINE_CODE = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.S)
 MENTIONS_PROGRAM = re.compile(r"(^|[\s;&|(])(python3?|torchrun)(\s|$)")
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # extraction
 
 
@@ -127,7 +127,7 @@ def extract_commands(text):
     return sorted(found, key=lambda c: c[0])
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # checking
 
 
@@ -221,7 +221,7 @@ def check_comm_model(args):
 
 
 def check_experiment(args):
-    from tpcomm.experiments import sweep
+    from tpcomm.experiments import sweep_args, sweep_records
     from tpcomm.train.train_config import DEFAULTS
 
     parse, keys_only = split_arguments(args)
@@ -241,15 +241,15 @@ def check_experiment(args):
 
         try:
             _, overrides = gpu_scale.parse(parse[1:])
-        except sweep.SweepError as e:
+        except sweep_records.SweepError as e:
             return [str(e)]
         return [f"unknown key --{k}" for k in keys_only if k not in gpu_scale.OPTIONS and k not in DEFAULTS] \
             + configure_check(DEFAULTS, overrides)
     problems = [f"unknown key --{k}" for k in keys_only if k not in DEFAULTS
-                and k not in sweep.RUNNER_OPTIONS]
+                and k not in sweep_args.RUNNER_OPTIONS]
     try:
-        _, _, overrides = sweep.parse_args(parse)
-    except sweep.SweepError as e:
+        _, _, overrides = sweep_args.parse_args(parse)
+    except sweep_records.SweepError as e:
         return problems + [str(e)]
     return problems + configure_check(DEFAULTS, overrides)
 
@@ -373,7 +373,7 @@ def problems_of(doc):
     return [f"{doc}:{line}: `{text}`: {p}" for line, text, words in commands for p in check_command(words)]
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # tests
 
 
@@ -510,7 +510,7 @@ def test_links_between_pages_resolve():
     assert pages - linked_from_readme == set(), f"docs pages the README does not link: {pages - linked_from_readme}"
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # the README's commands on a fresh clone
 
 READS_A_RUN = ("sample.py", "spd.py", "export_hf.py")  # they read an out_dir an earlier command trained

@@ -147,7 +147,7 @@ def test_an_unregistered_type_is_refused_in_one_line():
     with pytest.raises(ConfigError) as e:
         config(block_types=["tp", "toy", "tp", "tp"])
     assert str(e.value) == ("block_types: unknown block type(s) ['toy']; use ['tp', 'spd', 'parallel', "
-                            "'ladder', " "'caat']")
+                            "'ladder', 'caat']")
     with pytest.raises(ValueError, match=r"^unknown block type 'toy'; the registered types are \['tp'"):
         cm.forward_syncs(["tp", "toy"])  # the cost model prices no type it does not know (it once counted 0)
     with pytest.raises(TypeError, match="not a BlockType"):

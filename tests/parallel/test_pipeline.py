@@ -271,7 +271,7 @@ def test_config_checks_leave_torchs_pipelining_unimported():
     probe = ("import sys; import tpcomm.train.train_config, tpcomm.bench.bench_config; {}; "
              "print('torch.distributed.pipelining' in sys.modules)")
     check = ("from tpcomm.parallel.pipeline_config import validate_pp_layout; validate_pp_layout(world=1, "
-             "pp_size=1, " "tp=1, n_layer=2, schedule='1f1b', n_microbatches=1)")
+             "pp_size=1, tp=1, n_layer=2, schedule='1f1b', n_microbatches=1)")
     # the second: can fail
     for extra, imported in ((check, "False"), ("import tpcomm.parallel.pipeline", "True")):
         r = subprocess.run([sys.executable, "-c", probe.format(extra)], capture_output=True, text=True,

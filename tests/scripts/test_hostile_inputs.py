@@ -1,6 +1,6 @@
-"""Issue 49: what a hostile user typed, case by case. Each row is one line naming the key (or file) and the value, exit
-2, before any work, nothing overwritten; or, where the input is legitimate, it does what it says (resume keeps the
-checkpoint's sync options; sample keeps the trained model's tp_size)."""
+"""Issue 49: what a hostile user typed, case by case. Each row is one line naming the key (or file) and the
+value, exit 2, before any work, nothing overwritten; or, where the input is legitimate, it does what it says
+(resume keeps the checkpoint's sync options; sample keeps the trained model's tp_size)."""
 
 import glob
 import json
@@ -14,8 +14,8 @@ import pytest
 from conftest import ROOT, TINY, losses, one_line_error, run_script
 
 D = ["--model_type=distributed_gpt", "--tp_size=2"]
-BENCH = ["bench.py", "--device=cpu", "--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16", "--vocab_size=65",
-         "--batch_size=2", "--iters=1", "--warmup=0"]
+BENCH = ["bench.py", "--device=cpu", "--n_layer=2", "--n_head=4", "--n_embd=32", "--block_size=16",
+         "--vocab_size=65", "--batch_size=2", "--iters=1", "--warmup=0"]
 COMMITTED = sorted(glob.glob(os.path.join(ROOT, "experiments", "cpu", "runs", "*-seed1337.json")))[0]
 
 
@@ -39,25 +39,30 @@ def keep(tmp_path):
 # ---------- one line, exit 2, before any work, nothing overwritten ----------
 
 def cases(tmp, data, keep):
-    """(argv, words the line must hold, files that must stay as they are) per case of the issue, by its number."""
+    """(argv, words the line must hold, files that must stay as they are) per case of
+    the issue, by its number."""
     out, folder = str(tmp / "out"), tmp / "folder"  # folder: made by the test
     figure = tmp / "answer_tradeoff.png"  # a copy of the README's figure (the report's), made by the test
     return {
         "1 train trace over a checkpoint": (train_args(data, out, *D, f"--trace={keep}", "--trace_iter=1"),
                                             ["trace", str(keep)], [keep]),
         "1 bench trace over a file": ([*BENCH, f"--trace={keep}"], ["trace", str(keep)], [keep]),
-        "7 async grad at tp 1": (train_args(data, out, "--model_type=distributed_gpt", "--tp_async_grad=True"),
+        "7 async grad at tp 1": (train_args(data, out, "--model_type=distributed_gpt",
+                                            "--tp_async_grad=True"),
                                  ["tp_async_grad=True", "tp_size=1"], []),
         "7 bench async grad at tp 1": ([*BENCH, "--model_type=distributed_gpt", "--tp_async_grad=True"],
                                        ["tp_async_grad=True", "tp_size=1"], []),
         "7 bf16 with a block size": (train_args(data, out, *D, "--tp_comm_dtype=bf16", "--tp_comm_block=16"),
                                      ["tp_comm_block=16", "bf16"], []),
         "9 train trace in /proc": (train_args(data, out, *D, "--trace=/proc/t.json"), ["trace", "/proc"], []),
-        "9 train trace a directory": (train_args(data, out, *D, f"--trace={folder}"), ["trace", str(folder)], []),
-        "9 trace plot a directory": (["-m", "tpcomm.bench.trace", "plot", str(folder), COMMITTED], [str(folder)], []),
+        "9 train trace a directory": (train_args(data, out, *D, f"--trace={folder}"), ["trace", str(folder)],
+                                      []),
+        "9 trace plot a directory": (["-m", "tpcomm.bench.trace", "plot", str(folder), COMMITTED],
+                                     [str(folder)], []),
         "9 bench plot a directory": ([*BENCH, "--mode=decode", "--new_tokens=2", f"--plot={folder}"],
                                      ["plot", str(folder)], []),
-        "11 train batch_size None": (train_args(data, out, *D, "--batch_size=None"), ["batch_size", "None"], []),
+        "11 train batch_size None": (train_args(data, out, *D, "--batch_size=None"), ["batch_size", "None"],
+                                     []),
         "11 train tp_size None": (train_args(data, out, *D[:1], "--tp_size=None"), ["tp_size", "None"], []),
         "11 train n_embd None": (train_args(data, out, *D, "--n_embd=None"), ["n_embd", "None"], []),
         "11 sample num_samples None": (["sample.py", f"--out_dir={out}", "--num_samples=None"],
@@ -67,44 +72,66 @@ def cases(tmp, data, keep):
                                             ["variants", "tp_overlap", "'x'"], []),
         "12 bench variant tp_overlap None": ([*BENCH, *D, "--variants=[{'tp_overlap': None}]"],
                                              ["variants", "tp_overlap", "None"], []),
+        **more_cases(tmp, data, keep, out, folder, figure),
+    }
+
+
+def more_cases(tmp, data, keep, out, folder, figure):
+    """The second half of cases(): output paths, the runner's options, the third pass's (64.*) rows."""
+    return {
         "13 bench trace in /proc": ([*BENCH, "--trace=/proc/t.json"], ["trace", "/proc"], []),
         "13 bench plot not a png": ([*BENCH, "--mode=decode", "--new_tokens=2", f"--plot={keep}"],
                                     ["plot", str(keep)], [keep]),
-        "13 trace plot over a file": (["-m", "tpcomm.bench.trace", "plot", str(keep), COMMITTED], [str(keep)], [keep]),
-        "13 gpu_check out_dir /proc": (["-m", "tpcomm.gpu.gpu_check", "--sizes=tiny", "--device=cpu", "--out_dir=/proc"],
+        "13 trace plot over a file": (["-m", "tpcomm.bench.trace", "plot", str(keep), COMMITTED], [str(keep)],
+                                      [keep]),
+        "13 gpu_check out_dir /proc": (["-m", "tpcomm.gpu.gpu_check", "--sizes=tiny", "--device=cpu",
+                                        "--out_dir=/proc"],
                                        ["out_dir", "/proc"], []),
-        "13 calibration out a directory": (["comm_model.py", "measure", f"--out={folder}"], ["out", str(folder)], []),
+        "13 calibration out a directory": (["comm_model.py", "measure", f"--out={folder}"],
+                                           ["out", str(folder)], []),
         "14 gpu-node out a file": (["experiment.py", "gpu-node", "--rehearsal", f"--out={keep}"],
                                    ["out", str(keep)], [keep]),
         "10 gpu-node dry-run out a file": (["experiment.py", "gpu-node", "--dry-run", f"--out={keep}"],
                                            ["out", str(keep)], [keep]),
         "10 gpu-node shape twice": (["experiment.py", "gpu-node", "--dry-run", "--shapes=tiny,,tiny"],
                                     ["shapes", "tiny,,tiny"], []),
-        "10 gpu-node mfu 1e-300": (["experiment.py", "gpu-node", "--dry-run", "--mfu=1e-300"], ["mfu", "1e-300"], []),
+        "10 gpu-node mfu 1e-300": (["experiment.py", "gpu-node", "--dry-run", "--mfu=1e-300"],
+                                   ["mfu", "1e-300"], []),
         "10 gpt2 one process real tp": (["experiment.py", "gpt2", "--nproc=1", "--tp_mode=real", "--dry-run"],
                                         ["nproc=1", "tp_mode='real'"], []),
-        "14 gpu_check worker by hand": (["-m", "tpcomm.gpu.gpu_check", "--worker=real_tp"], ["worker", "real_tp"], []),
+        "14 gpu_check worker by hand": (["-m", "tpcomm.gpu.gpu_check", "--worker=real_tp"],
+                                        ["worker", "real_tp"], []),
         "6 runner flag not a bool": (["experiment.py", "cpu", "--dry-run=maybe"], ["dry-run", "maybe"], []),
-        "also learning_rate 1e400": (train_args(data, out, "--learning_rate=1e400"), ["learning_rate", "inf"], []),
-        # the third pass (--overwrite is the out_dir's checkpoint only; a figure is replaced only by its own maker)
-        "64.2 train trace over a file, overwrite": (train_args(data, out, *D, f"--trace={keep}", "--overwrite=True"),
+        "also learning_rate 1e400": (train_args(data, out, "--learning_rate=1e400"), ["learning_rate", "inf"],
+                                     []),
+        # the third pass (--overwrite is the out_dir's checkpoint only; a figure is replaced only by its own
+        # maker)
+        "64.2 train trace over a file, overwrite": (train_args(data, out, *D, f"--trace={keep}",
+                                                               "--overwrite=True"),
                                                     ["trace", str(keep)], [keep]),
-        "64.3 bench plot over the report's figure": ([*BENCH, "--mode=decode", "--new_tokens=2", f"--plot={figure}"],
+        "64.3 bench plot over the report's figure": ([*BENCH, "--mode=decode", "--new_tokens=2",
+                                                      f"--plot={figure}"],
                                                      ["plot", str(figure)], [figure]),
-        "64.3 trace plot over the report's figure": (["-m", "tpcomm.bench.trace", "plot", str(figure), COMMITTED],
+        "64.3 trace plot over the report's figure": (["-m", "tpcomm.bench.trace", "plot", str(figure),
+                                                      COMMITTED],
                                                      [str(figure)], [figure]),
         "64.5 train out_dir under /proc": (["train.py", *TINY, f"--data_dir={data}", "--out_dir=/proc/x/y"],
                                            ["/proc/x/y"], []),
         "64.5 train trace_iter -1": (train_args(data, out, "--trace_iter=-1"), ["trace_iter", "-1"], []),
-        "64.5 sweep --jobs without a number": (["experiment.py", "cpu", "--jobs", "--dry-run"], ["--jobs", "nothing"],
+        "64.5 sweep --jobs without a number": (["experiment.py", "cpu", "--jobs", "--dry-run"],
+                                               ["--jobs", "nothing"],
                                                []),
         "64.5 gpu-scale dry-run out a file": (["experiment.py", "gpu-scale", "--dry-run", f"--out={keep}"],
                                               ["out", str(keep)], [keep]),
-        "64.5 prepare input and source tiny": (["data/shakespeare_char/prepare.py", f"--input={keep}", "--source=tiny",
+        "64.5 prepare input and source tiny": (["data/shakespeare_char/prepare.py", f"--input={keep}",
+                                                "--source=tiny",
                                                 f"--out_dir={out}"], ["--input", "--source=tiny"], []),
-        "64 learning_rate 1e300": (train_args(data, out, "--learning_rate=1e300"), ["learning_rate", "1e+300"], []),
-        "64 caat fraction at tp 1": (train_args(data, out, "--model_type=distributed_gpt", "--block_types=caat",
-                                                "--caat_sync_fraction=0.25"), ["caat_sync_fraction=0.25", "tp_size=1"],
+        "64 learning_rate 1e300": (train_args(data, out, "--learning_rate=1e300"),
+                                   ["learning_rate", "1e+300"], []),
+        "64 caat fraction at tp 1": (train_args(data, out, "--model_type=distributed_gpt",
+                                                "--block_types=caat",
+                                                "--caat_sync_fraction=0.25"), ["caat_sync_fraction=0.25",
+                                                                               "tp_size=1"],
                                      []),
     }
 
@@ -122,7 +149,8 @@ def test_refused_in_one_line_before_any_work(name, tmp_path, char_data, keep):
     line = one_line_error(r)
     assert all(w in line for w in words), line
     assert snapshot(*kept) == before  # nothing overwritten
-    assert not os.path.exists(tmp_path / "out") and not glob.glob(str(tmp_path / "**" / "*.tmp"), recursive=True)
+    assert not os.path.exists(tmp_path / "out") and not glob.glob(str(tmp_path / "**" / "*.tmp"),
+                                                                  recursive=True)
 
 
 
@@ -141,8 +169,8 @@ def test_a_gpu_check_rehearsal_never_writes_docs(extra):
     docs = [os.path.join(ROOT, "docs", n) for n in ("gpu.json", "gpu.md")]
     before = snapshot(*docs)
     try:
-        r = run_script("-m", "tpcomm.gpu.gpu_check", "--sizes=tiny", "--device=cpu", "--sections=cost_model", *extra,
-                       timeout=120)
+        r = run_script("-m", "tpcomm.gpu.gpu_check", "--sizes=tiny", "--device=cpu", "--sections=cost_model",
+                       *extra, timeout=120)
         line = one_line_error(r)
         assert "out_dir" in line and "sizes='tiny'" in line, line
         assert snapshot(*docs) == before
@@ -172,8 +200,8 @@ INT8 = [*D, "--tp_comm_dtype=int8", "--tp_comm_block=8", "--eval_interval=2", "-
 
 @pytest.fixture(scope="module")
 def int8_runs(tmp_path_factory, char_data):
-    """An int8-compressed tp-2 run straight through iters 0..4, the same run stopped at 2 (its checkpoint copied
-    aside) and resumed with no sync flag, and a run without compression."""
+    """An int8-compressed tp-2 run straight through iters 0..4, the same run stopped at 2 (its checkpoint
+    copied aside) and resumed with no sync flag, and a run without compression."""
     root = tmp_path_factory.mktemp("int8")
     for name, args in (("full", [*INT8, "--max_iters=4"]), ("part", [*INT8, "--max_iters=2"]),
                        ("plain", [*INT8[:2], *INT8[4:], "--max_iters=4"])):
@@ -187,8 +215,8 @@ def int8_runs(tmp_path_factory, char_data):
 
 
 def test_resume_continues_with_the_checkpoints_sync_options(int8_runs):
-    """The resumed run is the uninterrupted int8 run: same ops in the same order on one CPU process, so equal to
-    1e-6; the run without compression differs by far more, so the comparison can fail."""
+    """The resumed run is the uninterrupted int8 run: same ops in the same order on one CPU process, so equal
+    to 1e-6; the run without compression differs by far more, so the comparison can fail."""
     full, part, plain = (losses(int8_runs / n) for n in ("full", "part", "plain"))
     assert json.loads((int8_runs / "part" / "config.json").read_text())["tp_comm_dtype"] == "int8"
     for it in range(2, 5):
@@ -206,14 +234,15 @@ def test_resume_continues_with_the_checkpoints_sync_options(int8_runs):
 def test_resume_refuses_a_contradicting_sync_option_or_a_passed_max_iters(int8_runs, char_data, extra, words):
     out = int8_runs / "at2"
     before = snapshot(out / "ckpt.pt", out / "config.json", out / "metrics.jsonl")
-    line = one_line_error(run_script(*train_args(char_data, out, *D, "--init_from=resume", *extra), timeout=120))
+    line = one_line_error(run_script(*train_args(char_data, out, *D, "--init_from=resume", *extra),
+                                     timeout=120))
     assert all(w in line for w in words), line
     assert snapshot(out / "ckpt.pt", out / "config.json", out / "metrics.jsonl") == before
 
 
 def test_resume_refuses_a_contradicting_caat_fraction(char_data, tmp_path):
-    """caat_sync_fraction is the model's function (docs/model.md): resumed with another value it is refused, as
-    block_types is (before: the flag silently trained and saved a different model)."""
+    """caat_sync_fraction is the model's function (docs/model.md): resumed with another value it is refused,
+    as block_types is (before: the flag silently trained and saved a different model)."""
     out, caat = tmp_path / "caat", ["--model_type=distributed_gpt", "--tp_size=2", "--block_types=caat"]
     r = run_script(*train_args(char_data, out, *caat, "--max_iters=1", "--eval_interval=1"), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -230,16 +259,18 @@ def test_resume_refuses_a_contradicting_caat_fraction(char_data, tmp_path):
 def checkpoints(tmp_path_factory, char_data):
     """A tiny GPT and a tiny all-'spd' tp-4 and all-'tp' tp-4 DistributedGPT, one step each."""
     root = tmp_path_factory.mktemp("ckpts")
-    for name, args in (("gpt", []), ("spd4", ["--model_type=distributed_gpt", "--tp_size=4", "--block_types=spd"]),
-                       ("tp4", ["--model_type=distributed_gpt", "--tp_size=4"])):
-        r = run_script(*train_args(char_data, root / name, *args, "--max_iters=1", "--eval_interval=1"), timeout=300)
+    for name, args in (("gpt", []), ("spd4", ["--model_type=distributed_gpt", "--tp_size=4",
+                                              "--block_types=spd"]), ("tp4", ["--model_type=distributed_gpt",
+                                                                              "--tp_size=4"])):
+        r = run_script(*train_args(char_data, root / name, *args, "--max_iters=1", "--eval_interval=1"),
+                       timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
     return root
 
 
 def sample(out, *extra):
-    return run_script("sample.py", f"--out_dir={out}", "--device=cpu", "--num_samples=1", "--max_new_tokens=8",
-                      "--start=def", *extra, timeout=120)
+    return run_script("sample.py", f"--out_dir={out}", "--device=cpu", "--num_samples=1",
+                      "--max_new_tokens=8", "--start=def", *extra, timeout=120)
 
 
 @pytest.mark.parametrize("run, tp, words", [
@@ -252,9 +283,9 @@ def test_sample_refuses_a_tp_size_that_changes_the_model(checkpoints, run, tp, w
 
 
 def test_sample_takes_a_tp_size_that_keeps_the_model(checkpoints):
-    """Anti-vacuity: the checkpoint's own tp_size, and any tp_size of an all-'tp' model (GPT's function at every
-    tp_size, docs/model.md), sample; the same seed gives the same text (float32 logits agree to ~1e-6, far inside
-    the gaps between sampled tokens' probabilities at 8 tokens)."""
+    """Anti-vacuity: the checkpoint's own tp_size, and any tp_size of an all-'tp' model (GPT's function at
+    every tp_size, docs/model.md), sample; the same seed gives the same text (float32 logits agree to ~1e-6,
+    far inside the gaps between sampled tokens' probabilities at 8 tokens)."""
     texts = []
     for run, extra in (("spd4", ["--tp_size=4"]), ("spd4", []), ("tp4", ["--tp_size=2"]), ("tp4", [])):
         r = sample(checkpoints / run, *extra)
@@ -285,7 +316,8 @@ def crafted(checkpoint, change):
 
 CRAFTED = [  # (field, value), the command, words its line must hold
     (("iter_num", "abc"), "resume", ["iter_num", "'abc'"]), (("iter_num", None), "resume", ["iter_num"]),
-    (("iter_num", -5), "resume", ["iter_num=-5"]), (("best_val_loss", "x"), "resume", ["best_val_loss", "'x'"]),
+    (("iter_num", -5), "resume", ["iter_num=-5"]), (("best_val_loss", "x"), "resume",
+                                                    ["best_val_loss", "'x'"]),
     (("rng_state", "3 bytes"), "resume", ["rng_state"]), (("optimizer", {}), "resume", ["optimizer"]),
     (("exp_avg", None), "resume", ["exp_avg", "(3,)"]), (("config", [1, 2]), "sample", ["config", "[1, 2]"]),
     (("weights", None), "sample", ["NaN"]),
@@ -304,7 +336,8 @@ def test_a_crafted_checkpoint_is_one_line_and_damages_nothing(change, command, w
         change = ("rng_state", torch.zeros(3, dtype=torch.uint8))
     torch.save(crafted(checkpoint, change), out / "ckpt.pt")
     before = snapshot(out / "ckpt.pt", out / "metrics.jsonl", out / "config.json")
-    r = run_script(*train_args(char_data, out, "--init_from=resume", "--max_iters=3")) if command == "resume" \
+    r = run_script(*train_args(char_data, out, "--init_from=resume",
+                               "--max_iters=3")) if command == "resume" \
         else sample(out)
     line = one_line_error(r)
     assert all(w in line for w in words), line
@@ -313,8 +346,8 @@ def test_a_crafted_checkpoint_is_one_line_and_damages_nothing(change, command, w
 
 def test_a_resume_refuses_a_smaller_block_size_and_another_vocabulary(checkpoints, char_data, tmp_path):
     """A resume keeps the model: a smaller block_size (which would cut the position embedding under the
-    optimizer's state) and a dataset of the same size with other characters are refused, the run as it was; the
-    checkpoint's own data resumes (the test can fail)."""
+    optimizer's state) and a dataset of the same size with other characters are refused, the run as it was;
+    the checkpoint's own data resumes (the test can fail)."""
     out = tmp_path / "run"
     shutil.copytree(checkpoints / "gpt", out)
     before = snapshot(out / "ckpt.pt", out / "metrics.jsonl")
@@ -388,15 +421,16 @@ def test_report_names_files_in_runs_that_are_no_runs_result(tmp_path):
 def test_report_check_names_a_stray_file(tmp_path, monkeypatch):
     from tpcomm.experiments.report import report
 
-    monkeypatch.setattr(report, "stray_lines", lambda ctx: ["experiments/cpu/runs/junk.json: not a result file"])
+    monkeypatch.setattr(report, "stray_lines", lambda ctx: ["experiments/cpu/runs/junk.json: not a result "
+                                                            "file"])
     monkeypatch.setattr(report, "markdown_files", lambda root: [])
     monkeypatch.setattr(report, "update_plots", lambda *a, **k: [])
     assert report.main(check=True, root=str(tmp_path), say=lambda *a: None) == 1
 
 
 def test_report_check_names_a_stale_result_file(tmp_path, capsys):
-    """A result file whose config is no longer its sweep's run (a planted gpu-scale file, say) is left out of the
-    tables; report --check says so by name, not only that a README block differs."""
+    """A result file whose config is no longer its sweep's run (a planted gpu-scale file, say) is left out of
+    the tables; report --check says so by name, not only that a README block differs."""
     from tpcomm.experiments.report import report
 
     root = tmp_path / "repo"
@@ -420,7 +454,7 @@ def test_report_check_names_a_stale_result_file(tmp_path, capsys):
     (["cpu", "--counts=False"], "counts", False),
 ])
 def test_sweep_flags_parse_true_and_false(argv, key, value):
-    from tpcomm.experiments import sweep
+    from tpcomm.experiments import sweep_args as sweep
 
     _, opts, overrides = sweep.parse_args(argv)
     assert opts[key] is value and overrides == []
@@ -436,7 +470,7 @@ def test_gpu_node_flags_parse_true_and_false(arg, on):
 
 
 def test_report_check_flag_parses_false():
-    from tpcomm.experiments import sweep
+    from tpcomm.experiments import sweep_args as sweep
 
     assert sweep.parse_args(["report", "--check=False"])[1]["check"] is False
 
@@ -457,17 +491,19 @@ def test_gpu_node_report_only_refuses_a_bad_result_file(tmp_path, content, words
     if content == "INF":
         way["in_collectives_ms"] = float("inf")
     if content in ("NAN", "INF"):
-        content = json.dumps(dict(config=dict(shape="tiny"), machine={}, ways={"all tp": way}, allreduce_sanity={}))
+        content = json.dumps(dict(config=dict(shape="tiny"), machine={}, ways={"all tp": way},
+                                  allreduce_sanity={}))
     (tmp_path / "runs" / "tiny.json").write_text(content)
-    r = run_script("experiment.py", "gpu-node", "--rehearsal", "--report-only", f"--out={tmp_path}", timeout=120)
+    r = run_script("experiment.py", "gpu-node", "--rehearsal", "--report-only", f"--out={tmp_path}",
+                   timeout=120)
     line = one_line_error(r)
     assert all(w in line for w in words), line
     assert not (tmp_path / "results.md").exists()
 
 
 def test_a_command_replaces_its_own_output(tmp_path, char_data):
-    """The other side of the mark: a trace train.py wrote, and a figure bench.py drew, are theirs to write again
-    (each file names its maker); the same figure is another command's to refuse (the cases above)."""
+    """The other side of the mark: a trace train.py wrote, and a figure bench.py drew, are theirs to write
+    again (each file names its maker); the same figure is another command's to refuse (the cases above)."""
     from tpcomm.train.output_path import png_text, written_by
     trace, plot = tmp_path / "t.json", tmp_path / "decode.png"
     for n in (1, 2):

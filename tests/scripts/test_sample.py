@@ -103,4 +103,5 @@ def test_sample_bad_layouts(char_data, tmp_path):
     r = run_script("train.py", *TINY, f"--data_dir={char_data}", f"--out_dir={gpt}", "--max_iters=2",
                    "--eval_interval=2")
     r = run_script("sample.py", f"--out_dir={gpt}", "--device=cpu", "--tp_mode=real")
-    assert r.returncode == 2 and "distributed_gpt checkpoint" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert (r.returncode == 2 and "distributed_gpt checkpoint" in r.stderr
+            and "Traceback" not in r.stderr), r.stderr

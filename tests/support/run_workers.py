@@ -96,7 +96,7 @@ def wait_for_peers(job_dir, rank):
         if time.time() > deadline:
             with open(os.path.join(job_dir, f"error.rank{rank}.txt"), "a") as f:
                 f.write(f"\nthe other ranks had not finished this job {PEER_WAIT_S:.0f} s after this rank's "
-                        "error " "(waiting in a collective this rank left): the launch ends here\n")
+                        "error (waiting in a collective this rank left): the launch ends here\n")
             os._exit(1)
         time.sleep(0.2)
 

@@ -232,7 +232,8 @@ def test_train_refuses_a_bad_fraction_before_any_work(tmp_path):
     r = run_script("train.py", "config/train_shakespeare_char_cpu.py", "--model_type=distributed_gpt",
                    "--tp_size=2", "--block_types=caat", "--caat_sync_fraction=0.3", f"--out_dir={out}")
     assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout
-    assert "caat_sync_fraction=0.3 times n_embd (128) must be a whole number of channels" in r.stderr + r.stdout
+    assert ("caat_sync_fraction=0.3 times n_embd (128) must be a whole number of "
+            "channels" in r.stderr + r.stdout)
     assert not out.exists()
 
 

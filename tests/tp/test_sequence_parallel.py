@@ -144,7 +144,8 @@ def test_real_equals_simulated(overlap_sp_real, block_types):
     for check in ("fwd_bwd", "dropout"):
         result = overlap_sp_real[f"sp/{check}/{name(block_types)}"]
         assert result["ratio"] <= 1.0, json.dumps(result)
-        assert result["counts"]["real"] == result["counts"]["sim"] and result["counts"]["real"]["fwd_reduce_scatters"]
+        assert (result["counts"]["real"] == result["counts"]["sim"]
+                and result["counts"]["real"]["fwd_reduce_scatters"])
 
 
 def test_real_comparisons_can_fail(overlap_sp_real):

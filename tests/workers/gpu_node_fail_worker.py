@@ -9,11 +9,11 @@ import sys
 # the repository
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from tpcomm.gpu import gpu_check  # noqa: E402
+from tpcomm.gpu import gpu_tools  # noqa: E402
 from tpcomm.experiments import gpu_node
 
 FAILING_WAY = "all spd"
-timed_steps = gpu_check.timed_steps
+timed_steps = gpu_tools.timed_steps
 calls = []  # of the failing way's model
 
 
@@ -28,5 +28,5 @@ def failing_timed_steps(run, model, optimizer, ctx, X, Y, n, device):
 
 
 if __name__ == "__main__":
-    gpu_check.timed_steps = failing_timed_steps
+    gpu_tools.timed_steps = failing_timed_steps
     gpu_node.worker(sys.argv[1:])

@@ -71,12 +71,12 @@ def bench(cfg, dims, *, new_model, device, ctx, say):
     say(f"pp={dims.pp} x tp={dims.tp} ({dist.get_world_size()} processes), {B} x {T} tokens per micro-batch, "
         f"layers per stage: balanced")
     say("| schedule | pp | v | micro-batches | ms/iter | tokens/s | bubble (timeline) | theory (p-1)/(v "
-        "m+p-1) | " "peak activations per pp rank (MiB) | pp B/token |")
+        "m+p-1) | peak activations per pp rank (MiB) | pp B/token |")
     say("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for r in rows:
         say(f"| {r['schedule']} | {r['pp']} | {r['v']} | {r['m']} | {r['ms']:.1f} | {r['tokens_per_s']:,.0f} "
             "| " f"{r['bubble']:.3f} | {r['theory']:.3f} | {' / '.join(f'{p:.2f}' for p in r['peak_mib'])} | "
-            "" f"{r['pp_bytes_per_token']:,.0f} |")
+            f"{r['pp_bytes_per_token']:,.0f} |")
     return rows
 
 
@@ -102,7 +102,7 @@ def main(argv):
                        batch_size=cfg["batch_size"])
     if not launched_by_torchrun():  # the demo's exchanges (timeline, counts, memory) run on a process group
         raise ConfigError("tpcomm.bench.pipeline_demo runs under torchrun, also at pp_size=1: torchrun "
-                          "--standalone " "--nproc_per_node=PP*TP -m tpcomm.bench.pipeline_demo ...")
+                          "--standalone --nproc_per_node=PP*TP -m tpcomm.bench.pipeline_demo ...")
     dims = init_parallel(dp=world // (cfg["pp_size"] * tp), tp=tp, pp=cfg["pp_size"], device_type="cpu",
                          backend="gloo")
     finished = False
@@ -125,7 +125,7 @@ def demo(cfg, dims):
     m, mb = cfg["n_microbatches"], cfg["batch_size"] // cfg["n_microbatches"]
     say = print if dims.is_master else (lambda *a, **k: None)
     say(f"pp={dims.pp} x dp={dims.dp} x tp={dims.tp} ({dist.get_world_size()} processes), schedule "
-        "" f"{cfg['schedule']}, {dims.pp * cfg['virtual_stages']} stages of layers {pipe.layers}, {m} "
+        f"{cfg['schedule']}, {dims.pp * cfg['virtual_stages']} stages of layers {pipe.layers}, {m} "
         "micro-batches of " f"{mb} x {cfg['block_size']} tokens, blocks {cfg['block_types']}")
     for it in range(cfg["steps"]):
         g = torch.Generator().manual_seed(it)

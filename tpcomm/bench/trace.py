@@ -44,7 +44,7 @@ STEP_PREFIX = "ProfilerStep#"  # the span of one training step (torch.profiler's
 # collective matmul's rings (tp_collective_matmul)
 COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather", "ring_p2p")
 LABEL = re.compile(r"^(?P<collective>allreduce|reduce_scatter|all_gather|ring_p2p) (?P<op>\w+) "
-                   r"(?P<direction>fwd|bwd)(?: L(?P<layer>\d+) (?P<block>\S+))? " r"(?P<site>\w+) "
+                   r"(?P<direction>fwd|bwd)(?: L(?P<layer>\d+) (?P<block>\S+))? (?P<site>\w+) "
                    r"(?P<bytes>\d+)B (?P<mode>sim|real)$")
 # tp_comm.traced(waiting=True): the wait for an asynchronous all-reduce, before its label
 WAIT_PREFIX = "wait "
@@ -347,14 +347,14 @@ def summary(source):
         c = tally_events(mine)
         spent = sum(ev["dur"] for ev in mine) / 1e3
         lines.append(f"step {i}: {c['fwd']} fwd + {c['bwd']} bwd all-reduces, {c['grad_sync']} grad sync, "
-                     "" f"{c['grad_norm']} grad norm, {c['vocab']} vocab" + (f", {c['reduce_scatter']} "
+                     f"{c['grad_norm']} grad norm, {c['vocab']} vocab" + (f", {c['reduce_scatter']} "
                                                                              f"reduce-scatters + "
                                                                              f"{c['all_gather']} "
                                                                              "all-gathers"
                                                                              if c["reduce_scatter"]
                                                                              or c["all_gather"] else "")
                      + (f", {c['ring_p2p']} ring transfers" if c["ring_p2p"] else "") + f"; {spent:.2f} of "
-                     f"{(b - a) / 1e3:.2f} ms in " f"collectives")
+                     f"{(b - a) / 1e3:.2f} ms in collectives")
         per = overlap_by_direction([ev for ev in with_waits if ev["step"] == i])
         line = f"step {i} overlap: " + "; ".join(f"{d} {v['in_ms']:.2f} ms in collectives, "
                                                  f"{v['exposed_ms']:.2f} exposed, {v['beside_ms']:.2f} "
@@ -368,7 +368,7 @@ def summary(source):
 
 
 USAGE = ("usage: python -m tpcomm.bench.trace plot OUT.png TRACE.json [TRACE.json ...] [--labels=a,b] "
-         "[--step=N] " "[--title=T] | " "python -m tpcomm.bench.trace summary TRACE.json [...]")
+         "[--step=N] [--title=T] | python -m tpcomm.bench.trace summary TRACE.json [...]")
 
 
 def parse_labels(text):

@@ -135,7 +135,7 @@ def write_table(path, result):
              "gap to original |", "|---|---|---|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['model']} | {''.join(k[0].upper() for k in r['pattern'])} | "
-                     f"{r['fwd_allreduces']} " f"({r['async_allreduces']}) | {r['retrain_steps']} | "
+                     f"{r['fwd_allreduces']} ({r['async_allreduces']}) | {r['retrain_steps']} | "
                      f"{r['loss']:.4f} | {r['loss'] - base:+.4f} |")
     by = {r["model"]: r["loss"] for r in rows}
     if "ladder, retrained" in by:

@@ -318,10 +318,10 @@ def write_table(path, result):
     kept = {None: "", True: "yes", False: "no"}
     lines = [f"# Sync-Point Drop of {result['out_dir']} at tp_size {result['tp_size']}", "", f"Original "
              f"validation loss {result['base_loss']:.4f} ({result['eval_tokens']:,} tokens, "
-             "" f"{result['eval_iters']} fixed batches). Loss increases in nats; classes by the "
-             f"'{result['order']}' " f"sensitivity: ISB < {result['tau_isb']} <= SB < {result['tau_esb']} <= "
+             f"{result['eval_iters']} fixed batches). Loss increases in nats; classes by the "
+             f"'{result['order']}' sensitivity: ISB < {result['tau_isb']} <= SB < {result['tau_esb']} <= "
              "ESB.", "", "## Per block", "", "| block | single Δ | paper Δ | class | head grouping Δ | "
-             "recovered Δ | B2B MSE before | after " "| kept |", "|---|---|---|---|---|---|---|---|---|"]
+             "recovered Δ | B2B MSE before | after | kept |", "|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda v, f=".4f": "" if v is None else format(v, f)  # noqa: E731
     for b in result["blocks"]:
         lines.append(f"| {b['block']} | {fmt(b['single'])} | {fmt(b['paper'])} | {b['class']} | "

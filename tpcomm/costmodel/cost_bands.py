@@ -41,16 +41,16 @@ class Range(NamedTuple):
 
 
 RANGES = {"efficiency": Range(0.5, 1.0, "assumed: NCCL's kernels take SMs and memory bandwidth from the "
-                              "compute they " "overlap; 1 is ideal"), "mfu": Range(0.25, 0.5, "assumed: GEMM "
+                              "compute they overlap; 1 is ideal"), "mfu": Range(0.25, 0.5, "assumed: GEMM "
                                                                                    "efficiency of tp-8 "
                                                                                    "shards of 1.3B-70B "
                                                                                    "models on H100, "
                                                                                    "unmeasured here"),
           "nvlink_busbw": Range(360e9, 480e9, "nccl-tests all_reduce_perf busbw on 8x H100 SXM: ~360 GB/s "
-                                "ring, ~480 GB/s " "with NVLink SHARP (NVLS)"),
+                                "ring, ~480 GB/s with NVLink SHARP (NVLS)"),
           "ib_busbw": Range(40e9, 48e9, "InfiniBand NDR 400 Gb/s (50 GB/s) a port: 80-96% of line rate as "
                             "busbw"), "latency": Range(2e-6, 35e-6, "NCCL small-message latency, 2 us (NVLS, "
-                                                       "tuned) to 35 us (across nodes, older " "NCCL)"),
+                                                       "tuned) to 35 us (across nodes, older NCCL)"),
           "launch": Range(2e-6, 8e-6, "assumed: launch and tail of a quantize or dequantize kernel"),
           "hbm_share": Range(0.5, 1.0, "assumed: the codec kernels' share of the datasheet HBM bandwidth"),}
 LINK_RANGE = {cm.LINKS[0].name: "nvlink_busbw", cm.LINKS[1].name: "ib_busbw"}
@@ -87,7 +87,7 @@ def ranges(path=GPU_JSON):
                                   "(make " f"gpu-check's cost_calibration, {os.path.relpath(path, ROOT)}: "
                                   "the 1.3B tp-8 shard " f"block) and "
                                   f"{100 * assumed.low:.0f}%-{100 * assumed.high:.0f}% assumed for larger "
-                                  "" f"shapes and fused kernels"))
+                                  f"shapes and fused kernels"))
 
 
 def _speedups(link, *, mfu, efficiency, busbw, latency, launch, hbm_share, baseline):

@@ -32,11 +32,11 @@ def predict(cfg):
 def print_published(cfg, opts):
     print("## Checked against published figures (H100 SXM, NVLink, tp 8), before any new prediction\n")
     print(f"Domino: GPT-3 2.7B, 6.7B and 13B shapes, sequence 2048, micro-batch 4, 8 and 16, MFU "
-          f"{cfg['mfu']:.0%}; " f"Ladder: the 70B decode shape below, context {cfg['decode_context']}, batch "
+          f"{cfg['mfu']:.0%}; Ladder: the 70B decode shape below, context {cfg['decode_context']}, batch "
           "1, 4, 16, 64. Overlap " f"efficiency {opts.efficiency:g}. Every check is printed with its error; "
-          "a range's error at each end. " "Domino compares against Megatron-LM, whose backward already hides "
-          "each input-gradient all-reduce " "behind its weight-gradient GEMM: the rows 'over Megatron-LM' "
-          "model that; the rows 'as first checked' " "compare against a blocking baseline instead.\n")
+          "a range's error at each end. Domino compares against Megatron-LM, whose backward already hides "
+          "each input-gradient all-reduce behind its weight-gradient GEMM: the rows 'over Megatron-LM' "
+          "model that; the rows 'as first checked' compare against a blocking baseline instead.\n")
     print("| figure | published | model | error |")
     print("|---|---:|---:|---:|")
     for what, published, model in published_checks(cfg, opts):
@@ -52,10 +52,10 @@ def print_published(cfg, opts):
 
 
 BASELINE_WORDS = {"megatron": "Megatron-LM's default all 'tp': 2L blocking forward all-reduces, and 2L "
-                  "backward ones each issued " "asynchronously and hidden behind its column-parallel layer's "
-                  "weight-gradient GEMM (c_attn 6 d^2, " "c_fc 8 d^2 FLOPs a token); every variant keeps "
+                  "backward ones each issued asynchronously and hidden behind its column-parallel layer's "
+                  "weight-gradient GEMM (c_attn 6 d^2, c_fc 8 d^2 FLOPs a token); every variant keeps "
                   "that rule for the backward all-reduces it keeps", "blocking": "all 'tp' with every "
-                  "all-reduce blocking (4L); no variant hides a backward all-reduce behind its " "own wgrad "
+                  "all-reduce blocking (4L); no variant hides a backward all-reduce behind its own wgrad "
                   "GEMM (the numbers this repository printed before the Megatron baseline)"}
 
 
@@ -79,7 +79,7 @@ def print_training(cfg, opts):
     legend = "; ".join(f"{w.price.label.format(chunks=K)}: {w.node.what}" for w in grid_ways())
     print(f"Baseline (--baseline={base}): {BASELINE_WORDS[base]}. Speedup = baseline step / the variant's "
           "step, " f"each variant as tpcomm/costmodel/cost_model.py prices it (overlap: tp_overlap={K} on "
-          "every module, " "forward and backward; compressed syncs: forward reductions quantized, backward "
+          "every module, forward and backward; compressed syncs: forward reductions quantized, backward "
           "bf16). Columns, from the " f"table of ways (tpcomm/experiments/ways.py): {legend}.\n")
     names = column_names(K)
     print("| model | params | tp | network | compute ms | blocking step ms | megatron step ms | comm share | "
@@ -97,8 +97,8 @@ def print_training(cfg, opts):
                 v = megatron if base == "megatron" else blocking
                 compute, comm = blocking["all tp"]
                 print(f"| {shape.name} | {shape.params / 1e6:,.0f}M | {tp} | {link.name} | "
-                      f"{compute * 1e3:.2f} | " f"{(compute + comm) * 1e3:.2f} | "
-                      f"{sum(megatron['all tp']) * 1e3:.2f} | " f"{comm / (compute + comm):.1%} | " + " | "
+                      f"{compute * 1e3:.2f} | {(compute + comm) * 1e3:.2f} | "
+                      f"{sum(megatron['all tp']) * 1e3:.2f} | {comm / (compute + comm):.1%} | " + " | "
                       "".join(f"{speedup(v, n):.2f}x" for n in names) + " |")
     print("\ncomm share: all time in collectives over the blocking step.")
     if skipped:
@@ -109,9 +109,9 @@ def print_both_baselines(cfg, opts):
     """The figure's variants (1.3B, tp 8) and the table's tp 8 rows, each speedup against both baselines."""
     print("\n## Predicted speedups against both baselines (1.3B (24 x 2048), tp 8; `predicted_speedups`)\n")
     print("Each cell: speedup over Megatron's all 'tp' (async backward) / over the blocking all 'tp'. Names "
-          "as the " "quality runs' (tpcomm.experiments.readings.pattern_name); all-ladder delays forward and "
-          "backward all-reduces (the " "repo's ladder with tp_async_grad=True), all-ladder-fwd-only the "
-          "forward ones (tp_async_grad=False); fp8 " "and int8 move the same bytes.\n")
+          "as the quality runs' (tpcomm.experiments.readings.pattern_name); all-ladder delays forward and "
+          "backward all-reduces (the repo's ladder with tp_async_grad=True), all-ladder-fwd-only the "
+          "forward ones (tp_async_grad=False); fp8 and int8 move the same bytes.\n")
     both = {link.name: {b: predicted_speedups(key, b, cfg=cfg) for b in BASELINES}
             for key, link in (("nvlink", LINKS[0]), ("ib", LINKS[1]))}
     print("| variant | " + " | ".join(f"{name}: megatron / blocking" for name in both) + " |")
@@ -126,12 +126,12 @@ def print_decode(cfg, opts):
     tp, batch = 8, cfg["decode_batch"]
     names = ("blocking", "ladder", "int8", "int8 2shot", "all spd")
     print(f"\n## Decode, LLaMA2-70B shape (80 layers, d 8192, GQA 8 KV heads, MLP 3 x d x 28672, 70B "
-          f"params), tp {tp}, " f"batch {batch}, context {cfg['decode_context']}, bf16\n")
+          f"params), tp {tp}, batch {batch}, context {cfg['decode_context']}, bf16\n")
     print("Per token: each module's weights/tp (attention: also its KV cache) read from HBM at the datasheet "
-          "" f"bandwidth, then its all-reduce of batch x d x 2 B = {batch * LLAMA_70B.n_embd * BF16:,} B. "
-          "blocking: all " "'tp', 160 all-reduces; ladder: each hides behind the next module's reads; int8: "
-          "one_shot exchange (an " "all-gather), int8 2shot: tp_comm_exchange='two_shot' (all-to-all + "
-          "all-gather); all spd: 80 all-reduces. " "tp_overlap is left out: at decode a chunk re-reads the "
+          f"bandwidth, then its all-reduce of batch x d x 2 B = {batch * LLAMA_70B.n_embd * BF16:,} B. "
+          "blocking: all 'tp', 160 all-reduces; ladder: each hides behind the next module's reads; int8: "
+          "one_shot exchange (an all-gather), int8 2shot: tp_comm_exchange='two_shot' (all-to-all + "
+          "all-gather); all spd: 80 all-reduces. tp_overlap is left out: at decode a chunk re-reads the "
           "weights.")
     attn, mlp, _ = decode_modules(LLAMA_70B, context=cfg["decode_context"], batch=batch, tp=tp,
                                   hbm_bw=opts.hbm_bw)
@@ -151,7 +151,7 @@ def print_decode(cfg, opts):
     needed = target * memory / (80 * (1 - 2 * target))
     print(f"\nThe SPD paper reports about {target:.0%} lower latency for LLaMA2-70B on 8 GPUs; this model "
           "gives " f"{target:.0%} when one all-reduce costs {needed * 1e6:.1f} us. HBM read at the datasheet "
-          "rate makes the " "memory time a lower bound, so each saving above is an upper bound for its "
+          "rate makes the memory time a lower bound, so each saving above is an upper bound for its "
           "all-reduce time.")
 
 
@@ -162,7 +162,7 @@ def print_memory(cfg):
     print(f"\n## Activation memory per layer and GPU, sequence {s}, micro-batch {b}, 16-bit, no "
           "recomputation\n")
     print("tp: s b h (10 + 24/t + 5 a s / (h t)) bytes; with sequence parallelism s b h (34/t + 5 a s / (h "
-          "t)): " "the LayerNorm and dropout regions' 10 s b h split over the t ranks too (arXiv 2205.05198, "
+          "t)): the LayerNorm and dropout regions' 10 s b h split over the t ranks too (arXiv 2205.05198, "
           "section 4).\n")
     print("| model | tp | tp MiB | tp + sp MiB | saved |")
     print("|---|---:|---:|---:|---:|")

@@ -20,8 +20,8 @@ from tpcomm.errors import ConfigError
 from tpcomm.configuration import configure
 
 from tpcomm import ROOT
-from tpcomm.costmodel.cost_model import (allreduce_time, error, fit_allreduce, fit_line, fit_step,
-                                         leave_one_out, overlapped_syncs)
+from tpcomm.costmodel.cost_model import allreduce_time, error, overlapped_syncs
+from tpcomm.costmodel.fitting import fit_allreduce, fit_line, fit_step, leave_one_out
 from tpcomm.train.output_path import check_output_file, json_with, replace_atomically
 
 # ---------- python comm_model.py measure: this machine ----------
@@ -77,7 +77,7 @@ def measure(cfg):
     record = {"format": "comm_model calibration 1", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "argv": sys.argv, "machine": machine()}
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores: other work on the machine "
-          "inflates " "every time below")
+          "inflates every time below")
     print(f"all-reduce microbenchmark: gloo, {cfg['procs']} processes, float32, {len(sizes)} sizes x "
           f"{cfg['reps']} repetitions")
     samples = microbenchmark(procs=cfg["procs"], sizes=sizes, reps=cfg["reps"])
@@ -201,7 +201,7 @@ def training(cfg, patterns):
         last = next((line for line in reversed(r.stderr.splitlines()) if line.strip()), "")
         raise MeasureError(f"bench.py under torchrun failed (exit {r.returncode}): {last.strip()}")
     row = re.compile(r"^(?P<name>.+?)\s+(?P<ms>[\d.]+) ms/iter .* all-reduces fwd (?P<fwd>\d+) bwd "
-                     r"(?P<bwd>\d+)\s+" r"(?P<bpt>[\d.]+) B/token\s+collectives (?P<coll>[\d.]+) ms/iter")
+                     r"(?P<bwd>\d+)\s+(?P<bpt>[\d.]+) B/token\s+collectives (?P<coll>[\d.]+) ms/iter")
     found = {m["name"]: m for m in map(row.match, r.stdout.splitlines()) if m}
     tokens = cfg["batch_size"] * cfg["block_size"]
     rows = []
@@ -218,7 +218,7 @@ def training(cfg, patterns):
     return {"command": command, "procs": cfg["procs"], "model": dict(model, tokens_per_iter=tokens,
                                                                      dtype="float32"), "iters": cfg["iters"],
             "warmup": cfg["warmup"], "statistic": "bench.py: best of 3 interleaved rounds of iters/3 steps; "
-            "collectives include the per-step " "all-reduce of the block-replicated gradients and waiting "
+            "collectives include the per-step all-reduce of the block-replicated gradients and waiting "
             "for the other rank", "patterns": rows, "bench_output": r.stdout}
 
 
@@ -249,32 +249,32 @@ def validate(cfg):
     for r in rows:
         ii = "n/a" if r["loo_ms"] is None else f"{r['loo_ms']:.1f}"
         print(f"| `{r['name']}` | {r['n']} | {r['overlapped']} | {r['step_ms']:.1f} | "
-              f"{r['collectives_ms']:.1f} | " f"{r['micro_ms']:.1f} | "
-              "" f"{'anchor' if r['anchor'] else pct(r['micro_err'])} | {ii} | {pct(r['loo_err'])} |")
+              f"{r['collectives_ms']:.1f} | {r['micro_ms']:.1f} | "
+              f"{'anchor' if r['anchor'] else pct(r['micro_err'])} | {ii} | {pct(r['loo_err'])} |")
     print(f"\n(i) microbenchmark alpha, B: ms/iter = compute + N x t(n, p), compute = the measured ms/iter "
           "of " f"`{summary['anchor']}` (fewest all-reduces) minus its own {summary['anchor_n']} modelled "
           "all-reduces = " f"{summary['compute_ms']:.1f} ms (so the per-step gradient sync and all "
           "pattern-independent work are in " f"it). That row is the anchor, exact by construction. Mean "
           "|error| of the others: " f"{pct(summary['micro_mae'], sign=False)}.")
     print(f"(ii) in-training: ms/iter = C + N x t_eff - N_ovl x h (N_ovl: forward all-reduces overlapped by "
-          "" f"'ladder', h: the time each hides; h = 0 when no fitted pattern overlaps), least squares on "
-          "every pattern " f"but the predicted one " f"(leave-one-pattern-out). Mean |error|: "
+          f"'ladder', h: the time each hides; h = 0 when no fitted pattern overlaps), least squares on "
+          "every pattern " f"but the predicted one (leave-one-pattern-out). Mean |error|: "
           f"{pct(summary['loo_mae'], sign=False)}. On all patterns: C = "
           "" + (f"{summary['C_ms']:.1f} ms, t_eff = {summary['t_eff_ms']:.3f} ms per "
                 "all-reduce." if summary["t_eff_ms"] is not None else "n/a (fewer than two distinct "
                 "all-reduce counts)."))
     if summary["hidden_ms"] is not None:
         print(f"Overlap: h = {summary['hidden_ms']:.3f} ms hidden per overlapped all-reduce, "
-              "" f"{summary['hidden_ms'] / summary['t_eff_ms']:.0%} of t_eff (100% would be fully hidden, 0 "
+              f"{summary['hidden_ms'] / summary['t_eff_ms']:.0%} of t_eff (100% would be fully hidden, 0 "
               "nothing). " f"Without the overlap term (h = 0, a line in N): leave-one-out mean |error| "
-              "" f"{pct(summary['loo_line_mae'], sign=False)}.")
+              f"{pct(summary['loo_line_mae'], sign=False)}.")
     if summary["t_eff_ms"] is not None:
         print(f"Contention factor t_eff / t(n, p) = {summary['t_eff_ms'] / (summary['t_micro'] * 1e3):.2f}: "
               "an " f"all-reduce costs the training step that many microbenchmark all-reduces. The slope of "
               "the measured " f"collectives ms/iter on N is {summary['t_coll_ms']:.3f} ms "
-              "" f"({summary['t_coll_ms'] / (summary['t_micro'] * 1e3):.2f} x the microbenchmark).")
+              f"({summary['t_coll_ms'] / (summary['t_micro'] * 1e3):.2f} x the microbenchmark).")
     print("GPU predictions (python comm_model.py) use (i)'s form, compute + N x t(n, p), with t from the "
-          "published " "NVLink / InfiniBand constants; no contention factor is applied.")
+          "published NVLink / InfiniBand constants; no contention factor is applied.")
 
 
 def pct(x, *, sign=True):

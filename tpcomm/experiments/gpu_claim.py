@@ -70,7 +70,7 @@ class GPUClaim:
             return None
         if self.nproc > len(self.gpus):
             raise RuntimeError(f"a run of {self.nproc} processes needs {self.nproc} GPUs, this sweep sees "
-                               "" f"{len(self.gpus)} ({','.join(self.gpus)}); pass --nproc={len(self.gpus)} "
+                               f"{len(self.gpus)} ({','.join(self.gpus)}); pass --nproc={len(self.gpus)} "
                                "or fewer")
         said = False
         while True:

@@ -19,7 +19,7 @@ commit, every way's numbers); a launch whose result file exists with the same co
 resumes after a kill and a report needs only the files. The report: OUT/results.md. The in-collective and
 exposed columns come from the tp group's counters (tpcomm/tp/collectives.py), which time NCCL's collectives
 with CUDA events (tpcomm/tp/counting.py CudaEventClock); the 64 MiB all-reduce check each launch records
-(gpu_check.allreduce_sanity) holds that clock against a physical floor. Eager, for the reason docs/gpu.md
+(gpu_tools.allreduce_sanity) holds that clock against a physical floor. Eager, for the reason docs/gpu.md
 states. A way that raises on any rank is dropped on every rank at the end of its round (agree_on_failure), its
 error in the result file, and the other ways go on.
 """
@@ -79,7 +79,7 @@ def parse(argv):
             given[key] = arg.split("=", 1)[1]
         else:
             raise NodeError(f"gpu-node: unknown argument {arg!r}; options are "
-                            "" f"{', '.join('--' + o + '=...' for o in OPTIONS)} and "
+                            f"{', '.join('--' + o + '=...' for o in OPTIONS)} and "
                             f"{', '.join('--' + f for f in FLAGS)}")
     cfg = dict(REHEARSAL if "rehearsal" in flags else GPU)
     for key in ("nproc", "batch_size", "block_size", "iters", "warmup", "rounds"):
@@ -203,7 +203,7 @@ def time_ways(models, opts, ctx, X, Y, config, device):
     raises on any rank is dropped on every rank (agree_on_failure) and the others go on."""
     import torch
 
-    from tpcomm.gpu.gpu_check import timed_steps
+    from tpcomm.gpu.gpu_tools import timed_steps
 
     B, T = X.shape
     best, errors = {}, {}
@@ -244,7 +244,7 @@ def worker(argv):
 
     from model import device_peak_flops
     from tpcomm.train.build import build_model
-    from tpcomm.gpu.gpu_check import allreduce_sanity
+    from tpcomm.gpu.gpu_tools import allreduce_sanity
     from tpcomm.gpu.gpu_report import write_json
     from tpcomm.parallel.parallel_dims import init_parallel, shutdown
     from tpcomm.train.runtime import autocast_context, setup_runtime, sync
@@ -356,8 +356,8 @@ def gpt2_gpu_hours(jobs):
         gpu_s += s
         wall_s += s / j.nproc
     return (f"expected: {len(jobs)} run(s) to train, {gpu_s / 3600:,.0f} GPU-hours "
-            f"({gpu_s / 3600 / max(1, len(jobs)):,.1f} " f"per run; H100 SXM bf16 at the cost model's "
-            f"assumed {mfu:.0%} MFU, measured by `make gpu-check`), " f"{wall_s / 3600:,.0f} h wall with "
+            f"({gpu_s / 3600 / max(1, len(jobs)):,.1f} per run; H100 SXM bf16 at the cost model's "
+            f"assumed {mfu:.0%} MFU, measured by `make gpu-check`), {wall_s / 3600:,.0f} h wall with "
             "each run's processes (--nproc); simulated TP computes every shard on " f"each GPU (docs/gpu.md: "
             "sim_tp8's ratio to GPT), real TP adds its exposed communication (gpu-node)")
 
@@ -380,11 +380,11 @@ def report(cfg):
     from tpcomm.costmodel.cost_model import error
 
     lines = ["# gpu-node: real tensor parallelism, every way of giving up a sync\n", "Written by `python "
-             "experiment.py gpu-node` from the result files in `runs/`. Measured: best of the " "interleaved "
+             "experiment.py gpu-node` from the result files in `runs/`. Measured: best of the interleaved "
              "rounds, rank 0 (the slowest rank's step in `runs/`). Predicted: tpcomm/costmodel/cost_model.py "
-             "" "train_variants, NVLink 4 within one node, at the MFU shown and the device's dense bf16 peak "
-             "" "(H100 SXM's when unknown). In-collective and exposed times are the tp group's counters "
-             "(CUDA events on " "NCCL; the 64 MiB all-reduce check below holds them against a floor).\n"]
+             "train_variants, NVLink 4 within one node, at the MFU shown and the device's dense bf16 peak "
+             "(H100 SXM's when unknown). In-collective and exposed times are the tp group's counters "
+             "(CUDA events on NCCL; the 64 MiB all-reduce check below holds them against a floor).\n"]
     found = 0
     for shape in cfg["shapes"]:
         path = result_path(cfg, shape)
@@ -397,11 +397,11 @@ def report(cfg):
         pred = predictions(c, mfu=cfg["mfu"], peak=m.get("peak_flops"))
         base = res["ways"].get("all tp")
         lines += [f"## {shape}: {c['n_layer']} x {c['n_embd']}, {c['n_head']} heads, tp {c['tp']} "
-                  f"({c['backend']}), " f"batch {c['batch_size']} x {c['block_size']}, {c['dtype']}\n",
+                  f"({c['backend']}), batch {c['batch_size']} x {c['block_size']}, {c['dtype']}\n",
                   f"{m['device']}, torch {m['torch']}, CUDA {m['cuda'] or 'n/a'}, NCCL {m['nccl'] or 'n/a'}, "
-                  "" f"{m['date']}, commit {str(res.get('git'))[:10]}. Predictions at MFU "
+                  f"{m['date']}, commit {str(res.get('git'))[:10]}. Predictions at MFU "
                   f"{cfg['mfu']:.0%}.\n", "| way | what | fwd all-reduces | ms/iter | tokens/s | vs all tp | "
-                  "in collectives ms | exposed ms | " "predicted ms/iter | error | predicted exposed ms |",
+                  "in collectives ms | exposed ms | predicted ms/iter | error | predicted exposed ms |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for name, what, _, _, _ in timed_ways():
             p_ms, p_comm = pred[name]
@@ -414,8 +414,8 @@ def report(cfg):
             sp = (f" (+{r['fwd_reduce_scatters']} RS, {r['fwd_all_gathers']} "
                   "AG)" if r.get("fwd_reduce_scatters") else "")
             lines.append(f"| {name} | {what} | {r.get('fwd_allreduces', '')}{sp} | {r['ms_per_iter']:.2f} | "
-                         "" f"{r['tokens_per_s']:,.0f} | {vs} | {r['in_collectives_ms']:.2f} | "
-                         f"{r['exposed_ms']:.2f} | " f"{p_ms:.2f} | {error(p_ms, r['ms_per_iter']):+.0f}% | "
+                         f"{r['tokens_per_s']:,.0f} | {vs} | {r['in_collectives_ms']:.2f} | "
+                         f"{r['exposed_ms']:.2f} | {p_ms:.2f} | {error(p_ms, r['ms_per_iter']):+.0f}% | "
                          f"{p_comm:.2f} |")
         s = res["allreduce_sanity"]
         lines.append("")
@@ -445,8 +445,8 @@ def main(argv):
         return
     total = 0.0
     print(f"gpu-node: {len(cfg['shapes'])} shape(s) x {len(timed_ways())} ways, tp {cfg['nproc']} "
-          f"({cfg['backend']}, " f"{cfg['device']}), batch {cfg['batch_size']} x {cfg['block_size']}, "
-          f"{cfg['warmup']} warm-up + " f"{cfg['rounds']} x {cfg['iters']} timed steps per way, into "
+          f"({cfg['backend']}, {cfg['device']}), batch {cfg['batch_size']} x {cfg['block_size']}, "
+          f"{cfg['warmup']} warm-up + {cfg['rounds']} x {cfg['iters']} timed steps per way, into "
           f"{cfg['out']}")
     for shape, done in plan:
         secs = 0.0 if done else expected_seconds(cfg, shape)
@@ -459,11 +459,11 @@ def main(argv):
     print(f"expected: {total / 60:.1f} min wall" + (f", {total * gpus / 3600:.2f} GPU-hours ({gpus} GPUs; "
                                                     "cost " f"model at MFU {cfg['mfu']:.0%} plus "
                                                     "start-up)" if gpus else " (CPU rehearsal: the cost "
-                                                    "model's GPU times " "say nothing about it)"))
+                                                    "model's GPU times say nothing about it)"))
     if "dry-run" in flags:
         return
     os.makedirs(os.path.join(cfg["out"], "runs"), exist_ok=True)
-    from tpcomm.gpu.gpu_check import launch
+    from tpcomm.gpu.gpu_tools import launch
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     if cfg["device"] == "cpu":

@@ -28,6 +28,8 @@ from tpcomm.costmodel.cost_bands import GPU_JSON
 from tpcomm.experiments import results
 from tpcomm.experiments import sweep as sweeps
 from tpcomm.experiments import sweep_records
+from tpcomm.experiments.sweep_args import parse_seeds
+from tpcomm.experiments.sweep_records import SweepError
 from tpcomm.experiments.result_check import ResultsError
 from tpcomm.experiments.sweep_plan import REHEARSAL_SIZES, SCALE_SEEDS, SCALE_SIZES, scale_runs
 
@@ -57,8 +59,8 @@ def parse(argv):
         elif key is not None and "=" in arg:
             overrides.append(arg)
         else:
-            raise sweeps.SweepError(f"gpu-scale: argument {arg!r}: options are "
-                                    f"{', '.join('--' + o for o in OPTIONS)}" f"; train.py overrides look "
+            raise SweepError(f"gpu-scale: argument {arg!r}: options are "
+                                    f"{', '.join('--' + o for o in OPTIONS)}; train.py overrides look "
                                     "like --key=value")
     for key, low in (("budget-minutes", 0.0), ("concurrent", 1), ("slot", 0)):
         if key in opts:
@@ -68,16 +70,16 @@ def parse(argv):
             except (TypeError, ValueError):
                 opts[key] = None
             if opts[key] is None or not low <= opts[key] < float("inf"):
-                raise sweeps.SweepError(f"gpu-scale: --{key} takes a number >= {low}"
+                raise SweepError(f"gpu-scale: --{key} takes a number >= {low}"
                                         f"{'' if kind is float else ' (an integer)'}, got {raw!r}")
     if "out" in opts and (opts["out"] is True or not opts["out"]):
-        raise sweeps.SweepError("gpu-scale: --out takes a directory: --out=DIR")
+        raise SweepError("gpu-scale: --out takes a directory: --out=DIR")
     if "out" in opts and os.path.exists(opts["out"]) and not os.path.isdir(opts["out"]):
-        raise sweeps.SweepError(f"gpu-scale: --out={opts['out']} is a file, not a directory")
+        raise SweepError(f"gpu-scale: --out={opts['out']} is a file, not a directory")
     if "seeds" in opts:
-        opts["seeds"] = sweeps.parse_seeds(opts["seeds"])
+        opts["seeds"] = parse_seeds(opts["seeds"])
     if not opts.get("dry-run") and "budget-minutes" not in opts:
-        raise sweeps.SweepError("gpu-scale: give --budget-minutes=N (the chunk to run) or --dry-run (the "
+        raise SweepError("gpu-scale: give --budget-minutes=N (the chunk to run) or --dry-run (the "
                                 "plan)")
     return opts, overrides
 
@@ -101,13 +103,13 @@ def ensure_data(jobs, *, say=print):
             continue
         compact = os.path.join(data_dir, linux_corpus.COMPACT)
         if not os.path.isfile(compact):
-            raise sweeps.SweepError(f"gpu-scale: {data_dir} has no train.bin/val.bin and no "
-                                    f"{linux_corpus.COMPACT} " f"to unpack (make it: python "
+            raise SweepError(f"gpu-scale: {data_dir} has no train.bin/val.bin and no "
+                                    f"{linux_corpus.COMPACT} to unpack (make it: python "
                                     "data/linux/prepare.py --compact; docs/data.md)")
         try:
             linux_corpus.unpack(compact, data_dir, say=say)
         except (ValueError, OSError, KeyError) as e:
-            raise sweeps.SweepError(f"gpu-scale: cannot unpack {compact}: {e}") from None
+            raise SweepError(f"gpu-scale: cannot unpack {compact}: {e}") from None
 
 
 def gpu_rates(path=GPU_JSON):
@@ -190,16 +192,16 @@ def dry_run(jobs, sweep_dir, budget_s=None):
         print(f"{'skip' if done else 'run '}  {j.label:<28} {sec / 60:5.1f} min ({where}), "
               f"{sweeps.tokens_of(j.cfg):,} tokens")
     print(f"GPU-minutes still to run: {total / 60:.0f} ({len(todo)} runs). Assumed until measured: "
-          f"{STARTUP_S:.0f} s " f"start-up per run and {COMPILE_S_PER_LAYER:.0f} s of compile per layer; "
-          f"GPT-2's compiled rate on the H100 ({rates[0] / 1e12:.0f} TFLOP/s at 6 x params per " f"token) "
+          f"{STARTUP_S:.0f} s start-up per run and {COMPILE_S_PER_LAYER:.0f} s of compile per layer; "
+          f"GPT-2's compiled rate on the H100 ({rates[0] / 1e12:.0f} TFLOP/s at 6 x params per token) "
           "times the block type's simulated step over GPT's at tp 8 "
           "(" f"{', '.join(f'{k} {v:.2f}x' for k, v in rates[1].items() if k != 'gpt')}); at least "
-          "" f"{LAYER_FLOOR_S * 1e3:.2f} ms per layer per step (launch-bound)")
+          f"{LAYER_FLOOR_S * 1e3:.2f} ms per layer per step (launch-bound)")
     if budget_s is not None:
         chunk = next_chunk(jobs, budget_s, rates, measured)
         print(f"next chunk of {budget_s / 60:g} min: {len(chunk)} run(s), "
               f"~{sum(c[1] for c in chunk) / 60:.1f} min: "
-              "" f"{', '.join(j.label for j, _, _ in chunk) or 'none fits'}")
+              f"{', '.join(j.label for j, _, _ in chunk) or 'none fits'}")
 
 
 def run_chunk(jobs, budget_s, *, say=print):
@@ -252,8 +254,8 @@ def check_device(jobs):
     import torch
 
     if any(j.cfg["device"] == "auto" for j in jobs) and not torch.cuda.is_available():
-        raise sweeps.SweepError("gpu-scale: no CUDA GPU here (its runs and estimates are a GPU's); on CPU "
-                                "run " "--rehearsal, or --dry-run for the plan")
+        raise SweepError("gpu-scale: no CUDA GPU here (its runs and estimates are a GPU's); on CPU "
+                                "run --rehearsal, or --dry-run for the plan")
 
 
 def main(argv):
@@ -278,7 +280,7 @@ def main(argv):
     left = sum(not sweeps.is_finished(j) for j in jobs)
     print(f"gpu-scale: trained {trained} run(s) in {time.time() - t0:.0f} s; {left} of {len(jobs)} still to "
           "run" + (" (same command again)" if left else " (the sweep is complete)") + f"; result files in "
-          "" f"{os.path.join(sweep_dir, 'runs')}")
+          f"{os.path.join(sweep_dir, 'runs')}")
     return 0
 
 
@@ -286,7 +288,7 @@ def cli(argv):
     """main with user errors as one line, exit status 2."""
     try:
         status = main(argv)
-    except (sweeps.SweepError, ConfigError, ResultsError) as e:
+    except (SweepError, ConfigError, ResultsError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

@@ -208,7 +208,7 @@ def _paired_group(base, members, pairs, early_iter):
     early = min((i for i in shared if i >= early_iter), default=early_iter)
     lines = [f"Baseline flatness: its mean val loss fell {100 * improvement:.2f}% over the last fifth of "
              "training " f"(iter {a} -> {b}); criterion for flat: under {100 * FLAT_THRESHOLD:.0f}%: "
-             "" f"{'met' if improvement < FLAT_THRESHOLD else 'NOT met'}.", "", f"| config | block pattern | "
+             f"{'met' if improvement < FLAT_THRESHOLD else 'NOT met'}.", "", f"| config | block pattern | "
              "fwd all-reduces | final val loss | final difference [95% CI] | per seed | " f"difference at "
              f"iter {early} [95% CI] | ordering over training (vs baseline) |",
              "|---|---|---:|---:|---:|---|---:|---|"]

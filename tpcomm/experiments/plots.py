@@ -124,7 +124,7 @@ def draw_loss_vs_allreduces(data, *, title, context):
     seeds_txt = f"{n_seeds} seeds, error bars: std" if n_seeds > 1 else "1 seed, no error bars"
     ax.set_title(f"{title}: final val loss vs communication ({tp_txt}, {tok_txt}, {seeds_txt})\n" "grey "
                  "line: the budget sweep; markers off it: the same syncs delayed or shrunk; labels: gap to "
-                 "the " "baseline", fontsize=9)
+                 "the baseline", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
@@ -300,7 +300,7 @@ def draw_paired(data, *, title, n_seeds):
     for ax in axes[:, 0]:
         ax.set_ylabel("val loss - baseline's", fontsize=8.5)
     fig.suptitle(f"{title}: each way's val loss minus all tp's, paired by seed (up to {n_seeds}), during "
-                 "training\n" "line: mean, band: 95% interval at each evaluation; below 0: better than all "
+                 "training\nline: mean, band: 95% interval at each evaluation; below 0: better than all "
                  "tp", fontsize=10)
     fig.tight_layout()
     return fig
@@ -334,7 +334,7 @@ def draw_penalty(data, *, xlabel, title, xticks, xticklabels=None):
     ax.set_xlabel(xlabel)
     ax.set_ylabel("final val loss minus all tp's (nats/token)")
     ax.set_title(f"{title}\nmean over paired seeds (the number over each bar), error bars: 95% interval; "
-                 "above 0: " "worse than all tp", fontsize=10)
+                 "above 0: worse than all tp", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
     fig.tight_layout()

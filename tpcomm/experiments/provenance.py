@@ -82,7 +82,7 @@ def row_verdict(run, states, base_run, base_states, checks):
     unnamed = sum(c for s, c in states.items() if not is_named(s))
     if unnamed:
         said.append(f"**from unnamed code until rerun** ({unnamed} of {sum(states.values())} files from a "
-                    "dirty " "tree)")
+                    "dirty tree)")
     # the most files' state first
     named = [s for s in sorted(states, key=lambda s: -states[s]) if is_named(s)]
     unverified = [s for s in named[1:] if not verified(run, s, named[0], checks)]
@@ -126,7 +126,7 @@ def provenance_markdown(ctx, name):
     checks = rerun_checks(name, root=ctx.root)
     shared = sorted(set(states) - own)
     lines = [f"The code behind each row of `{name}`: the commit each result file's run started from (files), "
-             "" f"`+dirty` where the tree had uncommitted changes (the code cannot be "
+             f"`+dirty` where the tree had uncommitted changes (the code cannot be "
              "named)" + (f"; its shared runs ({', '.join(shared)}) are in `cpu-long`'s "
                          "table" if shared else "") + ".", "", "| config | commits (files) | code state |",
              "|---|---|---|"]
@@ -140,7 +140,7 @@ def provenance_markdown(ctx, name):
                   "", "| run | seed | old commit | val loss | rerun commit | val loss | equal |",
                   "|---|---:|---|---:|---|---:|---|"]
         lines += [f"| {c['run']} | {c['seed']} | {c['old']} | {c['old_loss']:.6f} | {c['new']} | "
-                  f"{c['new_loss']:.6f} | " f"{'yes' if c['equal'] else '**NO**'} |" for c in checks]
+                  f"{c['new_loss']:.6f} | {'yes' if c['equal'] else '**NO**'} |" for c in checks]
     else:
         lines += ["", f"No rerun checks yet (experiments/{name}/reruns/)."]
     return "\n".join(lines)

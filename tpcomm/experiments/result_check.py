@@ -48,7 +48,7 @@ def check_result(path, record, *, sweep=None):
         raise ResultsError(f"{path}: its 'run' is {record['run']!r}, its name says {m.group(1)!r}")
     if record["seed"] != int(m.group(2)) or record["config"].get("seed") != record["seed"]:
         raise ResultsError(f"{path}: its 'seed' is {record['seed']!r} (config seed "
-                           f"{record['config'].get('seed')!r}), " f"its name says {int(m.group(2))}")
+                           f"{record['config'].get('seed')!r}), its name says {int(m.group(2))}")
     if sweep is not None and record["sweep"] != sweep:
         raise ResultsError(f"{path}: its 'sweep' is {record['sweep']!r}, read as a result of sweep {sweep!r}")
     _in_range(path, "val_loss", record["val_loss"], 0.0, LOSS_MAX)

@@ -468,7 +468,7 @@ def markdown_table(rows):
     cells = {"tp_size": lambda r: str(r["tp_size"]), "final_iter": lambda r: f"{r['final_iter']:,}",
              "size": lambda r: f"{size_label(r)} ({fmt(r['params_non_embedding'], ',d')})"}
     lines = ["| config | block pattern | " + "".join(f"{h} | " for _, h in extra) + f"fwd all-reduces | bwd "
-             f"all-reduces | final val loss ({'mean ± std' if n_seeds > 1 else 'one seed'}) | " f"min–max | "
+             f"all-reduces | final val loss ({'mean ± std' if n_seeds > 1 else 'one seed'}) | min–max | "
              f"seeds | {gap_head} | ms/step (median) | tokens/s | p90/median step | wall time (s) |",
              "|---|---|" + "---:|" * (len(extra) + 10)]
     for r in rows:
@@ -477,9 +477,9 @@ def markdown_table(rows):
         scatter = fmt(r["p90_over_median"], ".2f") + (" scattered" if r["scattered"] else "")
         lines.append(f"| {label(r) or r['config']} | `{r['block_pattern']}` | "
                      "" + "".join(f"{cells[k](r)} | " for k, _ in extra) + f"{fmt(r['fwd_allreduces'], 'd')} "
-                     f"| {fmt(r['bwd_allreduces'], 'd')} | {loss} | {spread} | " f"{r['n_seeds']} | "
+                     f"| {fmt(r['bwd_allreduces'], 'd')} | {loss} | {spread} | {r['n_seeds']} | "
                      f"{fmt(r['gap_to_baseline'], '+.4f')} | {fmt(r['step_ms'], '.1f')} | "
-                     "" f"{fmt(r['tokens_per_s'], ',.0f')} | {scatter} | {fmt(r['wall_s'], '.1f')} |")
+                     f"{fmt(r['tokens_per_s'], ',.0f')} | {scatter} | {fmt(r['wall_s'], '.1f')} |")
     return corpus_warning(rows) + "\n".join(lines)
 
 
@@ -487,14 +487,14 @@ def table_preamble(rows):
     """What the results table's numbers are, in a paragraph."""
     tokens = sorted({r["tokens"] for r in rows})
     return (f"Tokens per run (batch x block x accumulation x iters): {', '.join(f'{t:,}' for t in tokens)}. "
-            "" f"All-reduces are measured per forward/backward pass by counting f/g calls. Final val loss is "
+            f"All-reduces are measured per forward/backward pass by counting f/g calls. Final val loss is "
             "the last " f"eval record (iter "
-            f"{', '.join(str(i) for i in sorted({r['final_iter'] for r in rows}))}); the gap to " f"the "
+            f"{', '.join(str(i) for i in sorted({r['final_iter'] for r in rows}))}); the gap to the "
             "baseline is averaged over the seeds both ran. Step time is " f"the median over the steady-state "
-            f"logged steps of each run (the first {SKIP_TRAIN_RECORDS} of each " f"process left out: "
+            f"logged steps of each run (the first {SKIP_TRAIN_RECORDS} of each process left out: "
             "start-up, a resumed run's restart), the median over seeds, and tokens/s comes from " f"it; "
             "p90/median is the 90th percentile of the step times over their median, the largest over seeds, "
-            "" f"'scattered' above {SCATTER_LIMIT} (the host disturbed the run: its times are not "
+            f"'scattered' above {SCATTER_LIMIT} (the host disturbed the run: its times are not "
             "comparable); wall " f"time is per run, start-up and evals included (a resumed run: its last "
             "part).")
 

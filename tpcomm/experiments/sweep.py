@@ -1,18 +1,20 @@
 """
-The sweeps: train one config per point (a communication budget, a tp degree, a model size); each finished run
-leaves a small result file that is committed to git, and every table and plot is computed from those files alone
-(tpcomm/experiments/results.py; the docs': tpcomm/experiments/report/report.py); `python experiment.py --help`.
+The sweeps: train one config per point (a communication budget, a tp degree, a model size); each
+finished run leaves a small result file that is committed to git, and every table and plot is
+computed from those files alone (tpcomm/experiments/results.py; the docs':
+tpcomm/experiments/report/report.py); `python experiment.py --help`.
 
-A run works in experiments/<sweep>[+overrides]/<run>-seed<S>/ (ignored by git: config.json, metrics.jsonl,
-train.log, and done.json once train.py finished); the runner then writes its committed result file
-experiments/<sweep>[+overrides]/runs/<run>-seed<S>.json (results.run_record). A run whose result file records the
-same config is skipped, so a sweep resumes on any machine from the committed files alone; a run shared by two
-sweeps (Run.home) lives in its home sweep's directory; a run with a valid done.json is recorded, not rerun; an
-interrupted one starts again, or goes on from its ckpt.pt when its config checkpoints at every eval. Ctrl-C or kill
-stops the sweep and its train.py processes. Each run is locked while it trains (job_lock), so `--jobs=N` (N runs at
-a time in one process) and N sweep processes over the same runs alike train N runs at a time; on a GPU machine each
-run's train.py gets GPUs no other run holds (CUDA_VISIBLE_DEVICES, GPUClaim). Runner options and every run's
-train.py config are checked before the first run starts; a user error is one line, exit status 2.
+A run works in experiments/<sweep>[+overrides]/<run>-seed<S>/ (ignored by git: config.json,
+metrics.jsonl, train.log, and done.json once train.py finished); the runner then writes its committed
+result file experiments/<sweep>[+overrides]/runs/<run>-seed<S>.json (results.run_record). A run whose
+result file records the same config is skipped, so a sweep resumes on any machine from the committed
+files alone; a run shared by two sweeps (Run.home) lives in its home sweep's directory; a run with a
+valid done.json is recorded, not rerun; an interrupted one starts again, or goes on from its ckpt.pt when
+its config checkpoints at every eval. Ctrl-C or kill stops the sweep and its train.py processes. Each run
+is locked while it trains (job_lock), so `--jobs=N` (N runs at a time in one process) and N sweep
+processes over the same runs alike train N runs at a time; on a GPU machine each run's train.py gets GPUs
+no other run holds (CUDA_VISIBLE_DEVICES, GPUClaim). Runner options and every run's train.py config are
+checked before the first run starts; a user error is one line, exit status 2.
 """
 
 import contextlib
@@ -28,25 +30,16 @@ import time
 from dataclasses import dataclass
 
 from tpcomm.errors import ConfigError
-from tpcomm.configuration import configure, parse_flag
+from tpcomm.configuration import configure
 from tpcomm import ROOT, git_state
 from tpcomm.experiments import pairing, plots, results
 from tpcomm.experiments.gpu_claim import GPUClaim, node_gpus
 from tpcomm.experiments.result_check import ResultsError
-from tpcomm.train.output_path import check_makeable
 from tpcomm.experiments.sweep_plan import SWEEP_REMARKS, SWEEP_SEEDS, SWEEPS, Run, runs_named
-from tpcomm.experiments.sweep_records import (SCRATCH_DIR, DirtyTreeError, finished_seeds, read_done,
-                                              record_job, refuse_dirty, rows_of, run_dir_finished, same_config,
-                                              scratch_mark)
-
-RUNNER_OPTIONS = ("seeds", "nproc", "jobs", "out", "report-only", "dry-run", "counts", "check", "allow-dirty",
-                  "runs")
-OWN_RUNNERS = ("gpu-node",)  # sweeps experiment.py hands to a runner of their own (tpcomm/experiments/gpu_node.py)
-RUNNER_FLAGS = ("report-only", "dry-run", "counts", "allow-dirty")  # --flag, --flag=True or --flag=False
-
-
-class SweepError(ValueError):
-    """A sweep that must not start (bad overrides, unequal token budgets, missing data): one line, exit 2."""
+from tpcomm.experiments.sweep_args import OWN_RUNNERS, parse_args
+from tpcomm.experiments.sweep_records import (SCRATCH_DIR, DirtyTreeError, SweepError, finished_seeds,
+                                              read_done, record_job, refuse_dirty, rows_of, run_dir_finished,
+                                              same_config, scratch_mark)
 
 
 @dataclass
@@ -59,7 +52,8 @@ class Job:
     nproc: int
     sweep: str = ""  # the sweep whose directory holds the run (its home)
     result_path: str = ""  # <that directory>/runs/<run>-seed<S>.json (committed)
-    scratch: bool = False  # --allow-dirty: a scratch result file (under experiments/scratch/, refused by the report)
+    # --allow-dirty: a scratch result file (under experiments/scratch/, refused by the report)
+    scratch: bool = False
 
     @property
     def label(self):
@@ -82,8 +76,8 @@ def _normal(cfg):
 
 def plan(runs, *, sweep_dir, seeds, overrides=(), nproc=None, check_data=True, sweep=None, homes=None):
     """Resolve every run's train.py config and check the sweep before any work: configs load, data exists,
-    processes fit the layout, and the runs of one model size train on the same number of tokens. A run with a home
-    lives in homes[run.home] (default: sweep_dir too); seed-major order."""
+    processes fit the layout, and the runs of one model size train on the same number of tokens. A run with a
+    home lives in homes[run.home] (default: sweep_dir too); seed-major order."""
     from tpcomm.train.train_config import defaults
 
     jobs, scopes = [], {}  # each config file run once
@@ -102,14 +96,16 @@ def plan(runs, *, sweep_dir, seeds, overrides=(), nproc=None, check_data=True, s
                 raise SweepError(f"{run.name}: {e}") from None
             n = nproc or run.nproc or node_gpus()
             if cfg["tp_mode"] == "real" and n == 1 and cfg["tp_size"] > 1:
-                if nproc is not None:  # asked for: one process cannot hold the shards, and is not silently two
+                # asked for: one process cannot hold the shards, and is not silently two
+                if nproc is not None:
                     raise SweepError(f"{run.name}: --nproc=1 cannot run tp_mode='real' with tp_size "
                                      f"{cfg['tp_size']}: give --nproc a multiple of {cfg['tp_size']}")
                 n = cfg["tp_size"]
             tp = cfg["tp_size"] if cfg["tp_mode"] == "real" else 1
             if n % tp or cfg["gradient_accumulation_steps"] % (n // tp):
                 raise SweepError(f"{run.name}: nproc ({n}) must be dp x tp with tp = {tp} and "
-                                 f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) divisible by dp")
+                                 f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) "
+                                 "divisible by dp")
             home = run.home if run.home in (homes or {}) else sweep or os.path.basename(sweep_dir)
             jobs.append(Job(run, seed, out_dir, args, _normal(cfg), n, sweep=home,
                             result_path=os.path.join(run_dir, "runs", f"{run.name}-seed{seed}.json")))
@@ -130,10 +126,11 @@ def check_data_files(jobs):
 
 
 def check_train_config(cfg):
-    """train.py's checks that need no data, no checkpoint and no torchrun (train_config.check_offline), and the
-    runner's own: every run starts from scratch. Raises ConfigError naming key and value."""
+    """train.py's checks that need no data, no checkpoint and no torchrun (train_config.check_offline), and
+    the runner's own: every run starts from scratch. Raises ConfigError naming key and value."""
     if cfg["init_from"] == "resume":
-        raise ConfigError("init_from='resume': the runner starts every run from scratch (a finished run is skipped)")
+        raise ConfigError("init_from='resume': the runner starts every run from scratch (a finished run is "
+                          "skipped)")
     from tpcomm.train.train_config import check_offline  # torch: imported only when a sweep is planned
 
     check_offline(cfg)
@@ -159,8 +156,9 @@ def check_token_budget(jobs):
                              f"block_size*gradient_accumulation_steps*max_iters), got {detail}")
     for j in jobs:
         if j.cfg["max_iters"] % j.cfg["eval_interval"]:
-            print(f"warning: {j.run.name}: max_iters ({j.cfg['max_iters']}) is not a multiple of eval_interval "
-                  f"({j.cfg['eval_interval']}); the 'final' val loss is the one at the last eval before it")
+            print(f"warning: {j.run.name}: max_iters ({j.cfg['max_iters']}) is not a multiple of "
+                  "eval_interval " f"({j.cfg['eval_interval']}); the 'final' val loss is the one at the last "
+                  "eval before it")
             break
 
 
@@ -184,17 +182,19 @@ def is_finished(job):
 
 
 def command(job):
-    """train.py by absolute path, run from the current directory (out_dir and --data_dir are relative to it)."""
+    """train.py by absolute path, run from the current directory (out_dir and
+    --data_dir are relative to it)."""
     train_py = os.path.join(ROOT, "train.py")
     if job.nproc > 1:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={job.nproc}",
-                train_py, *job.args]
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc_per_node={job.nproc}", train_py, *job.args]
     return [sys.executable, train_py, *job.args]
 
 
 def shown(cmd):
     """A command as a user would type it in the repo root."""
-    return " ".join(["python"] + [os.path.relpath(a, ROOT) if a.startswith(ROOT + os.sep) else a for a in cmd[1:]])
+    return " ".join(["python"] + [os.path.relpath(a, ROOT) if a.startswith(ROOT + os.sep) else a
+                                  for a in cmd[1:]])
 
 
 STEP_LINE = re.compile(r"^(?:iter|step) (\d+)(?:/\d+)?:")
@@ -203,15 +203,18 @@ STEP_LINE = re.compile(r"^(?:iter|step) (\d+)(?:/\d+)?:")
 def resumable(job):
     """An interrupted run of a sweep that checkpoints at every eval (always_save_checkpoint) goes on from its
     ckpt.pt; any other leftover directory is removed and the run starts from scratch."""
-    return job.cfg.get("always_save_checkpoint", False) and os.path.isfile(os.path.join(job.out_dir, "ckpt.pt"))
+    return job.cfg.get("always_save_checkpoint", False) and os.path.isfile(os.path.join(job.out_dir,
+                                                                                        "ckpt.pt"))
 
 
-RUNNING = set()  # the train.py processes of this sweep's runs (several with --jobs): stopped when the sweep is
+# the train.py processes of this sweep's runs (several with --jobs): stopped when the sweep is
+RUNNING = set()
 
 
 def run_job(job, *, bar=None):
-    """Run train.py (from scratch, or from the run's own checkpoint when resumable), tee its output to train.log,
-    and mark success with done.json. Raises RuntimeError with the log's tail when train.py fails."""
+    """Run train.py (from scratch, or from the run's own checkpoint when resumable), tee its
+    output to train.log, and mark success with done.json. Raises RuntimeError with the log's
+    tail when train.py fails."""
     resume = resumable(job)
     if not resume:
         if os.path.exists(job.out_dir):
@@ -230,7 +233,8 @@ def run_job(job, *, bar=None):
         # line-buffered: complete up to a kill; gpus: this run's own devices, held until it ends
         if gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        log.write(shown(cmd) + ("" if gpus is None else f"  # CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}")
+        log.write(shown(cmd)
+                  + ("" if gpus is None else f"  # CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}")
                   + "\n")
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, bufsize=1)
@@ -267,8 +271,8 @@ def stop_on_sigterm(signum, frame):
 
 
 def record_finished(jobs, *, say=print):
-    """Result files for the jobs whose run directory holds a finished run of their config but that have no valid
-    result file (finished before result files existed, or the file was removed): recorded, not rerun."""
+    """Result files for the jobs whose run directory holds a finished run of their config but that have no
+    valid result file (finished before result files existed, or the file was removed): recorded, not rerun."""
     for job in jobs:
         if not is_finished(job) and run_dir_finished(job):
             say(f"record {job.label}: finished earlier in {job.out_dir}")
@@ -288,8 +292,8 @@ class RunProgress:
 
 
 def finish_job(job, *, progress, say):
-    """Record the job's run if its directory holds it finished, else run it (run_job: from scratch, or from its
-    checkpoint), then record it; returns the record."""
+    """Record the job's run if its directory holds it finished, else run it (run_job: from scratch, or from
+    its checkpoint), then record it; returns the record."""
     if run_dir_finished(job):
         record_finished([job], say=say)
         return results.read_record(job.result_path, sweep=job.sweep)
@@ -330,15 +334,17 @@ def run_one(job, head, problem, *, bar, tty, say):
     progress = RunProgress(bar, job.label, job.cfg["max_iters"] + 1) if tty else None
     rec = finish_job(job, progress=progress, say=say)
     timing = rec["timing"]
-    say(f"{head}done {job.label}: val loss {rec['val_loss']:.4f} at iter {rec['final_iter']}, fwd all-reduces "
-        f"{rec['comm']['fwd_allreduces']}, {results.fmt(timing['step_ms'], '.1f')} ms/step (median; p90/median "
-        f"{results.fmt(timing['p90_over_median'], '.2f')}), {results.fmt(timing['wall_s'], '.0f')} s")
+    say(f"{head}done {job.label}: val loss {rec['val_loss']:.4f} at iter {rec['final_iter']}, fwd "
+        "all-reduces " f"{rec['comm']['fwd_allreduces']}, {results.fmt(timing['step_ms'], '.1f')} ms/step "
+        "(median; p90/median " f"{results.fmt(timing['p90_over_median'], '.2f')}), "
+        f"{results.fmt(timing['wall_s'], '.0f')} s")
 
 
 def run_sweep(jobs, *, desc="sweep", at_once=1):
-    """Run the jobs without a valid result file, `at_once` at a time, writing each one's result file; jobs with one
-    are skipped, and so are jobs another sweep process is training (their locks, job_lock). Returns the jobs left
-    to another process. One progress bar, on a terminal only: a log gets plain lines, no escape codes."""
+    """Run the jobs without a valid result file, `at_once` at a time, writing each one's result
+    file; jobs with one are skipped, and so are jobs another sweep process is training (their locks,
+    job_lock). Returns the jobs left to another process. One progress bar, on a terminal only: a log
+    gets plain lines, no escape codes."""
     from concurrent.futures import ThreadPoolExecutor
     from tqdm import tqdm
 
@@ -358,7 +364,8 @@ def run_sweep(jobs, *, desc="sweep", at_once=1):
                 busy.append(job)
             else:
                 try:
-                    problem = result_problem(job)  # again under the lock: the other process may have just finished it
+                    # again under the lock: the other process may have just finished it
+                    problem = result_problem(job)
                     if problem is None:
                         say(f"{head}skip {job.label}: already finished ({job.result_path})")
                     else:
@@ -367,7 +374,8 @@ def run_sweep(jobs, *, desc="sweep", at_once=1):
                     lock.release()
             bar.update(1)
 
-        with ThreadPoolExecutor(at_once) as pool:  # each run is a train.py process: the threads only wait on it
+        # each run is a train.py process: the threads only wait on it
+        with ThreadPoolExecutor(at_once) as pool:
             futures = [pool.submit(one, k, job) for k, job in enumerate(jobs, 1)]
             try:
                 for f in futures:
@@ -410,87 +418,23 @@ def comm_counts(jobs, *, tokens=64):
              "bytes/token bf16 |", "|---|---|---:|---:|---:|---:|---:|"]
     for j in jobs:
         torch.manual_seed(0)
-        # the vocabulary never enters the communication (embeddings and lm_head are replicated; the vocabulary-
-        # parallel loss all-reduces per token), so a small one: GPT-2's 50304 made the head's backward 60% of the time
+        # the vocabulary never enters the communication (embeddings and lm_head are replicated; the
+        # vocabulary- parallel loss all-reduces per token), so a small one: GPT-2's 50304 made the head's
+        # backward 60% of the time
         model = build_model(j.cfg["model_type"], dict(j.cfg, dropout=0.0, vocab_size=256))
         idx = torch.randint(256, (1, min(tokens, j.cfg["block_size"])))
         fp32 = model.comm_per_forward(idx)
         if not fp32:  # the model ran no collective (GPT)
-            raise SweepError(f"{j.run.name}: model_type={j.cfg['model_type']!r} has no tensor-parallel communication")
+            raise SweepError(f"{j.run.name}: model_type={j.cfg['model_type']!r} has no tensor-parallel "
+                             "communication")
         with torch.autocast("cpu", dtype=torch.bfloat16):
             bf16 = model.comm_per_forward(idx)
-        config = os.path.basename(j.run.config) + "".join(f" {o}" for o in j.run.overrides)  # + a run's change
+        # + a run's change
+        config = os.path.basename(j.run.config) + "".join(f" {o}" for o in j.run.overrides)
         lines.append(f"| {config} | `{results.block_pattern(j.cfg)}` | {j.cfg['tp_size']} | "
-                     f"{fp32['fwd_allreduces']} | {fp32['bwd_allreduces']} | {fp32['comm_bytes_per_token']:,.0f} | "
-                     f"{bf16['comm_bytes_per_token']:,.0f} |")
+                     f"{fp32['fwd_allreduces']} | {fp32['bwd_allreduces']} | "
+                     f"{fp32['comm_bytes_per_token']:,.0f} | {bf16['comm_bytes_per_token']:,.0f} |")
     return "\n".join(lines)
-
-
-def parse_args(argv):
-    """Split argv into (sweep name, runner options, train.py overrides); `report [SWEEP ...] [--check]` gives
-    ('report', {'sweeps': [...], 'check': bool}, [])."""
-    if argv and argv[0] == "report":
-        return parse_report_args(argv[1:])
-    sweep, opts, overrides = None, {}, []
-    for arg in argv:
-        key = arg[2:].split("=", 1)[0] if arg.startswith("--") else None
-        if key is None:
-            if sweep is not None:
-                raise SweepError(f"one sweep at a time, got {sweep!r} and {arg!r}")
-            sweep = arg
-        elif key in RUNNER_FLAGS:
-            opts[key] = parse_flag(arg)
-        elif key in RUNNER_OPTIONS and key != "check":
-            opts[key] = arg.split("=", 1)[1] if "=" in arg else True
-        elif "=" in arg:
-            overrides.append(arg)
-        else:
-            raise SweepError(f"argument {arg!r}: runner options are "
-                             f"{', '.join('--' + o for o in RUNNER_OPTIONS if o != 'check')}; "
-                             f"train.py overrides look like --key=value")
-    if sweep not in SWEEPS:
-        raise SweepError(f"sweep must be one of {sorted([*SWEEPS, *OWN_RUNNERS])} (or report), got {sweep!r}")
-    opts["seeds"] = parse_seeds(opts["seeds"]) if "seeds" in opts else None
-    opts.setdefault("nproc", None)
-    for key in ("nproc", "jobs"):
-        if opts.get(key) is not None:
-            given = "nothing" if opts[key] is True else repr(opts[key])  # `--jobs` alone: no number
-            try:
-                opts[key] = int(opts[key] if opts[key] is not True else "")
-            except (TypeError, ValueError):
-                raise SweepError(f"--{key} takes an integer >= 1, got {given}") from None
-            if opts[key] < 1:
-                raise SweepError(f"--{key} must be >= 1, got {opts[key]}")
-    if "out" in opts and (opts["out"] is True or not opts["out"]):
-        raise SweepError("--out takes a directory: --out=DIR")
-    if "out" in opts:  # a file, or a folder that cannot be made (/proc/x): refused before any planning
-        check_makeable(opts["out"], key="--out")
-    if "seed" in {o[2:].split("=", 1)[0] for o in overrides}:
-        raise SweepError("use --seeds=S1,S2 (the runner's option) rather than --seed")
-    return sweep, opts, overrides
-
-
-def parse_report_args(argv):
-    sweeps, check = [], False
-    for arg in argv:
-        if arg.split("=", 1)[0] == "--check":
-            check = parse_flag(arg)
-        elif arg.startswith("-"):
-            raise SweepError(f"argument {arg!r}: report takes sweep names and --check")
-        elif arg not in SWEEPS:
-            raise SweepError(f"report: sweep must be one of {sorted(SWEEPS)}, got {arg!r}")
-        else:
-            sweeps.append(arg)
-    return "report", dict(sweeps=sweeps, check=check), []
-
-
-def parse_seeds(text):
-    """--seeds=S1,S2: distinct integers >= 0."""
-    seeds = [int(x) for x in str(text).split(",") if re.fullmatch(r"\d+", x)] if text is not True else []
-    if not seeds or len(seeds) != len(str(text).split(",")) or len(set(seeds)) != len(seeds):
-        raise SweepError(f"--seeds takes distinct integers >= 0 separated by commas (--seeds=1337,1338), "
-                         f"got {'nothing' if text is True else repr(text)}")
-    return seeds
 
 
 def homes_of(runs, overrides, *, out=None):
@@ -499,8 +443,8 @@ def homes_of(runs, overrides, *, out=None):
 
 
 def main(argv, *, report_main=None):
-    """Run (or dry-run, count, report) one sweep; `report ...` calls report_main (the report's main, which reads
-    this module's sweeps: experiment.py passes it in)."""
+    """Run (or dry-run, count, report) one sweep; `report ...` calls report_main (the report's main, which
+    reads this module's sweeps: experiment.py passes it in)."""
     sweep, opts, overrides = parse_args(argv)
     if sweep == "report":
         if report_main is None:
@@ -511,8 +455,8 @@ def main(argv, *, report_main=None):
         return
     runs = runs_named(sweep, opts.get("runs"))
     if runs is None:
-        raise SweepError(f"--runs takes run names of {sweep!r} ({', '.join(r.name for r in SWEEPS[sweep])}), got "
-                         f"{opts['runs']!r}")
+        raise SweepError(f"--runs takes run names of {sweep!r} ({', '.join(r.name for r in SWEEPS[sweep])}), "
+                         "got " f"{opts['runs']!r}")
     sweep_dir = opts.get("out") or sweep_dir_for(sweep, overrides)
     if opts.get("allow-dirty"):  # scratch: every run (shared ones too) in an ignored directory
         sweep_dir = opts["out"] = os.path.join(SCRATCH_DIR, os.path.basename(os.path.normpath(sweep_dir)))
@@ -528,9 +472,12 @@ def main(argv, *, report_main=None):
         return
     if opts.get("report-only"):
         found = sorted(finished_seeds(dirs, runs))
-        if not found and not opts["seeds"]:  # before the report's lock: nothing is written into an empty directory
-            raise SweepError(f"no finished runs in {', '.join(dirs)}: nothing to report (run the sweep first)")
-        jobs = plan(runs, seeds=opts["seeds"] or found or seeds, nproc=opts["nproc"], check_data=False, **planned)
+        # before the report's lock: nothing is written into an empty directory
+        if not found and not opts["seeds"]:
+            raise SweepError(f"no finished runs in {', '.join(dirs)}: nothing to report (run the sweep "
+                             "first)")
+        jobs = plan(runs, seeds=opts["seeds"] or found or seeds, nproc=opts["nproc"], check_data=False,
+                    **planned)
         with report_lock(sweep_dir):
             record_finished(jobs)
             table, plots = report(jobs, sweep_dir, title=title, note=note, remark=remark)
@@ -581,13 +528,13 @@ def show_report(sweep_dir, table, plots, *, remark=""):
 
 
 def cli(argv, *, report_main=None):
-    """main with user errors as one line and exit status 2, and Ctrl-C as a note on how to continue. --help (-h):
-    the entry script's docstring and the sweeps."""
+    """main with user errors as one line and exit status 2, and Ctrl-C as a note on how to continue. --help
+    (-h): the entry script's docstring and the sweeps."""
     if "--help" in argv or "-h" in argv:
         doc = (sys.modules["__main__"].__doc__ or __doc__ or "").strip()
         print(f"{doc}\n\nsweeps: {', '.join([*SWEEPS, *OWN_RUNNERS])}\nrunner options: --seeds=A,B --nproc=N "
-              "--jobs=N --out=DIR --report-only --dry-run --counts --runs=A,B --allow-dirty; other --key=value options "
-              "go to train.py")
+              "--jobs=N --out=DIR --report-only --dry-run --counts --runs=A,B --allow-dirty; other "
+              "--key=value options go to train.py")
         sys.exit(0)
     try:
         main(argv, report_main=report_main)
@@ -595,6 +542,7 @@ def cli(argv, *, report_main=None):
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
-        print("\ninterrupted: finished runs are kept; run the same command again to continue", file=sys.stderr)
+        print("\ninterrupted: finished runs are kept; run the same command again to continue",
+              file=sys.stderr)
         sys.exit(130)
 

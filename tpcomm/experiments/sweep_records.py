@@ -14,6 +14,11 @@ from tpcomm import ROOT
 from tpcomm.experiments import results
 from tpcomm.experiments.result_check import ResultsError
 
+
+class SweepError(ValueError):
+    """A sweep that must not start (bad overrides, unequal token budgets, missing data): one line, exit 2."""
+
+
 SCRATCH_DIR = os.path.join("experiments", "scratch")  # --allow-dirty's result files (ignored by git)
 
 
@@ -53,8 +58,8 @@ def check_code_state(record, path):
     scratch = os.path.join(ROOT, SCRATCH_DIR) + os.sep
     if isinstance(git, dict) and git.get("scratch") and not os.path.abspath(path).startswith(scratch):
         raise ResultsError(f"{path}: a scratch result file (written with --allow-dirty from commit "
-                           "" f"{str(git.get('commit'))[:7]} with uncommitted changes): the report reads "
-                           "" f"only result files from clean commits; rerun it from a clean checkout")
+                           f"{str(git.get('commit'))[:7]} with uncommitted changes): the report reads "
+                           f"only result files from clean commits; rerun it from a clean checkout")
 
 
 def cpu_model():

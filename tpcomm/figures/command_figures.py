@@ -153,7 +153,7 @@ def _spd_curve(ax, hi, data, *, top):
         a.axhline(base, color="gray", ls="--", label="original (all tp)")
         a.plot(xs, zero, "o-", color=ZERO, label="zero-shot: blocks made 'spd', no training")
         a.plot(xs, rec, "s-", color=RECOVERED, label="recovered: head grouping + block-to-block "
-               "distillation\n(each block trained to match the " "original block's output)")
+               "distillation\n(each block trained to match the original block's output)")
         if data["kl"]:
             a.plot([data["kl"][0]], [data["kl"][1]], "*", ms=15, color=KL, ls="none", label=f"recovered, "
                    f"then {data['kl_steps']} steps of KL distillation from the original's logits")
@@ -287,7 +287,7 @@ def draw_steps(data):
     ax.set_title(f"Where a training step's time goes (measured), {data['tp']} (gloo) on {data['device']}:\n"
                  f"{data['model']}", fontsize=9)
     measured_on(ax, data, caveat="; the small differences (int8's sign among them) move with the host's "
-                "load: " "docs/benchmarks.md times them on a quiet one")
+                "load: docs/benchmarks.md times them on a quiet one")
     fig.legend(*ax.get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncol=2, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     return fig

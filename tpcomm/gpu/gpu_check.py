@@ -1,7 +1,8 @@
 """
-`make gpu-check`: what one CUDA GPU can measure in a few minutes, written to OUT_DIR/gpu.json and into the generated
-section of OUT_DIR/gpu.md (docs/gpu.md says how to read it). A GPU may be at hand only briefly, so every section is
-time-boxed and failure-isolated: a section that fails or runs out of time records its error and the next one runs.
+`make gpu-check`: what one CUDA GPU can measure in a few minutes, written to OUT_DIR/gpu.json and into
+the generated section of OUT_DIR/gpu.md (docs/gpu.md says how to read it). A GPU may be at hand only
+briefly, so every section is time-boxed and failure-isolated: a section that fails or runs out of time
+records its error and the next one runs.
 
 $ python -m tpcomm.gpu.gpu_check                                   # one CUDA GPU: GPT-2 124M sizes, ~6 min, into docs/
 $ python -m tpcomm.gpu.gpu_check --sizes=tiny --device=cpu --out_dir=/tmp/gc   # the CPU rehearsal of every section (~30 s)
@@ -33,12 +34,9 @@ Sections (SECTIONS, in order):
 Timings on CUDA synchronise the device before reading the clock.
 """
 
-import contextlib
 import datetime
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,52 +46,51 @@ import torch
 from tpcomm.errors import ConfigError
 from tpcomm.configuration import configure, exit_on_config_error
 from tpcomm import ROOT, git_state
-from tpcomm.model.interface import timed_step
 from tpcomm.gpu.gpu_report import (COMPRESSIBLE_TYPES, merge_sections, mergeable, read_report, write_json,
                                    write_markdown)
 from tpcomm.gpu.cost_calibration import cost_calibration
 from tpcomm.train.runtime import sync
+from tpcomm.gpu.gpu_tools import SectionTimeout, allreduce_sanity, launch, time_box, timed_steps
 from tpcomm.train.output_path import check_folder, check_output_file, json_with
 
 SECTIONS = ("gpt_train", "sim_tp8", "decode", "real_tp", "comm_sanity", "bf16_identity", "cost_model",
             "cost_calibration")
 LOSS_TOL = 1e-4  # fp32 real vs simulated losses (the issue's bound), over OPTION_STEPS steps
-# The two patterns' REAL_STEPS steps run in float64: in float32 (TF32 off) two H100 runs drifted to 7.3e-5 and 2.5e-4
-# by the tenth step on losses near 10 (cuBLAS sums a sharded product in another order than the whole one; CPU: 5e-7)
+# The two patterns' REAL_STEPS steps run in float64: in float32 (TF32 off) two H100 runs drifted to 7.3e-5 and
+# 2.5e-4 by the tenth step on losses near 10 (cuBLAS sums a sharded product in another order than the whole
+# one; CPU: 5e-7)
 REAL_DTYPE, REAL_TOL = "float64", 1e-9
 REAL_STEPS = 10
-# The model options through real TP too, OPTION_STEPS steps each (the first H100 run found a CUDA-only defect in the
-# asynchronous g). The int8 exchanges run in float64: in float32 a partial sum that differs in its last bit between
-# the real and the simulated product can move a quantized value a whole int8 step (6e-4 in the loss in 3 steps).
+# The model options through real TP too, OPTION_STEPS steps each (the first H100 run found a CUDA-only defect
+# in the asynchronous g). The int8 exchanges run in float64: in float32 a partial sum that differs in its last
+# bit between the real and the simulated product can move a quantized value a whole int8 step (6e-4 in the
+# loss in 3 steps).
 OPTION_STEPS = 3
 OPTION_CASES = [("async backward", dict(tp_async_grad=True), "float32"),
                 ("tp_overlap=2, async backward", dict(tp_overlap=2, tp_async_grad=True), "float32"),
-                ("sequence parallel", dict(sequence_parallel=True, block_types=["tp", "spd", "parallel"]), "float32"),
-                ("int8 one-shot", dict(tp_comm_dtype="int8", tp_comm_block=32), "float64"),
-                ("int8 two-shot", dict(tp_comm_dtype="int8", tp_comm_block=32, tp_comm_exchange="two_shot"), "float64")]
+                ("sequence parallel", dict(sequence_parallel=True, block_types=["tp", "spd", "parallel"]),
+                 "float32"), ("int8 one-shot", dict(tp_comm_dtype="int8", tp_comm_block=32), "float64"),
+                ("int8 two-shot", dict(tp_comm_dtype="int8", tp_comm_block=32, tp_comm_exchange="two_shot"),
+                 "float64")]
 OPTION_TOL = {"float32": LOSS_TOL, "float64": 1e-9}
-COMM_MIB = 64
-FASTEST_LINK = 1e12  # B/s: no link moves an all-reduce faster than this (NVLink 4 busbw ~0.45e12), so a reading
-# below COMM_MIB MiB / FASTEST_LINK timed queueing, not the collective
 
-# model sizes, step counts and time boxes (seconds) per --sizes; 'full' is for one CUDA GPU (the boxes add up to 550 s:
-# 440 s inside the 8 minutes a short GPU loan allows, plus cost_calibration's 110 s; a short loan can run it alone
-# with --sections=cost_calibration), 'tiny' rehearses every section on CPU (~20 s of CPU time; its boxes
-# are wide because a shared CPU host can stretch wall time 5x)
-SIZES = {
-    "full": dict(model=dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304),
-                 batch_size=12, sim_batch_size=8, tp8_heads=8, warmup=3, iters=10, rounds=3, compile_backend="inductor",
-                 prompt_len=128, new_tokens=32, decode_batches=(1, 16),
-                 real=dict(block_size=256, batch_size=4), dtype="bfloat16",
-                 budget=dict(gpt_train=180, sim_tp8=70, decode=50, real_tp=130, comm_sanity=5, bf16_identity=45,
-                             cost_model=5, cost_calibration=110)),
-    "tiny": dict(model=dict(n_layer=4, n_head=8, n_embd=64, block_size=16, vocab_size=128),
-                 batch_size=4, sim_batch_size=4, tp8_heads=8, warmup=1, iters=2, rounds=2, compile_backend="eager",
-                 prompt_len=8, new_tokens=4, decode_batches=(1, 16),
-                 real=dict(block_size=16, batch_size=2), dtype="bfloat16",
-                 budget=dict(gpt_train=120, sim_tp8=60, decode=60, real_tp=180, comm_sanity=5, bf16_identity=60,
-                             cost_model=5, cost_calibration=60)),
-}
+# model sizes, step counts and time boxes (seconds) per --sizes; 'full' is for one CUDA GPU (the boxes add up
+# to 550 s: 440 s inside the 8 minutes a short GPU loan allows, plus cost_calibration's 110 s; a short loan
+# can run it alone with --sections=cost_calibration), 'tiny' rehearses every section on CPU (~20 s of CPU
+# time; its boxes are wide because a shared CPU host can stretch wall time 5x)
+SIZES = {"full": dict(model=dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304),
+                      batch_size=12, sim_batch_size=8, tp8_heads=8, warmup=3, iters=10, rounds=3,
+                      compile_backend="inductor", prompt_len=128, new_tokens=32, decode_batches=(1, 16),
+                      real=dict(block_size=256, batch_size=4), dtype="bfloat16",
+                      budget=dict(gpt_train=180, sim_tp8=70, decode=50, real_tp=130, comm_sanity=5,
+                                  bf16_identity=45, cost_model=5, cost_calibration=110)),
+         "tiny": dict(model=dict(n_layer=4, n_head=8, n_embd=64, block_size=16, vocab_size=128), batch_size=4,
+                      sim_batch_size=4, tp8_heads=8, warmup=1, iters=2, rounds=2, compile_backend="eager",
+                      prompt_len=8, new_tokens=4, decode_batches=(1, 16), real=dict(block_size=16,
+                                                                                    batch_size=2),
+                      dtype="bfloat16", budget=dict(gpt_train=120, sim_tp8=60, decode=60, real_tp=180,
+                                                    comm_sanity=5, bf16_identity=60, cost_model=5,
+                                                    cost_calibration=60)),}
 
 DEFAULTS = dict(
     sizes="full",  # 'full' (GPT-2 124M, one CUDA GPU, ~6 min) | 'tiny' (every section on CPU in seconds)
@@ -105,48 +102,21 @@ DEFAULTS = dict(
 )
 
 
-class SectionTimeout(Exception):
-    pass
-
-
-@contextlib.contextmanager
-def time_box(seconds):
-    """Raise SectionTimeout in this (main) thread after `seconds` (SIGALRM; the call in progress finishes first)."""
-    def expire(signum, frame):
-        raise SectionTimeout(f"timed out after {seconds} s")
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
-
 def model_args(size, **changes):
     return {**size["model"], "bias": False, "dropout": 0.0, **changes}
 
 
-def timed_steps(run, model, optimizer, ctx, X, Y, n, device):
-    """Seconds per training step (forward, backward, AdamW) over n steps, device synchronised at both ends."""
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(n):
-        timed_step(run, model, optimizer, ctx, X, Y)
-    sync(device)
-    return (time.perf_counter() - start) / n
-
-
 def interleaved(runs, size, batch_size, device, ctx):
-    """{name: best seconds per step} of several (run, model) pairs timed in rounds, one after another in each round
-    (as bench.py does, so that machine noise hits all alike); each gets its own AdamW and its warm-up steps (where a
-    compiled one compiles) in the first round."""
+    """{name: best seconds per step} of several (run, model) pairs timed in rounds, one after another in each
+    round (as bench.py does, so that machine noise hits all alike); each gets its own AdamW and its warm-up
+    steps (where a compiled one compiles) in the first round."""
     cfg = size["model"]
     g = torch.Generator().manual_seed(1337)
     X = torch.randint(cfg["vocab_size"], (batch_size, cfg["block_size"]), generator=g).to(device)
     Y = torch.randint(cfg["vocab_size"], (batch_size, cfg["block_size"]), generator=g).to(device)
     device_type = torch.device(device).type
-    opts = {name: model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device_type) for name, (_, model) in runs.items()}
+    opts = {name: model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device_type) for name,
+            (_, model) in runs.items()}
     best = {}
     for r in range(size["rounds"]):
         for name, (run, model) in runs.items():
@@ -173,8 +143,8 @@ def gpt_train(st):
     torch._dynamo.reset()
     counters.clear()
     compiled = torch.compile(model, backend=size["compile_backend"])
-    best = interleaved({"eager": (model, model), "compiled": (compiled, model)}, size, size["batch_size"], device,
-                       st["ctx"])
+    best = interleaved({"eager": (model, model), "compiled": (compiled, model)}, size, size["batch_size"],
+                       device, st["ctx"])
     tokens = size["batch_size"] * size["model"]["block_size"]
     out = dict(params=model.get_num_params(), batch_size=size["batch_size"], tokens_per_iter=tokens,
                compile_backend=size["compile_backend"], peak_flops=device_peak_flops(device, size["dtype"]),
@@ -211,7 +181,8 @@ def decode_ms(model, *, batch, prompt_len, new_tokens, vocab_size, device, ctx):
     """(prefill ms, ms per decoded token) of one greedy generation with the KV cache, device synchronised."""
     from model import KVCache
 
-    prompt = torch.randint(vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(0)).to(device)
+    prompt = torch.randint(vocab_size, (batch, prompt_len),
+                           generator=torch.Generator().manual_seed(0)).to(device)
     cache = KVCache(model.config.n_layer, prompt_len + new_tokens)
     with torch.no_grad(), ctx:
         sync(device)
@@ -229,7 +200,8 @@ def decode_ms(model, *, batch, prompt_len, new_tokens, vocab_size, device, ctx):
 
 
 def decode(st):
-    """KV-cache decode ms/token of GPT, all 'tp' and all 'spd' (simulated tp 8), each batch size, best of rounds."""
+    """KV-cache decode ms/token of GPT, all 'tp' and all 'spd' (simulated tp 8), each
+    batch size, best of rounds."""
     from tpcomm.train.build import build_model
 
     size, device = st["size"], st["device"]
@@ -239,8 +211,10 @@ def decode(st):
     models["gpt"] = build_model("gpt", args).to(device).eval()
     for kind in ("tp", "spd"):
         torch.manual_seed(1337)
-        models[kind] = build_model("distributed_gpt", dict(args, tp_size=8, block_types=kind)).to(device).eval()
-    kw = dict(prompt_len=size["prompt_len"], vocab_size=size["model"]["vocab_size"], device=device, ctx=st["ctx"])
+        models[kind] = build_model("distributed_gpt", dict(args, tp_size=8,
+                                                           block_types=kind)).to(device).eval()
+    kw = dict(prompt_len=size["prompt_len"], vocab_size=size["model"]["vocab_size"], device=device,
+              ctx=st["ctx"])
     best = {}
     for _ in range(size["rounds"]):
         for name, model in models.items():
@@ -254,7 +228,8 @@ def decode(st):
 
 
 def real_tp(st):
-    """Launch the 2-rank worker (torch.distributed.run, gloo) and keep its results for real_tp and comm_sanity."""
+    """Launch the 2-rank worker (torch.distributed.run, gloo) and keep its results
+    for real_tp and comm_sanity."""
     out = os.path.join(st["tmp"], "real_tp.json")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
            "tpcomm.gpu.gpu_check", "--worker=real_tp", f"--sizes={st['sizes']}", f"--device={st['device']}",
@@ -275,28 +250,12 @@ def real_tp(st):
     return res["real_tp"]
 
 
-def launch(cmd, *, env, timeout):
-    """(exit status, output) of a launcher command in its own process group; on timeout (or a time box expiring)
-    the whole group, torchrun's workers included, is killed, and the status is None."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        log, _ = proc.communicate(timeout=timeout)
-        return proc.returncode, log
-    except subprocess.TimeoutExpired:
-        return None, ""
-    finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def comm_sanity(st):
     """The 64 MiB all-reduce check, measured by the real_tp worker (it needs 2 ranks)."""
     res = st.get("comm_sanity")
     if res is None:
-        raise RuntimeError("no measurement: it runs inside the real_tp section's worker, which did not report")
+        raise RuntimeError("no measurement: it runs inside the real_tp section's worker, which did not "
+                           "report")
     if "error" in res:
         raise RuntimeError(res["error"])
     return res
@@ -305,8 +264,10 @@ def comm_sanity(st):
 def stream_deviation(model, idx, ctx):
     """Largest |stream entering ln_f - embedding output| of one forward pass under ctx."""
     seen = {}
-    h1 = model.transformer.drop.register_forward_hook(lambda m, a, out: seen.__setitem__("embed", out.float()))
-    h2 = model.transformer.ln_f.register_forward_pre_hook(lambda m, a: seen.__setitem__("final", a[0].float()))
+    h1 = model.transformer.drop.register_forward_hook(lambda m, a, out: seen.__setitem__("embed",
+                                                                                         out.float()))
+    h2 = model.transformer.ln_f.register_forward_pre_hook(lambda m, a: seen.__setitem__("final",
+                                                                                        a[0].float()))
     try:
         with torch.no_grad(), ctx:
             model(idx)
@@ -317,16 +278,18 @@ def stream_deviation(model, idx, ctx):
 
 
 def bf16_identity(st):
-    """Zeroed c_proj everywhere: under bf16 autocast each model (sequence parallel too) must give ln_f the embedding
-    unchanged, and in training passes (gradients on) each option's loss must be GPT's (tpcomm.gpu.bf16_identity)."""
+    """Zeroed c_proj everywhere: under bf16 autocast each model (sequence parallel too) must give ln_f the
+    embedding unchanged, and in training passes (gradients on) each option's loss must be GPT's
+    (tpcomm.gpu.bf16_identity)."""
     from tpcomm.gpu.bf16_identity import train_grid, train_loss, zero_c_proj
     from tpcomm.train.build import build_model
     from tpcomm.train.runtime import autocast_context
 
     size, device = st["size"], st["device"]
-    # 4 layers (one of each block type's transitions is enough; the defect is per block), biases on: c_proj's zeroed too
-    # A 1024-token vocabulary: the embedding and head play no part in the stream's rounding, and 19 models with
-    # GPT-2's 50304 took the section past its 30 s on an H100 (2026-11-26). Built on the device, not moved there.
+    # 4 layers (one of each block type's transitions is enough; the defect is per block), biases on: c_proj's
+    # zeroed too A 1024-token vocabulary: the embedding and head play no part in the stream's rounding, and 19
+    # models with GPT-2's 50304 took the section past its 30 s on an H100 (2026-11-26). Built on the device,
+    # not moved there.
     args = dict(model_args(size, n_head=size["tp8_heads"], n_layer=4, bias=True),
                 vocab_size=min(1024, size["model"]["vocab_size"]))
     ctx = autocast_context(torch.device(device).type, "bfloat16")
@@ -341,16 +304,19 @@ def bf16_identity(st):
     dev = {"gpt": stream_deviation(build("gpt"), idx, ctx)}
     for tp in (2, 4, 8):
         for kind in COMPRESSIBLE_TYPES:
-            dev[f"{kind} tp{tp}"] = stream_deviation(build("distributed_gpt", tp_size=tp, block_types=kind), idx, ctx)
-        # sequence parallel ('ladder' refuses it): a synced and a desynced stream entering each block that syncs
+            dev[f"{kind} tp{tp}"] = stream_deviation(build("distributed_gpt", tp_size=tp, block_types=kind),
+                                                     idx, ctx)
+        # sequence parallel ('ladder' refuses it): a synced and a desynced stream entering each block that
+        # syncs
         for pattern in (["spd", "parallel", "tp", "parallel"], ["parallel", "spd", "parallel", "tp"]):
             m = build("distributed_gpt", tp_size=tp, block_types=pattern, sequence_parallel=True)
             dev[f"{pattern} tp{tp} sequence parallel"] = stream_deviation(m, idx, ctx)
     # training passes: the same models with each option the validator allows, loss - GPT's loss
     targets = torch.roll(idx, -1, dims=1)
     want = train_loss(build("gpt"), idx, targets, ctx)
-    train = train_grid(lambda tp, block_types, options: build("distributed_gpt", tp_size=tp, block_types=block_types,
-                                                              **options), want, idx, targets, ctx, n_layer=4)
+    train = train_grid(lambda tp, block_types, options: build("distributed_gpt", tp_size=tp,
+                                                              block_types=block_types, **options), want, idx,
+                       targets, ctx, n_layer=4)
     worst = max(*dev.values(), *train.values())
     return dict(dtype="bfloat16", max_deviation=dev, train_loss_deviation=train, worst=worst, ok=worst == 0.0)
 
@@ -367,8 +333,9 @@ def cost_model(st):
     if mode and m.get("peak_flops"):
         size = st["size"]["model"]
         shape = Shape("gpt_train", size["n_layer"], size["n_embd"], size["n_head"], size["vocab_size"])
-        compute, _ = step_seconds(shape, tp=1, link=LINKS[0], tokens=m["tokens_per_iter"], seq_len=size["block_size"],
-                                mfu=const("mfu"), fwd_syncs=0, peak=m["peak_flops"])
+        compute, _ = step_seconds(shape, tp=1, link=LINKS[0], tokens=m["tokens_per_iter"],
+                                  seq_len=size["block_size"], mfu=const("mfu"), fwd_syncs=0,
+                                  peak=m["peak_flops"])
         out.update(predicted_ms_per_iter=compute * 1e3, measured_ms_per_iter=measured["ms_per_iter"],
                    error_pct=100 * (compute * 1e3 - measured["ms_per_iter"]) / measured["ms_per_iter"])
     return out
@@ -380,30 +347,10 @@ RUNNERS = dict(gpt_train=gpt_train, sim_tp8=sim_tp8, decode=decode, real_tp=real
 
 # ---------- the 2-rank worker ----------
 
-def allreduce_sanity(group, device, *, mib=COMM_MIB):
-    """One all-reduce of `mib` MiB through a tp group object (collectives.RealTP), inside a 'step' that consumes its
-    result: the in-collective seconds the group's counter recorded against a physical floor and the synchronised wall
-    time of that step. Used by the gpu-check worker (gloo, one GPU) and the gpu-node sweep (NCCL)."""
-    n = int(mib * 2 ** 20 // 4)
-    buf = torch.randn(n, device=device)
-    group.all_reduce(buf)  # warm-up: the first collective sets up its connections
-    sync(device)
-    group.counter.reset()
-    sync(device)
-    start = time.perf_counter()
-    y = group.all_reduce(buf)
-    y.sum().item()  # the step goes on with the result (and reads it back to the host)
-    sync(device)
-    step = time.perf_counter() - start
-    coll = group.counter.busy_seconds
-    floor = n * 4 / FASTEST_LINK
-    return dict(mib=mib, in_collective_ms=coll * 1e3, step_ms=step * 1e3, floor_ms=floor * 1e3,
-                ok=floor < coll <= step)
-
-
 def real_tp_worker(cfg):
-    """One of 2 ranks: real tp 2 (this rank's shards, gloo) against the simulation (both shards here) from the same
-    weights and batches, REAL_STEPS AdamW steps per pattern; then the all-reduce sanity check. Rank 0 writes."""
+    """One of 2 ranks: real tp 2 (this rank's shards, gloo) against the simulation (both shards
+    here) from the same weights and batches, REAL_STEPS AdamW steps per pattern; then the all-reduce
+    sanity check. Rank 0 writes."""
     from tpcomm.train.build import build_model
     from tpcomm.parallel.parallel_dims import init_parallel, shutdown
 
@@ -465,7 +412,8 @@ def compare_real_sim(pd, size, device):
     out = dict(tp_size=2, backend="gloo", dtype=REAL_DTYPE, steps=REAL_STEPS, tolerance=REAL_TOL, patterns={},
                option_steps=OPTION_STEPS, options={})
     for pattern in patterns:
-        out["patterns"][str(pattern)] = losses_of(dict(block_types=pattern), REAL_STEPS, getattr(torch, REAL_DTYPE))
+        out["patterns"][str(pattern)] = losses_of(dict(block_types=pattern), REAL_STEPS,
+                                                  getattr(torch, REAL_DTYPE))
     for name, opts, dtype in OPTION_CASES:
         opts = dict(opts, block_types=(list(opts.get("block_types", COMPRESSIBLE_TYPES)) * L)[:L])
         r = losses_of(opts, OPTION_STEPS, getattr(torch, dtype))
@@ -496,7 +444,8 @@ def validate(cfg):
         raise ConfigError(f"worker is internal ('' or 'real_tp'), got {cfg['worker']!r}")
     if cfg["worker"]:
         if "RANK" not in os.environ:  # gpu_check starts it under torch.distributed.run
-            raise ConfigError(f"worker={cfg['worker']!r} is internal: gpu_check launches it under torchrun itself")
+            raise ConfigError(f"worker={cfg['worker']!r} is internal: gpu_check launches it under torchrun "
+                              "itself")
         return
     check_out_dir(cfg)
 
@@ -506,22 +455,23 @@ def is_docs(out_dir):
 
 
 def check_out_dir(cfg):
-    """out_dir: an existing, writable folder whose gpu.json (if any) is gpu_check's own. The committed figures in
-    docs/ are replaced only by the full check on a GPU, or some of their sections by the same check's sections on a
-    GPU of the same name (run_check: mergeable); a rehearsal goes elsewhere."""
+    """out_dir: an existing, writable folder whose gpu.json (if any) is gpu_check's own. The committed figures
+    in docs/ are replaced only by the full check on a GPU, or some of their sections by the same check's
+    sections on a GPU of the same name (run_check: mergeable); a rehearsal goes elsewhere."""
     out_dir = cfg["out_dir"]
     if not isinstance(out_dir, str) or not os.path.isdir(out_dir):
         raise ConfigError(f"out_dir must be an existing directory, got {out_dir!r}")
     check_folder(out_dir, key="out_dir", value=out_dir)
     if is_docs(out_dir) and (cfg["sizes"] != "full" or cfg["device"] == "cpu"):  # a rehearsal
         raise ConfigError(f"out_dir={out_dir!r} holds the committed GPU figures: sizes={cfg['sizes']!r}, "
-                          f"device={cfg['device']!r}, sections={cfg['sections']!r} is not the full check on a GPU; "
-                          f"give --out_dir=<another folder> (e.g. /tmp)")
+                          f"device={cfg['device']!r}, sections={cfg['sections']!r} is not the full check "
+                          "on a GPU; " f"give --out_dir=<another folder> (e.g. /tmp)")
     check_output_file(os.path.join(out_dir, "gpu.json"), key="out_dir", own=json_with("schema", "sections"))
 
 
 def run_check(cfg, *, say=print):
-    """Every selected section in order, each time-boxed and failure-isolated; returns the report (also written)."""
+    """Every selected section in order, each time-boxed and failure-isolated; returns
+    the report (also written)."""
     from tpcomm.train.runtime import autocast_context, pick_device, setup_runtime
 
     device = pick_device(cfg["device"])
@@ -529,8 +479,9 @@ def run_check(cfg, *, say=print):
         raise ConfigError("device: gpu_check runs on 'cuda' or 'cpu', got mps")
     device_type = torch.device(device).type
     if cfg["sizes"] == "full" and device_type != "cuda":
-        raise ConfigError(f"sizes='full' needs a CUDA GPU, got device={device!r} (torch {torch.__version__}, CUDA "
-                          f"available: {torch.cuda.is_available()}); the CPU rehearsal is --sizes=tiny --device=cpu")
+        raise ConfigError(f"sizes='full' needs a CUDA GPU, got device={device!r} (torch {torch.__version__}, "
+                          "CUDA " f"available: {torch.cuda.is_available()}); the CPU rehearsal is "
+                          "--sizes=tiny --device=cpu")
     size = SIZES[cfg["sizes"]]
     if device_type == "cuda" and cfg["sizes"] == "full" and not torch.cuda.is_bf16_supported():
         size = dict(size, dtype="float16")
@@ -538,15 +489,16 @@ def run_check(cfg, *, say=print):
 
     names = SECTIONS if cfg["sections"] == "all" else [n for n in SECTIONS if n in cfg["sections"].split(",")]
     cuda = device_type == "cuda"
-    report = dict(schema=1, sizes=cfg["sizes"], device=device,
-                  device_name=torch.cuda.get_device_name(device) if cuda else "CPU (rehearsal)",
-                  torch=torch.__version__, cuda=torch.version.cuda, date=datetime.datetime.now(
-                      datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                  peak_flops=device_peak_flops(device, size["dtype"]), dtype=size["dtype"], git=git_state(), sections={})
+    report = dict(schema=1, sizes=cfg["sizes"], device=device, device_name=torch.cuda.get_device_name(device)
+                  if cuda else "CPU (rehearsal)", torch=torch.__version__, cuda=torch.version.cuda,
+                  date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                  peak_flops=device_peak_flops(device, size["dtype"]), dtype=size["dtype"], git=git_state(),
+                  sections={})
     base = read_report(os.path.join(cfg["out_dir"], "gpu.json")) if cfg["sections"] != "all" else None
     if cfg["sections"] != "all" and is_docs(cfg["out_dir"]) and not mergeable(base, report):
-        raise ConfigError(f"sections={cfg['sections']!r}: docs/gpu.json is not a full check on {report['device_name']}"
-                          f" at sizes={cfg['sizes']!r}, so these sections cannot replace its own; run the full check")
+        raise ConfigError(f"sections={cfg['sections']!r}: docs/gpu.json is not a full check on "
+                          f"{report['device_name']} at sizes={cfg['sizes']!r}, so these sections cannot "
+                          "replace its own; run the full check")
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         st = dict(size=size, sizes=cfg["sizes"], device=device, tmp=tmp, results=report["sections"],

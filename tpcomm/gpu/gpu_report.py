@@ -79,7 +79,7 @@ def _measured_tables(s):
     if not _failed(s, "gpt_train", lines):
         r = s["gpt_train"]
         lines += [f"| GPT {r['params'] / 1e6:.1f}M, batch {r['batch_size']} x "
-                  f"{r['tokens_per_iter'] // r['batch_size']}" f" | ms/iter | tokens/s | MFU |",
+                  f"{r['tokens_per_iter'] // r['batch_size']} | ms/iter | tokens/s | MFU |",
                   "|---|---:|---:|---:|"]
         for mode in ("eager", "compiled"):
             m = r[mode]
@@ -112,8 +112,8 @@ def _check_lines(s):
     if not _failed(s, "real_tp", lines):
         r = s["real_tp"]
         lines.append(f"- `real_tp`: real tp 2 (2 processes, {r['backend']}, one device) vs simulated, "
-                     f"{r['steps']} AdamW " f"steps, {r['dtype']}: largest loss difference "
-                     f"{r['max_abs_diff']:.2e} " f"(bound {r['tolerance']:g}): "
+                     f"{r['steps']} AdamW steps, {r['dtype']}: largest loss difference "
+                     f"{r['max_abs_diff']:.2e} (bound {r['tolerance']:g}): "
                      f"**{'ok' if r['ok'] else 'FAILED'}**")
         if r.get("options"):
             lines.append(f"  - options, {r['option_steps']} steps each: " + "; ".join(
@@ -130,7 +130,7 @@ def _check_lines(s):
         worst = sorted(both.items(), key=lambda kv: -kv[1])[:3]
         lines.append(f"- `bf16_identity`: zeroed c_proj under bf16 autocast, largest stream or training-loss "
                      "deviation " f"{r['worst']:.2e} ({', '.join(f'{k}: {v:.1e}' for k, v in worst)}): "
-                     "" f"**{'ok' if r['ok'] else 'FAILED'}**")
+                     f"**{'ok' if r['ok'] else 'FAILED'}**")
     if not _failed(s, "cost_model", lines):
         r = s["cost_model"]
         line = (f"- `cost_model`: assumed MFU {100 * r['assumed_mfu']:.0f}%, measured "
@@ -146,7 +146,7 @@ def _check_lines(s):
         lines.append(f"- `cost_calibration`: one tp-{c['tp']} shard block of d {c['n_embd']}, {c['batch']} x "
                      f"{c['seq']} " "tokens (fwd / bwd ms, the cost model's at its MFU in brackets): " + "; "
                      "".join(f"{b['mode']} {b['fwd_ms']:.3f} / {b['bwd_ms']:.3f} ({b['model_fwd_ms']:.3f} / "
-                             "" f"{b['model_bwd_ms']:.3f}), GEMM efficiency {100 * b['gemm_efficiency']:.1f}%"
+                             f"{b['model_bwd_ms']:.3f}), GEMM efficiency {100 * b['gemm_efficiency']:.1f}%"
                              for b in r["blocks"]) + "; quantize + dequantize " + "; "
                      "".join(f"{k['codec']} {k['ms']:.3f} ms ({k['model_ms']:.3f})" for k in r["codecs"]))
     return lines
@@ -156,8 +156,8 @@ def markdown(report):
     """The generated section of gpu.md: what ran where, then one short table or line per section."""
     s = report["sections"]
     lines = [f"Measured by `python -m tpcomm.gpu.gpu_check --sizes={report['sizes']}` on {report['date']}: "
-             "" f"**{report['device_name']}**, torch {report['torch']}, CUDA {report['cuda'] or 'n/a'}, "
-             "" f"peak {fmt(report['peak_flops'] and report['peak_flops'] / 1e12, '.0f')} TFLOP/s (dense "
+             f"**{report['device_name']}**, torch {report['torch']}, CUDA {report['cuda'] or 'n/a'}, "
+             f"peak {fmt(report['peak_flops'] and report['peak_flops'] / 1e12, '.0f')} TFLOP/s (dense "
              "bf16), " f"{report['total_s']:.0f} s in all, at {code_state(report.get('git'))}. Raw numbers: "
              "`gpu.json` beside " f"this file.", ""]
     for rerun in report.get("reruns", []):

@@ -91,7 +91,7 @@ def validate_sync_options(*, tp_overlap, sequence_parallel, block_types, tp_size
         raise ConfigError(f"{key} needs tp_size > 1, got tp_size=1: one shard runs no all-reduce")
     if tp_async_grad and sequence_parallel:
         raise ConfigError("tp_async_grad=True does not run with sequence_parallel=True (its backward "
-                          "collectives are " "reduce-scatters and all-gathers, not f's all-reduce; "
+                          "collectives are reduce-scatters and all-gathers, not f's all-reduce; "
                           "docs/overlap.md): use one of them")
     if tp_overlap > 1 and not block_types_with("overlaps", block_types):
         chunked, delayed = quoted(block_types_with("overlaps")), quoted(block_types_with("delays"))
@@ -99,7 +99,7 @@ def validate_sync_options(*, tp_overlap, sequence_parallel, block_types, tp_size
                           f"block_types={block_types} has none (a {delayed} block overlaps by itself)")
     if sequence_parallel and tp_overlap > 1:
         raise ConfigError(f"sequence_parallel=True does not run with tp_overlap={tp_overlap} (the chunks' "
-                          "" f"reduce-scatters and all-gathers are not asynchronous; docs/overlap.md): use "
+                          f"reduce-scatters and all-gathers are not asynchronous; docs/overlap.md): use "
                           "one of them")
     no_sp = [k for k in dict.fromkeys(block_types) if not block_type(k).sequence_parallel]
     if sequence_parallel and no_sp:

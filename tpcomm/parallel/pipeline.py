@@ -1,38 +1,40 @@
 """
-Pipeline parallelism (pp) for GPT and DistributedGPT with torch.distributed.pipelining: contiguous layers per stage,
-scheduled by torch's ScheduleGPipe, Schedule1F1B or ScheduleInterleaved1F1B (virtual stages), over a 3-D process
-mesh (pp, dp, tp): pp outermost, tp innermost (a tp group is the ranks of one node).
+Pipeline parallelism (pp) for GPT and DistributedGPT with torch.distributed.pipelining: contiguous layers per
+stage, scheduled by torch's ScheduleGPipe, Schedule1F1B or ScheduleInterleaved1F1B (virtual stages), over a
+3-D process mesh (pp, dp, tp): pp outermost, tp innermost (a tp group is the ranks of one node).
 
     stage 0:     idx (b, T)            -> wte + wpe, blocks [0, n0)            -> stream
     stage s:     stream                -> blocks [n_s, n_s+1)                  -> stream
     last stage:  stream                -> blocks, final sync if desynced, ln_f, lm_head -> logits (b, T, V)
 
-The stream crossing a cut is what DistributedGPT's blocks pass each other (docs/model.md): synced, xbar (b, T, C);
-desynced (the block before the cut is 'parallel'), the pair (xbar, r), r (L, b, T, C) with this rank's L shard
-streams (L = 1 real, L = tp simulated): each tp rank sends its own shard streams to the same tp rank of the next
-stage. A cut never syncs: that would change the model. GPT's stream is x (b, T, C). A ladder block leaves its two
-outputs pending (P_A, P_M, their all-reduces issued); at a cut they are waited for and added as the next block would
-add them: into another block type, xbar + P_A + P_M (= what that block's step adds first, so xbar alone crosses);
-between two ladder blocks the pair (u, x), u = xbar + P_A (the next ladder's attention reads it), x = u + P_M (its
-MLP reads it and it is the block's output stream): one (b, T, C) more than a synced cut (docs/pipeline.md).
+The stream crossing a cut is what DistributedGPT's blocks pass each other (docs/model.md): synced, xbar (b, T,
+C); desynced (the block before the cut is 'parallel'), the pair (xbar, r), r (L, b, T, C) with this rank's L
+shard streams (L = 1 real, L = tp simulated): each tp rank sends its own shard streams to the same tp rank of
+the next stage. A cut never syncs: that would change the model. GPT's stream is x (b, T, C). A ladder block
+leaves its two outputs pending (P_A, P_M, their all-reduces issued); at a cut they are waited for and added as
+the next block would add them: into another block type, xbar + P_A + P_M (= what that block's step adds first,
+so xbar alone crosses); between two ladder blocks the pair (u, x), u = xbar + P_A (the next ladder's attention
+reads it), x = u + P_M (its MLP reads it and it is the block's output stream): one (b, T, C) more than a
+synced cut (docs/pipeline.md).
 
-Exactness (pp == one process): the loss is cross-entropy (ignore_index=-1) averaged over each micro-batch, and the
-schedule divides the summed gradients by the number of micro-batches m (torch 2.13: scale_grads=True, the default,
-calls stage.scale_grads(m) after the last backward), so the gradient is that of the mean of the micro-batch means:
-the whole batch's mean loss when every micro-batch has the same number of targets (as train.py's data has). DDP over
-dp then averages over replicas. The tied wte/lm_head weight lives on the first stage (wte) and the last (lm_head):
-its two gradients are summed over the {first, last} pp ranks of each (dp, tp) coordinate (Megatron's embedding
-group), so both copies take the same AdamW steps and stay equal.
+Exactness (pp == one process): the loss is cross-entropy (ignore_index=-1) averaged over each micro-batch, and
+the schedule divides the summed gradients by the number of micro-batches m (torch 2.13: scale_grads=True, the
+default, calls stage.scale_grads(m) after the last backward), so the gradient is that of the mean of the
+micro-batch means: the whole batch's mean loss when every micro-batch has the same number of targets (as
+train.py's data has). DDP over dp then averages over replicas. The tied wte/lm_head weight lives on the first
+stage (wte) and the last (lm_head): its two gradients are summed over the {first, last} pp ranks of each (dp,
+tp) coordinate (Megatron's embedding group), so both copies take the same AdamW steps and stay equal.
 
-Every rank builds the whole model on the CPU (so the GPT-2 init is the full model's, whatever the layout) and moves
-only its stages' parts to its device (Pipeline); the rest stays in host memory, unused. Checkpoint gathers move
-tensors by broadcasts over pp (GPTLayout.gather), never as pickles. The stream crosses a cut in its own dtype, fp32
-under bf16 autocast as well: rounding it there would make the model depend on where the cuts are
-(docs/pipeline.md, "Precision at the cuts").
+Every rank builds the whole model on the CPU (so the GPT-2 init is the full model's, whatever the layout) and
+moves only its stages' parts to its device (Pipeline); the rest stays in host memory, unused. Checkpoint
+gathers move tensors by broadcasts over pp (GPTLayout.gather), never as pickles. The stream crosses a cut in
+its own dtype, fp32 under bf16 autocast as well: rounding it there would make the model depend on where the
+cuts are (docs/pipeline.md, "Precision at the cuts").
 
-This module is the library (stages, the Pipeline runner that train.py uses; the layout checks, run before torch's
-pipelining is imported, are in tpcomm/parallel/pipeline_config.py; the recorded schedule and
-its replay are in tpcomm/parallel/pipeline_timeline.py); the benchmark of bench.py --mode=pipeline and the demo are in tpcomm/bench/pipeline_demo.py:
+This module is the library (stages, the Pipeline runner that train.py uses; the layout checks, run before
+torch's pipelining is imported, are in tpcomm/parallel/pipeline_config.py; the recorded schedule and its
+replay are in tpcomm/parallel/pipeline_timeline.py); the benchmark of bench.py --mode=pipeline and the demo
+are in tpcomm/bench/pipeline_demo.py:
     torchrun --standalone --nproc_per_node=8 -m tpcomm.bench.pipeline_demo --tp_size=2 --pp_size=4 --schedule=1f1b
 """
 
@@ -58,14 +60,15 @@ SCHEDULES = dict(zip(SCHEDULE_NAMES, (ScheduleGPipe, Schedule1F1B, ScheduleInter
 
 # ---------------------------------------------------------------- one stage: the model's own submodules
 
-# What crosses a cut, by the blocks on either side: the names of its tensors (every one (b, T, C), r (L, b, T, C))
+# What crosses a cut, by the blocks on either side: the names of its tensors (every one (b, T, C), r (L, b, T,
+# C))
 SYNCED, DESYNCED, LADDER = ("xbar",), ("xbar", "r"), ("u", "x")
 
 
 def cut_stream(model, layer):
     """The stream crossing a cut after block `layer`: DESYNCED after a block that desyncs ('parallel'), LADDER
-    between two blocks that delay ('ladder': their pending outputs travel as u = xbar + P_A and x = u + P_M), else
-    SYNCED (GPT's x too)."""
+    between two blocks that delay ('ladder': their pending outputs travel as u = xbar + P_A and x = u + P_M),
+    else SYNCED (GPT's x too)."""
     kinds = getattr(model.config, "block_types", None)
     if model.desynced_after(layer):
         return DESYNCED
@@ -75,8 +78,9 @@ def cut_stream(model, layer):
 
 
 class Arrived(NamedTuple):
-    """MLP l-1's pending output as it crosses a ladder cut: already added on the previous stage, x = u + P_M (the
-    same operations the next ladder block would run), so adding it gives x. Takes Pending's place in (P_A, P_M)."""
+    """MLP l-1's pending output as it crosses a ladder cut: already added on the previous stage, x =
+    u + P_M (the same operations the next ladder block would run), so adding it gives x. Takes
+    Pending's place in (P_A, P_M)."""
     x: torch.Tensor  # (N, C)
 
     def add_to(self, u):
@@ -84,10 +88,10 @@ class Arrived(NamedTuple):
 
 
 class StageModule(nn.Module):
-    """Layers [first, end) of a GPT or DistributedGPT, with the embedding on the first stage and the final sync,
-    ln_f and lm_head on the last. It holds the model's own submodules (no copies), under GPT's names with stage-local
-    block indices (gpt_name maps them back), so GPT.embed runs on it as on the model. stream_in / stream_out: what
-    crosses the cut before / after it (cut_stream; None at the ends)."""
+    """Layers [first, end) of a GPT or DistributedGPT, with the embedding on the first stage and the final
+    sync, ln_f and lm_head on the last. It holds the model's own submodules (no copies), under GPT's names
+    with stage-local block indices (gpt_name maps them back), so GPT.embed runs on it as on the model.
+    stream_in / stream_out: what crosses the cut before / after it (cut_stream; None at the ends)."""
 
     def __init__(self, model, first, end, *, is_first, is_last):
         super().__init__()
@@ -96,7 +100,8 @@ class StageModule(nn.Module):
         self.stream_in = None if is_first else cut_stream(model, first - 1)
         self.stream_out = None if is_last else cut_stream(model, end - 1)
         self.group = model.group  # DistributedGPT's tp group (SimulatedTP/RealTP); None for GPT
-        self.final_sync = model.final_sync if model.group is not None else None  # DistributedGPT's sync before ln_f
+        # DistributedGPT's sync before ln_f
+        self.final_sync = model.final_sync if model.group is not None else None
         parts = dict(h=nn.ModuleList(model.transformer.h[first:end]))
         if is_first:
             parts.update(wte=model.transformer.wte, wpe=model.transformer.wpe, drop=model.transformer.drop)
@@ -122,10 +127,12 @@ class StageModule(nn.Module):
             x = stream[0]
             for block in self.transformer.h:
                 x = block(x)
-        else:  # the blocks' stream is flat over tokens: (xbar, r, pending), as DistributedGPT.forward passes it
+        # the blocks' stream is flat over tokens: (xbar, r, pending), as DistributedGPT.forward passes it
+        else:
             xbar, r, pending = self.enter(stream)
             blocks = self.transformer.h
-            for i, block in enumerate(blocks):  # the stage's last block has no next one here (the cut is between)
+            # the stage's last block has no next one here (the cut is between)
+            for i, block in enumerate(blocks):
                 nxt = blocks[i + 1] if i + 1 < len(blocks) else None
                 xbar, r, pending = block.step(xbar, r, pending, t, next_block=nxt)
             if not self.is_last:
@@ -146,8 +153,9 @@ class StageModule(nn.Module):
         return flat[0], (flat[1] if len(flat) == 2 else None), ()
 
     def leave(self, xbar, r, pending):
-        """The stream to send (stream_out), flat: pending ladder outputs waited for and added where the next block
-        would add them (xbar + P_A + P_M into another block type; u = xbar + P_A, x = u + P_M into a ladder)."""
+        """The stream to send (stream_out), flat: pending ladder outputs waited for and added
+        where the next block would add them (xbar + P_A + P_M into another block type; u = xbar
+        + P_A, x = u + P_M into a ladder)."""
         if self.stream_out == LADDER:
             P_A, P_M = pending
             u = P_A.add_to(xbar)
@@ -164,16 +172,16 @@ def cross_entropy(logits, targets):
 # ---------------------------------------------------------------- what the schedule does: recorded
 
 class Pipeline:
-    """This rank's stages of `model` (built whole on every rank), their torch PipelineStages and the schedule, plus
-    what train.py needs around a step: gradient sync, clipping over the whole model; GPT-layout state (GPTLayout)
-    and the communication report (PipelineComm) are delegated."""
+    """This rank's stages of `model` (built whole on every rank), their torch PipelineStages and the schedule,
+    plus what train.py needs around a step: gradient sync, clipping over the whole model; GPT-layout state
+    (GPTLayout) and the communication report (PipelineComm) are delegated."""
 
     def __init__(self, model, dims, *, schedule, n_microbatches, batch_size, seq_len, virtual_stages=1,
                  pp_layers=None, device="cpu"):
         self.model, self.dims, self.m, self.device = model, dims, n_microbatches, torch.device(device)
         self.n_stages = dims.pp * virtual_stages
         self.layers = stage_layers(model.config.n_layer, self.n_stages, pp_layers)
-        self.stage_ids = [dims.pp_rank + v * dims.pp for v in range(virtual_stages)]  # loop layout: s on s % pp
+        self.stage_ids = [dims.pp_rank + v * dims.pp for v in range(virtual_stages)]  # loop: s on s % pp
         self.modules = [StageModule(model, *self.layers[s], is_first=s == 0, is_last=s == self.n_stages - 1)
                         for s in self.stage_ids]
         self.local = nn.ModuleList(self.modules)  # for the optimizer: every local parameter once
@@ -181,7 +189,7 @@ class Pipeline:
         self.recorder = Recorder(model)
         self.cut_streams = [cut_stream(model, end - 1) for _, end in self.layers[:-1]]
         mb, dtype = batch_size // n_microbatches, next(model.parameters()).dtype
-        stages = [self._stage(s, module, mb, seq_len, dtype) for s, module in zip(self.stage_ids, self.modules)]
+        stages = [self._stage(s, m, mb, seq_len, dtype) for s, m in zip(self.stage_ids, self.modules)]
         kind = SCHEDULES[schedule]
         self.schedule = (kind(stages, n_microbatches, loss_fn=cross_entropy) if schedule == "interleaved_1f1b"
                          else kind(stages[0], n_microbatches, loss_fn=cross_entropy))
@@ -192,25 +200,26 @@ class Pipeline:
     def _stage(self, s, module, mb, T, dtype):
         """Stage s's RecordedStage (DDP over the dp group around its module when dp > 1)."""
         device, last = self.device, s == self.n_stages - 1
-        # torch takes requires_grad of the received activations from these examples: without it no gradient would
-        # flow back across the cut (the previous stage would receive zeros)
+        # torch takes requires_grad of the received activations from these examples: without it no gradient
+        # would flow back across the cut (the previous stage would receive zeros)
         inputs = (torch.zeros(mb, T, dtype=torch.long, device=device),) if s == 0 else \
             self._stream(s - 1, mb, T, dtype, requires_grad=True)
-        outputs = (torch.empty(mb, T, self.model.config.vocab_size, dtype=dtype, device=device),) if last else \
-            self._stream(s, mb, T, dtype, requires_grad=True)
+        V = self.model.config.vocab_size
+        outputs = ((torch.empty(mb, T, V, dtype=dtype, device=device),) if last
+                   else self._stream(s, mb, T, dtype, requires_grad=True))
         submod = module
-        if self.dims.dp > 1:  # DDP over the dp group per stage; the schedule syncs on each stage's last backward
+        if self.dims.dp > 1:  # DDP over dp per stage; the schedule syncs on each stage's last backward
             submod = nn.parallel.DistributedDataParallel(module, process_group=self.dims.dp_group)
         return RecordedStage(submod, s, self.n_stages, device, recorder=self.recorder,
                              input_args=inputs, output_args=outputs,
                              output_grads=None if last else _detached(outputs),  # the last's: from the loss
-                             input_grads=(None,) if s == 0 else _detached(inputs),  # token ids have no gradient
+                             input_grads=(None,) if s == 0 else _detached(inputs),  # ids: no gradient
                              group=self.dims.pp_group)
 
     def _stream(self, s, mb, T, dtype, *, requires_grad):
         """Example tensors of the stream leaving stage s (cut_stream): each (mb, T, C), r (L, mb, T, C)."""
         C = self.model.config.n_embd
-        shapes = [(self.model.group.local, mb, T, C) if name == "r" else (mb, T, C) for name in self.cut_streams[s]]
+        shapes = [(self.model.group.local, mb, T, C) if n == "r" else (mb, T, C) for n in self.cut_streams[s]]
         return tuple(torch.empty(shape, dtype=dtype, device=self.device, requires_grad=requires_grad)
                      for shape in shapes)
 
@@ -225,10 +234,10 @@ class Pipeline:
     # --- the training step ---
 
     def step(self, micro_batches, *, dropout_key=None, ctx=contextlib.nullcontext()):
-        """One forward and backward of this replica's micro-batches [(X, Y)] (each (mb, T)) through the schedule,
-        then every gradient sync: afterwards each local parameter holds the gradient one process would have for the
-        mean loss over the global batch. Returns that mean loss on every rank. dropout_key: (seed, iteration, global
-        index of this replica's first micro-batch), keys each micro-batch's masks as train.py does; ctx: autocast."""
+        """One forward and backward of this replica's micro-batches [(X, Y)] (each (mb, T)) through the
+        schedule, then every gradient sync: each local parameter then holds the gradient one process would
+        have for the mean loss over the global batch, returned on every rank. dropout_key: (seed, iteration,
+        global index of this replica's first micro-batch), keys the masks as train.py does; ctx: autocast."""
         assert len(micro_batches) == self.m, (len(micro_batches), self.m)
         self.local.zero_grad(set_to_none=True)  # scale_grads divides whatever .grad holds
         self.recorder.start(dropout_key)
@@ -237,8 +246,8 @@ class Pipeline:
         return self._dp_mean(losses.mean())
 
     def pipelined_step(self, micro_batches, optimizer, *, dropout_key, ctx, grad_clip, tokens):
-        """train.py's step under pp: step() (the schedule, then every gradient sync), then clip and update as one
-        process would. Returns (the mean loss, the collectives report of the step)."""
+        """train.py's step under pp: step() (the schedule, then every gradient sync), then clip and update as
+        one process would. Returns (the mean loss, the collectives report of the step)."""
         self.reset_comm_counts()
         lossf = self.step(micro_batches, dropout_key=dropout_key, ctx=ctx)
         comm = self.comm_report(tokens=tokens)
@@ -259,9 +268,9 @@ class Pipeline:
 
     @torch.no_grad()
     def eval_losses(self, micro_batches, *, ctx=contextlib.nullcontext()):
-        """The loss of each of this replica's micro-batches (forward only, through the schedule), on every rank of
-        the pp group: a float64 tensor (m,). The stages hold the only up-to-date weights of their layers: evaluate
-        here, not with the whole model of one rank. Train/eval mode: see train()."""
+        """The loss of each of this replica's micro-batches (forward only, through the schedule), on every
+        rank of the pp group: a float64 tensor (m,). The stages hold the only up-to-date weights of their
+        layers: evaluate here, not with the whole model of one rank. Train/eval mode: see train()."""
         self.recorder.start(None)
         return self._through_schedule(self.schedule.eval, micro_batches, ctx)
 
@@ -270,8 +279,8 @@ class Pipeline:
         return self._dp_mean(self.eval_losses(micro_batches).mean())
 
     def _through_schedule(self, run, micro_batches, ctx):
-        """schedule.step or schedule.eval over the micro-batches [(X, Y)]; returns the last stage's micro-batch
-        losses (float64, (m,)), broadcast over pp."""
+        """schedule.step or schedule.eval over the micro-batches [(X, Y)]; returns the last stage's
+        micro-batch losses (float64, (m,)), broadcast over pp."""
         X = torch.cat([x for x, _ in micro_batches])
         Y = torch.cat([y for _, y in micro_batches])
         losses = []
@@ -292,14 +301,15 @@ class Pipeline:
         return loss.item()
 
     def train(self, mode=True):
-        """Training or evaluation mode (dropout) for the stages and the model they share their modules with."""
+        """Training or evaluation mode (dropout) for the stages and the model they
+        share their modules with."""
         self.model.train(mode)
         self.local.train(mode)
         return self
 
     def sync_grads(self):
-        """After the schedule (which already averaged over micro-batches, and over dp through DDP): sum the tied
-        embedding's two gradients over the embedding group, and (real tp) the block-replicated parameters' over tp."""
+        """After the schedule (which averaged over micro-batches, and over dp through DDP): sum the
+        tied embedding's two gradients over the embedding group, and (real tp) replicated ones' over tp."""
         if self.dims.pp > 1:
             tied = (self.modules[0].transformer.wte.weight if self.has_first else
                     self.modules[-1].lm_head.weight if self.has_last else None)
@@ -323,11 +333,12 @@ class Pipeline:
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm):
-        """Clip by the norm of the whole model's gradient: the model's own rule on each stage (model.grad_sq_norm:
-        tp shards summed, replicated parameters counted once), the tied weight once (its first-stage copy), summed
-        over the pp stages. Returns that norm."""
+        """Clip by the norm of the whole model's gradient: the model's own rule on each stage
+        (model.grad_sq_norm: tp shards summed, replicated parameters counted once), the tied weight once (its
+        first-stage copy), summed over the pp stages. Returns that norm."""
         grads = [(n, p.grad) for n, p in self.named_parameters() if p.grad is not None]
-        total = self.model.grad_sq_norm([(n, g) for n, g in grads if n != "transformer.wte.weight" or self.has_first])
+        total = self.model.grad_sq_norm([(n, g) for n, g in grads if n != "transformer.wte.weight"
+                                         or self.has_first])
         if self.dims.pp > 1:
             dist.all_reduce(total, group=self.dims.pp_group)
         return clip_to_norm_([g for _, g in grads], total.sqrt(), max_norm)
@@ -362,20 +373,21 @@ class Pipeline:
         return self.comm.report(tokens=tokens)
 
 
-# ---------------------------------------------------------------- what crossed the cuts, next to the tp all-reduces
+# ---------------------------------------------------------------- what crossed the cuts, next to the tp
+# all-reduces
 
 # the model's per-micro-batch tp counts, summed over the pp stages (each stage counts its own blocks'); a GPT
 # communicates nothing in tp: 0 all-reduces (fwd, bwd) and 0 bytes, reported as such, not left out
-STAGE_SUMMED = ("fwd_allreduces", "bwd_allreduces", "async_allreduces", "comm_bytes_per_token", "vocab_allreduces",
-                "vocab_bytes_per_token")
+STAGE_SUMMED = ("fwd_allreduces", "bwd_allreduces", "async_allreduces", "comm_bytes_per_token",
+                "vocab_allreduces", "vocab_bytes_per_token")
 NO_TP = dict(fwd_allreduces=0, bwd_allreduces=0, comm_bytes_per_token=0.0)
 
 
 class PipelineComm:
-    """The communication of a Pipeline's last step: its recorded point-to-point transfers across the cuts and the
-    model's tp collectives, summed over the stages (collectives over pp: every rank calls them). It holds what it
-    reads, not the Pipeline: no reference cycle, so a Pipeline is freed (stages, p2p buffers) as soon as it is
-    dropped, before the process groups are destroyed."""
+    """The communication of a Pipeline's last step: its recorded point-to-point transfers across the cuts and
+    the model's tp collectives, summed over the stages (collectives over pp: every rank calls them). It holds
+    what it reads, not the Pipeline: no reference cycle, so a Pipeline is freed (stages, p2p buffers) as soon
+    as it is dropped, before the process groups are destroyed."""
 
     def __init__(self, model, dims, recorder, *, cut_streams, m, device):
         self.model, self.dims, self.recorder = model, dims, recorder
@@ -391,8 +403,8 @@ class PipelineComm:
         return dict(enumerate(events))
 
     def boundary_bytes(self):
-        """Per cut s -> s+1, per micro-batch and rank, in the last step: bytes of activations sent forward (by s) and
-        of gradients sent back (by s+1), and what the stream was (a small all-reduce over pp)."""
+        """Per cut s -> s+1, per micro-batch and rank, in the last step: bytes of activations sent forward (by
+        s) and of gradients sent back (by s+1), and what the stream was (a small all-reduce over pp)."""
         n = len(self.cut_streams)  # cuts: stages - 1
         sent = torch.zeros(2, max(n, 1), dtype=torch.float64, device=self.device)
         for kind, s, _, nbytes in self.recorder.events:
@@ -401,14 +413,16 @@ class PipelineComm:
         if self.dims.pp > 1:
             dist.all_reduce(sent, group=self.dims.pp_group)
         return [dict(cut=f"{s}->{s + 1}", stream=", ".join(self.cut_streams[s]),
-                     fwd_bytes=int(sent[0, s]) // self.m, bwd_bytes=int(sent[1, s]) // self.m) for s in range(n)]
+                     fwd_bytes=int(sent[0, s]) // self.m, bwd_bytes=int(sent[1, s]) // self.m)
+                for s in range(n)]
 
     def report(self, *, tokens):
-        """The model's comm_report with the tp counts (STAGE_SUMMED) summed over the pp stages, per micro-batch of
-        `tokens` tokens (the schedule's m per step), plus the pp boundaries' bytes per micro-batch and rank, and per
-        token. comm_seconds, grad_sync_allreduces: this rank's."""
+        """The model's comm_report with the tp counts (STAGE_SUMMED) summed over the pp stages, per
+        micro-batch of `tokens` tokens (the schedule's m per step), plus the pp boundaries' bytes per
+        micro-batch and rank, and per token. comm_seconds, grad_sync_allreduces: this rank's."""
         report = self.model.comm_report(micro_steps=1, tokens=tokens) or dict(NO_TP)
-        # every key on every stage (a stage without vocab collectives has no vocab keys): one tensor shape over pp
+        # every key on every stage (a stage without vocab collectives has no vocab keys): one tensor shape
+        # over pp
         counts = torch.tensor([float(report.get(k, 0)) for k in STAGE_SUMMED], dtype=torch.float64,
                               device=self.device)
         if self.dims.pp > 1:

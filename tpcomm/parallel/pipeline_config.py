@@ -47,7 +47,7 @@ def validate_pp_layout(*, world, pp_size, tp, n_layer, schedule, n_microbatches,
                           f"but is not divisible by pp_size x tp ({pp_size * tp})")
     if virtual_stages > 1 and schedule != "interleaved_1f1b":
         raise ConfigError(f"{k['virtual_stages']} ({virtual_stages}) > 1 needs "
-                          f"{k['schedule']}='interleaved_1f1b', " f"got {schedule!r}")
+                          f"{k['schedule']}='interleaved_1f1b', got {schedule!r}")
     if schedule == "interleaved_1f1b" and pp_size < 2:
         raise ConfigError(f"{k['schedule']}='interleaved_1f1b' needs pp_size >= 2, got {pp_size}")
     stages = pp_size * virtual_stages
@@ -60,7 +60,7 @@ def validate_pp_layout(*, world, pp_size, tp, n_layer, schedule, n_microbatches,
     rounds = max(1, n_microbatches // pp_size)  # torch's interleaved schedule runs m in rounds of m // rounds
     if schedule == "interleaved_1f1b" and n_microbatches % rounds:
         raise ConfigError(f"{k['schedule']}='interleaved_1f1b' needs {k['n_microbatches']} "
-                          f"({n_microbatches}) " f"divisible by {k['n_microbatches']} // pp_size ({rounds}), "
+                          f"({n_microbatches}) divisible by {k['n_microbatches']} // pp_size ({rounds}), "
                           "e.g. a multiple of pp_size " f"({pp_size})")
     if batch_size is not None and batch_size % n_microbatches:
         raise ConfigError(f"batch_size ({batch_size}) must be divisible by {k['n_microbatches']} "

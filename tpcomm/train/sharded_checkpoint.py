@@ -356,7 +356,7 @@ def convert(out_dir):
 def main(argv):
     if len(argv) != 1 or argv[0].startswith("-"):
         raise ConfigError("usage: python -m tpcomm.train.sharded_checkpoint OUT_DIR (converts "
-                          "OUT_DIR/ckpt_sharded to " "OUT_DIR/ckpt.pt)")
+                          "OUT_DIR/ckpt_sharded to OUT_DIR/ckpt.pt)")
     with contextlib.redirect_stdout(sys.stderr):
         path = convert(argv[0])
     print(f"wrote {path}")

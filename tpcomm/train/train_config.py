@@ -251,7 +251,7 @@ def check_train_settings(cfg):
         full = os.path.join(cfg["out_dir"], CHECKPOINT_NAME)
         if cfg["checkpoint_format"] == "full" and not os.path.isfile(full):
             hint = (" (there is a sharded one: resume with checkpoint_format='sharded', or convert it with "
-                    "python " "-m tpcomm.train.sharded_checkpoint OUT_DIR)"
+                    "python -m tpcomm.train.sharded_checkpoint OUT_DIR)"
                     if sharded_checkpoint.has_sharded(cfg["out_dir"]) else "")
             raise ConfigError(f"init_from='resume' but there is no checkpoint at {full}{hint}")
         if cfg["checkpoint_format"] == "sharded" and not sharded_checkpoint.has_sharded(cfg["out_dir"]):
@@ -342,8 +342,8 @@ def check_vocab(checkpoint, vocab, data_dir):
         differ = next((i for i, (a, b) in enumerate(zip(trained, here)) if a != b),
                       min(len(trained), len(here)))
         raise ConfigError(f"the dataset in {data_dir} has another vocabulary than the checkpoint's "
-                          f"({len(here)} " f"against {len(trained)} characters, first differing at id "
-                          f"{differ}): its token ids would " f"mean other characters; resume on the "
+                          f"({len(here)} against {len(trained)} characters, first differing at id "
+                          f"{differ}): its token ids would mean other characters; resume on the "
                           "checkpoint's dataset")
 
 
@@ -370,7 +370,7 @@ def check_pipeline(cfg, explicit, *, dp, tp, dtype):
     if cfg["pp_size"] == 1:
         if cfg["pp_virtual_stages"] != 1 or cfg["pp_layers"] is not None:
             raise ConfigError(f"pp_virtual_stages ({cfg['pp_virtual_stages']}) and pp_layers "
-                              f"({cfg['pp_layers']}) " f"need pp_size > 1")
+                              f"({cfg['pp_layers']}) need pp_size > 1")
         return
     validate_pp_layout(world=cfg["pp_size"] * dp * tp, pp_size=cfg["pp_size"], tp=tp, n_layer=cfg["n_layer"],
                        schedule=cfg["pp_schedule"], n_microbatches=cfg["gradient_accumulation_steps"] // dp,

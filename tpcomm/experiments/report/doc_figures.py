@@ -101,8 +101,8 @@ def draw_reversal(data, *, way="all-parallel"):
     ax.set_xlabel("training tokens (millions, log scale)")
     ax.set_ylabel(f"{st.name} minus all tp, same seed (nats/token)")
     ax.set_title(f"{st.name}: ahead of all tp early in training, behind it later (below 0: lower loss than "
-                 "all tp)\n" "each sweep its own run: the learning rate decays to each one's last step; "
-                 "band: 95% interval over " "the paired seeds", fontsize=9)
+                 "all tp)\neach sweep its own run: the learning rate decays to each one's last step; "
+                 "band: 95% interval over the paired seeds", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     lo, hi = ax.get_xlim()

@@ -154,7 +154,7 @@ def layout_page(ctx=None, root=None):
     """The generated part of docs/layout.md (report.py's block `layout`)."""
     root = root or (ctx.root if ctx is not None else ROOT)
     out = ["### The layers", "", "Each row imports only from the rows below it, never from its own row's "
-           "other units " "(`tpcomm/experiments/report/layout.py` LAYERS; tests/house/test_layering.py "
+           "other units (`tpcomm/experiments/report/layout.py` LAYERS; tests/house/test_layering.py "
            "checks every import):", "", "```text", diagram(), "```", "", "### Top-level files", "", "The "
            "entry scripts, and the two model files LAYERS places.", ""]
     out += module_lines(sorted(glob.glob(os.path.join(root, "*.py"))), root)

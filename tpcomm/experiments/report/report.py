@@ -163,8 +163,8 @@ def tp_axis_penalty(ctx):
     tps = sorted({tp for _, tp, _ in pen})
     base = next(r for r in rows if r["config"] == r["baseline"])
     lines = [f"Final val loss minus the all-`tp` baseline's (tp {base['tp_size']}, {base['n_seeds']} seeds: "
-             "" f"{base['val_loss_mean']:.4f} ± {base['val_loss_std']:.4f}), same seed, at "
-             f"{base['tokens']:,} tokens; " f"mean [95% CI] (seeds). All-`tp` is the same model at every tp "
+             f"{base['val_loss_mean']:.4f} ± {base['val_loss_std']:.4f}), same seed, at "
+             f"{base['tokens']:,} tokens; mean [95% CI] (seeds). All-`tp` is the same model at every tp "
              "degree, up to fp32 rounding (table " f"`tp-axis-alltp`).", "", "| block pattern | fwd "
              "all-reduces | " + " | ".join(f"tp {tp}" for tp in tps) + " |",
              "|---|---:|" + "---:|" * len(tps)]
@@ -217,7 +217,7 @@ def tp_axis_alltp(ctx):
         verdict = (f"the curves agree within {ROUNDING:.0e} through iter {first:,} at least, then fp32 "
                    "rounding " f"differences compound (each degree sums its shards in another order) and the "
                    "curves wander up " f"to {largest:.1e} apart, {final:.1e} at the end: "
-                   f"{largest / spread:.2f} and {final / spread:.2f} " f"of the seed-to-seed std of the "
+                   f"{largest / spread:.2f} and {final / spread:.2f} of the seed-to-seed std of the "
                    f"final loss ({spread:.4f}), " + ("noise the paired intervals already carry: one baseline "
                                                      "serves every degree" if final < spread else "NOT small "
                                                      "beside the seed spread"))
@@ -225,7 +225,7 @@ def tp_axis_alltp(ctx):
                       "initial weights, same " f"batches): {verdict}. That the models are the same step by "
                       "step is proved by the tests " f"(docs/tests.md); this table shows how far rounding "
                       "alone carries two such runs apart.", "", f"| tp | seed | final val loss | final "
-                      f"difference to tp {ref['tp_size']} | difference at iter 0 | within " f"{ROUNDING:.0e} "
+                      f"difference to tp {ref['tp_size']} | difference at iter 0 | within {ROUNDING:.0e} "
                       "through iter | largest abs difference |", "|---:|---:|---:|---:|---:|---:|---:|",
                       *table])
 
@@ -237,9 +237,9 @@ def size_axis_penalty(ctx):
         return no_results("size-axis", "cpu-long")
     patterns = [p for p in sweep_plan.PATTERNS if any(k[0] == p for k in pen)]
     lines = ["Final val loss minus the all-`tp` baseline's of the same size, same seed; mean [95% CI] "
-             "(seeds). " "Tokens per non-embedding parameter fixed (docs/axes.md, the size axis); epochs "
-             "over the training " "data's train.bin.", "", "| model (layers x width, heads) | non-embedding "
-             "params | params | steps | tokens | tokens/param | epochs " "| all-tp final val loss | " + " | "
+             "(seeds). Tokens per non-embedding parameter fixed (docs/axes.md, the size axis); epochs "
+             "over the training data's train.bin.", "", "| model (layers x width, heads) | non-embedding "
+             "params | params | steps | tokens | tokens/param | epochs | all-tp final val loss | " + " | "
              "".join(f"{p} − all-tp" for p in patterns) + " |", "|---|---:|---:|---:|---:|---:|---:|---:|"
              + "---:|" * len(patterns)]
     bases = sorted((r for r in rows if r["config"] == r["baseline"]),
@@ -247,9 +247,9 @@ def size_axis_penalty(ctx):
     for b in bases:
         n = b["params_non_embedding"]
         lines.append(f"| {b['n_layer']} x {b['n_embd']}, {b['n_head']} heads | {results.fmt(n, ',d')} | "
-                     "" f"{results.fmt(b['params_total'], ',d')} | {b['final_iter']:,} | {b['tokens']:,} | "
-                     "" f"{results.fmt(b['tokens'] / n if n else None, '.2f')} | "
-                     f"{results.fmt(b['epochs'], '.3f')} | " f"{b['val_loss_mean']:.4f} | " + " | "
+                     f"{results.fmt(b['params_total'], ',d')} | {b['final_iter']:,} | {b['tokens']:,} | "
+                     f"{results.fmt(b['tokens'] / n if n else None, '.2f')} | "
+                     f"{results.fmt(b['epochs'], '.3f')} | {b['val_loss_mean']:.4f} | " + " | "
                      "".join(interval_cell(pen.get((p, b["tp_size"], results.group_key(b))))
                              for p in patterns) + " |")
     lines += ["", "![cost of dropping syncs vs model size](docs/axes_penalty_vs_size.png)"]
@@ -258,7 +258,7 @@ def size_axis_penalty(ctx):
 
 def axes_compute(ctx):
     lines = ["| sweep | runs (own + shared) | with a result file | wall hours of its own finished runs | "
-             "ms/step, " "median (range over runs) | runs flagged scattered |",
+             "ms/step, median (range over runs) | runs flagged scattered |",
              "|---|---:|---:|---:|---:|---:|"]
     for name in AXES:
         planned = ctx.jobs(name, seeds=list(sweep_plan.SWEEP_SEEDS[name]))
@@ -269,7 +269,7 @@ def axes_compute(ctx):
         hours = sum(r["timing"].get("wall_s") or 0 for r in mine) / 3600
         span = f"{statistics.median(ms):.1f} ({ms[0]:.1f}–{ms[-1]:.1f})" if ms else "—"
         lines.append(f"| `{name}` | {len(own)} + {len(planned) - len(own)} | {len(recs)} | {hours:.2f} | "
-                     f"{span} | " f"{sum(1 for r in recs if r['timing'].get('scattered'))} |")
+                     f"{span} | {sum(1 for r in recs if r['timing'].get('scattered'))} |")
     return "\n".join(lines)
 
 
@@ -304,7 +304,7 @@ def penalty_vs_size(ctx):
     xticks = sorted({p[0] for s in data for p in s["points"]})
     title = "size-axis: cost of dropping syncs at three model sizes (tp 4; the tokens grow with the size)"
     return data, lambda: plots.draw_penalty(data, xlabel="non-embedding parameters (and the tokens that size "
-                                            "trains " "on)", title=title, xticks=xticks,
+                                            "trains on)", title=title, xticks=xticks,
                                             xticklabels=[f"{x:,}\n{tokens[x] / 1e6:.2f}M "
                                                          "tokens" for x in xticks])
 
@@ -487,7 +487,7 @@ def update_plots(ctx, chosen, *, check, root, say):
     files are not committed, a command's figure without its data file; and a command's data file must
     draw (its figure is redrawn, not kept)."""
     mismatches = [f"{rel}: no data digest can be checked: not registered in "
-                  "tpcomm/experiments/report/report.py plot_specs() (a " "command's figure: "
+                  "tpcomm/experiments/report/report.py plot_specs() (a command's figure: "
                   "tpcomm/figures/command_figures.py COMMAND_PNGS)" for rel in unregistered_pngs(root)]
     for line in [] if check else mismatches:
         say("note: " + line)
@@ -502,7 +502,7 @@ def update_plots(ctx, chosen, *, check, root, say):
         if made is None:
             if rel in commands and os.path.exists(path):
                 line = (f"{rel}: has no data file ({os.path.basename(command_figures.data_path(rel))}) "
-                        "beside it: " "draw it with the command its docs page shows")
+                        "beside it: draw it with the command its docs page shows")
                 if check:
                     mismatches.append(line)
                 else:

@@ -27,10 +27,10 @@ def pending():
     params, tokens = l1 * c1 ** 2 / (l0 * c0 ** 2), large / small
     return (f"_The scale axis is pending: no `{NAME}` result files yet (experiments/{NAME}/runs/). It needs "
             "a GPU: " f"the largest size, {l1} x {c1}, has {params:.0f}x the parameters of cpu-long's {l0} x "
-            f"{c0} and trains " f"{tokens:.0f}x its tokens ({AXES_STEPS:,} steps of {large} x 64), about "
-            f"{params * tokens:.0f}x the " f"compute of a cpu-long run (each of those took about 19 minutes "
+            f"{c0} and trains {tokens:.0f}x its tokens ({AXES_STEPS:,} steps of {large} x 64), about "
+            f"{params * tokens:.0f}x the compute of a cpu-long run (each of those took about 19 minutes "
             "on the 2 CPU cores here: months for the " f"sweep's {len(SCALE_SEEDS)} seeds x "
-            f"{len(SCALE_PATTERNS)} patterns). " f"`python experiment.py {NAME} --dry-run` prints the plan "
+            f"{len(SCALE_PATTERNS)} patterns). `python experiment.py {NAME} --dry-run` prints the plan "
             "and its GPU-minutes; docs/gpu.md says how a " f"GPU session runs the next chunk._")
 
 
@@ -40,7 +40,7 @@ def started(rows):
                      f"seed{'s' if r['n_seeds'] > 1 else ''})"
                      for r in sorted(rows, key=lambda r: (r["params_non_embedding"] or 0, r["config"])))
     return (f"_The scale axis has begun: {sum(r['n_seeds'] for r in rows)} `{NAME}` run(s) (final val loss: "
-            f"{done}); no " f"pattern has a seed paired with all `tp` of its size yet, so each cost and its "
+            f"{done}); no pattern has a seed paired with all `tp` of its size yet, so each cost and its "
             "trend with size are " f"pending. `python experiment.py {NAME} --dry-run` prints what is left "
             "and its GPU-minutes._")
 
@@ -102,7 +102,7 @@ def scale_axis(ctx):
     head = " | ".join(f"{b['n_layer']} x {b['n_embd']} ({results.fmt(b['params_non_embedding'], ',d')})"
                       for b in bases)
     lines = ["Final val loss minus all `tp`'s of the same size and seed, mean [95% CI] (seeds), by "
-             "non-embedding " "parameters; the last column: that cost at the largest size minus at the "
+             "non-embedding parameters; the last column: that cost at the largest size minus at the "
              "smallest, paired by seed.", "", f"| pattern | {head} | with size |",
              "|---|" + "---:|" * len(bases) + "---|", "| all-tp final val loss | " + " | "
              "".join(f"{b['val_loss_mean']:.4f}" for b in bases) + " | |"]
