@@ -6,7 +6,8 @@ $ python bench.py --n_layer=12 --n_head=8 --n_embd=128 --block_size=64 --batch_s
       --model_type=distributed_gpt --tp_size=4 --block_types="['tp']*12"
 $ python bench.py --device=cuda --compile=True            # GPT-2 124M on a GPU, bf16
 $ torchrun --standalone --nproc_per_node=2 bench.py --model_type=distributed_gpt --tp_size=2 --tp_mode=real
-$ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 bench.py --model_type=distributed_gpt --tp_size=2 \
+$ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 \
+      bench.py --model_type=distributed_gpt --tp_size=2 \
       --tp_mode=real --device=cpu --n_layer=12 --n_head=8 --n_embd=128 --block_size=64 --vocab_size=65 \
       --patterns="['tp', 'spd', ['parallel','spd']*6, 'parallel']"
 Every model key train.py takes is a flag here too (--tp_overlap=2, --sequence_parallel=True,
@@ -26,7 +27,8 @@ holds. One model writes FILE; several (--patterns) write one file each, FILE wit
 extension, N the pattern's forward all-reduces (trace-24comm.json, trace-6comm.json; -<N>comm-2 for a second
 pattern of the same count; the comparison GPT of a simulated run is not traced). Under real TP rank 0 writes
 those names and rank r > 0 adds `.rank<r>` (trace-24comm.rank1.json):
-$ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 bench.py --model_type=distributed_gpt --tp_size=2 \
+$ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 \
+      bench.py --model_type=distributed_gpt --tp_size=2 \
       --tp_mode=real --device=cpu --n_layer=12 --n_head=8 --n_embd=128 --block_size=64 --vocab_size=65 \
       --patterns="['tp', ['parallel','spd']*6]" --iters=3 --warmup=2 --trace=/tmp/trace.json
 --profile=N (mode=train) then profiles N more steps of each model in 3 interleaved rounds and prints the self
@@ -36,8 +38,10 @@ CPU time per kind of op (tpcomm/bench/op_profile.py) of each, and each one's dif
 of --microbatches (micro-batches of batch_size rows): ms/iter, tokens/s, the bubble of the recorded timeline
 next to (p-1)/(v m+p-1), each pp rank's peak activation memory (bytes autograd saves for backward, live at
 once) and the stage-boundary bytes per token:
-$ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 bench.py --mode=pipeline --pp_size=2 --device=cpu \
-      --n_layer=12 --n_head=8 --n_embd=128 --block_size=64 --batch_size=4 --vocab_size=65 --microbatches=[4,8,16]
+$ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 \
+      bench.py --mode=pipeline --pp_size=2 --device=cpu \
+      --n_layer=12 --n_head=8 --n_embd=128 --block_size=64 --batch_size=4 --vocab_size=65 \
+      --microbatches=[4,8,16]
 """
 
 import sys

@@ -3,11 +3,12 @@ The communication cost model: predict GPU step and decode times, or calibrate an
 (the equations: tpcomm/costmodel/cost_model.py; the tables: tpcomm/costmodel/cost_tables.py; the measurements:
 tpcomm/experiments/calibration.py; docs/cost_model.md).
 
-$ python comm_model.py predict                                   # published-figure checks, then the GPU tables
-$ python comm_model.py --tp_overlap=4 --efficiency=0.8           # other overlap assumptions
-$ python comm_model.py --baseline=blocking                       # speedups over blocking all 'tp' (default: megatron)
-$ python comm_model.py measure --out=calibration.json            # calibrate on this machine (real TP, gloo)
-$ python comm_model.py validate --calibration=calibration.json   # leave-one-pattern-out errors
+$ python comm_model.py predict                                  # published-figure checks, then the GPU tables
+$ python comm_model.py --tp_overlap=4 --efficiency=0.8          # other overlap assumptions
+$ python comm_model.py --baseline=blocking                      # speedups over blocking all 'tp' (default:
+                                                                # megatron)
+$ python comm_model.py measure --out=calibration.json           # calibrate on this machine (real TP, gloo)
+$ python comm_model.py validate --calibration=calibration.json  # leave-one-pattern-out errors
 """
 
 import sys

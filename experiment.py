@@ -4,13 +4,13 @@ results.py, plots.py, report.py).
 
 $ python experiment.py cpu                          # Shakespeare-char, one run per communication budget
 $ python experiment.py cpu --seeds=1337,1338,1339   # more seeds (finished runs are skipped)
-$ python experiment.py cpu --jobs=2                 # two runs at a time (OMP_NUM_THREADS=1 each: make experiment)
+$ python experiment.py cpu --jobs=2                 # two runs at a time, one thread each (make experiment)
 $ python experiment.py cpu --report-only            # tables and plots again from the result files
-$ python experiment.py cpu-long                     # the axes (docs/axes.md): cpu-long, tp-axis, size-axis, convergence
+$ python experiment.py cpu-long                     # the axes (docs/axes.md), convergence among them
 $ python experiment.py gpt2 --nproc=8               # GPT-2 124M on OpenWebText (GPUs)
-$ python experiment.py gpu-node                     # real TP on one 8-GPU node: every way to give up a sync, timed
-$ python experiment.py gpu-scale --budget-minutes=8  # the next chunk of the 3-size sweep on one GPU (--dry-run: plan)
-$ python experiment.py report                       # README/docs tables and plots from the committed result files
+$ python experiment.py gpu-node                     # real TP on one 8-GPU node: every way to give up a sync
+$ python experiment.py gpu-scale --budget-minutes=8 # the next chunk of the 3-size sweep on one GPU
+$ python experiment.py report                       # README/docs tables and plots from the result files
 $ python experiment.py report --check               # exit 1, one line per mismatch, when they are stale
 """
 

@@ -220,7 +220,8 @@ class GPT(nn.Module):
         print(f"loading weights from pretrained gpt: {model_type}")
         config = GPTConfig(**PRETRAINED_SIZES[model_type], **GPT2_FIXED, **override_args)
         model = cls(config)
-        model.load_state_dict(convert_hf_gpt2_state_dict(GPT2LMHeadModel.from_pretrained(model_type).state_dict()))
+        hf = GPT2LMHeadModel.from_pretrained(model_type)
+        model.load_state_dict(convert_hf_gpt2_state_dict(hf.state_dict()))
         return model
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):

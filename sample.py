@@ -7,7 +7,8 @@ $ python sample.py --init_from=gpt2-xl --start="What is the answer to life?" --n
 $ python sample.py --out_dir=out-gpt2 --start=FILE:prompt.txt
 Real tensor parallelism, one shard per process (torchrun takes --start for its own
 --start-method: use --prompt):
-$ torchrun --standalone --nproc_per_node=2 sample.py --out_dir=out-shakespeare-char-spd --tp_mode=real --prompt="ROMEO:"
+$ torchrun --standalone --nproc_per_node=2 \
+      sample.py --out_dir=out-shakespeare-char-spd --tp_mode=real --prompt="ROMEO:"
 """
 
 import os

@@ -8,7 +8,8 @@ $ torchrun --standalone --nproc_per_node=4 train.py config/train_shakespeare_cha
       --gradient_accumulation_steps=2
 Multi-node: torchrun --nnodes=2 --node_rank=0 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 ... Pipeline
 stages (pp x dp x tp; here pp 2 x dp 2 x tp 2 real, 1F1B over gradient_accumulation_steps/dp micro-batches):
-$ torchrun --standalone --nproc_per_node=8 train.py config/train_shakespeare_char_spd.py --tp_mode=real --tp_size=2 \
+$ torchrun --standalone --nproc_per_node=8 \
+      train.py config/train_shakespeare_char_spd.py --tp_mode=real --tp_size=2 \
       --pp_size=2 --pp_schedule=1f1b --gradient_accumulation_steps=8 --compile=False
 FSDP instead of DDP over the data-parallel ranks (parameters, gradients and AdamW state sharded over dp;
 composes with real tp), building on the meta device so no rank ever holds the whole model,
@@ -17,7 +18,8 @@ $ torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2.py --model
       --tp_size=2 --tp_mode=real --data_parallel=fsdp --init_device=meta --loss_parallel=True
 Two nodes of 8 GPUs, hybrid sharding (HSDP): FSDP within each node (dp_shard = GPUs per node / tp), replicas
 across the nodes, so only the gradient all-reduce between the two replicas crosses the network:
-$ torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 train.py \
+$ torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 \
+      --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 train.py \
       config/train_gpt2.py --data_parallel=fsdp --dp_shard=8
 
 Resume (--init_from=resume) takes the model from out_dir/ckpt.pt: its type, sizes, GELU form and block

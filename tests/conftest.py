@@ -27,7 +27,8 @@ TEST_FOLDERS = sorted(d for d, _, files in os.walk(TESTS) if "__pycache__" not i
     f.endswith(".py") for f in files))
 sys.path[:0] = [ROOT] + [d for d in TEST_FOLDERS if d not in sys.path]
 
-from forkserver import FORKABLE_ENV, SERVER_ENV, ranks_through_client, through_server  # noqa: E402 (tests/support)
+from forkserver import (FORKABLE_ENV, SERVER_ENV, ranks_through_client,  # noqa: E402 (tests/support)
+                        through_server)
 
 # Bytecode for every process the tests start (the fork server's children import the repository's modules anew:
 # compiling their source took 0.8 s of a 1.5 s `experiment.py --dry-run` where PYTHONDONTWRITEBYTECODE is
@@ -200,7 +201,7 @@ def differs(a, b, rel):
 
 # ---------- shared torchrun launches (tests/support/run_workers.py) ----------
 # A test module declares the multi-process jobs its fixtures need, as data:
-#     SHARED_LAUNCHES = {"fixture_name": {param: (nproc, [script, arg, ...])}}   (param None: not parametrized)
+#     SHARED_LAUNCHES = {"fixture_name": {param: (nproc, [script, arg, ...])}}   (param None: no params)
 # where "{dir}" in an argument becomes the job's own output folder, and the fixture's body is one line:
 #     return json.load(open(shared_launch(request, SHARED_LAUNCHES) / "results.json"))["results"]
 # Every job of one world size that the selected tests need runs in one torchrun launch (run_workers.py), once

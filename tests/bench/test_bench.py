@@ -163,10 +163,10 @@ def test_profile_breaks_each_step_down_by_op_group(capsys):
     each off by up to 0.005 ms)."""
     bench.main([*TINY, "--model_type=distributed_gpt", "--tp_size=2", "--patterns=['spd']", "--profile=1"])
     out = capsys.readouterr().out
-    rows = {r[0]: [float(v) for v in r[1:]] for r in ([c.strip() for c in line.split("|")[1:-1]]
-                                                      for line in out.splitlines()[out.splitlines().index(
-                                                          "| self CPU ms/step | `spd` | `gpt` | `spd` - `gpt` |") + 2:]
-                                                      if line.startswith("| "))}
+    lines = out.splitlines()
+    body = lines[lines.index("| self CPU ms/step | `spd` | `gpt` | `spd` - `gpt` |") + 2:]
+    rows = {r[0]: [float(v) for v in r[1:]]
+            for r in ([c.strip() for c in line.split("|")[1:-1]] for line in body if line.startswith("| "))}
     assert list(rows) == [*op_profile.ORDER, "total"]
     spd, gpt, diff = zip(*rows.values())
     for column in (spd, gpt, diff):

@@ -154,8 +154,8 @@ def test_loss_parallel_collectives_are_traced(tmp_path):
 def test_gpt_trace_has_compute_and_no_collectives(tmp_path, capsys):
     path = tmp_path / "gpt.json"
     bench.main([*TINY, f"--trace={path}"])
-    assert f"trace gpt: {path}, {STEPS} step(s): 0 fwd + 0 bwd all-reduces = 0 collective events per step" in \
-        capsys.readouterr().out
+    said = f"trace gpt: {path}, {STEPS} step(s): 0 fwd + 0 bwd all-reduces = 0 collective events per step"
+    assert said in capsys.readouterr().out
     assert comm_trace.collective_events(str(path)) == [] and len(comm_trace.step_spans(str(path))) == STEPS
     _, _, compute, _ = comm_trace.step_timeline(str(path))
     assert compute

@@ -316,7 +316,7 @@ def test_chunked_by_hand_and_limits():
     t = cm.allreduce_time(n, p, **link)  # 1e-5 + 4e6 / 1e11 = 5e-5 s
     # K = 1 is the blocking all-reduce, whatever the compute
     assert cm.chunked_exposed(1.0, n, p, chunks=1, **link) == pytest.approx(t, rel=EXACT)
-    # K = 2, compute 0: two all-reduces of n/2, m = 1e-5 + 2e-5 = 3e-5 each, nothing hidden: 6e-5 (K latencies)
+    # K = 2, compute 0: two all-reduces of n/2, m = 1e-5 + 2e-5 = 3e-5 each, nothing hidden: 6e-5 (K alphas)
     assert cm.chunked_exposed(0.0, n, p, chunks=2, **link) == pytest.approx(6e-5, rel=EXACT)
     # K = 2, compute 2e-5: chunk 1's 3e-5 behind chunk 2's 1e-5 of compute: 2e-5 exposed, + the last 3e-5
     assert cm.chunked_exposed(2e-5, n, p, chunks=2, **link) == pytest.approx(5e-5, rel=EXACT)
@@ -343,7 +343,9 @@ def test_activation_memory_by_hand():
     kw = dict(seq=1000, batch=2, d=100, heads=4, tp=4)
     assert cm.activation_bytes(**kw, sequence_parallel=False) == pytest.approx(1.32e7, rel=EXACT)
     assert cm.activation_bytes(**kw, sequence_parallel=True) == pytest.approx(1.17e7, rel=EXACT)
-    assert cm.activation_bytes(**dict(kw, tp=1), sequence_parallel=True) == cm.activation_bytes(**dict(kw, tp=1), sequence_parallel=False)
+    one = dict(kw, tp=1)  # one shard: sequence parallelism shards nothing
+    assert cm.activation_bytes(**one, sequence_parallel=True) == cm.activation_bytes(**one,
+                                                                                    sequence_parallel=False)
 
 
 def test_compressed_bytes():
@@ -515,7 +517,7 @@ def test_megatron_baseline_by_hand():
 
 
 def test_domino_backward_chunks_by_hand_and_bounded_by_the_chunk_compute():
-    # K = 2, megatron: forward attention c = 12: chunk 1's 20 behind chunk 2's 6 -> 14, last 20: 34; MLP c = 16:
+    # K = 2, megatron: forward attention c = 12: chunk 1's 20 behind chunk 2's 6 -> 14, last 20: 34; MLP c=16:
     # 12 + 20 = 32. Backward attention 2c = 24: chunk 1's behind chunk 2's 12 -> 8, the last behind its wgrad
     # 6/2 -> 17: 25; MLP 32: 4 + (20 - 4) = 20. Per layer 111 us, 2 layers 222 us (blocking world: the last
     # chunk's all-reduce fully exposed, 20 + 20: 8 + 20 + 4 + 20 -> 2 x (34 + 32 + 28 + 24) = 236 us)

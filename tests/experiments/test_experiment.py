@@ -186,8 +186,9 @@ def test_defined_sweeps_share_one_budget_and_name_their_configs():
         assert all(len(t) == 1 for t in by_size.values()), name
         for j in jobs:
             # <n>comm runs its <n>comm config, <n>comm-<change> that config with one change
+            # the axes and gpu-scale: one config each
             assert j.run.config.endswith(f"_{j.run.name.split('-')[0]}.py") or \
-                j.run.config in (sweep_plan.AXES_CONFIG, SCALE_CONFIG)  # the axes and gpu-scale: one config each
+                j.run.config in (sweep_plan.AXES_CONFIG, SCALE_CONFIG)
     assert [r.name for r in sweep_plan.SWEEPS["cpu"]] == [f"{n}comm"
                                                           for n in (24, 18, 16, 12, 8, 6, 4, 3, 2,
                                                                     1)] + ["24comm-ladder",
@@ -718,8 +719,8 @@ def test_paired_differences_confidence_intervals_and_ordering(tmp_path):
     assert pairing.has_pairs(rows)
     assert pairing.flatness(rows[0]) == (0.0, (40, 40))
     md = pairing.paired_markdown(rows, early_iter=20)
-    assert "| 3comm | `['parallel','spd']*2` | 3 | 1.8000 ± 0.1414 | -0.2000 [-1.4706, +1.0706] | -0.1000, -0.3000 | " \
-           "-0.1000 [-0.1000, -0.1000] |" in md, md
+    assert ("| 3comm | `['parallel','spd']*2` | 3 | 1.8000 ± 0.1414 | -0.2000 [-1.4706, +1.0706] | "
+            "-0.1000, -0.3000 | -0.1000 [-0.1000, -0.1000] |" in md), md
     assert "criterion for flat: under 1%: met" in md
     paths = plots.write_paired(rows, str(tmp_path))
     assert [os.path.basename(p) for p in paths] == ["paired.md", "paired_difference_vs_tokens.png"]
@@ -850,10 +851,11 @@ def test_report_regenerates_tables_and_plots_and_check_catches_an_edit(docs_copy
     readme = (docs_copy / "docs" / "answer.md").read_text()  # the README's table with its fine print
     # beside each row's own interval the family-wise one (Bonferroni over the 12 measured rows: wider); a
     # bound rounded up, no finer than a tenth of the half-width
-    assert "| drop | all `spd` | +0.0030 [+0.0024, +0.0036] (11) | [+0.0020, +0.0040] | costs +0.0030 [+0.0024, " \
-        "+0.0036] nats (0.2%) |" in readme  # an interval off 0: its ends as they are (no bound to round up)
-    assert "| delay | `ladder` in the upper half | +0.002 [-0.000, +0.005] (3) | [-0.007, +0.011] | costs at most " \
-        "+0.005 nats (0.3%) |" in readme, readme
+    # an interval off 0: its ends as they are (no bound to round up)
+    assert ("| drop | all `spd` | +0.0030 [+0.0024, +0.0036] (11) | [+0.0020, +0.0040] | "
+            "costs +0.0030 [+0.0024, +0.0036] nats (0.2%) |" in readme)
+    assert ("| delay | `ladder` in the upper half | +0.002 [-0.000, +0.005] (3) | [-0.007, +0.011] | "
+            "costs at most +0.005 nats (0.3%) |" in readme), readme
     assert png.png_digest(str(docs_copy / "docs" / "answer_tradeoff.png")) is not None
     capsys.readouterr()
     assert report.main(check=True, root=root) == 0

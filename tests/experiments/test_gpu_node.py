@@ -34,7 +34,8 @@ def test_rehearsal_times_every_way_under_real_tp(rehearsal):
         assert row["ms_per_iter"] > 0 and row["tokens_per_s"] > 0 and row["in_collectives_ms"] > 0, name
         assert row["ms_per_iter_max_rank"] >= row["ms_per_iter"]
     assert res["ways"]["tp +sp"]["fwd_reduce_scatters"] > 0
-    assert res["ways"]["tp +sp ring"]["fwd_ring_transfers"] > 0 and res["ways"]["tp +sp ring"]["fwd_reduce_scatters"] == 0
+    ring = res["ways"]["tp +sp ring"]
+    assert ring["fwd_ring_transfers"] > 0 and ring["fwd_reduce_scatters"] == 0
     assert res["ways"]["all ladder"]["async_allreduces"] > 0
     sanity = res["allreduce_sanity"]
     assert sanity["ok"] and sanity["backend"] == "gloo" and sanity["mib"] == 64

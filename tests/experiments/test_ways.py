@@ -53,7 +53,8 @@ def found(root):
                                                  mfu=0.4),
         "prediction": TOY.key in cm.predicted_speedups("nvlink")
             and TOY.key in cost_bands.speedup_bands("nvlink"),
-        "gpu-node": "toy" in [w[0] for w in gpu_node.timed_ways()] and "toy" in gpu_node.predictions(tiny, mfu=0.4),
+        "gpu-node": "toy" in [w[0] for w in gpu_node.timed_ways()]
+            and "toy" in gpu_node.predictions(tiny, mfu=0.4),
         "style": way_styles.is_way(TOY.key) and way_styles.style(TOY.key).name == "toy: a sync every third "
             "block",
         "answer rows": ROW in ans.answer_table(ctx),

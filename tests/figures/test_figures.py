@@ -210,7 +210,8 @@ def test_the_budget_sweep_is_one_line_and_its_variants_markers(figures):
     assert xs == sorted(set(xs)) and 24 in xs and 1 in xs
     variants = [p for s in data for p in s["points"] if p[6]]
     assert len(variants) >= 5 and all(way_styles.is_way(p[5]) for p in variants)
-    said = lambda fig: fig.axes[0].get_title() + " ".join(t.get_text() for t in fig.texts)  # noqa: E731 - + footer
+    # the title and the footer
+    said = lambda fig: fig.axes[0].get_title() + " ".join(t.get_text() for t in fig.texts)  # noqa: E731
     assert "early training" in said(fig) and "1 seed" in said(fig)
     throughput = figures["docs/tokens_per_s_vs_allreduces.png"][1]  # the same runs' throughput
     assert "early training" in said(throughput) and "1 seed" in said(throughput)

@@ -1,14 +1,16 @@
 """The zeroed-c_proj identity in training passes under bf16 autocast (issue 46 points 1-2;
 tpcomm/gpu/bf16_identity.py).
 
-1. Every block's c_proj zeroed: each block must leave the stream as it came, so the loss is GPT's exactly (0, not a
-   tolerance: nothing differs but the route) for 'tp', 'spd' and 'parallel' at tp 2, 4 and 8 simulated and at real
-   tp 2 (2 gloo processes), with each option that leaves the math unchanged, alone and combined as the validator
-   allows, in train mode with gradients on. Before the fix tp_async_grad's fused fan-out handed the shards a bf16
-   copy of the stream and every 'parallel' block added tp times its rounding: 7.3e-5 (tp 2) to 1.0e-4 (tp 8) here.
-2. The fused path's LayerNorms get input and weight in one dtype: CUDA's kernel refuses a mix that CPU's accepts, so
-   a CPU test double of torch.native_layer_norm (and its backward) refuses it the same way, in simulated and real TP
-   and under FSDP2 with a bf16 param_dtype (its gathered LayerNorm weights bf16, the stream fp32)."""
+1. Every block's c_proj zeroed: each block must leave the stream as it came, so the loss is GPT's exactly (0,
+   not a tolerance: nothing differs but the route) for 'tp', 'spd' and 'parallel' at tp 2, 4 and 8 simulated
+   and at real tp 2 (2 gloo processes), with each option that leaves the math unchanged, alone and combined as
+   the validator allows, in train mode with gradients on. Before the fix tp_async_grad's fused fan-out handed
+   the shards a bf16 copy of the stream and every 'parallel' block added tp times its rounding: 7.3e-5 (tp 2)
+   to 1.0e-4 (tp 8) here.
+2. The fused path's LayerNorms get input and weight in one dtype: CUDA's kernel refuses a mix that CPU's
+   accepts, so a CPU test double of torch.native_layer_norm (and its backward) refuses it the same way, in
+   simulated and real TP and under FSDP2 with a bf16 param_dtype (its gathered LayerNorm weights bf16, the
+   stream fp32)."""
 
 import os
 

@@ -394,7 +394,7 @@ def test_the_readme_shows_every_tool():
     for tool in ("train.py", "sample.py", "bench.py", "experiment.py", "spd.py", "export_hf.py",
                  "comm_model.py", "tpcomm.bench.trace", "tpcomm.bench.pipeline_demo",
                  "data/shakespeare_char/prepare.py"):
-        assert tool in targets, f"README.md has no command for {tool}; found {sorted(t for t in targets if t)}"
+        assert tool in targets, f"README.md has no command for {tool}; found {sorted(filter(None, targets))}"
     assert len(commands) >= 20
 
 
@@ -507,7 +507,8 @@ def test_links_between_pages_resolve():
             if doc == "README.md":
                 linked_from_readme.add(os.path.relpath(path, ROOT))
     pages = {d for d in DOC_FILES if d.startswith("docs" + os.sep)}
-    assert pages - linked_from_readme == set(), f"docs pages the README does not link: {pages - linked_from_readme}"
+    unlinked = pages - linked_from_readme
+    assert unlinked == set(), f"docs pages the README does not link: {unlinked}"
 
 
 # ------------------------------------------------------------------------------------------------------------

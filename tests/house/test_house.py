@@ -90,6 +90,27 @@ def test_no_import_cycles():
     assert import_cycle(graph) is None
 
 
+LINE_LIMIT = 110
+
+
+def long_lines(text):
+    """[(line number, length)] of the lines of text over LINE_LIMIT characters."""
+    return [(i, len(line)) for i, line in enumerate(text.split("\n"), 1) if len(line) > LINE_LIMIT]
+
+
+def test_no_python_line_over_110_characters():
+    """Every tracked Python file (scripts, tpcomm/, tests/, data/, config/) keeps its lines within 110
+    characters; a planted 111-character line is caught (the check can fail)."""
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True)
+    paths = tracked.stdout.split()
+    assert len(paths) > 150 and "tpcomm/model/strategies.py" in paths  # the repository's files were listed
+    over = {p: long_lines(open(os.path.join(ROOT, p), encoding="utf-8").read()) for p in paths}
+    assert {p: lines for p, lines in over.items() if lines} == {}
+    assert long_lines("x = 1\n" + "#" * 111 + "\n") == [(2, 111)] and long_lines("#" * 110) == []
+
+
 def test_no_module_over_600_lines_and_train_py_a_short_loop():
     paths = glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "tpcomm", "**", "*.py"),
                                                               recursive=True)
@@ -240,7 +261,8 @@ def test_the_reexport_detector_can_fail():
                      ("tpcomm.experiments.results", "TPConfig", "planted_b")}
     assert reexports({"a": "X = 1\n", "b": "from a import X\nY = X\n", "c": "from b import Y\n"}) == []
     # b uses X itself, and c still takes it through b: a second path (tests/tp/test_ladder.py once did this)
-    assert reexports({"a": "X = 1\n", "b": "from a import X\nY = X\n", "c": "from b import X\n"}) == [("b", "X", "c")]
+    planted = {"a": "X = 1\n", "b": "from a import X\nY = X\n", "c": "from b import X\n"}
+    assert reexports(planted) == [("b", "X", "c")]
     # patching a name where b looks it up reads the original there first: not a second path
     patch = "import b\nold = b.X\nb.X = None\n"
     assert reexports({"a": "X = 1\n", "b": "from a import X\nY = X\n", "c": patch}) == []

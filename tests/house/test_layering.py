@@ -73,7 +73,8 @@ def test_docs_layout_is_generated_from_the_docstrings(sources):
     with open(os.path.join(ROOT, "docs", "layout.md"), encoding="utf-8") as f:
         text = f.read()
     block = re.search(r"<!-- report:layout -->\n(.*)\n<!-- /report:layout -->", text, re.S)
-    assert block and block.group(1) == layout_page().strip(), "docs/layout.md is stale: python experiment.py report"
+    stale = "docs/layout.md is stale: python experiment.py report"
+    assert block and block.group(1) == layout_page().strip(), stale
     for path in sources:
         if not path.endswith("__init__.py"):
             assert text.count(f"[`{path}`]") == 1, path

@@ -4,12 +4,14 @@ leaves a matmul moves in bf16.
 
 1. Identity: with every c_proj zeroed (weights and biases) each block must leave the stream unchanged, so the
    stream reaching ln_f is the embedding, bitwise, for every block type at tp 2, 4 and 8, simulated, with and
-   without the vocabulary-parallel embedding (real TP at tp 2: tests/tp/test_comm_timing.py, whose torchrun worker
-   checks it). Before the fix 'spd' and 'parallel' moved it by tp * (bf16(x) - x): up to 0.21 at |x| ~ 7.5, tp 4.
-   Sequence parallel too ('ladder' refuses it): its syncs reduce-scatter the shards' d_i, not the stream itself;
-   before that fix, reduce-scattering sum_i r_i - (tp-1) x in bf16 moved the stream by 0.06-0.15 at tp 4.
-2. Noise: all 'spd' (and 'parallel') under bf16 autocast is as close to its fp32 self as all 'tp' is to GPT in
-   fp32: the same matmuls rounded the same way (the streams' distances over 3 seeds within a factor of 1.5)."""
+   without the vocabulary-parallel embedding (real TP at tp 2: tests/tp/test_comm_timing.py, whose torchrun
+   worker checks it). Before the fix 'spd' and 'parallel' moved it by tp * (bf16(x) - x): up to 0.21 at |x| ~
+   7.5, tp 4. Sequence parallel too ('ladder' refuses it): its syncs reduce-scatter the shards' d_i, not the
+   stream itself; before that fix, reduce-scattering sum_i r_i - (tp-1) x in bf16 moved the stream by
+   0.06-0.15 at tp 4.
+2. Noise: all 'spd' (and 'parallel') under bf16 autocast is as close to its fp32 self as all 'tp' is to GPT
+   in fp32: the same matmuls rounded the same way (the streams' distances over 3 seeds within a factor of
+   1.5)."""
 
 import pytest
 import torch

@@ -26,7 +26,8 @@ from tpcomm.model.block_types.registry import BLOCK_TYPES, register  # noqa: E40
 from tpcomm.model.block_types.tp import TP  # noqa: E402
 from tpcomm.model.options import model_config  # noqa: E402
 from tpcomm.parallel.pipeline import DESYNCED, SYNCED, StageModule  # noqa: E402
-from real_tp_worker import TOL, batch, compare_step, forward_backward, make_gpt, name, write_results  # noqa: E402
+from real_tp_worker import (TOL, batch, compare_step, forward_backward, make_gpt, name,  # noqa: E402
+                            write_results)
 
 TOY_PATTERNS = [["toy"] * 4, ["toy", "parallel", "toy", "spd"], ["parallel", "toy", "caat", "toy"]]
 SIZES = dict(n_layer=4, n_head=8, n_embd=32, block_size=32, vocab_size=61)

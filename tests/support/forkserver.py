@@ -206,7 +206,8 @@ def preload():
     workers never needs torch)."""
     import numpy  # noqa: F401
     import torch  # noqa: F401
-    import torch._dynamo  # noqa: F401  (torch.optim and meta-device init import it; most of the rest of the start)
+    # torch.optim and meta-device init import it: most of the rest of the start
+    import torch._dynamo  # noqa: F401
     import torch.distributed  # noqa: F401  (every script and torchrun's agent import it)
     import tqdm  # noqa: F401  (the training scripts' progress bars)
 

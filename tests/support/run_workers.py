@@ -2,19 +2,21 @@
 Several multi-process check scripts (tests/workers/*_worker.py) in one torchrun launch: the processes pay for
 starting Python, importing torch and joining the process group once, not once per script.
 conftest.shared_launch starts it:
-    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/support/run_workers.py JOBS.json
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 \
+        tests/support/run_workers.py JOBS.json
 JOBS.json is a list of {"dir": DIR, "argv": [SCRIPT, ARG, ...]}. Each job runs as `python
 SCRIPT ARG ...` would under torchrun (runpy, as __main__, with sys.argv set), in order, on the
 process group this script starts once:
-- inside a job, `dist.init_process_group` is a no-op once the group exists, and `dist.destroy_process_group` (the
-  workers' tear-down) is a barrier, so the next job finds the group as it was;
+- inside a job, `dist.init_process_group` is a no-op once the group exists, and `dist.destroy_process_group`
+  (the workers' tear-down) is a barrier, so the next job finds the group as it was;
 - before each job the global RNGs are reseeded as at process start and torch.compile's caches and counters are
   reset, so a job sees the state a launch of its own would;
-- a job that raises on some rank leaves DIR/error.rank<r>.txt (its traceback) and the launch goes on with the next
-  job; a finished job leaves DIR/done (written by rank 0 after a barrier);
-- a rank whose job raised waits PEER_WAIT_S (env TPCOMM_PEER_WAIT_S) for the other ranks to finish it too; a rank
-  that has not (waiting in a collective the raising rank will never join) would hang the launch, so the raising
-  rank says so in its error file and exits, torchrun ends the others, and the jobs not run are reported as such.
+- a job that raises on some rank leaves DIR/error.rank<r>.txt (its traceback) and the launch goes on with the
+  next job; a finished job leaves DIR/done (written by rank 0 after a barrier);
+- a rank whose job raised waits PEER_WAIT_S (env TPCOMM_PEER_WAIT_S) for the other ranks to finish it too; a
+  rank that has not (waiting in a collective the raising rank will never join) would hang the launch, so the
+  raising rank says so in its error file and exits, torchrun ends the others, and the jobs not run are
+  reported as such.
 """
 
 import glob

@@ -16,7 +16,8 @@ from conftest import ROOT, TORCHRUN, run_script
 SCRIPT = """
 import os, sys, time
 what = sys.argv[1]
-print("rank", os.environ.get("RANK", "-"), "of", os.environ.get("WORLD_SIZE", "-"), "args", sys.argv[1:2], flush=True)
+print("rank", os.environ.get("RANK", "-"), "of", os.environ.get("WORLD_SIZE", "-"), "args", sys.argv[1:2],
+      flush=True)
 if what == "fail" and os.environ.get("RANK", "1") == "1":
     sys.exit(3)
 if what == "raise":
@@ -101,8 +102,8 @@ PARENT = """
 import json, os, subprocess, sys
 child = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
 out = {}
-for name, extra in (("plain", {}), ("tmpdir", {"TMPDIR": sys.argv[1]}), ("pythonpath", {"PYTHONPATH": sys.argv[1]}),
-                    ("hashseed", {"PYTHONHASHSEED": "7"})):
+for name, extra in (("plain", {}), ("tmpdir", {"TMPDIR": sys.argv[1]}),
+                    ("pythonpath", {"PYTHONPATH": sys.argv[1]}), ("hashseed", {"PYTHONHASHSEED": "7"})):
     r = subprocess.run([sys.executable, child], env=dict(os.environ, **extra), capture_output=True, text=True)
     out[name] = json.loads(r.stdout)
 print(json.dumps(out))

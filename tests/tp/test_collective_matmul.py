@@ -75,7 +75,8 @@ def test_ring_functions_equal_the_plain_collectives(tp):
     v = torch.randn(tp, K, C, generator=g, dtype=torch.float64, requires_grad=True)
     group = SimulatedTP(tp)
     ring = (all_gather_matmul(x, w, b, group), matmul_reduce_scatter(y, v, group))
-    plain = (torch.baddbmm(b, gather_to_tp_region(x, group), w), reduce_scatter_from_tp_region(torch.bmm(y, v), group))
+    plain = (torch.baddbmm(b, gather_to_tp_region(x, group), w),
+             reduce_scatter_from_tp_region(torch.bmm(y, v), group))
     for a, p in zip(ring, plain):
         torch.testing.assert_close(a, p, **TOL)
         seed = torch.randn(a.shape, generator=g, dtype=torch.float64)

@@ -156,7 +156,8 @@ def test_communication_is_measured():
     idx, _ = batch()
     expect = {  # (fwd, async, bwd): f before each module of a synced ladder block, g after each
         ("ladder",) * 4: (8, 8, 8), ("tp", "ladder", "ladder", "spd"): (7, 4, 7),
-        ("ladder", "parallel", "ladder", "ladder"): (6, 6, 5), ("ladder", "ladder", "spd", "parallel"): (6, 4, 6),
+        ("ladder", "parallel", "ladder", "ladder"): (6, 6, 5),
+        ("ladder", "ladder", "spd", "parallel"): (6, 4, 6),
         ("tp", "spd", "spd", "parallel"): (5, 0, 5),
     }
     for block_types, (fwd, overlapped, bwd) in expect.items():
@@ -192,7 +193,8 @@ def test_async_g_equals_g_forward_and_backward():
     x = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
     w = torch.randn(3, 5, 4, dtype=torch.float64)
     outs, grads = [], []
-    for reduce in (lambda t: reduce_from_tp_region(t, group), lambda t: reduce_from_tp_region_async(t, group).wait()):
+    for reduce in (lambda t: reduce_from_tp_region(t, group),
+                   lambda t: reduce_from_tp_region_async(t, group).wait()):
         x.grad = None
         y = reduce(copy_to_tp_region(x, group) * w)
         (y * y).sum().backward()

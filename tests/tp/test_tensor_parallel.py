@@ -369,7 +369,8 @@ def test_loss_parallel_equals_the_gathered_loss(tp, block_types):
     if block_types == ["tp"] * 4:
         assert_same((full, loss, unpadded(grads, model)), run(gpt, idx, tgt), **TOL)
     report = model.comm_per_forward(idx)  # counted apart: the residual-stream syncs are unchanged
-    assert report["fwd_allreduces"] == DistributedGPT.from_gpt(gpt, tp, block_types).comm_per_forward(idx)["fwd_allreduces"]
+    plain = DistributedGPT.from_gpt(gpt, tp, block_types).comm_per_forward(idx)
+    assert report["fwd_allreduces"] == plain["fwd_allreduces"]
     assert report["vocab_allreduces"] == 5  # embedding, lm_head input (backward), max, sum-exp, target logit
     out = model.eval().generate(idx[:, :4], 6, temperature=0)  # generation gathers the last position's logits
     assert torch.equal(out, DistributedGPT.from_gpt(gpt, tp, block_types).eval().generate(idx[:, :4], 6,

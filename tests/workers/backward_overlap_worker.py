@@ -1,7 +1,8 @@
 """
 tp_async_grad (the asynchronous backward all-reduce of f) under real tensor parallelism, run under torchrun on
 CPU with gloo by tests/tp/test_backward_overlap.py, all checks of a world size in one launch:
-    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/workers/backward_overlap_worker.py OUT_DIR
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 \
+        tests/workers/backward_overlap_worker.py OUT_DIR
 2 processes (tp 2): asynchronous == blocking, bitwise in float32 with keyed dropout (logits, loss, every
 gradient, after tp_overlap=1 and 2), the same == the simulation (float64, real_tp_worker.TOL), 3 AdamW steps
 with clipping bitwise, one weight perturbed (the comparison can fail), and a torch.profiler trace of one
@@ -22,7 +23,8 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from real_tp_worker import TOL, batch, held_by, make_gpt, name, ratio, simulated, with_dropout, worst  # noqa: E402
+from real_tp_worker import (TOL, batch, held_by, make_gpt, name, ratio, simulated, with_dropout,  # noqa: E402
+                            worst)
 from tensor_parallel_model import DistributedGPT  # noqa: E402
 from tpcomm.parallel.data_parallel import apply_data_parallel  # noqa: E402
 from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402

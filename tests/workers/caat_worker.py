@@ -2,7 +2,8 @@
 Partial-channel sync ('caat' blocks, tpcomm/model/block_types/caat.py) under real tensor parallelism (one
 shard per process, gloo) against the simulation, run by tests/tp/test_partial_sync.py in a shared launch
 (conftest.shared_launch):
-    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/workers/caat_worker.py out.json
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 \
+        tests/workers/caat_worker.py out.json
 Logits, loss and every gradient, fp32 and fp64, without and with dropout; comparisons reported
 as real_tp_worker's `ratio` (<= 1: torch.testing.assert_close passes at its TOL). The
 assertions live in the test file.

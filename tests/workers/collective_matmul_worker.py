@@ -1,7 +1,8 @@
 """
 tp_collective_matmul under real tensor parallelism (one shard per gloo process), run by
 tests/tp/test_collective_matmul.py in the shared launches of 2 and 4 processes, all checks in one launch:
-    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/workers/collective_matmul_worker.py OUT
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 \
+        tests/workers/collective_matmul_worker.py OUT
 Rank 0 writes OUT/results.json: per check the worst ratio over the ranks (real_tp_worker.ratio: <= 1
 is torch.testing.assert_close passing at the tolerance), the counts, and each rank's trace of one
 step (the ring's transfers, each with the matmuls that ran between its issue and its wait). The
@@ -18,7 +19,8 @@ import torch.distributed as dist
 # the repository
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from real_tp_worker import TOL, batch, held_by, local_grads, make_gpt, ratio, simulated, with_dropout  # noqa: E402
+from real_tp_worker import (TOL, batch, held_by, local_grads, make_gpt, ratio, simulated,  # noqa: E402
+                            with_dropout)
 from real_tp_worker import worst  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402
 from tpcomm.parallel.parallel_dims import init_parallel, shutdown  # noqa: E402

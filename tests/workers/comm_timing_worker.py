@@ -1,7 +1,8 @@
 """
 How real TP times its collectives (tpcomm/tp/counting.py Timing, tpcomm/tp/collectives.py RealTP), run under
 torchrun on CPU with gloo by tests/tp/test_comm_timing.py, all checks in one launch:
-    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/workers/comm_timing_worker.py OUT
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 \
+        tests/workers/comm_timing_worker.py OUT
 Rank 0 writes OUT (json): per variant and rank, the comm report's times after two training steps; and the fake
 device clock's readings. The assertions live in the test file.
 """

@@ -1,6 +1,7 @@
 """
 torch.compile under real tensor parallelism (one shard per process, gloo), run by tests/model/test_compile.py:
-    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/workers/compile_worker.py OUT.json [VARIANTS]
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 \
+        tests/workers/compile_worker.py OUT.json [VARIANTS]
 Each rank compiles a real-TP DistributedGPT with dropout, warms up, then trains further steps with recompiling
 turned into an error; rank 0 writes the compiled and eager losses of every step and the number of recompiles.
 VARIANTS: a JSON list of model options (tp_overlap, sequence_parallel, tp_comm_dtype, block_types) over

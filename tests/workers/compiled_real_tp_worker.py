@@ -3,7 +3,8 @@ Compiled real tensor parallelism (issues 37.7, 36.3): under torch.compile every 
 of torch's functional collectives, traced into the graph (no graph break per f/g), so a 12-layer model with
 every block type compiles to one graph per mode without a recompile per layer. Run under torchrun on CPU with
 gloo by tests/tp/test_compiled_real_tp.py:
-    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/workers/compiled_real_tp_worker.py OUT [CASES]
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 \
+        tests/workers/compiled_real_tp_worker.py OUT [CASES]
 CASES: a JSON list of [name, backend, model options]; default CASES below. Per case, rank 0 writes the
 compiled and eager losses of every training step (each step with its own dropout key, then an eval forward),
 the counted collectives, the graph breaks, the graphs compiled and whether dynamo had to trace again after the

@@ -3,7 +3,8 @@ Compressed tensor-parallel reductions (tp_comm_dtype) under real TP (one shard p
 partial sums are all-gathered as bytes, then dequantized and summed) against the simulation (every shard in
 one process: each shard's partial sum quantized and dequantized, then summed), run under torchrun on CPU with
 gloo by tests/tp/compress/test_compression.py, all checks in one launch:
-    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/workers/compression_worker.py OUT
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 \
+        tests/workers/compression_worker.py OUT
 Rank 0 writes OUT (json), per check the worst result over the ranks (tests/workers/real_tp_worker.py's
 `ratio`: <= 1 is torch.testing.assert_close passing at TOL). The assertions live in the test file.
 
@@ -27,7 +28,8 @@ TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # test_generate, test_tensor_parallel
 sys.path[1:1] = [os.path.join(TESTS, "model"), os.path.join(TESTS, "tp")]
 
-from real_tp_worker import TOL, VOCAB, batch, held_by, local_grads, make_gpt, name, ratio, simulated  # noqa: E402
+from real_tp_worker import (TOL, VOCAB, batch, held_by, local_grads, make_gpt, name, ratio,  # noqa: E402
+                            simulated)
 from real_tp_worker import with_dropout, worst  # noqa: E402
 from test_generate import stepwise_logits  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402

@@ -1,9 +1,10 @@
 """
 FSDP2 over the dp dimension (data_parallel.apply_data_parallel(kind='fsdp')) against one process, under
 torchrun on CPU with gloo, all checks in one launch (run by tests/parallel/test_fsdp.py):
-    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=4 tests/workers/fsdp_worker.py --tp=2 out.json
-dp = world / tp. tp=1: GPT and simulated-TP DistributedGPT sharded over dp; tp=2: real TP, each rank's tp shards
-sharded further over dp. Results as in real_tp_worker.py: `ratio` <= 1 means
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=4 \
+        tests/workers/fsdp_worker.py --tp=2 out.json
+dp = world / tp. tp=1: GPT and simulated-TP DistributedGPT sharded over dp; tp=2: real TP, each rank's tp
+shards sharded further over dp. Results as in real_tp_worker.py: `ratio` <= 1 means
 assert_close passes at the tolerance.
 """
 

@@ -1,11 +1,11 @@
 """train.py's main under torchrun, with every call that would make the host wait for a CUDA device
 counted per iteration (tests/train/test_host_sync.py). On CPU nothing is queued, so what is counted is
 each call that waits on CUDA:
-- reads of the collectives' clock: real TP's CudaEventClock stands in for a counting clock (reading an event's time
-  synchronizes with it; ready() says no, as for events the device has not reached);
-- Tensor.item / tolist / __bool__ / __float__ / __int__ called from the repository's own code (a device tensor's
-  value copied to the host), but for HOST_READS, which read tensors that stay on the host on CUDA too (AdamW's own
-  step counters are such, so torch's calls are left out);
+- reads of the collectives' clock: real TP's CudaEventClock stands in for a counting clock (reading an event's
+  time synchronizes with it; ready() says no, as for events the device has not reached);
+- Tensor.item / tolist / __bool__ / __float__ / __int__ called from the repository's own code (a device
+  tensor's value copied to the host), but for HOST_READS, which read tensors that stay on the host on CUDA too
+  (AdamW's own step counters are such, so torch's calls are left out);
 - the loop's DeviceClock synchronizations and torch.cuda.synchronize.
 $ torchrun --standalone --nproc_per_node=2 tests/workers/host_sync_worker.py OUT_DIR [train.py arguments...]
 writes OUT_DIR/rank<r>.json: [[iteration or phase, what], ...]."""

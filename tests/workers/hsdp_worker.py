@@ -2,7 +2,8 @@
 Hybrid sharded data parallelism (HSDP: FSDP2 over the 2-D mesh (dp_replicate, dp_shard), dp_shard < dp)
 against one process, under torchrun on CPU with gloo, all checks in one launch (run by
 tests/parallel/test_fsdp.py):
-    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=4 tests/workers/hsdp_worker.py out.json
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=4 \
+        tests/workers/hsdp_worker.py out.json
 Layouts of the 4 processes: dp 4 = 2 replicas x 2 shards (GPT and simulated-TP DistributedGPT), and
 dp 2 = 2 replicas x 1 shard x real tp 2 (the gradient norm summed over the shard dim of a 2-D mesh,
 not over the replicas). Training as in fsdp_worker.py (3 AdamW steps, clipping active) with 2

@@ -1,7 +1,8 @@
 """
 The 'ladder' block under real tensor parallelism (one shard per process) against the simulation, run under
 torchrun on CPU with gloo by tests/tp/test_ladder.py, all checks in one launch:
-    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/workers/ladder_worker.py OUT_DIR
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 \
+        tests/workers/ladder_worker.py OUT_DIR
 Every rank runs the same checks; rank 0 writes OUT_DIR/results.json, per check the worst result over the ranks
 (tests/workers/real_tp_worker.py's `ratio`: <= 1 is torch.testing.assert_close passing at TOL), plus each
 rank's log of asynchronous all-reduces. Each rank also writes torch.profiler traces of one forward pass,
@@ -24,7 +25,8 @@ sys.path[1:1] = [os.path.join(TESTS, "model"), os.path.join(TESTS, "tp")]
 
 import tpcomm.model.blocks as blocks  # noqa: E402
 import real_tp_worker  # noqa: E402
-from real_tp_worker import TOL, VOCAB, batch, held_by, local_grads, make_gpt, name, ratio, simulated  # noqa: E402
+from real_tp_worker import (TOL, VOCAB, batch, held_by, local_grads, make_gpt, name, ratio,  # noqa: E402
+                            simulated)
 from real_tp_worker import with_dropout, worst  # noqa: E402
 from test_generate import stepwise_logits  # noqa: E402
 from tensor_parallel_model import DistributedGPT  # noqa: E402

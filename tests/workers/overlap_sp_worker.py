@@ -3,7 +3,8 @@ tp_overlap and sequence_parallel under real tensor parallelism (one shard per pr
 simulation, run under torchrun on CPU with gloo by tests/tp/test_overlap.py and
 tests/tp/test_sequence_parallel.py, all checks in one
 launch:
-    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 tests/workers/overlap_sp_worker.py OUT
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=2 \
+        tests/workers/overlap_sp_worker.py OUT
 Every rank runs the same checks; rank 0 writes OUT/results.json, per check the worst result over the ranks
 (real_tp_worker.ratio: <= 1 is torch.testing.assert_close passing at TOL), plus each rank's log of
 asynchronous all-reduces and its measured activation bytes. The assertions live in the test files.

@@ -1,7 +1,8 @@
 """
 Pipeline parallelism (tpcomm/parallel/pipeline.py) against one process, run under torchrun on CPU with gloo by
 tests/parallel/test_pipeline.py, all checks of a world size in one launch:
-    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=4 tests/workers/pp_worker.py out.json
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=4 \
+        tests/workers/pp_worker.py out.json
 Every layout of LAYOUTS[world] runs on the same processes (each builds its own (pp, dp, tp) mesh). Rank 0
 writes, per check, the worst result over all ranks; a comparison is `ratio`, the largest |pp - ref| /
 (atol + rtol |ref|) over all compared elements (see real_tp_worker.ratio): ratio <= 1 is

@@ -1,7 +1,8 @@
 """
 Real tensor parallelism (one shard per process) against the simulation (every shard in one process), run under
 torchrun on CPU with gloo by tests/tp/test_real_tp.py, all checks in one launch:
-    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=4 tests/workers/real_tp_worker.py \
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=4 \
+        tests/workers/real_tp_worker.py \
         --dp=2 out.json
 Every rank runs the same checks; rank 0 writes, per check, the worst result over all ranks. A comparison
 is reported as `ratio`, the largest |real - sim| / (atol + rtol * |sim|) over all elements of all

@@ -131,8 +131,9 @@ def validate(cfg):
             raise ConfigError(f"batch_sizes must be a non-empty list of ints >= 1, got "
                               f"{cfg['batch_sizes']!r}")
         prompt = cfg["prompt_len"] if cfg["prompt_len"] is not None else cfg["block_size"] // 2
-        if type(prompt) is not int or prompt < 1 or type(cfg["new_tokens"]) is not int or cfg["new_tokens"] < 1 \
-                or prompt + cfg["new_tokens"] > cfg["block_size"]:
+        new = cfg["new_tokens"]
+        if type(prompt) is not int or prompt < 1 or type(new) is not int or new < 1 \
+                or prompt + new > cfg["block_size"]:
             raise ConfigError(f"decode needs prompt_len >= 1, new_tokens >= 1 and prompt_len + new_tokens <= "
                               f"block_size ({cfg['block_size']}), got prompt_len={prompt!r}, "
                               f"new_tokens={cfg['new_tokens']!r}")

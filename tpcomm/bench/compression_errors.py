@@ -4,7 +4,8 @@ reduction"): each tp_comm_dtype and block size of tpcomm/tp/compress/compression
 partial sums a GPT's MLP reduces (GPT-2's initialization, simulated tp) or to heavy-tailed synthetic
 ones, relative to the exact fp64 sum.
 
-    python -m tpcomm.bench.compression_errors gpt     # the table of docs/compression.md (~20 s); heavy: synthetic data
+    python -m tpcomm.bench.compression_errors gpt  # the table of docs/compression.md (~20 s); heavy:
+                                                   # synthetic data
 """
 
 import sys

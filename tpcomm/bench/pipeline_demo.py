@@ -5,7 +5,8 @@ training steps of a DistributedGPT through tpcomm/parallel/pipeline.py's stages,
 step, what each pp rank sent and received, the measured bubble and the bytes across each cut.
 
 Demo (pp 4 x tp 2 real on CPU, gloo; OMP_NUM_THREADS=1 on a small machine):
-    torchrun --standalone --nproc_per_node=8 -m tpcomm.bench.pipeline_demo --tp_size=2 --pp_size=4 --schedule=1f1b
+    torchrun --standalone --nproc_per_node=8 \
+        -m tpcomm.bench.pipeline_demo --tp_size=2 --pp_size=4 --schedule=1f1b
 Benchmark: bench.py --mode=pipeline (see bench.py's docstring), which calls bench() here.
 """
 

@@ -5,8 +5,8 @@ saves for backward (ActivationMemory; the pipeline benchmark uses it too). docs/
 
 Per layer, N = B*T tokens, C = n_embd, a = n_head, s = T, t = tp, e bytes per activation value, m bytes per
 dropout mask value (Megatron: e = 2, m = 1; this repo's keyed masks are float32, m = 4):
-    replicated per token: LN1 and LN2 inputs, the attention and MLP inputs (4 C values) and the two output dropout
-                          masks (2 C mask values): t-fold fewer with sequence parallelism (token-sharded)
+    replicated per token: LN1 and LN2 inputs, the attention and MLP inputs (4 C values) and the two output
+                          dropout masks (2 C mask values): t-fold fewer with sequence parallelism (sharded)
     sharded per token:    q, k, v, the attention output, c_fc's output and GELU's (12 C / t values)
     attention scores:     the softmax output (a s / t values per token), its dropout mask and the dropped copy
 so bytes = N C [(4 e + 2 m d) / (t if SP else 1) + 12 e / t] + N a s / t [e + d (e + m)], d = 1 with dropout.

@@ -4,14 +4,17 @@ parallelism's all-gather before a column-parallel GEMM and reduce-scatter after 
 ring of tp steps whose tp - 1 transfers run beside partial GEMMs (PyTorch's async TP in torchtitan;
 Transformer Engine's tp-comm-overlap).
 
-    transfer  x = alpha + (n / tp) / B        one step: one token chunk of the (N, d) buffer, n bytes whole, at the
-                                              ring's bus bandwidth B (a ring all-gather's step moves n/tp per rank)
-    gemm      g = F / (tp * peak * e_part)    one step's partial GEMM: 1/tp of this rank's GEMM of F FLOPs, at the
-                                              partial GEMM's own efficiency e_part (1/tp of the tokens: a thinner GEMM)
-    exposed   (tp - 1) * max(0, x - eta * g)  per ring; the first step's GEMM (all-gather) or the last (reduce-
-                                              scatter) has no transfer beside it
-    lost      F / peak * (1/e_part - 1/mfu)   compute the split GEMM loses against the whole one, run at the compute
-                                              model's mfu (0 when e_part = mfu, the default until a GPU measures it)
+    transfer  x = alpha + (n / tp) / B        one step: one token chunk of the (N, d) buffer, n bytes whole,
+                                              at the ring's bus bandwidth B (a ring all-gather's step moves
+                                              n/tp per rank)
+    gemm      g = F / (tp * peak * e_part)    one step's partial GEMM: 1/tp of this rank's GEMM of F FLOPs, at
+                                              the partial GEMM's own efficiency e_part (1/tp of the tokens: a
+                                              thinner GEMM)
+    exposed   (tp - 1) * max(0, x - eta * g)  per ring; the first step's GEMM (all-gather) or the last
+                                              (reduce-scatter) has no transfer beside it
+    lost      F / peak * (1/e_part - 1/mfu)   compute the split GEMM loses against the whole one, run at the
+                                              compute model's mfu (0 when e_part = mfu, the default until a
+                                              GPU measures it)
 
 Per module, forward: one all-gather ring over its column GEMM, one reduce-scatter ring over its row GEMM;
 backward the same two rings over the input-gradient GEMMs (same FLOPs), the weight-gradient GEMMs not split.

@@ -3,7 +3,7 @@ A calibrated cost model of tensor-parallel communication: what the all-reduces o
 measured on this machine and predicted for GPU clusters from published constants.
 
     t(n, p)  = alpha + 2(p-1)/p * n / B      one all-reduce of n bytes per rank over p ranks
-    step_k   = compute + N_k * t(n, p)       pattern k with N_k blocking all-reduces per step (forward + backward)
+    step_k   = compute + N_k * t(n, p)       pattern k, N_k blocking all-reduces a step (forward + backward)
 
 alpha is the per-call latency and B the ring bus bandwidth: a ring all-reduce (reduce-scatter, then
 all-gather) sends and receives 2(p-1)/p * n bytes per rank, so B is what nccl-tests reports as "busbw". A
@@ -17,11 +17,14 @@ weight gradient meanwhile (exposed = max(0, t - efficiency * wgrad GEMM)); that 
 slack add to it. docs/cost_model.md has the equations and their checks; tpcomm/experiments/calibration.py
 measures them on this machine.
 
-$ python comm_model.py                                          # GPU predictions from published constants (< 2 s)
+$ python comm_model.py  # GPU predictions from published constants (< 2 s)
 $ python comm_model.py --mfu=0.5 --batch_size=16 --seq_len=2048 # other assumptions
-$ python comm_model.py --baseline=blocking                      # speedups over all 'tp' with blocking backward
-$ python comm_model.py measure --out=calibration.json           # gloo microbenchmark + bench.py under real TP (CPU)
-$ python comm_model.py validate --calibration=calibration.json  # measured vs predicted ms/iter per block pattern
+$ python comm_model.py --baseline=blocking                      # speedups over all 'tp' with blocking
+                                                                # backward
+$ python comm_model.py measure --out=calibration.json           # gloo microbenchmark + bench.py under real TP
+                                                                # (CPU)
+$ python comm_model.py validate --calibration=calibration.json  # measured vs predicted ms/iter per block
+                                                                # pattern
 """
 
 import math

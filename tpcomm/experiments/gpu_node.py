@@ -6,10 +6,11 @@ in one torchrun launch (as bench.py interleaves; best round kept): ms/iter, toke
 and its exposed part, measured counts; then the cost model's prediction for the same runs
 (tpcomm.costmodel.cost_model.train_variants, NVLink) beside each, with its error.
 
-$ python experiment.py gpu-node                  # 8 GPUs, NCCL: 2 shapes x 9 ways, ~10 min (--dry-run says)
-$ python experiment.py gpu-node --dry-run        # the plan, each launch's command and the expected GPU-hours
-$ python experiment.py gpu-node --report-only    # the table again from the result files
-$ python experiment.py gpu-node --rehearsal      # the same code path on CPU: gloo, 2 processes, a tiny model (~30 s)
+$ python experiment.py gpu-node                # 8 GPUs, NCCL: 2 shapes x 9 ways, ~10 min (--dry-run says)
+$ python experiment.py gpu-node --dry-run      # the plan, each launch's command and the expected GPU-hours
+$ python experiment.py gpu-node --report-only  # the table again from the result files
+$ python experiment.py gpu-node --rehearsal    # the same code path on CPU: gloo, 2 processes, a tiny model
+                                               # (~30 s)
 
 Options: --nproc=N (tp, default 8), --shapes=gpt2-124m,1.3b, --out=DIR (default experiments/gpu-node; the
 rehearsal's experiments/gpu-node-rehearsal), --batch_size --block_size --iters --warmup --rounds, --mfu=F (the
@@ -425,7 +426,7 @@ def report(cfg):
             lines.append(f"64 MiB all-reduce check ({s['backend']}, {s['ranks']} ranks): "
                          f"{s['in_collective_ms']:.3f} ms "
                          f"in the collective, step {s['step_ms']:.3f} ms, floor {s['floor_ms']:.3f} ms: "
-                         f"**{'ok' if s['ok'] else 'FAILED: the in-collective clock does not time the collective'}**\n")
+                         f"**{'ok' if s['ok'] else 'FAILED: the in-collective clock does not time it'}**\n")
     text = "\n".join(lines)
     if found:  # nothing is written (nor a directory made) for a report without result files
         os.makedirs(cfg["out"], exist_ok=True)

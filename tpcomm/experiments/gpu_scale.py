@@ -5,10 +5,14 @@ corpus, trained on one GPU in chunks that each fit a short GPU window. The runs 
 (sweep.plan, run_one, the result files, the locks); this module adds the time budget, the data unpacking
 and the GPU-minute estimate.
 
-$ python experiment.py gpu-scale --dry-run                 # the plan, each run's estimate, GPU-minutes in all
-$ python experiment.py gpu-scale --budget-minutes=8        # the next runs that fit 8 minutes; resumes
-$ python experiment.py gpu-scale --budget-minutes=8 --concurrent=2   # 2 runs at a time on the GPU (unmeasured)
-$ python experiment.py gpu-scale --rehearsal --out=DIR --data_dir=D --budget-minutes=1   # tiny, on CPU
+$ python experiment.py gpu-scale --dry-run
+  # the plan, each run's estimate, GPU-minutes in all
+$ python experiment.py gpu-scale --budget-minutes=8
+  # the next runs that fit 8 minutes; resumes
+$ python experiment.py gpu-scale --budget-minutes=8 --concurrent=2
+  # 2 runs at a time on the GPU (unmeasured)
+$ python experiment.py gpu-scale --rehearsal --out=DIR --data_dir=D --budget-minutes=1
+  # tiny, on CPU
 
 Each finished run writes experiments/gpu-scale/runs/<run>-seed<S>.json at once (the sweeps' schema:
 the machine's GPU named, the median step time recorded). A run is started only when its estimate

@@ -4,7 +4,8 @@ rows) and a function drawing them; png.save_png stores the sha256 of those numbe
 PNG's metadata, so `python experiment.py report --check` (tpcomm/experiments/report/report.py) tells
 a stale plot without drawing it.
 
-    write_plots(rows, out_dir)   # val_loss_vs_allreduces.png, val_loss_curves.png, tokens_per_s_vs_allreduces.png
+    write_plots(rows, out_dir)  # val_loss_vs_allreduces.png, val_loss_curves.png,
+                                # tokens_per_s_vs_allreduces.png
 """
 
 import os

@@ -4,11 +4,13 @@ Results of a sweep. Each finished run is summarized once into a small result fil
 computed from those files alone, never from wandb, a run directory or a config's name (the paired statistics:
 tpcomm/experiments/pairing.py).
 
-    record = run_record(run_dir, sweep="cpu", run="24comm")   # from train.py's config.json, metrics.jsonl, done.json
+    record = run_record(run_dir, sweep="cpu", run="24comm")  # from train.py's config.json, metrics.jsonl,
+                                                             # done.json
     write_record(record, path); record = read_record(path)
     rows = summarize([("24comm", [record_seed1, record_seed2]), ("12comm", [...]), ...])
     write_tables(rows, out_dir)   # results.md, results.csv, results.json
-    (the plots, and write_paired's paired.md beside its plot: tpcomm/experiments/plots.py; the README's and docs' tables and plots: tpcomm/experiments/report/report.py)
+    (the plots, and write_paired's paired.md beside its plot: tpcomm/experiments/plots.py; the README's and
+    docs' tables and plots: tpcomm/experiments/report/report.py)
 
 A file that is not what train.py, the runner or run_record write (truncated JSON, a wrong type) raises
 ResultsError naming the file (and line).

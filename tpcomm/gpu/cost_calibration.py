@@ -4,14 +4,15 @@ compute terms the cost model prices, measured where they run, each beside the mo
 
 - blocks: one tp-8 shard of a block of the cost model's 1.3B shape (24 x 2048, 16 heads; 8 x 1024 tokens, its
   PREDICT_DEFAULTS), forward and backward, eager and torch.compile'd, in bf16: the shard's own modules
-  (tpcomm/tp/sharded_layers.py: LN, its heads' attention, its columns of c_proj, LN, its hidden units of the MLP). The
-  four block types run these same per-shard modules (they differ only in their syncs), so one shard block times
-  them all. Beside each: the cost model's compute term, (24 d^2 + 4 d T)/tp FLOPs a token forward, twice that
-  backward, at its MFU, and the efficiency the measurement implies (docs/gpu.json's blocks[].gemm_efficiency, which
-  tpcomm/costmodel/cost_bands.py reads to narrow its GEMM-efficiency range).
-- gemms: the shard's GEMMs whole and at 1/tp of the tokens (collective matmul's partial GEMMs), their efficiency.
-- codecs: int8 and fp8 quantize + dequantize of one (N, d) partial sum (tpcomm.tp.compress.compression.Codec), beside the cost
-  model's codec term (2n + 2 n_c bytes at HBM bandwidth plus two kernel launches).
+  (tpcomm/tp/sharded_layers.py: LN, its heads' attention, its columns of c_proj, LN, its hidden units of the
+  MLP). The four block types run these same per-shard modules (they differ only in their syncs), so one shard
+  block times them all. Beside each: the cost model's compute term, (24 d^2 + 4 d T)/tp FLOPs a token forward,
+  twice that backward, at its MFU, and the efficiency the measurement implies (docs/gpu.json's
+  blocks[].gemm_efficiency, which tpcomm/costmodel/cost_bands.py reads to narrow its GEMM-efficiency range).
+- gemms: the shard's GEMMs whole and at 1/tp of the tokens (collective matmul's partial GEMMs), their
+  efficiency.
+- codecs: int8 and fp8 quantize + dequantize of one (N, d) partial sum (tpcomm.tp.compress.compression.Codec),
+  beside the cost model's codec term (2n + 2 n_c bytes at HBM bandwidth plus two kernel launches).
 The CPU rehearsal (--sizes=tiny) runs the same code at tiny sizes.
 """
 

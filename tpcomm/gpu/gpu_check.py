@@ -4,32 +4,37 @@ the generated section of OUT_DIR/gpu.md (docs/gpu.md says how to read it). A GPU
 briefly, so every section is time-boxed and failure-isolated: a section that fails or runs out of time
 records its error and the next one runs.
 
-$ python -m tpcomm.gpu.gpu_check                                   # one CUDA GPU: GPT-2 124M sizes, ~6 min, into docs/
-$ python -m tpcomm.gpu.gpu_check --sizes=tiny --device=cpu --out_dir=/tmp/gc   # the CPU rehearsal of every section (~30 s)
+$ python -m tpcomm.gpu.gpu_check                                              # one CUDA GPU: GPT-2 124M
+                                                                              # sizes, ~6 min, into docs/
+$ python -m tpcomm.gpu.gpu_check --sizes=tiny --device=cpu --out_dir=/tmp/gc  # the CPU rehearsal of every
+                                                                              # section (~30 s)
 $ python -m tpcomm.gpu.gpu_check --sections=gpt_train,bf16_identity           # some sections only
 
 Sections (SECTIONS, in order):
 - gpt_train: GPT, bf16, block 1024, batch 12: ms/iter, tokens/s and MFU against the device's peak, eager and
-  torch.compile'd (interleaved rounds, best kept), and the graphs dynamo compiled (one expected, no graph break).
-- sim_tp8: simulated DistributedGPT at tp 8, all 'tp', 'spd', 'parallel' and 'ladder', each step as a ratio to GPT's
-  timed in the same rounds (8 heads: 12 do not split over 8 shards).
+  torch.compile'd (interleaved rounds, best kept), and the graphs dynamo compiled (one expected, no graph
+  break).
+- sim_tp8: simulated DistributedGPT at tp 8, all 'tp', 'spd', 'parallel' and 'ladder', each step as a ratio to
+  GPT's timed in the same rounds (8 heads: 12 do not split over 8 shards).
 - decode: KV-cache greedy decode, batch 1 and 16: ms/token of GPT, all 'tp' and all 'spd' (simulated tp 8).
-- real_tp: 2 processes sharing the one GPU (gloo on CUDA tensors: NCCL refuses two ranks on one device), launched
-  with torch.distributed.run from here: 10 AdamW steps of real tp 2 against the simulation, losses to 1e-9 (fp64),
-  then each model option (async backward, tp_overlap, sequence parallelism in fp32 to 1e-4 with TF32 off; the int8
-  exchanges in fp64) for 3 steps; and the comm-time sanity check on the same ranks.
-- comm_sanity: a 64 MiB all-reduce through the model's tp group: its in-collective time (the counter the sweeps
-  read) must be above what the fastest link could do (64 MiB / 1 TB/s) and below the synchronised wall time of the
-  step that holds it. A clock that reads queued work (NCCL returns at enqueue) fails the first bound.
-- bf16_identity: every block's c_proj zeroed, so each block must leave the stream unchanged: the largest deviation
-  of the stream entering ln_f from the embedding, under bf16 autocast, per block type at tp 2, 4 and 8, and for two
-  sequence-parallel patterns (a synced and a desynced stream entering each syncing block); then in training passes
-  (gradients on), the loss minus GPT's for 'tp', 'spd' and 'parallel' at tp 2, 4 and 8 with each option the
-  validator allows (tp_async_grad, tp_overlap, sequence_parallel, alone and combined: tpcomm/gpu/bf16_identity.py).
-- cost_model: the cost model's assumed MFU (tpcomm.costmodel.cost_model) beside the measured one, and its compute-term step
-  time beside the measured step.
-- cost_calibration: one 1.3B tp-8 shard block forward and backward (bf16, eager and compiled), its GEMMs whole and
-  at 1/tp of the tokens, int8 and fp8 quantize + dequantize, each beside the cost model's term
+- real_tp: 2 processes sharing the one GPU (gloo on CUDA tensors: NCCL refuses two ranks on one device),
+  launched with torch.distributed.run from here: 10 AdamW steps of real tp 2 against the simulation, losses to
+  1e-9 (fp64), then each model option (async backward, tp_overlap, sequence parallelism in fp32 to 1e-4 with
+  TF32 off; the int8 exchanges in fp64) for 3 steps; and the comm-time sanity check on the same ranks.
+- comm_sanity: a 64 MiB all-reduce through the model's tp group: its in-collective time (the counter the
+  sweeps read) must be above what the fastest link could do (64 MiB / 1 TB/s) and below the synchronised wall
+  time of the step that holds it. A clock that reads queued work (NCCL returns at enqueue) fails the first
+  bound.
+- bf16_identity: every block's c_proj zeroed, so each block must leave the stream unchanged: the largest
+  deviation of the stream entering ln_f from the embedding, under bf16 autocast, per block type at tp 2, 4 and
+  8, and for two sequence-parallel patterns (a synced and a desynced stream entering each syncing block); then
+  in training passes (gradients on), the loss minus GPT's for 'tp', 'spd' and 'parallel' at tp 2, 4 and 8 with
+  each option the validator allows (tp_async_grad, tp_overlap, sequence_parallel, alone and combined:
+  tpcomm/gpu/bf16_identity.py).
+- cost_model: the cost model's assumed MFU (tpcomm.costmodel.cost_model) beside the measured one, and its
+  compute-term step time beside the measured step.
+- cost_calibration: one 1.3B tp-8 shard block forward and backward (bf16, eager and compiled), its GEMMs whole
+  and at 1/tp of the tokens, int8 and fp8 quantize + dequantize, each beside the cost model's term
   (tpcomm/gpu/cost_calibration.py); tpcomm/costmodel/cost_bands.py narrows its GEMM-efficiency range from it.
 Timings on CUDA synchronise the device before reading the clock.
 """

@@ -3,12 +3,13 @@ The execution strategies, applied from outside a block type's equations: a type 
 `equations(x, r, T, kv, at)`, a generator that yields each of its syncs (a Sync) and is sent back the synced
 stream, runs under every strategy its facts permit without a branch of its own (its last sync, then=None, is
 its output: the stream leaves it synced):
-- tp_overlap = K: the batch in K chunks of whole sequences, one generator each, run in lockstep: every chunk's sync
-  is issued (not waited for) before the next chunk computes, and waited for just before its chunk goes on;
+- tp_overlap = K: the batch in K chunks of whole sequences, one generator each, run in lockstep: every chunk's
+  sync is issued (not waited for) before the next chunk computes, and waited for just before its chunk goes
+  on;
 - tp_async_grad: f fused with the LayerNorm and projection after it (ColumnInput), its backward all-reduce
   asynchronous; with K chunks each chunk's backward wait is a node made before any chunk computes;
-- sequence_parallel: each sync a reduce-scatter onto this rank's token shard, closed by the bias-dropout-add on the
-  shard, each f an all-gather (the type's partials read `at`);
+- sequence_parallel: each sync a reduce-scatter onto this rank's token shard, closed by the bias-dropout-add
+  on the shard, each f an all-gather (the type's partials read `at`);
 - tp_collective_matmul (with sequence_parallel): the block's collectives as rings beside partial GEMMs.
 docs/overlap.md has the schedules.
 """

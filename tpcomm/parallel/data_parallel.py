@@ -73,10 +73,10 @@ def parallelize(model, pd, *, kind, device, device_type, meta=False, compile=Fal
     sync is set on). `model` is on `device`, or (meta=True) on the meta device, in which case it is
     materialised here with GPT's initial weights, bitwise (model.materialize_). dtype: the training precision
     (FSDP's gathers follow it; None: full precision).
-      ddp:  materialise, wrap in DDP (DDP broadcasts rank 0's weights, so they must exist first), then compile the
-            wrapped model: dynamo sees DDP and splits the graph at its buckets (DDPOptimizer), so each bucket's
-            all-reduce overlaps the rest of the backward (nanoGPT compiles first: the whole backward is then one
-            compiled node that hands out every gradient at its end, and every bucket waits for it)
+      ddp:  materialise, wrap in DDP (DDP broadcasts rank 0's weights, so they must exist first), then compile
+            the wrapped model: dynamo sees DDP and splits the graph at its buckets (DDPOptimizer), so each
+            bucket's all-reduce overlaps the rest of the backward (nanoGPT compiles first: the whole backward
+            is then one compiled node that hands out every gradient at its end, and every bucket waits for it)
       fsdp: shard (fully_shard, in place), materialise (each rank allocates its shards only), compile
     At dp 1 both are the plain model."""
     if kind == "fsdp":

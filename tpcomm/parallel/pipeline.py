@@ -35,7 +35,8 @@ This module is the library (stages, the Pipeline runner that train.py uses; the 
 torch's pipelining is imported, are in tpcomm/parallel/pipeline_config.py; the recorded schedule and its
 replay are in tpcomm/parallel/pipeline_timeline.py); the benchmark of bench.py --mode=pipeline and the demo
 are in tpcomm/bench/pipeline_demo.py:
-    torchrun --standalone --nproc_per_node=8 -m tpcomm.bench.pipeline_demo --tp_size=2 --pp_size=4 --schedule=1f1b
+    torchrun --standalone --nproc_per_node=8 \
+        -m tpcomm.bench.pipeline_demo --tp_size=2 --pp_size=4 --schedule=1f1b
 """
 
 import contextlib

@@ -72,8 +72,8 @@ def _placeholder(t, dtype):
 
 class _FusedColumn(torch.autograd.Function):
     """f and the column-parallel matmul it feeds, on the synced stream s = parts[0] + parts[1] + ... (N, C):
-        norm 'before':  y = f(LN(s)) @ W + b      (LN with the synced parameters, once per replica)   -> (s?, y)
-        norm 'fan_out': r = f(s), y = LN(r) @ W + b  (real: LN per rank; simulated: LN(ln_in) once)     -> (r, y)
+        norm 'before':  y = f(LN(s)) @ W + b      (LN with the synced parameters, once a replica)  -> (s?, y)
+        norm 'fan_out': r = f(s), y = LN(r) @ W + b  (real: LN per rank; simulated: LN(ln_in) once)  -> (r, y)
     W (L, C, K), b (L, 1, K) or None, y (L, N, K). Backward in Megatron's order: the input-gradient GEMM (and,
     fan_out in real mode, the LayerNorm's backward and the residual's gradient: all of f's gradient), the
     all-reduce issued asynchronously, the weight-gradient GEMM, then the wait (inline, or in an _AwaitGrads

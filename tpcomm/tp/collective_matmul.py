@@ -6,14 +6,15 @@ async TP in torchtitan and Transformer Engine's tp-comm-overlap run; there on Sy
 here on torch.distributed isend/irecv).
 
     all_gather_matmul     (N/tp, C) token shard x, W (L, C, K) -> (L, N, K) = gather(x) @ W_i (+ b_i)
-                          backward: the input gradient by matmul_reduce_scatter's ring, W's from the gathered x
+                          backward: the input gradient by matmul_reduce_scatter's ring, W's from gathered x
     matmul_reduce_scatter (L, N, K) y, W (L, K, C) -> this rank's (N/tp, C) rows of sum_i y_i @ W_i
-                          backward: the gradient all-gathered by all_gather_matmul's ring, into y's and W's gradients
+                          backward: the gradient all-gathered by all_gather_matmul's ring, into y's and W's
 
 The ring (tp ranks, N = tp chunks of n = N/tp tokens; rank j sends to j-1 and receives from j+1):
     all-gather    step s: rank j holds chunk (j + s) % tp, sends it on while multiplying it
-    reduce-scat.  step s: rank j multiplies its part of chunk (j + s + 1) % tp, adds the sum received for that chunk
-                  (sent on at step s - 1 while this GEMM ran) and sends it on; after tp steps it holds chunk j's sum
+    reduce-scat.  step s: rank j multiplies its part of chunk (j + s + 1) % tp, adds the sum received for that
+                  chunk (sent on at step s - 1 while this GEMM ran) and sends it on; after tp steps it holds
+                  chunk j's sum
 Simulated (one process, every shard): the same steps in the same order, the sums in the ring's order,
 each transfer counted. Counted as kind 'p2p' (tpcomm/tp/counting.py): one count per transfer, its bytes
 what one rank sends, so a ring moves (tp - 1)/tp of the whole buffer that the all-gather or

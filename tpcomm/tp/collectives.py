@@ -5,8 +5,9 @@ Tensor-parallel communication: Megatron-LM's two operators as autograd functions
                                backward: all-reduce (sum) of the shards' gradients
     reduce_from_tp_region (g)  forward: all-reduce (sum) of the shards' partial results (L, N, C) -> (N, C)
                                backward: identity
-    reduce_from_tp_region_async  g issued without waiting: returns an AsyncReduction at once; its wait() gives g's
-                               result. Real mode runs the all-reduce in the background meanwhile, so compute that
+    reduce_from_tp_region_async  g issued without waiting: returns an AsyncReduction at once; its wait()
+                               gives g's result. Real mode runs the all-reduce in the background meanwhile, so
+                               compute that
                                does not need the result overlaps it (the ladder block; overlapped TP)
 
 A group is SimulatedTP (one process holds all tp shards as the leading dimension L = tp of every shard-side
@@ -93,7 +94,8 @@ class SimulatedTP:
         return x.sum(0)
 
     def delta(self, r, xbar):
-        """d_i = r_i - xbar (see _Delta): the sum over shards of d's gradient is a sum over the L local shards."""
+        """d_i = r_i - xbar (see _Delta): the sum over shards of d's gradient is a
+        sum over the L local shards."""
         return _Delta.apply(r, xbar, 1.0)
 
     def fan_out(self, xbar, norm, site=None):
@@ -270,8 +272,8 @@ class RealTP:
         return _ScaleGrad.apply(p, 1.0 / self.tp)
 
     def delta(self, r, xbar):
-        """d_i = r_i - xbar. Each rank holds one of tp equal gradient terms of xbar (g's backward gives every rank
-        the same gradient), so the sum over shards is tp times the local one."""
+        """d_i = r_i - xbar. Each rank holds one of tp equal gradient terms of xbar (g's backward gives every
+        rank the same gradient), so the sum over shards is tp times the local one."""
         return _Delta.apply(r, xbar, float(self.tp))
 
     def fan_out(self, xbar, norm, site=None):
@@ -478,9 +480,9 @@ def _is_one_tensor_for_all_shards(grad):
 
 
 class _Delta(torch.autograd.Function):
-    """d_i = r_i - xbar, (L, N, C), (N, C) -> (L, N, C): a fresh tensor (not a view) that a shard projection may
-    accumulate into in place. Backward: xbar's gradient is minus the sum of d's gradient over all tp shards,
-    `scale` times the sum over the local ones."""
+    """d_i = r_i - xbar, (L, N, C), (N, C) -> (L, N, C): a fresh tensor (not a view) that a shard projection
+    may accumulate into in place. Backward: xbar's gradient is minus the sum of d's gradient over all tp
+    shards, `scale` times the sum over the local ones."""
 
     @staticmethod
     def forward(ctx, r, xbar, scale):

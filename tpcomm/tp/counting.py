@@ -249,7 +249,7 @@ class Timing:
     asynchronous one's future callback; None where unknown) and waited (w0, w1) around the wait for an
     asynchronous one. With every mark read relative to start:
         exposed = issued + (w1 - w0)                          the compute held up in the call and the wait
-        busy    = the length of [0, max(issued, done)] U [w0, w1]   in flight from issue to completion; the calls
+        busy    = the length of [0, max(issued, done)] U [w0, w1]   in flight, issue to completion; the calls
     so exposed <= busy always. Without a done mark, an awaited collective counts as running until its wait
     ended. codec=True: not a collective, the codec's work (start to issued)."""
 

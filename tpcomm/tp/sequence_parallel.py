@@ -3,8 +3,8 @@ Sequence parallelism (Megatron-LM, arXiv 2205.05198): f and g along the tokens (
 
     gather_to_tp_region           f: all-gather of the token shards (backward: reduce-scatter)
     reduce_scatter_from_tp_region g: reduce-scatter to the token shards (backward: all-gather)
-    scatter_to_sequence_region / gather_from_sequence_region: onto the token shards (backward all-gather) / off
-                               them (all-gather; backward nothing moves).
+    scatter_to_sequence_region / gather_from_sequence_region: onto the token shards (backward all-gather) /
+                               off them (all-gather; backward nothing moves).
 
 Between blocks the synced stream is sharded along the N = B*T tokens: rank j holds tokens [j*N/tp, (j+1)*N/tp)
 (simulated: held whole, every shard side by side). Counted apart from the all-reduces (CommCounter.add_sp).

@@ -155,8 +155,8 @@ class SPStream(NamedTuple):
     base: torch.Tensor
 
     def delta(self, r):
-        """d_i = r_i - base: a plain difference (not group.delta's gradient shortcut): base's gradient reaches the
-        token shards through the all-gather's backward, a reduce-scatter, as r_i's own does."""
+        """d_i = r_i - base: a plain difference (not group.delta's gradient shortcut): base's gradient reaches
+        the token shards through the all-gather's backward, a reduce-scatter, as r_i's own does."""
         return r - self.base
 
 

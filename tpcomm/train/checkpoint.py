@@ -25,7 +25,7 @@ from tpcomm.train.runtime import RunError
 #   model, optimizer      GPT-layout state dicts, whatever model (and process layout) wrote them
 #   model_args            exactly nanoGPT's GPTConfig fields (model.NANOGPT_ARGS): nanoGPT's scripts read it
 #   model_type            'gpt' | 'distributed_gpt'
-#   model_options         {gelu_approximate} and, for distributed_gpt, {tp_size, block_types (one per layer)} and
+#   model_options         {gelu_approximate} and, for distributed_gpt, {tp_size, block_types (per layer)} and
 #                         loss_parallel: True when the run sharded wte/lm_head by vocabulary (absent: False; a
 #                         training choice like tp_size: the weights are GPT-layout either way);
 #                         the options of the model's block types (their function), by config key:

@@ -166,8 +166,9 @@ def test_compressed_model_stays_close_to_uncompressed():
     """int8 with 32-value blocks moves an fp32 model's loss by far less than
     training noise (measured ~1e-5)."""
     gpt, (idx, tgt) = make_gpt(), batch()
-    off = DistributedGPT.from_gpt(gpt, 4, ["tp", "spd", "ladder", "parallel"])(idx, tgt)[1]
-    on = DistributedGPT.from_gpt(gpt, 4, ["tp", "spd", "ladder", "parallel"], tp_comm_dtype="int8")(idx, tgt)[1]
+    kinds = ["tp", "spd", "ladder", "parallel"]
+    off = DistributedGPT.from_gpt(gpt, 4, kinds)(idx, tgt)[1]
+    on = DistributedGPT.from_gpt(gpt, 4, kinds, tp_comm_dtype="int8")(idx, tgt)[1]
     assert on.item() == pytest.approx(off.item(), rel=1e-3) and on.item() != off.item()
 
 

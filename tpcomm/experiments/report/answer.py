@@ -197,7 +197,8 @@ def answer_details(ctx):
         said = ("costs nothing: the math is all `tp`'s" if run is None else
                 (p is not None and _pending(p, run)) or claim(p, base["val_loss_mean"]))
         trend = "same math" if run is None else along.get(run, "pending")
-        fw = "—" if run not in family else pairing.fmt_ci(*family[run], decimals(family[run][1])).split(" ", 1)[1]
+        fw = ("—" if run not in family
+              else pairing.fmt_ci(*family[run], decimals(family[run][1])).split(" ", 1)[1])
         lines.append(f"| {way} | {what} | {cost} | {fw} | {said} | {trend} | {hosts.get(run, '—')} | " +
                      " | ".join(_speed_cells(variant, gpu, links, bands)) + " |")
     errors = {}

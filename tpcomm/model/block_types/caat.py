@@ -39,7 +39,7 @@ class CAATOptions:
 class CAAT(BlockType):
     """Partial-channel sync, output desynced on the private channels P:
         z_i = M_i * (A_i(LN1(r_i)) + [b_A[S] / tp, b_A[P]]),  M_i = R on the synced channels S, D_i on P
-        xbar[S] += sum_i (d_i[S] + z_i[S]),  r_i[S] = xbar[S];   r_i[P] += sqrt(tp) * z_i[P]   (xbar[P] unchanged)
+        xbar[S] += sum_i (d_i[S] + z_i[S]),  r_i[S] = xbar[S];   r_i[P] += sqrt(tp) * z_i[P]   (xbar[P] kept)
     then the same for the MLP. d_i = r_i - xbar: non-zero on S only after a 'parallel' block."""
     # each sync's fan-out (a fraction), and a synced input's (whole)
     forward_syncs, backward_syncs = 2, (3, 2)
@@ -58,7 +58,7 @@ class CAAT(BlockType):
         return round(self.options.sync_fraction * self.ln_1.weight.shape[0])
 
     def forward(self, xbar, r, T, kv=None, *, sequence_parallel=False):
-        assert not sequence_parallel, "options.validate_sync_options refuses it with this block type (its facts)"
+        assert not sequence_parallel, "the validator refuses it with this block type (its facts)"
         synced = r is None
         if synced:  # fan out (f): every r_i = xbar, d_i = 0
             r, h = self.group.fan_out(xbar, lambda x: self.layer_norm(self.ln_1, x), self.sites["attn"])

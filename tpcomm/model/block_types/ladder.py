@@ -3,10 +3,10 @@
 output is added, so that output's all-reduce runs while this module computes: 2 forward all-reduces, both
 issued asynchronously; output synced, with this block's two reduced outputs pending (docs/model.md). With P_A,
 P_M attention l-1's and MLP l-1's pending outputs (absent after a block of another type):
-    u = xbar + P_A (through attention l-1);  P_A' = sum_i [d_i + R1 * A_i(LN1(u_i))] + R1 b_A  (issued, not waited)
-    x' = u + P_M (through MLP l-1);          P_M' = R2 * (sum_i M_i(LN2(x'_i)) + b_M)          (issued, not waited)
-    -> (x', None, (P_A', P_M')). Synced input: u_i = u, x'_i = x', d_i = 0; desynced (after 'parallel', nothing
-    pending): u_i = x'_i = r_i, the d_i join attention's all-reduce.
+    u = xbar + P_A (through attention l-1);  P_A' = sum_i [d_i + R1 * A_i(LN1(u_i))] + R1 b_A  (issued)
+    x' = u + P_M (through MLP l-1);          P_M' = R2 * (sum_i M_i(LN2(x'_i)) + b_M)          (issued)
+    -> (x', None, (P_A', P_M')), neither waited for. Synced input: u_i = u, x'_i = x', d_i = 0; desynced
+    (after 'parallel', nothing pending): u_i = x'_i = r_i, the d_i join attention's all-reduce.
 """
 
 from tpcomm.model.block_types.registry import BlockType, register
@@ -20,7 +20,7 @@ class Ladder(BlockType):
     gpt_at_tp1 = False  # each module reads the stream from before the previous module's output, at every tp
 
     def step(self, xbar, r, pending, T, kv=None, *, sequence_parallel=False, next_block=None):
-        assert not sequence_parallel, "validate_sync_options refuses sequence_parallel with this block type (its facts)"
+        assert not sequence_parallel, "the validator refuses sequence_parallel here (its facts)"
         return self(xbar, r, T, kv, pending=pending, next_block=next_block)
 
     def forward(self, xbar, r, T, kv=None, pending=(), next_block=None):

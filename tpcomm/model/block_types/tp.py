@@ -1,7 +1,7 @@
 """
 'tp': Megatron's tensor-parallel block, 2 forward all-reduces, output synced (docs/model.md):
     x' = xbar + sum_i d_i + R1 * (sum_i A_i(LN1(r_i)) + b_A);   x'' = x' + R2 * (sum_i M_i(LN2(x')) + b_M)
-d_i = r_i - xbar is non-zero only after a block that leaves the stream desynced; it joins the first all-reduce.
+d_i = r_i - xbar is non-zero only after a block that leaves the stream desynced; it joins the first sync.
 """
 
 from tpcomm.model.block_types.registry import BlockType, register

@@ -4,8 +4,8 @@ sums: tpcomm/tp/compress/compression.py). Both are issued without waiting and re
 of the sum, a work to wait on):
 
     one_shot  an all-gather of every rank's packed partial sum; wait() dequantizes and sums them in rank order
-    two_shot  an all-to-all of packed row chunks (a reduce-scatter); wait() sums this rank's chunk, all-gathers it
-              packed again and dequantizes every chunk into the buffer
+    two_shot  an all-to-all of packed row chunks (a reduce-scatter); wait() sums this rank's chunk,
+              all-gathers it packed again and dequantizes every chunk into the buffer
 
 Timing (tpcomm/tp/counting.py): the collectives themselves are exposed/busy time as every collective's; the
 codec's work around them (pack, unpack, sum) is counted apart as codec seconds, in neither, so exposed <= busy

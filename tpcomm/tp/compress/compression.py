@@ -5,7 +5,7 @@ Block-quantized tensor-parallel reductions (Communication Compression for Tensor
 Each rank's partial sum s_i (N, C) is split along the hidden dimension into blocks of B values; a block b
 moves as its values divided by one absmax scale, cast to the wire dtype, plus the scale (fp32):
 
-    scale_b = max_j |s_ij| / Q  (1 for an all-zero block)      Q = 127 (int8, rounded to nearest) or 448 (fp8 e4m3)
+    scale_b = max_j |s_ij| / Q  (1 for an all-zero block)      Q = 127 (int8, rounded) or 448 (fp8 e4m3)
     q_ij = cast(clamp(s_ij / scale_b, -Q, Q))                 deq(s)_ij = q_ij * scale_b
     g(s_1..s_tp) = sum_i deq(s_i), summed in shard order       'bf16': deq(s) = bf16(s), no scales
 
