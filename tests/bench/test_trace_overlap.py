@@ -1,4 +1,4 @@
-"""`python -m tpcomm.bench.trace summary` per direction (issue 35.3): the time in collectives, the exposed
+"""`python -m tpcomm.bench.trace summary` per direction: the time in collectives, the exposed
 part and the part that ran beside compute, from the host spans (an asynchronous collective runs from its issue
 span to the end of its 'wait ' span); on a GPU trace, the NCCL kernels' time beside other kernels. Synthetic
 traces with known answers (exact: sums of the given microseconds)."""
@@ -56,7 +56,7 @@ def test_summary_cli(tmp_path, capsys):
 
 
 def test_collective_matmul_ring_transfers_pair_with_their_waits():
-    """Issue 48: a ring transfer's issue span and its 'wait ring_p2p ...' span are one
+    """A ring transfer's issue span and its 'wait ring_p2p ...' span are one
     collective, in flight from the issue to the end of the wait, the GEMM between them beside it;
     the summary counts the transfers."""
     ring = "ring_p2p ag fwd L0 tp attn 1024B real"

@@ -1,4 +1,4 @@
-"""Clean data and stated statistics (issue 47, points 3-4): every committed result file names its code,
+"""Clean data and stated statistics: every committed result file names its code,
 the sweep refuses to write one from a dirty tree (--allow-dirty writes scratch files the report refuses),
 the report prints each row's commits and flags rows from dirty trees, mixing code states or paired across
 them (a rerun check clears a flag); and the answer's family-wise intervals, the t quantiles under them

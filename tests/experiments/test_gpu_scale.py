@@ -1,4 +1,4 @@
-"""The gpu-scale sweep (issue 52): the Linux corpus (data/linux/prepare.py, data/linux_corpus.py),
+"""The gpu-scale sweep: the Linux corpus (data/linux/prepare.py, data/linux_corpus.py),
 the sweep's sizes, its CPU rehearsal (the GPU path with device cpu, fp32, eager, tiny sizes), and
 the scale axis in the report."""
 

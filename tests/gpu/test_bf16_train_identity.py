@@ -1,5 +1,5 @@
-"""The zeroed-c_proj identity in training passes under bf16 autocast (issue 46 points 1-2;
-tpcomm/gpu/bf16_identity.py).
+"""The zeroed-c_proj identity in training passes under bf16 autocast
+(tpcomm/gpu/bf16_identity.py).
 
 1. Every block's c_proj zeroed: each block must leave the stream as it came, so the loss is GPT's exactly (0,
    not a tolerance: nothing differs but the route) for 'tp', 'spd' and 'parallel' at tp 2, 4 and 8 simulated

@@ -70,7 +70,7 @@ def test_identity_and_cost_model_fields(tiny):
     s = tiny[0]["sections"]
     dev = s["bf16_identity"]["max_deviation"]
     # every block type at tp 2, 4, 8 and GPT, and two sequence-parallel patterns at each tp: all exactly 0 on
-    # CPU (issue 37.1's fix; tests/model/test_bf16_identity.py), reported on a GPU whatever they are
+    # CPU (tests/model/test_bf16_identity.py), reported on a GPU whatever they are
     sp = [f"{p} tp{t} sequence parallel" for p in (["spd", "parallel", "tp", "parallel"],
                                                    ["parallel", "spd", "parallel", "tp"]) for t in (2, 4, 8)]
     assert set(dev) == {"gpt"} | {f"{k} tp{t}" for k in gpu_report.COMPRESSIBLE_TYPES
@@ -168,7 +168,7 @@ def test_full_sizes_need_a_gpu(tmp_path):
 
 
 def test_cost_calibration_fields(tiny):
-    """Issue 48.4 rehearsed: the shard block eager and compiled (fwd, bwd, the model's terms, an
+    """The shard block eager and compiled (fwd, bwd, the model's terms, an
     efficiency), the GEMMs whole and at 1/tp of the tokens, int8 and fp8 codecs beside the model's
     term; its line in gpu.md."""
     report, md, _ = tiny

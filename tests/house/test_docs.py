@@ -569,11 +569,14 @@ TRACKER_WORDS = re.compile(r"\b[Ii]ssue \d+|\bnew section\b")
 
 
 def test_no_doc_or_package_comment_speaks_the_trackers_words():
-    """Docs and the package's comments say what and why; issue numbers and 'new section' belong to commit
-    messages (tests may name the issue a case came from)."""
-    paths = DOC_FILES + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "tpcomm", "**",
-                                                                                        "*.py"),
-                                                                           recursive=True))
+    """Docs and every Python file's comments and docstrings say what and why; issue numbers and 'new
+    section' belong to commit messages."""
+    import subprocess
+
+    listed = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True)
+    python = listed.stdout.split()
+    assert "tpcomm/model/strategies.py" in python and "tests/conftest.py" in python  # the files were listed
+    paths = DOC_FILES + [p for p in python if p != "tests/house/test_docs.py"]  # this file plants the words
     found = [f"{p}:{i}" for p in paths for i, line in enumerate(open(os.path.join(ROOT, p), encoding="utf-8"),
                                                                 1) if TRACKER_WORDS.search(line)]
     assert found == [], found

@@ -1,4 +1,4 @@
-"""The layout's rules (issue 34): the package never imports an entry script, no import cycles, no module over
+"""The layout's rules: the package never imports an entry script, no import cycles, no module over
 600 lines, train.py a short flat loop, one validator for the model options; and every hostile input the issue
 lists refused in one line with exit status 2, nothing written."""
 
@@ -134,7 +134,7 @@ def too_long(source, *, function=80, klass=200):
 
 def test_no_function_over_80_lines_and_no_class_over_200():
     """Every function and method at most 80 lines and every class at most 200, in the package, the entry
-    scripts, the tests and the data scripts (issue 51); the check finds a planted long function and class."""
+    scripts, the tests and the data scripts; the check finds a planted long function and class."""
     paths = [p for pattern in ("*.py", "tpcomm/**/*.py", "tests/**/*.py", "data/**/*.py")
              for p in glob.glob(os.path.join(ROOT, pattern), recursive=True)]
     assert len(paths) > 150
@@ -144,7 +144,7 @@ def test_no_function_over_80_lines_and_no_class_over_200():
     assert too_long(planted) == [("class", "Big", 203), ("function", "f", 81)]
 
 
-# ---------- defaults once (issue 51) ----------
+# ---------- defaults once ----------
 
 def literal_defaults(source, keys):
     """The keys among `keys` whose value a module's `DEFAULTS = dict(...)` writes as a literal."""
@@ -172,7 +172,7 @@ def test_the_model_options_defaults_are_written_once():
     assert all(bench_config.DEFAULTS[k] == train_config.DEFAULTS[k] for k in shared)
 
 
-# ---------- every name imports from one path: no re-exports (issue 51) ----------
+# ---------- every name imports from one path: no re-exports ----------
 
 def repository_sources(root=ROOT):
     """{module name: source} of the entry scripts, the package and the tests (tests/<folder>/x.py is 'x', as

@@ -1,4 +1,4 @@
-"""The layering of tpcomm/ (issue 51 point 1): LAYERS (tpcomm/experiments/report/layout.py, the table
+"""The layering of tpcomm/: LAYERS (tpcomm/experiments/report/layout.py, the table
 docs/layout.md draws) orders the subpackages and the two model files; every import of the package (inside
 functions too) goes from a row to a lower one, so the subpackages' import graph has no cycle; a wrong-way
 import planted in a copy of the sources is found. And docs/layout.md, generated from the modules' docstrings,

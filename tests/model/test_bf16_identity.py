@@ -1,4 +1,4 @@
-"""bf16 noise only where the blocks under study put it (issue 37.1). Under bf16 autocast the residual stream
+"""bf16 noise only where the blocks under study put it. Under bf16 autocast the residual stream
 stays float32 through every block type's fan-out (collectives.keep_dtype), as in GPT: only what feeds or
 leaves a matmul moves in bf16.
 

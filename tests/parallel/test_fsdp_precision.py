@@ -1,4 +1,4 @@
-"""FSDP2 under bf16 on CUDA (issue 37 point 8): the blocks' parameters are gathered in bf16 and their
+"""FSDP2 under bf16 on CUDA: the blocks' parameters are gathered in bf16 and their
 gradients reduced in fp32 (torchtitan's policy), the residual stream stays fp32 between blocks, the
 root's parameters stay fp32, and training matches one process under the same autocast. fp32 training, and
 CPU, keep full precision.

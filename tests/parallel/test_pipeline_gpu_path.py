@@ -1,4 +1,4 @@
-"""The pipeline's GPU path (issue 37 point 10), checked on CPU with 2 gloo processes (pp 2): checkpoint
+"""The pipeline's GPU path, checked on CPU with 2 gloo processes (pp 2): checkpoint
 gathers move tensors by broadcasts, never pickled through all_gather_object, and give each stage's own values;
 the stages are moved to the device, not the whole model (on a GPU; skipped without one)."""
 

@@ -1,4 +1,4 @@
-"""Issue 49: what a hostile user typed, case by case. Each row is one line naming the key (or file) and the
+"""What a hostile user typed, case by case. Each row is one line naming the key (or file) and the
 value, exit 2, before any work, nothing overwritten; or, where the input is legitimate, it does what it says
 (resume keeps the checkpoint's sync options; sample keeps the trained model's tp_size)."""
 

@@ -1,4 +1,4 @@
-"""A hostile user's pass over every entry point (issue 49, point 6): each input run as a user would, its
+"""A hostile user's pass over every entry point: each input run as a user would, its
 outcome classed, and the counts printed for docs/reliability.md. Run: OMP_NUM_THREADS=1 python
 tests/support/hostile_pass.py (a few minutes on 2 CPU cores). Outcomes:
   refused   one `error:` line naming the value, exit 2, no traceback, nothing written over the sentinel file

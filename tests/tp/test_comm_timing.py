@@ -1,4 +1,4 @@
-"""Communication times (issue 37.2, issue 33, issue 35.3): every collective is timed on a clock that
+"""Communication times: every collective is timed on a clock that
 suits its device (wall time on CPU, CUDA events on CUDA, read lazily), per direction (forward, backward),
 with "exposed" (the compute held up) never above "in collectives" (issue to completion); tp_comm_dtype's
 quantize/dequantize work is a column of its own. Real TP on CPU with gloo
@@ -95,7 +95,7 @@ def test_device_clock_marks_read_lazily_per_direction(worker):
 def test_real_tp_bf16_fan_out_keeps_the_stream(worker):
     """Real TP, bf16 autocast, every c_proj zeroed: the stream entering ln_f is GPT's bitwise for every
     block type, with the vocab-parallel embedding too, and sequence parallel
-    (tests/model/test_bf16_identity.py: issue 37.1)."""
+    (as tests/model/test_bf16_identity.py checks simulated)."""
     for rank in worker:
         assert len(rank["bf16_identity"]) == 13  # 4 kinds x 2 embeddings, 5 sequence-parallel patterns
         assert set(rank["bf16_identity"].values()) == {0.0}, rank["bf16_identity"]

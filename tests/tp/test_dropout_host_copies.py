@@ -1,4 +1,4 @@
-"""Keyed dropout moves nothing from the host per step (issue 37.6): DropoutKey.set writes the key with
+"""Keyed dropout moves nothing from the host per step: DropoutKey.set writes the key with
 fill_ kernels and keep_mask computes its salts on the device, so on CUDA neither a pageable
 host-to-device copy (which synchronizes the host with the device) nor a tensor built from a Python list
 runs per micro-step or per mask.

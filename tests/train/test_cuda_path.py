@@ -1,4 +1,4 @@
-"""The GPU path read line by line (issue 37), checked on CPU: the loss scaler's skip decision agrees across
+"""The GPU path read line by line, checked on CPU: the loss scaler's skip decision agrees across
 the ranks that hold different gradients (fp16, fused AdamW, grad_clip=0); bench.py's clock waits for the
 device before it is read; MFU is measured against the peak of the exact device and dtype, or not at all."""
 

@@ -1,8 +1,8 @@
-"""train.py synchronises the host with the device only at log, evaluation and checkpoint steps (issue 46.3):
+"""train.py synchronises the host with the device only at log, evaluation and checkpoint steps:
 over 10 steps of real tp 2 that are none of these, no call that would wait for a CUDA device
 (tests/workers/host_sync_worker.py counts them: the collectives' event-clock reads, tensor values read by the
 repository's code, device syncs). Before the fix the communication report was read at every step (its event
-clock read at each). And the logged step time (issue 46.4) is the device-synchronised clock's over each log
+clock read at each). And the logged step time is the device-synchronised clock's over each log
 interval, evaluation left out.
 """
 

@@ -92,7 +92,7 @@ def bound(b, base_loss, *, half_width):
 
 
 # a row is read once it has 3 paired seeds: a Student-t interval from 2 rests on one degree of freedom, so its
-# width is itself a guess (two nearly equal differences gave all `caat` [-0.013, -0.012], 2026-11-27)
+# width is itself a guess (two nearly equal differences once gave all `caat` [-0.013, -0.012])
 MIN_SEEDS = 3
 
 

@@ -243,7 +243,7 @@ def test_the_sentences_follow_the_intervals(fake_long):
 
 
 def test_the_time_side_is_a_band_and_holds_at_both_ends(fake_long):
-    """Issue 48.3: each speedup cell prints the point and [low, high] over the declared ranges (the point
+    """Each speedup cell prints the point and [low, high] over the declared ranges (the point
     inside), the collective-matmul row is the strongest hide, and the time sentences give ms saved a
     micro-step with where each comparison holds, not ratios of (speedup - 1)."""
     import re
