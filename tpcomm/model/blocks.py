@@ -161,9 +161,12 @@ class ShardedBlock(Strategies, BlockOps, nn.Module):
         return None if linear.bias is None else linear.bias * share
 
     def shard_heads(self, xbar, r, T, kv, n0=0, *, sequence_parallel=False, src=None):
-        """(r (L, N, C), the shards' attention heads of LN1(r)): shard_streams then attention; src: xbar's
-        ColumnInput (tp_async_grad), f and LN1 and c_attn fused."""
+        """(r (L, N, C), the shards' attention heads of LN1(r)): shard_streams then attention. Under
+        tp_async_grad f, each shard's LN1 and c_attn of a synced xbar run fused: src, xbar's ColumnInput (made
+        here unless the strategy made it before, strategies.run_chunks)."""
         drop = self.probs_dropout(n0 // T)
+        if src is None and r is None and not sequence_parallel and self.fused_f():
+            src = self.column_input((xbar,), self.ln_1, synced=False)
         if src is not None and r is None:
             r, qkv = src.project(*self.attn.qkv_weight(), norm="fan_out", site=self.sites["attn"])
             return r, self.attn.attend(qkv, T, drop, kv)

@@ -15,8 +15,7 @@ class Parallel(BlockType):
 
     def forward(self, xbar, r, T, kv=None, *, sequence_parallel=False):
         tp, synced = self.group.tp, r is None
-        src = self.column_input((xbar,), self.ln_1, synced=False) if self.fused_f() and synced else None
-        r, y = self.shard_heads(xbar, r, T, kv, sequence_parallel=sequence_parallel, src=src)
+        r, y = self.shard_heads(xbar, r, T, kv, sequence_parallel=sequence_parallel)
         if sequence_parallel and synced:  # the token shard and the gathered stream the r_i start from
             xbar = self.sp_stream(xbar, r)
         r = self.attn.out(y, acc=r, bias=self.bias_share(self.attn.c_proj, 1 / tp),
