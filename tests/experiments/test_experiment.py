@@ -638,13 +638,10 @@ def test_train_log_is_written_line_by_line(tmp_path, monkeypatch):
     """train.log holds each line train.py printed while the run is still going, so a killed sweep leaves a log
     that is complete up to the kill."""
     go, child = tmp_path / "go", tmp_path / "child.py"  # the child prints two lines, then waits for `go`
-    child.write_text("import os, time\n"
-                     "print('iter 0: loss 4.0', flush=True)\n"
-                     "print('iter 1: loss 3.9', flush=True)\n"
-                     "deadline = time.time() + 60\n"
+    child.write_text("import os, time\nprint('iter 0: loss 4.0', flush=True)\nprint('iter 1: loss 3.9', "
+                     "flush=True)\ndeadline = time.time() + 60\n"
                      f"while not os.path.exists({str(go)!r}) and time.time() < deadline:\n"
-                     "    time.sleep(0.05)\n"
-                     "print('done', flush=True)\n")
+                     "    time.sleep(0.05)\nprint('done', flush=True)\n")
     monkeypatch.setattr(experiment, "command", lambda job: [sys.executable, str(child)])
     job = experiment.Job(sweep_plan.Run("fake", "fake.py"), 1, str(tmp_path / "run"), [], {"max_iters": 1}, 1)
     thread = threading.Thread(target=experiment.run_job, args=(job,))

@@ -14,9 +14,8 @@ from data.tokenizer import gpt2_encoding
 from data.vocab import load_vocab
 
 # blank lines separate paragraphs, which openwebtext/prepare.py --input treats as documents
-TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
-        "All:\nSpeak, speak.\n\n\n"
-        "First Citizen:\nYou are all resolved rather to die than to famish?\n\n"
+TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n\nFirst "
+        "Citizen:\nYou are all resolved rather to die than to famish?\n\n"
         "Ophélie: a non-ASCII name, so the files must be read as UTF-8.\n") * 3
 
 

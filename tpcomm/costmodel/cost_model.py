@@ -45,56 +45,44 @@ class Constant(NamedTuple):
 
 CONSTANTS = {
     "h100_bf16_flops": Constant(989e12, "FLOP/s", "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: BF16 "
-                                "Tensor "
-                                "Core 1,979 TFLOPS with sparsity, i.e. 989 dense (model.py's PEAK_FLOPS)"),
+                                "Tensor Core 1,979 TFLOPS with sparsity, i.e. 989 dense (model.py's "
+                                "PEAK_FLOPS)"),
     "h100_hbm_bw": Constant(3.35e12, "B/s", "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: HBM3, 3.35 "
                             "TB/s"),
     "nvlink_bw": Constant(900e9, "B/s", "NVIDIA H100 datasheet: NVLink 4, 900 GB/s per GPU, total of both "
                           "directions (450 GB/s each way): the ceiling, not used in t(n, p)"),
     "nvlink_busbw": Constant(360e9, "B/s", "assumed: nccl-tests all_reduce_perf busbw on one 8x H100 SXM "
-                             "NVSwitch "
-                             "node is commonly ~360-480 GB/s (e.g. 479.7 GB/s peak at 8 GiB in a published "
-                             "8x H100 "
-                             "SXM run, Voltage Park / Georgia Tech benchmark suite); the low end is taken "
-                             "for tp's "
-                             "10-100 MB messages"),
+                             "NVSwitch node is commonly ~360-480 GB/s (e.g. 479.7 GB/s peak at 8 GiB in a "
+                             "published 8x H100 SXM run, Voltage Park / Georgia Tech benchmark suite); the "
+                             "low end is taken for tp's 10-100 MB messages"),
     "nvlink_latency": Constant(10e-6, "s", "assumed: order of NCCL's small-message all-reduce time within "
-                               "one "
-                               "NVSwitch node (nccl-tests, 8 B - 64 KB); measure the target system"),
+                               "one NVSwitch node (nccl-tests, 8 B - 64 KB); measure the target system"),
     "ib_busbw": Constant(45e9, "B/s", "InfiniBand NDR 400 Gb/s = 50 GB/s per direction per port, one port "
-                         "per GPU "
-                         "(DGX H100: 8x ConnectX-7); assumed 90% of line rate as busbw"),
+                         "per GPU (DGX H100: 8x ConnectX-7); assumed 90% of line rate as busbw"),
     "ib_latency": Constant(20e-6, "s", "assumed: a few us of NIC and switch latency plus NCCL's network "
-                           "proxy, "
-                           "order of nccl-tests small-message all-reduce time across nodes"),
+                           "proxy, order of nccl-tests small-message all-reduce time across nodes"),
     "mfu": Constant(0.40, "", "assumed model FLOPs utilization of the compute (PaLM appendix B definition); "
                     "--mfu overrides"),
     "llama2_70b_params": Constant(70e9, "", "Touvron et al. 2023, Llama 2: 70B parameters, 80 layers, d "
-                                  "8192, "
-                                  "64 heads of 128, GQA with 8 KV heads"),
+                                  "8192, 64 heads of 128, GQA with 8 KV heads"),
     "spd_paper_saving": Constant(0.20, "", "Kim et al., SPD: Sync-Point Drop (arXiv 2502.20727, ICML 2025), "
                                  "abstract: about 20% lower inference latency for LLaMA2-70B over 8 GPUs"),
     "kernel_launch": Constant(4e-6, "s", "assumed: launch and tail of one small GPU kernel; a compressed "
-                              "reduction "
-                              "adds two (quantize, dequantize-and-sum)"),
+                              "reduction adds two (quantize, dequantize-and-sum)"),
     "domino_speedup": Constant(1.3, "", "Wang et al., Domino (arXiv 2409.15241), abstract: up to 1.3x over "
                                "Megatron-LM for LLM training on NVIDIA DGX-H100 (GPT-3 and Llama-2 models)"),
     "domino_share_low": Constant(0.17, "", "Domino (arXiv 2409.15241), introduction: tensor-parallel "
-                                 "communication "
-                                 "is 17% to 43% of end-to-end training time on DGX-H100"),
+                                 "communication is 17% to 43% of end-to-end training time on DGX-H100"),
     "domino_share_high": Constant(0.43, "", "Domino (arXiv 2409.15241), introduction: the upper end of the "
                                   "17-43%"),
     "ladder_speedup": Constant(1.29, "", "Zhang et al., Ladder Residual (arXiv 2501.06589, ICML 2025), "
-                               "abstract: "
-                               "29% end-to-end inference speedup for a 70B model (LLaMA-3.1-70B shape) with "
-                               "TP over "
-                               "8 devices (the batch-1 H100 NVLink setting is this repo's reading of the "
-                               "paper)"),
+                               "abstract: 29% end-to-end inference speedup for a 70B model (LLaMA-3.1-70B "
+                               "shape) with TP over 8 devices (the batch-1 H100 NVLink setting is this "
+                               "repo's reading of the paper)"),
     "ladder_speedup_low": Constant(1.16, "", "Ladder Residual (arXiv 2501.06589): speedups across batch 1-64 "
-                                   "at 70B, "
-                                   "tp 8, H100 NVLink, about 1.16x-1.31x (the paper's per-batch results as "
-                                   "summarised "
-                                   "when this repo was planned; the table itself not re-checked)"),
+                                   "at 70B, tp 8, H100 NVLink, about 1.16x-1.31x (the paper's per-batch "
+                                   "results as summarised when this repo was planned; the table itself not "
+                                   "re-checked)"),
     "ladder_speedup_high": Constant(1.31, "", "Ladder Residual (arXiv 2501.06589): upper end of the "
                                     "1.16x-1.31x"),
 }

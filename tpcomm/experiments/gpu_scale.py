@@ -83,8 +83,7 @@ def parse(argv):
     if "seeds" in opts:
         opts["seeds"] = parse_seeds(opts["seeds"])
     if not opts.get("dry-run") and "budget-minutes" not in opts:
-        raise SweepError("gpu-scale: give --budget-minutes=N (the chunk to run) or --dry-run (the "
-                                "plan)")
+        raise SweepError("gpu-scale: give --budget-minutes=N (the chunk to run) or --dry-run (the plan)")
     return opts, overrides
 
 

@@ -91,8 +91,7 @@ WAYS = (
     Way("all-tp-async", "baseline", "all `tp`, asynchronous backward", _tp, {"tp_async_grad": True},
         Price("baseline", "all tp"), answer=False,
         node=Node("all tp async", "baseline as Megatron runs it: each backward all-reduce beside its "
-                  "weight-gradient "
-                  "GEMM")),
+                  "weight-gradient GEMM")),
     Way("all-spd", "drop", "all `spd`", _spd, price=Price("drop", "all spd"), seeds=11,
         node=Node("all spd", "drop: one sync per block"), style=("#d62728", "o")),
     Way("parallel-spd", "drop", "tracks D=2 `['parallel','spd']*6`", tracks(2),

@@ -52,9 +52,9 @@ def gpu_speedups():
                        "us" for link in cm.LINKS) + f"); overlap at efficiency {cfg['efficiency']:g} (the "
                "compute beside a collective hides it one for one); the baseline is Megatron-LM's all-`tp` "
                "step, whose backward hides each input-gradient all-reduce behind its weight-gradient GEMM "
-               "(docs/cost_model.md); `ladder` is priced as the repo runs it with `tp_async_grad=True` "
-               "(the setting Megatron's baseline assumes): each module's forward all-reduce behind the "
-               "next module's compute, and its backward one behind the previous module's backward "
+               "(docs/cost_model.md); `ladder` is priced as the repo runs it with `tp_async_grad=True` (the "
+               "setting Megatron's baseline assumes): each module's forward all-reduce behind the next "
+               "module's compute, and its backward one behind the previous module's backward "
                "(docs/overlap.md)")
     checks = [(what, end, cm.error(m, p)) for what, published, model in cm.published_checks(cfg,
                                                                                             cm.options(cfg))
