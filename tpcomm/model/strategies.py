@@ -72,11 +72,10 @@ class Strategies:
     def run_chunks(self, xbar, r, T, kv):
         chunks = self.chunks(xbar, r, T, kv)
         overlap, fused = len(chunks) > 1, self.fused_f()
-        # each chunk's first f, fused: its ColumnInput (and backward wait) made before any chunk computes
-        gens = [self.equations(x, rk, T, kv, dict(n0=n0, src=self.column_input((x,), self.ln_1,
-                                                                               synced=self.norm_before_f,
-                                                                               defer=overlap) if fused
-                                                  and rk is None else None)) for n0, x, rk in chunks]
+        # every chunk's fused first f before any chunk computes
+        firsts = [self.first_input(x, fused and rk is None, overlap) for _, x, rk in chunks]
+        gens = [self.equations(x, rk, T, kv, dict(n0=n0, src=src))
+                for (n0, x, rk), src in zip(chunks, firsts)]
         outs, sent, last = [None] * len(gens), {k: (lambda: None) for k in range(len(gens))}, set()
         while sent:  # a round: every chunk to its next sync, each issued before the next chunk computes
             issued = {}
@@ -88,9 +87,14 @@ class Strategies:
                 issued[k] = (req, self.g(req.partials, req.site, overlap=overlap))
                 if req.then is None:
                     last.add(k)
-            sent = {k: self.handed_back(req, reduced, fused=fused, defer=overlap) for k,
-                    (req, reduced) in issued.items()}
+            sent = {k: self.handed_back(req, reduced, fused=fused, defer=overlap)
+                    for k, (req, reduced) in issued.items()}
         return join(outs), None
+
+    def first_input(self, x, fuse, defer):
+        """Under tp_async_grad, a synced chunk's first f fused with LN1 and c_attn: its ColumnInput (with
+        defer, its backward wait a node made before any chunk computes); else None."""
+        return self.column_input((x,), self.ln_1, synced=self.norm_before_f, defer=defer) if fuse else None
 
     def handed_back(self, req, reduced, *, fused, defer):
         """What a chunk's generator is sent for its sync (a thunk, called just before the chunk goes on): x +
