@@ -166,14 +166,14 @@ def test_real_matches_simulation(caat_results):
     (dict(caat_sync_fraction="half"), "caat_sync_fraction must be a number in (0, 1], got 'half'"),
     (dict(caat_sync_fraction=0.3), "caat_sync_fraction=0.3 times n_embd (32) must be a whole number of "
      "channels"),
+    # once accepted: 0 channels synced
     (dict(caat_sync_fraction=1e-300, tp_size=2), "caat_sync_fraction=1e-300 times n_embd (32) must be a "
-     "whole number "
-                                                 # once accepted: 0 channels synced
-                                                 "of channels, at least 1"),
+                                                 "whole number of channels, at least 1"),
     (dict(caat_sync_fraction=0.25, block_types=["tp"] * 4), "caat_sync_fraction=0.25 has no effect without "
      "'caat'"),
     (dict(sequence_parallel=True, tp_size=2), "sequence_parallel=True does not run with 'caat' blocks"),
     (dict(tp_comm_dtype="int8", tp_size=2), "tp_comm_dtype='int8' does not run with 'caat' blocks"),
+    (dict(tp_async_grad=True, tp_size=2), "tp_async_grad=True has nothing to make asynchronous"),
 ])
 def test_bad_options_refused_in_one_line(options, words):
     kw = {**dict(n_layer=4, n_head=8, n_embd=32, block_types=["caat"] * 4, tp_size=1), **options}

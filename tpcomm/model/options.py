@@ -89,6 +89,10 @@ def validate_sync_options(*, tp_overlap, sequence_parallel, block_types, tp_size
         key = (f"tp_overlap={tp_overlap}" if tp_overlap > 1 else
                "sequence_parallel=True" if sequence_parallel else "tp_async_grad=True")
         raise ConfigError(f"{key} needs tp_size > 1, got tp_size=1: one shard runs no all-reduce")
+    if tp_async_grad and not block_types_with("fuses_f", block_types):
+        raise ConfigError(f"tp_async_grad=True has nothing to make asynchronous: it fuses f in "
+                          f"{quoted(block_types_with('fuses_f'))} blocks, and block_types={block_types} has "
+                          "none")
     if tp_async_grad and sequence_parallel:
         raise ConfigError("tp_async_grad=True does not run with sequence_parallel=True (its backward "
                           "collectives are reduce-scatters and all-gathers, not f's all-reduce; "

@@ -46,6 +46,7 @@ class CAAT(BlockType):
     desyncs = tp_dependent = private_head = True
     # its streams are not token-sharded; its syncs move a channel slice
     sequence_parallel = compressible = False
+    fuses_f = False  # its f fans out the synced channel slice, fused with no projection
     Options = CAATOptions
 
     @staticmethod

@@ -39,6 +39,7 @@ class BlockType:
     sequence_parallel = True
     collective_matmul = False  # runs under tp_collective_matmul (its syncs are SP's all-gather/GEMM pairs)
     compressible = True  # runs under tp_comm_dtype (its syncs move whole rows of partial sums)
+    fuses_f = True  # runs f fused with the LayerNorm and projection after it under tp_async_grad
     gpt_at_tp1 = True  # at tp_size 1 it is GPT's block
     tp_dependent = False  # its function changes with tp_size (at tp >= 2 another model than at tp 1)
     # as the last block: no final sync, each shard's ln_f and vocabulary slice read its stream
