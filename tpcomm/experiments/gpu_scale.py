@@ -34,6 +34,7 @@ from tpcomm.experiments import sweep as sweeps
 from tpcomm.experiments import sweep_records
 from tpcomm.experiments.sweep_args import parse_seeds
 from tpcomm.experiments.sweep_records import SweepError
+from tpcomm.train.output_path import check_makeable
 from tpcomm.experiments.result_check import ResultsError
 from tpcomm.experiments.sweep_plan import REHEARSAL_SIZES, SCALE_SEEDS, SCALE_SIZES, scale_runs
 
@@ -75,11 +76,11 @@ def parse(argv):
                 opts[key] = None
             if opts[key] is None or not low <= opts[key] < float("inf"):
                 raise SweepError(f"gpu-scale: --{key} takes a number >= {low}"
-                                        f"{'' if kind is float else ' (an integer)'}, got {raw!r}")
+                                 f"{'' if kind is float else ' (an integer)'}, got {raw!r}")
     if "out" in opts and (opts["out"] is True or not opts["out"]):
         raise SweepError("gpu-scale: --out takes a directory: --out=DIR")
-    if "out" in opts and os.path.exists(opts["out"]) and not os.path.isdir(opts["out"]):
-        raise SweepError(f"gpu-scale: --out={opts['out']} is a file, not a directory")
+    if "out" in opts:  # a file, or a folder that cannot be made: refused before planning, as in sweeps
+        check_makeable(opts["out"], key="gpu-scale: --out")
     if "seeds" in opts:
         opts["seeds"] = parse_seeds(opts["seeds"])
     if not opts.get("dry-run") and "budget-minutes" not in opts:

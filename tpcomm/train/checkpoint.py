@@ -213,20 +213,19 @@ def load_checkpoint(out_dir, map_location="cpu"):
     try:
         if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("model"), dict):
             raise ValueError("no 'model' state dict")
-        checkpoint_model(checkpoint)
+        model_type, spec = checkpoint_model(checkpoint)
     except (KeyError, ValueError, TypeError, AttributeError) as e:
         raise ConfigError(f"checkpoint {path} is not a training checkpoint ({type(e).__name__}: "
                           f"{e})") from None
-    check_type_options(checkpoint, path)
+    check_type_options(model_type, spec, path)
     check_weights(checkpoint, path)
     check_fields(checkpoint, path)
     return checkpoint
 
 
-def check_type_options(checkpoint, path):
+def check_type_options(model_type, spec, path):
     """A checkpoint's block types' options, checked as the command line's are: a ConfigError naming the path
     and the option. A type no longer registered is left to the model's check, which names it."""
-    model_type, spec = checkpoint_model(checkpoint)
     if model_type != "distributed_gpt" or not all(kind in BLOCK_TYPES for kind in spec["block_types"]):
         return
     try:

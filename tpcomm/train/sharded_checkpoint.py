@@ -179,10 +179,10 @@ def load_sharded_meta(out_dir):
         missing = [k for k in META_KEYS if k not in meta]
         if missing:
             raise KeyError(f"no {missing[0]!r}")
-        checkpoint_model(meta)
+        model_type, spec = checkpoint_model(meta)
     except Exception as e:  # truncated zip, junk bytes, a foreign file: torch reports these with many types
         raise corrupt(out_dir, f"{META_NAME} does not load ({type(e).__name__})") from None
-    check_type_options(meta, path)
+    check_type_options(model_type, spec, path)
     check_fields(meta, path, need=("iter_num", "best_val_loss"))
     check_dcp_files(out_dir)
     return meta
