@@ -293,7 +293,7 @@ def bf16_identity(st):
     size, device = st["size"], st["device"]
     # 4 layers (one of each block type's transitions is enough; the defect is per block), biases on: c_proj's
     # zeroed too. A 1024-token vocabulary: the embedding and head play no part in the stream's rounding,
-    # and 19 models with GPT-2's 50304 took the section past its 30 s on an H100. Built on the device, not
+    # and 19 models with GPT-2's 50304 would take most of the section's time box. Built on the device, not
     # moved there.
     args = dict(model_args(size, n_head=size["tp8_heads"], n_layer=4, bias=True),
                 vocab_size=min(1024, size["model"]["vocab_size"]))

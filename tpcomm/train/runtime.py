@@ -110,8 +110,8 @@ class DeviceClock:
 def keep_freed_memory():
     """glibc only: keep freed memory in the process instead of returning it to the OS. A CPU training step
     frees and re-allocates the same MB-sized activations every step; with glibc's default trimming each
-    re-allocation faults its pages in afresh (thousands of page faults per step, 10-25% of a small model's
-    step time on CPU). This is what PyTorch's CPU performance guide gets from jemalloc/tcmalloc."""
+    re-allocation faults its pages in afresh (docs/reliability.md has the counts). This is what PyTorch's CPU
+    performance guide gets from jemalloc/tcmalloc."""
     if not sys.platform.startswith("linux"):
         return
     try:

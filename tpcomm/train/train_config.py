@@ -177,9 +177,9 @@ CPU_EVAL_FLOPS = 1e12  # an evaluation's forward FLOPs per split on a CPU before
 
 
 def cpu_eval_iters(cfg, config, argv):
-    """On a CPU, a recipe's eval_iters (one written for GPUs: config/train_shakespeare_char.py's 200 batches
-    of 64 x 256 take about 20 minutes an evaluation here) is cut to what CPU_EVAL_FLOPS allows, with one line
-    saying so, unless the command line sets it, as nanoGPT's own CPU recipe passes --eval_iters=20."""
+    """On a CPU, a recipe's eval_iters (one written for GPUs, as config/train_shakespeare_char.py's 200
+    batches of 64 x 256) is cut to what CPU_EVAL_FLOPS allows, with one line saying so, unless the command
+    line sets it, as nanoGPT's own CPU recipe passes --eval_iters=20 (docs/training.md)."""
     tokens = cfg["batch_size"] * cfg["block_size"]
     flops = 2 * tokens * (12 * config.n_layer * config.n_embd ** 2 + config.vocab_size * config.n_embd)
     fits = max(1, int(CPU_EVAL_FLOPS // flops))
