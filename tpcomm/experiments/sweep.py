@@ -419,8 +419,7 @@ def comm_counts(jobs, *, tokens=64):
     for j in jobs:
         torch.manual_seed(0)
         # the vocabulary never enters the communication (embeddings and lm_head are replicated; the
-        # vocabulary-parallel loss all-reduces per token), so a small one: GPT-2's would dominate the
-        # time
+        # vocabulary-parallel loss all-reduces per token), so a small one: GPT-2's would dominate the time
         model = build_model(j.cfg["model_type"], dict(j.cfg, dropout=0.0, vocab_size=256))
         idx = torch.randint(256, (1, min(tokens, j.cfg["block_size"])))
         fp32 = model.comm_per_forward(idx)
